@@ -1,0 +1,71 @@
+/*
+ * bucketd entry point: parses the command line, loads the configuration and hands over to
+ * bd_daemon_run(). No daemon logic lives here.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bucketd/config.h"
+#include "bucketd/daemon.h"
+#include "bucketd/log.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: bucketd -c FILE [--check-config]\n"
+            "       bucketd --version | --help\n"
+            "\n"
+            "Time-series ingestion daemon: InfluxDB line protocol and Graphite plaintext over\n"
+            "UDP and TCP, stored in MongoDB as one document per sensor per time bucket.\n"
+            "\n"
+            "  -c, --config FILE   configuration file (YAML; see config/bucketd.yaml)\n"
+            "      --check-config  validate FILE and exit 0 (valid) or 1 (invalid)\n"
+            "      --version       print the version and exit\n"
+            "  -h, --help          print this help and exit\n");
+}
+
+int main(int argc, char **argv) {
+    const char *path = NULL;
+    int check_only = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-c") == 0 || strcmp(a, "--config") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "bucketd: %s needs a file name\n", a);
+                return 2;
+            }
+            path = argv[++i];
+        } else if (strncmp(a, "--config=", 9) == 0) {
+            path = a + 9;
+        } else if (strcmp(a, "--check-config") == 0) {
+            check_only = 1;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("bucketd %s\n", BD_VERSION);
+            return 0;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "bucketd: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (path == NULL) {
+        fprintf(stderr, "bucketd: no configuration file given (-c FILE)\n");
+        usage(stderr);
+        return 2;
+    }
+
+    static struct bd_config cfg;
+    struct bd_err err = {0};
+    if (bd_config_load(&cfg, path, &err) < 0) {
+        fprintf(stderr, "bucketd: %s\n", err.msg);
+        return 1;
+    }
+    if (check_only) {
+        printf("%s: configuration is valid\n", path);
+        return 0;
+    }
+    bd_log_set_level((enum bd_log_level)cfg.log.level);
+    return bd_daemon_run(&cfg);
+}

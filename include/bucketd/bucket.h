@@ -1,0 +1,78 @@
+/*
+ * Bucket arithmetic and per-flush bucket deltas: which bucket a reading belongs to, the
+ * readings and running summaries one flush adds to one bucket page, and the single MongoDB
+ * update (an upsert with an update pipeline) that applies them. Used by the flusher thread
+ * only; pure functions apart from the delta's own buffers, so unit tests drive them directly.
+ */
+#ifndef BUCKETD_BUCKET_H
+#define BUCKETD_BUCKET_H
+
+#include <bson/bson.h>
+#include <stdint.h>
+
+#include "bucketd/sensor.h"
+
+/* floor(a / b) for b > 0, also for negative a (timestamps before 1970). */
+int64_t bd_floor_div(int64_t a, int64_t b);
+
+/* Start of the bucket (ms since the epoch) holding a reading taken at ts_ns. */
+int64_t bd_bucket_start_ms(int64_t ts_ns, uint64_t span_ms);
+
+/* Deterministic document id "<sensor_id>|<bucket_start_unix_seconds>|<page>" into buf. */
+int bd_bucket_id(char *buf, size_t cap, const char *sensor_id, int64_t start_ms, uint32_t page);
+
+/* A numeric value as stored: kept in its own BSON type (double or int64). */
+struct bd_num {
+    bool is_int;
+    union {
+        double f;
+        int64_t i;
+    } v;
+};
+
+struct bd_field_summary {
+    uint16_t field; /* index into the sensor's field names */
+    struct bd_num min, max;
+    double sum;
+    int64_t count;
+};
+
+struct bd_delta_reading {
+    int64_t ts_ns;
+    uint32_t seq;   /* arrival order, keeps equal timestamps stable when sorting */
+    uint32_t first; /* index of its first value in the delta's values */
+    uint32_t n;
+};
+
+/* What one flush adds to one bucket page. Buffers are reused across flushes. */
+struct bd_delta {
+    struct bd_sensor *sensor;
+    int64_t start_ms;
+    uint32_t page;
+
+    struct bd_delta_reading *readings;
+    uint32_t n_readings, cap_readings;
+    struct bd_reading_value *values;
+    uint32_t n_values, cap_values;
+    struct bd_field_summary *summaries;
+    uint32_t n_summaries, cap_summaries;
+};
+
+void bd_delta_init(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, uint32_t page);
+/* Drop the contents, keep the buffers. */
+void bd_delta_reset(struct bd_delta *d);
+void bd_delta_close(struct bd_delta *d);
+
+/* Add one reading (values of numeric kinds are folded into the summaries). -ENOMEM on OOM. */
+int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_value *vals,
+                 uint32_t n);
+
+/*
+ * Build the upsert for this delta: *selector = {_id}, *update = the update pipeline (see
+ * bucket.c for the document it maintains). Sorts the delta's readings by time. Both bson_t
+ * are initialised by this call; the caller destroys them.
+ */
+void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, bson_t *selector,
+                           bson_t *update);
+
+#endif

@@ -1,0 +1,39 @@
+/*
+ * Shared basics for every module: the error out-parameter, always-on assertions and the
+ * time helpers. No module state lives here; everything is safe to use from any thread.
+ */
+#ifndef BUCKETD_COMMON_H
+#define BUCKETD_COMMON_H
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Optional detail for a failing call; the return value (negative errno) is the contract. */
+struct bd_err {
+    int code;
+    char msg[512];
+};
+
+/* Fill *err (if not NULL) with code and a printf-style message; returns code for chaining. */
+int bd_err_set(struct bd_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Invariant checks stay compiled in: a broken invariant in a daemon must stop it loudly. */
+_Noreturn void bd_assert_fail(const char *expr, const char *file, int line);
+#define BD_ASSERT(e) ((e) ? (void)0 : bd_assert_fail(#e, __FILE__, __LINE__))
+
+#define BD_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define BD_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define BD_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Wall clock in nanoseconds since the Unix epoch (CLOCK_REALTIME). */
+int64_t bd_now_ns(void);
+/* Monotonic clock in nanoseconds (CLOCK_MONOTONIC), for timeouts and rates. */
+int64_t bd_mono_ns(void);
+
+#define BD_NS_PER_MS INT64_C(1000000)
+#define BD_NS_PER_S INT64_C(1000000000)
+
+#endif

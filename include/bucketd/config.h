@@ -1,0 +1,107 @@
+/*
+ * The daemon's configuration: one schema table (src/config.c) describes every key, its type,
+ * bounds, default and help; this header is the parsed result. Loaded on the main thread before
+ * any other thread starts; read-only afterwards.
+ */
+#ifndef BUCKETD_CONFIG_H
+#define BUCKETD_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "bucketd/common.h"
+
+#define BD_MAX_LISTENERS 16
+
+enum bd_proto { BD_PROTO_UDP = 0, BD_PROTO_TCP };
+enum bd_format { BD_FORMAT_INFLUX = 0, BD_FORMAT_GRAPHITE };
+enum bd_precision { BD_PREC_NS = 0, BD_PREC_US, BD_PREC_MS, BD_PREC_S };
+enum bd_sink { BD_SINK_MONGODB = 0, BD_SINK_BLACKHOLE };
+
+struct bd_listener_config {
+    enum bd_proto proto;
+    char bind[128];               /* as written: "host:port" or "[v6]:port" */
+    struct sockaddr_storage addr; /* resolved from bind (numeric hosts only) */
+    enum bd_format format;
+    enum bd_precision precision; /* default ns */
+    uint64_t rcvbuf;             /* udp: SO_RCVBUF request in bytes, default 8 MiB */
+    uint32_t max_connections;    /* tcp: default 1024 */
+    uint64_t idle_timeout_ms;    /* tcp: default 5 min; 0 = never */
+};
+
+struct bd_config {
+    char path[1024]; /* file it was loaded from */
+    char writer_id[128];  /* default: the host name */
+
+    struct bd_listener_config listeners[BD_MAX_LISTENERS];
+    uint32_t n_listeners;
+
+    enum bd_sink sink;
+
+    struct {
+        char uri[1024];
+        char database[128];
+        char collection[128];
+        char write_concern[64]; /* "1", "majority" or a number >= 1; "0" is refused */
+    } mongodb;
+
+    struct {
+        uint64_t span_ms;       /* default 1h; must divide a day evenly */
+        uint32_t max_readings;  /* per document page, default 3600 */
+        uint64_t max_late_ms;   /* readings older than now - max_late are dropped; default 24h */
+        uint64_t max_future_ms; /* readings newer than now + max_future are dropped; default 10m */
+    } buckets;
+
+    struct {
+        uint64_t interval_ms;      /* default 1s */
+        uint32_t max_updates;      /* bucket updates per bulk write, default 1000 */
+        uint64_t stop_timeout_ms;  /* how long a stop may spend flushing, default 30s */
+        uint64_t retry_initial_ms; /* first backoff after a failed bulk write, default 100ms */
+        uint64_t retry_max_ms;     /* backoff cap, default 10s */
+    } flush;
+
+    struct {
+        char dir[1024];     /* default /var/lib/bucketd/spool */
+        uint64_t max_bytes; /* default 1 GiB */
+    } spool;
+
+    struct {
+        char bind[128]; /* default "127.0.0.1:9273"; "" disables */
+    } metrics;
+
+    struct {
+        int level; /* enum bd_log_level, default info */
+    } log;
+
+    struct {
+        uint32_t max_sensors; /* default 100000 */
+        uint32_t ring_size;   /* cells per sensor ring, power of two, default 256 */
+        uint32_t max_fields;  /* fields per line, default 32 (<= BD_PARSE_MAX_FIELDS) */
+        uint32_t max_line;    /* bytes per line, default 64 KiB */
+    } limits;
+};
+
+/* Fill cfg with every default (writer_id = host name). */
+void bd_config_defaults(struct bd_config *cfg);
+
+/*
+ * Load and validate a YAML file over the defaults. On error returns a negative errno and
+ * err->msg reads "FILE:LINE:COL: KEY: message" (unknown keys list the valid ones).
+ */
+int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err);
+
+/* Strict unit parsers, shared with the tools: "1500ms", "1s", "5m", "1h"; "64KiB", "8MiB". */
+int bd_parse_duration_ms(const char *s, uint64_t *out_ms);
+int bd_parse_size(const char *s, uint64_t *out_bytes);
+/* "1.2.3.4:80", "[::1]:80", "0.0.0.0:8089" -> sockaddr (numeric only). */
+int bd_parse_hostport(const char *s, struct sockaddr_storage *out);
+
+/* Names for log lines and tools. */
+const char *bd_proto_name(enum bd_proto p);
+const char *bd_format_name(enum bd_format f);
+const char *bd_precision_name(enum bd_precision p);
+int bd_format_parse(const char *s, enum bd_format *out);
+int bd_precision_parse(const char *s, enum bd_precision *out);
+
+#endif

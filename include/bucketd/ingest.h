@@ -1,0 +1,50 @@
+/*
+ * Listeners: UDP (libuv recvmmsg into a preallocated slab) and TCP (newline framing per
+ * connection). Everything here runs on the ingest thread, which owns the uv loop; each line is
+ * parsed with the listener's parser and handed to the sensor table.
+ */
+#ifndef BUCKETD_INGEST_H
+#define BUCKETD_INGEST_H
+
+#include <uv.h>
+
+#include "bucketd/config.h"
+#include "bucketd/sensor.h"
+#include "bucketd/stats.h"
+
+struct bd_ingest;
+
+/*
+ * Bind every listener of cfg on loop and start reading. Errors name the listener's bind. On
+ * error, handles already opened are closed and free themselves in their close callbacks: run the
+ * loop before uv_loop_close().
+ */
+int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_config *cfg,
+                  struct bd_sensor_table *table, struct bd_stats *stats, struct bd_err *err);
+
+/*
+ * Stop taking input: stop reading, close every listener and connection (uv_close). Data that
+ * already arrived in a buffer is processed first. The caller then runs the loop until the close
+ * callbacks have fired and calls bd_ingest_free().
+ */
+void bd_ingest_stop(struct bd_ingest *in);
+
+/* Ring space came free: TCP connections paused by backpressure may resume reading. */
+void bd_ingest_resume(struct bd_ingest *in);
+
+/*
+ * Release everything once the loop has run the close callbacks that bd_ingest_stop() started.
+ * Called earlier (or without a stop) it stops first and the last close callback frees instead,
+ * so the loop must still be run before uv_loop_close(). bd_ingest_free(NULL) is a no-op.
+ */
+void bd_ingest_free(struct bd_ingest *in);
+
+/* Introspection for tests and metrics (loop thread only). */
+/* TCP connections open right now, over all listeners. */
+uint32_t bd_ingest_connections(const struct bd_ingest *in);
+/* TCP connections whose reading is paused by backpressure. */
+uint32_t bd_ingest_paused(const struct bd_ingest *in);
+/* Bound port of listener idx (0-based, cfg order), useful with "host:0"; or a negative errno. */
+int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx);
+
+#endif

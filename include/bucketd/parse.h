@@ -1,0 +1,88 @@
+/*
+ * Line parsers: InfluxDB line protocol and Graphite plaintext, one line at a time. Called on
+ * the ingest thread per line; never allocates: names that need unescaping and the series key
+ * are written into the parser's scratch buffer, everything else points into the input line.
+ * A parsed point is valid until the next call on the same parser.
+ */
+#ifndef BUCKETD_PARSE_H
+#define BUCKETD_PARSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bucketd/config.h"
+
+#define BD_PARSE_MAX_TAGS 64
+#define BD_PARSE_MAX_FIELDS 256
+
+struct bd_str {
+    const char *ptr;
+    size_t len;
+};
+
+enum bd_value_kind { BD_VAL_FLOAT = 0, BD_VAL_INT, BD_VAL_UINT, BD_VAL_BOOL, BD_VAL_STRING };
+
+struct bd_tag {
+    struct bd_str key;   /* unescaped */
+    struct bd_str value; /* unescaped */
+};
+
+struct bd_field {
+    struct bd_str key; /* unescaped */
+    enum bd_value_kind kind;
+    union {
+        double f;
+        int64_t i;
+        uint64_t u;
+        bool b;
+        struct bd_str s; /* unescaped string value */
+    } v;
+};
+
+struct bd_point {
+    struct bd_str name; /* measurement (influx) or path (graphite), unescaped */
+    struct bd_tag tags[BD_PARSE_MAX_TAGS];
+    uint32_t n_tags; /* sorted by key (byte order), duplicates removed as the spec says */
+    struct bd_field fields[BD_PARSE_MAX_FIELDS];
+    uint32_t n_fields;
+    bool has_time;
+    int64_t time_ns; /* scaled to ns from the listener's precision; valid if has_time */
+    /*
+     * Canonical sensor id: influx "measurement,k1=v1,k2=v2" with tags sorted and the line
+     * protocol escapes re-applied; graphite "path;k1=v1;k2=v2" with tags sorted.
+     */
+    struct bd_str series_key;
+};
+
+/* Result codes: >= 0 success, < 0 the reason a line is rejected (used as counter names). */
+enum bd_parse_status {
+    BD_PARSE_OK = 0,
+    BD_PARSE_SKIP = 1,              /* blank or comment line: nothing to do */
+    BD_PARSE_ESYNTAX = -1,          /* malformed line */
+    BD_PARSE_ETOO_MANY_FIELDS = -2, /* more than BD_PARSE_MAX_FIELDS fields */
+    BD_PARSE_ETOO_MANY_TAGS = -3,   /* more than BD_PARSE_MAX_TAGS tags */
+    BD_PARSE_ERANGE = -4,           /* number or timestamp out of range */
+};
+
+struct bd_parser {
+    enum bd_format format;
+    enum bd_precision precision;
+    char *scratch; /* owned; sized for the longest line the parser accepts */
+    size_t scratch_cap;
+    size_t max_line;
+};
+
+/* max_line bounds the line length accepted (longer lines get BD_PARSE_ESYNTAX). */
+int bd_parser_init(struct bd_parser *p, enum bd_format format, enum bd_precision precision,
+                   size_t max_line);
+void bd_parser_close(struct bd_parser *p);
+
+/*
+ * Parse one line (without its '\n'; a trailing '\r' is tolerated). On failure returns a
+ * negative bd_parse_status and, if errmsg is not NULL, points it at a static description.
+ */
+int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
+                  const char **errmsg);
+
+#endif

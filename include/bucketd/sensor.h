@@ -1,0 +1,98 @@
+/*
+ * The sensor table: series key -> sensor, each sensor with its own SPSC ring of readings and a
+ * dirty flag that hands it to the flusher.
+ *
+ * Threads: the ingest thread creates sensors, grows field dictionaries and pushes readings
+ * (bd_sensor_table_accept); the flusher thread pops dirty sensors and drains their rings. A
+ * sensor is never freed before bd_sensor_table_free(), which runs after both threads stopped,
+ * so the flusher may keep sensor pointers. Immutable parts (id, measurement, tags) are written
+ * before the sensor is first published through the dirty queue (a release/acquire pair).
+ */
+#ifndef BUCKETD_SENSOR_H
+#define BUCKETD_SENSOR_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bucketd/config.h"
+#include "bucketd/parse.h"
+#include "bucketd/ring.h"
+#include "bucketd/stats.h"
+
+/* Distinct field names one sensor may use over its lifetime. */
+#define BD_SENSOR_MAX_FIELDS 64
+
+struct bd_sensor {
+    /* Immutable after creation. */
+    char *id; /* series key, NUL-terminated */
+    size_t id_len;
+    char *measurement;
+    uint32_t n_tags;
+    char **tag_keys; /* sorted by key */
+    char **tag_values;
+    uint64_t hash;
+
+    /* Field dictionary: appended by the ingest thread, read by the flusher. A name's index is
+     * published (release on n_fields) before any reading that uses it is pushed. */
+    char *field_names[BD_SENSOR_MAX_FIELDS];
+    _Atomic uint32_t n_fields;
+
+    struct bd_ring ring;
+    _Atomic uint32_t dirty; /* 1 while the sensor sits in the dirty queue */
+
+    struct bd_sensor *hash_next; /* ingest thread only */
+    void *flusher_state;         /* flusher thread only */
+};
+
+/* One decoded field value of a reading. */
+struct bd_reading_value {
+    uint16_t field; /* index into the sensor's field_names */
+    uint8_t kind;   /* enum bd_value_kind: FLOAT, INT, UINT or BOOL */
+    union {
+        double f;
+        int64_t i;
+        uint64_t u;
+        bool b;
+    } v;
+};
+
+struct bd_sensor_table;
+
+/* Called on the ingest thread when a ring crosses its high-water mark (half full). */
+typedef void (*bd_sensor_wake_cb)(void *arg);
+
+int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cfg,
+                        struct bd_stats *stats, struct bd_err *err);
+void bd_sensor_table_free(struct bd_sensor_table *t);
+void bd_sensor_table_set_wake(struct bd_sensor_table *t, bd_sensor_wake_cb cb, void *arg);
+uint32_t bd_sensor_table_count(const struct bd_sensor_table *t);
+
+/*
+ * Ingest thread: accept one parsed point. Applies the time window, drops string fields, checks
+ * field keys, finds or creates the sensor and pushes the reading into its ring. Returns 0 when
+ * accepted, else a negative errno; every drop is already counted in the stats by reason.
+ */
+int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns);
+
+/*
+ * Ingest thread: true if any ring is above its high-water mark (TCP uses it to pause reading).
+ */
+bool bd_sensor_table_congested(const struct bd_sensor_table *t);
+
+/* Flusher thread: pop the next dirty sensor (its dirty flag cleared) or NULL. */
+struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t);
+
+/*
+ * Flusher thread: decode the reading at the consumer side of the sensor's ring. Returns the
+ * number of cells it occupies (0 if the ring is empty); fills *ts_ns, vals[0..*n_vals).
+ * The caller consumes the cells with bd_ring_consume() once done with them.
+ */
+uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns,
+                                struct bd_reading_value *vals, uint32_t *n_vals);
+
+/* Visit every sensor (any thread, once the ingest thread has stopped). */
+void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),
+                             void *arg);
+
+#endif

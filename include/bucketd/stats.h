@@ -1,0 +1,59 @@
+/*
+ * Daemon-wide counters. Each counter has one writing thread (named beside it), so writers use
+ * relaxed atomic adds and readers (stats line, metrics) relaxed loads. The X-macro keeps the
+ * list in one place for printing.
+ */
+#ifndef BUCKETD_STATS_H
+#define BUCKETD_STATS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* X(name, help) */
+#define BD_STATS_LIST(X)                                                                   \
+    /* ingest thread */                                                                    \
+    X(udp_datagrams, "UDP datagrams received")                                            \
+    X(udp_bytes, "UDP payload bytes received")                                            \
+    X(udp_truncated, "UDP datagrams dropped because they were truncated")                  \
+    X(udp_recv_errors, "UDP receive errors reported by libuv")                            \
+    X(tcp_connections, "TCP connections accepted")                                        \
+    X(tcp_rejected, "TCP connections refused (max_connections)")                           \
+    X(tcp_bytes, "TCP payload bytes received")                                            \
+    X(tcp_idle_closed, "TCP connections closed by the idle timeout")                       \
+    X(lines, "non-empty, non-comment input lines")                                        \
+    X(readings_accepted, "readings accepted into a sensor ring")                           \
+    X(drop_line_too_long, "lines dropped: longer than limits.max_line")                    \
+    X(drop_parse_error, "lines dropped: syntax error")                                     \
+    X(drop_too_many_fields, "lines dropped: more fields than limits.max_fields")           \
+    X(drop_no_numeric, "lines dropped: no numeric or boolean field left")                  \
+    X(drop_bad_name, "lines dropped: a name unusable in BSON (bad UTF-8, '.', '$', 'ts')") \
+    X(drop_field_limit, "lines dropped: sensor already has BD_SENSOR_MAX_FIELDS fields")   \
+    X(drop_too_old, "lines dropped: timestamp older than buckets.max_late")               \
+    X(drop_too_new, "lines dropped: timestamp further ahead than buckets.max_future")      \
+    X(drop_ring_full, "readings dropped: the sensor's ring was full")                      \
+    X(drop_sensor_limit, "readings dropped: limits.max_sensors reached")                   \
+    X(string_fields_dropped, "string fields dropped (strings are not stored)")              \
+    /* flusher thread */                                                                   \
+    X(readings_flushed, "readings written to the sink")                                    \
+    X(flushes, "flush cycles with data")                                                   \
+    X(bulk_writes, "bulk writes sent")                                                     \
+    X(updates_sent, "bucket updates sent (one per bucket page per flush)")                 \
+    X(bulk_retries, "bulk writes retried after a transient error")                         \
+    X(updates_quarantined, "bucket updates rejected by MongoDB and dropped")               \
+    X(readings_quarantined, "readings inside quarantined updates")                         \
+    X(readings_lost, "readings given up at shutdown because MongoDB stayed unreachable")
+
+struct bd_stats {
+#define BD_STATS_FIELD(name, help) _Atomic uint64_t name;
+    BD_STATS_LIST(BD_STATS_FIELD)
+#undef BD_STATS_FIELD
+};
+
+#define BD_STAT_ADD(st, name, n) atomic_fetch_add_explicit(&(st)->name, (n), memory_order_relaxed)
+#define BD_STAT_GET(st, name) atomic_load_explicit(&(st)->name, memory_order_relaxed)
+
+/* One line "name=value name=value ..." (no newline) into buf; returns bytes written. */
+size_t bd_stats_format(const struct bd_stats *st, char *buf, size_t cap);
+
+#endif

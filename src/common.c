@@ -1,0 +1,38 @@
+/*
+ * Error out-parameter, assertions and clocks shared by every module. Stateless; any thread.
+ */
+#include "bucketd/common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+int bd_err_set(struct bd_err *err, int code, const char *fmt, ...) {
+    if (err != NULL) {
+        va_list ap;
+        va_start(ap, fmt);
+        err->code = code;
+        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+_Noreturn void bd_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "<2>bucketd: assertion failed: %s (%s:%d)\n", expr, file, line);
+    abort();
+}
+
+static int64_t clock_ns(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (int64_t)ts.tv_sec * BD_NS_PER_S + ts.tv_nsec;
+}
+
+int64_t bd_now_ns(void) {
+    return clock_ns(CLOCK_REALTIME);
+}
+
+int64_t bd_mono_ns(void) {
+    return clock_ns(CLOCK_MONOTONIC);
+}

@@ -1,0 +1,170 @@
+/*
+ * Daemon lifecycle. The main thread runs the libuv loop (the ingest thread) and owns every uv
+ * handle; the flusher runs on its own thread. Cross-thread doorbells: the sensor table rings
+ * the flusher (condition variable) when a ring passes its high-water mark, and the flusher
+ * rings the loop (uv_async_send) after each drain so paused TCP readers resume.
+ *
+ * Stop order on SIGTERM/SIGINT: stop and close the listeners (data already received is parsed
+ * into the rings), close the remaining handles and let the loop end, then stop the flusher,
+ * which drains every ring and flushes with a deadline. Nothing accepted is dropped on a clean
+ * stop unless MongoDB stays unreachable past flush.stop_timeout, which is counted and logged.
+ */
+#include "bucketd/daemon.h"
+
+#include <inttypes.h>
+#include <mongoc/mongoc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "bucketd/flusher.h"
+#include "bucketd/ingest.h"
+#include "bucketd/log.h"
+#include "bucketd/sensor.h"
+#include "bucketd/stats.h"
+
+struct daemon {
+    const struct bd_config *cfg;
+    uv_loop_t loop;
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_async_t drained;
+    /* Guards uv_async_send against the handle being closed (flusher thread vs loop). */
+    pthread_mutex_t drained_mu;
+    bool drained_open;
+    struct bd_stats stats;
+    struct bd_sensor_table *table;
+    struct bd_flusher *flusher;
+    struct bd_ingest *ingest;
+    bool stopping;
+};
+
+static void on_drained_async(uv_async_t *h) {
+    struct daemon *d = h->data;
+    if (d->ingest != NULL && !d->stopping) {
+        bd_ingest_resume(d->ingest);
+    }
+}
+
+/* Flusher thread. */
+static void flusher_drained(void *arg) {
+    struct daemon *d = arg;
+    pthread_mutex_lock(&d->drained_mu);
+    if (d->drained_open) {
+        uv_async_send(&d->drained);
+    }
+    pthread_mutex_unlock(&d->drained_mu);
+}
+
+/* Ingest thread: a ring crossed its high-water mark. */
+static void ring_high_water(void *arg) {
+    struct daemon *d = arg;
+    bd_flusher_wake(d->flusher);
+}
+
+static void begin_stop(struct daemon *d, const char *why) {
+    if (d->stopping) {
+        return;
+    }
+    d->stopping = true;
+    bd_info("%s: stopping listeners, then draining rings and flushing", why);
+    bd_ingest_stop(d->ingest);
+    uv_close((uv_handle_t *)&d->sig_term, NULL);
+    uv_close((uv_handle_t *)&d->sig_int, NULL);
+    uv_close((uv_handle_t *)&d->sig_hup, NULL);
+    pthread_mutex_lock(&d->drained_mu);
+    d->drained_open = false;
+    pthread_mutex_unlock(&d->drained_mu);
+    uv_close((uv_handle_t *)&d->drained, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    struct daemon *d = h->data;
+    if (signum == SIGHUP) {
+        bd_warn("SIGHUP: configuration reload is not supported yet; keeping the running config");
+        return;
+    }
+    begin_stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void log_stats(const struct bd_stats *st) {
+    char line[4096];
+    bd_stats_format(st, line, sizeof(line));
+    bd_info("stats: %s", line);
+}
+
+int bd_daemon_run(const struct bd_config *cfg) {
+    int exit_code = 1;
+    struct bd_err err = {0};
+    struct daemon *d = calloc(1, sizeof(*d));
+    bool loop_open = false;
+    if (d == NULL) {
+        bd_error("out of memory");
+        return 1;
+    }
+    d->cfg = cfg;
+    pthread_mutex_init(&d->drained_mu, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    mongoc_init();
+    bd_flusher_install_driver_log();
+
+    if (bd_sensor_table_new(&d->table, cfg, &d->stats, &err) < 0 ||
+        bd_flusher_new(&d->flusher, cfg, d->table, &d->stats, &err) < 0) {
+        bd_error("%s", err.msg);
+        goto out;
+    }
+    bd_sensor_table_set_wake(d->table, ring_high_water, d);
+    bd_flusher_set_drained(d->flusher, flusher_drained, d);
+
+    BD_ASSERT(uv_loop_init(&d->loop) == 0);
+    loop_open = true;
+    if (bd_ingest_new(&d->ingest, &d->loop, cfg, d->table, &d->stats, &err) < 0) {
+        bd_error("%s", err.msg);
+        goto out;
+    }
+    uv_signal_init(&d->loop, &d->sig_term);
+    uv_signal_init(&d->loop, &d->sig_int);
+    uv_signal_init(&d->loop, &d->sig_hup);
+    d->sig_term.data = d->sig_int.data = d->sig_hup.data = d;
+    uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&d->sig_int, on_signal, SIGINT);
+    uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
+    uv_async_init(&d->loop, &d->drained, on_drained_async);
+    d->drained.data = d;
+    d->drained_open = true;
+
+    if (bd_flusher_start(d->flusher, &err) < 0) {
+        bd_error("%s", err.msg);
+        begin_stop(d, "start-up failure");
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        goto out;
+    }
+    if (cfg->sink == BD_SINK_MONGODB) {
+        bd_info("ready: writer %s, sink mongodb %s.%s, flush every %" PRIu64 "ms",
+                cfg->writer_id, cfg->mongodb.database, cfg->mongodb.collection,
+                cfg->flush.interval_ms);
+    } else {
+        bd_info("ready: writer %s, sink blackhole, flush every %" PRIu64 "ms", cfg->writer_id,
+                cfg->flush.interval_ms);
+    }
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+
+    /* Every listener is closed: the rings hold all that was accepted. */
+    bd_flusher_stop(d->flusher);
+    log_stats(&d->stats);
+    exit_code = 0;
+out:
+    bd_ingest_free(d->ingest);
+    if (loop_open) {
+        int rc = uv_loop_close(&d->loop);
+        BD_ASSERT(rc == 0); /* every handle was closed */
+    }
+    bd_flusher_free(d->flusher);
+    bd_sensor_table_free(d->table);
+    mongoc_cleanup();
+    pthread_mutex_destroy(&d->drained_mu);
+    free(d);
+    return exit_code;
+}

@@ -1,0 +1,923 @@
+/*
+ * Listeners: UDP datagrams and TCP line streams turned into parsed points for the sensor table.
+ *
+ * Threads: everything in this file runs on the ingest thread, the one that owns the uv loop
+ * handed to bd_ingest_new(); nothing here is touched from any other thread, so there are no
+ * locks or atomics apart from the stats counters.
+ *
+ * Ownership: struct bd_ingest owns an array of listeners. Each listener owns its uv handle, one
+ * parser, one struct bd_point (heap: it is several KiB), for UDP one 20 x 64 KiB receive slab,
+ * and for TCP an idle-sweep timer and its connections. Each connection is one heap block (struct
+ * plus a receive buffer of limits.max_line + CONN_SLACK bytes) allocated at accept and freed by
+ * its close callback. Nothing is allocated per datagram or per line.
+ *
+ * Lifetime: every uv handle that is open counts in in->open_handles and its close callback
+ * decrements it. The struct is destroyed when it has been released (bd_ingest_free, or a failed
+ * bd_ingest_new) and no handle is left open, so a close callback never sees freed memory, even
+ * if the owner frees before running the loop.
+ */
+#include "bucketd/ingest.h"
+
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucketd/log.h"
+#include "bucketd/parse.h"
+
+/*
+ * libuv 1.44 cuts a recvmmsg buffer into 64 KiB slots, one datagram each, and reads at most 20
+ * per syscall; a smaller buffer silently falls back to one datagram per syscall.
+ */
+#define UDP_SLOT_SIZE (64 * 1024)
+#define UDP_SLOTS 20
+#define UDP_SLAB_SIZE (UDP_SLOT_SIZE * UDP_SLOTS)
+
+/*
+ * Room beyond max_line in a connection buffer. A pending partial line never exceeds max_line
+ * (longer ones close the connection), so after compaction at least this much is free and every
+ * read gets a useful buffer. It is also the threshold below which the tail is compacted.
+ */
+#define CONN_SLACK 4096
+
+/* Bad-line samples: a few per listener every 10 s, whatever the input rate. */
+#define SAMPLE_BURST 5
+#define SAMPLE_INTERVAL_NS (10 * BD_NS_PER_S)
+/* Bytes of an offending line quoted in a sample. */
+#define SAMPLE_QUOTE 96
+
+/* Longest "[v6 address]:port" we format. */
+#define PEER_LEN 64
+
+struct listener;
+
+struct conn {
+    uv_tcp_t tcp; /* tcp.data points back here */
+    struct listener *l;
+    struct conn *prev, *next; /* l->conns; unlinked once closing */
+    struct sockaddr_storage peer;
+    uint64_t last_active_ms; /* uv_now() of the last read, for the idle sweep */
+    bool paused;             /* reading stopped by backpressure */
+    /*
+     * buf[start, len) is received and not yet consumed; buf[start, scan) is known to hold no
+     * '\n', so memchr never rescans bytes of a line that arrives in many reads.
+     */
+    size_t start, scan, len, cap;
+    char buf[];
+};
+
+struct listener {
+    struct bd_ingest *in;
+    uint32_t idx;
+    struct bd_listener_config cfg; /* a copy: the config may be reloaded under us */
+    char name[192];                /* "listener 2 (tcp 0.0.0.0:8094)" for errors and logs */
+
+    union {
+        uv_handle_t handle;
+        uv_udp_t udp;
+        uv_tcp_t tcp;
+    } h;
+    bool h_open;
+
+    struct bd_parser parser;
+    bool parser_ok;
+    struct bd_point *point;
+
+    char *slab; /* UDP only */
+
+    /*
+     * TCP idle timeout: one sweeping timer per listener rather than a timer per connection.
+     * A read then costs one store of the loop's cached time instead of a heap update, the
+     * connection holds one handle instead of two, and a sweep over max_connections entries
+     * every idle_timeout/4 (at most 1 s) is noise. The price is that a connection may live
+     * up to one sweep interval past its timeout, which no client can tell apart from jitter.
+     */
+    uv_timer_t sweep;
+    bool sweep_open;
+    struct conn *conns;
+    uint32_t n_conns;
+    uint32_t n_paused;
+
+    struct bd_ratelimit rl_lines;  /* samples of bad lines */
+    uint64_t rl_lines_reported;    /* rl_lines.suppressed already mentioned in a sample */
+    struct bd_ratelimit rl_events; /* receive errors, refused connections */
+};
+
+struct bd_ingest {
+    uv_loop_t *loop;
+    struct bd_sensor_table *table;
+    struct bd_stats *stats;
+    size_t max_line;
+
+    struct listener *listeners;
+    uint32_t n_listeners;
+
+    uint32_t open_handles;
+    bool stopping;
+    bool released; /* the owner let go; destroy once open_handles reaches 0 */
+};
+
+/* A refused connection needs a handle of its own only until its close callback runs. */
+struct rejected {
+    uv_tcp_t tcp;
+    struct bd_ingest *in;
+};
+
+static void conn_close(struct conn *c);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lifetime                                                                                 */
+
+static void destroy(struct bd_ingest *in) {
+    BD_ASSERT(in->open_handles == 0);
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        struct listener *l = &in->listeners[i];
+        BD_ASSERT(l->conns == NULL);
+        if (l->parser_ok) {
+            bd_parser_close(&l->parser);
+        }
+        free(l->point);
+        free(l->slab);
+    }
+    free(in->listeners);
+    free(in);
+}
+
+static void handle_closed(struct bd_ingest *in) {
+    BD_ASSERT(in->open_handles > 0);
+    in->open_handles--;
+    if (in->open_handles == 0 && in->released) {
+        destroy(in);
+    }
+}
+
+static void on_listener_handle_closed(uv_handle_t *h) {
+    struct listener *l = h->data;
+    handle_closed(l->in);
+}
+
+static void on_conn_closed(uv_handle_t *h) {
+    struct conn *c = h->data;
+    struct bd_ingest *in = c->l->in;
+    free(c);
+    handle_closed(in);
+}
+
+static void on_rejected_closed(uv_handle_t *h) {
+    struct rejected *r = h->data;
+    struct bd_ingest *in = r->in;
+    free(r);
+    handle_closed(in);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Log helpers                                                                              */
+
+static void format_addr(const struct sockaddr *sa, char *out, size_t cap) {
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (sa == NULL) {
+        snprintf(out, cap, "?");
+        return;
+    }
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *a4 = (const struct sockaddr_in *)sa;
+        uv_ip4_name(a4, host, sizeof(host));
+        snprintf(out, cap, "%s:%u", host, (unsigned)ntohs(a4->sin_port));
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)sa;
+        uv_ip6_name(a6, host, sizeof(host));
+        snprintf(out, cap, "[%s]:%u", host, (unsigned)ntohs(a6->sin6_port));
+    } else {
+        snprintf(out, cap, "(family %d)", (int)sa->sa_family);
+    }
+}
+
+/*
+ * Quote at most SAMPLE_QUOTE bytes of untrusted input so a sample can never forge log lines,
+ * carry terminal escapes or break the quoting: everything outside printable ASCII, and the
+ * quote and backslash themselves, are written as \xNN.
+ */
+static void sanitise(const char *line, size_t len, char *out, size_t cap) {
+    static const char hex[] = "0123456789abcdef";
+    size_t n = BD_MIN(len, (size_t)SAMPLE_QUOTE);
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < cap; i++) {
+        unsigned char ch = (unsigned char)line[i];
+        if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
+            out[o++] = (char)ch;
+        } else {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[ch >> 4];
+            out[o++] = hex[ch & 0xf];
+        }
+    }
+    out[o] = '\0';
+}
+
+static int64_t loop_now_ns(const struct listener *l) {
+    /* The loop's cached monotonic time is good enough for rate limiting and costs nothing. */
+    return (int64_t)uv_now(l->in->loop) * BD_NS_PER_MS;
+}
+
+static void sample_bad_line(struct listener *l, const struct sockaddr *peer, const char *reason,
+                            const char *line, size_t len) {
+    if (!bd_ratelimit_ok(&l->rl_lines, loop_now_ns(l))) {
+        return;
+    }
+    char who[PEER_LEN];
+    char quoted[SAMPLE_QUOTE * 4 + 8];
+    format_addr(peer, who, sizeof(who));
+    sanitise(line, len, quoted, sizeof(quoted));
+    /* Say how many samples the limiter swallowed since the last one, so the rate is visible. */
+    char more[48] = "";
+    uint64_t suppressed = l->rl_lines.suppressed - l->rl_lines_reported;
+    l->rl_lines_reported = l->rl_lines.suppressed;
+    if (suppressed > 0) {
+        snprintf(more, sizeof(more), " (%llu similar not logged)", (unsigned long long)suppressed);
+    }
+    bd_warn("%s: bad line from %s: %s (%zu bytes): \"%s\"%s%s", l->name, who, reason, len,
+            quoted, len > SAMPLE_QUOTE ? "..." : "", more);
+}
+
+static const char *parse_reason(int rc) {
+    switch (rc) {
+    case BD_PARSE_ETOO_MANY_FIELDS:
+        return "too many fields";
+    case BD_PARSE_ETOO_MANY_TAGS:
+        return "too many tags";
+    case BD_PARSE_ERANGE:
+        return "value out of range";
+    default:
+        return "syntax error";
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lines                                                                                    */
+
+/*
+ * One line without its '\n'. Returns 0, or -E2BIG when the line exceeds max_line (counted and
+ * sampled here; TCP closes the connection on it, UDP just moves to the next line).
+ */
+static int handle_line(struct listener *l, const char *line, size_t len,
+                       const struct sockaddr *peer, int64_t now_ns) {
+    struct bd_ingest *in = l->in;
+    if (len == 0) {
+        return 0;
+    }
+    if (len > in->max_line) {
+        BD_STAT_ADD(in->stats, lines, 1);
+        BD_STAT_ADD(in->stats, drop_line_too_long, 1);
+        sample_bad_line(l, peer, "line longer than limits.max_line", line, len);
+        return -E2BIG;
+    }
+    const char *errmsg = NULL;
+    int rc = bd_parse_line(&l->parser, line, len, l->point, &errmsg);
+    if (rc == BD_PARSE_SKIP) {
+        return 0;
+    }
+    BD_STAT_ADD(in->stats, lines, 1);
+    if (rc < 0) {
+        if (rc == BD_PARSE_ETOO_MANY_FIELDS) {
+            BD_STAT_ADD(in->stats, drop_too_many_fields, 1);
+        } else {
+            BD_STAT_ADD(in->stats, drop_parse_error, 1);
+        }
+        sample_bad_line(l, peer, errmsg != NULL ? errmsg : parse_reason(rc), line, len);
+        return 0;
+    }
+    /* Every refusal (time window, field limits, ring full) is counted by the table itself. */
+    (void)bd_sensor_table_accept(in->table, l->point, now_ns);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* UDP                                                                                      */
+
+static void on_udp_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    struct listener *l = h->data;
+    (void)suggested;
+    /*
+     * The slab can be handed out again on every call: libuv delivers all datagrams of one
+     * recvmmsg (and the final UV_UDP_MMSG_FREE) before it asks for a buffer again, and we
+     * finish with each datagram inside its callback.
+     */
+    *buf = uv_buf_init(l->slab, UDP_SLAB_SIZE);
+}
+
+static void udp_datagram(struct listener *l, const char *data, size_t len,
+                         const struct sockaddr *peer) {
+    /* One clock read per datagram: every line in it arrived at the same moment. */
+    int64_t now_ns = bd_now_ns();
+    const char *p = data;
+    const char *end = data + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *eol = nl != NULL ? nl : end;
+        (void)handle_line(l, p, (size_t)(eol - p), peer, now_ns);
+        p = eol + 1;
+    }
+}
+
+static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
+                        const struct sockaddr *addr, unsigned flags) {
+    struct listener *l = h->data;
+    struct bd_ingest *in = l->in;
+
+    if (flags & UV_UDP_MMSG_FREE) {
+        /* End of a recvmmsg batch: the slab is ours and stays allocated. */
+        return;
+    }
+    if (nread < 0) {
+        BD_STAT_ADD(in->stats, udp_recv_errors, 1);
+        if (bd_ratelimit_ok(&l->rl_events, loop_now_ns(l))) {
+            bd_warn("%s: receive error: %s", l->name, uv_strerror((int)nread));
+        }
+        return;
+    }
+    if (addr == NULL) {
+        /* nread == 0 without a sender: the socket had nothing more to read. */
+        return;
+    }
+    BD_STAT_ADD(in->stats, udp_datagrams, 1);
+    BD_STAT_ADD(in->stats, udp_bytes, (uint64_t)nread);
+    if (flags & UV_UDP_PARTIAL) {
+        /* The kernel cut the datagram to fit the slot; its last line would be a lie. */
+        BD_STAT_ADD(in->stats, udp_truncated, 1);
+        if (bd_ratelimit_ok(&l->rl_events, loop_now_ns(l))) {
+            char who[PEER_LEN];
+            format_addr(addr, who, sizeof(who));
+            bd_warn("%s: truncated datagram from %s dropped (more than %d bytes)", l->name, who,
+                    UDP_SLOT_SIZE);
+        }
+        return;
+    }
+    udp_datagram(l, buf->base, (size_t)nread, addr);
+}
+
+/*
+ * A bigger socket buffer absorbs scheduling stalls. Failing to get it is not fatal, but the
+ * operator must hear about it, with the sysctl that caps it.
+ */
+static void udp_set_rcvbuf(struct listener *l) {
+    uint64_t want = l->cfg.rcvbuf;
+    if (want == 0) {
+        return; /* keep the kernel default */
+    }
+    int value = want > INT_MAX ? INT_MAX : (int)want;
+    int rc = uv_recv_buffer_size(&l->h.handle, &value);
+    if (rc < 0) {
+        bd_warn("%s: cannot set SO_RCVBUF to %llu bytes: %s", l->name, (unsigned long long)want,
+                uv_strerror(rc));
+    }
+    int got = 0; /* 0 asks libuv to read the option back */
+    rc = uv_recv_buffer_size(&l->h.handle, &got);
+    if (rc < 0) {
+        bd_warn("%s: cannot read SO_RCVBUF back: %s", l->name, uv_strerror(rc));
+        return;
+    }
+    uint64_t granted = (uint64_t)got;
+#ifdef __linux__
+    /* Linux doubles the request to cover its bookkeeping and reports the doubled figure. */
+    granted /= 2;
+#endif
+    bd_info("%s: SO_RCVBUF is %d bytes (asked for %llu)", l->name, got,
+            (unsigned long long)want);
+    if (granted < want) {
+        bd_warn("%s: the kernel granted a receive buffer of %llu bytes, less than the %llu "
+                "asked for; raise net.core.rmem_max to at least %llu",
+                l->name, (unsigned long long)granted, (unsigned long long)want,
+                (unsigned long long)want);
+    }
+}
+
+static int udp_open(struct listener *l, struct bd_err *err) {
+    struct bd_ingest *in = l->in;
+    const struct sockaddr *sa = (const struct sockaddr *)&l->cfg.addr;
+    int rc = 0;
+
+    l->slab = malloc(UDP_SLAB_SIZE);
+    if (l->slab == NULL) {
+        rc = bd_err_set(err, -ENOMEM, "%s: cannot allocate the receive buffer", l->name);
+        goto out;
+    }
+    rc = uv_udp_init_ex(in->loop, &l->h.udp, (unsigned)sa->sa_family | UV_UDP_RECVMMSG);
+    if (rc < 0) {
+        bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));
+        goto out;
+    }
+    l->h.handle.data = l;
+    l->h_open = true;
+    in->open_handles++;
+
+    rc = uv_udp_bind(&l->h.udp, sa, 0);
+    if (rc < 0) {
+        bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));
+        goto out;
+    }
+    udp_set_rcvbuf(l);
+    rc = uv_udp_recv_start(&l->h.udp, on_udp_alloc, on_udp_recv);
+    if (rc < 0) {
+        bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));
+        goto out;
+    }
+out:
+    /* On failure the handle (if opened) is closed by the caller with every other listener. */
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* TCP                                                                                      */
+
+static void conn_pause(struct conn *c) {
+    if (!c->paused) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->paused = true;
+        c->l->n_paused++;
+    }
+}
+
+static void conn_unpause(struct conn *c) {
+    if (c->paused) {
+        c->paused = false;
+        c->l->n_paused--;
+    }
+}
+
+/*
+ * Consume the complete lines in the buffer. Returns 0 when only a partial line (if any) is left,
+ * 1 when it stopped early because the sensor table is congested (the rest waits in the buffer),
+ * or -E2BIG when a line exceeds max_line and the connection must go.
+ *
+ * Congestion is checked after every line, not once per read: one 64 KiB read holds hundreds of
+ * lines, enough to overrun a ring, and TCP promises backpressure rather than drops.
+ */
+static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
+    struct listener *l = c->l;
+    struct bd_ingest *in = l->in;
+    const struct sockaddr *peer = (const struct sockaddr *)&c->peer;
+
+    for (;;) {
+        char *nl = memchr(c->buf + c->scan, '\n', c->len - c->scan);
+        if (nl == NULL) {
+            c->scan = c->len;
+            break;
+        }
+        const char *line = c->buf + c->start;
+        size_t line_len = (size_t)(nl - line);
+        c->start = (size_t)(nl - c->buf) + 1;
+        c->scan = c->start;
+        if (handle_line(l, line, line_len, peer, now_ns) < 0) {
+            return -E2BIG;
+        }
+        if (backpressure && bd_sensor_table_congested(in->table)) {
+            return 1;
+        }
+    }
+    size_t pending = c->len - c->start;
+    if (pending > in->max_line) {
+        /* No newline yet and already too long: the line can only get longer. */
+        BD_STAT_ADD(in->stats, lines, 1);
+        BD_STAT_ADD(in->stats, drop_line_too_long, 1);
+        sample_bad_line(l, peer, "line longer than limits.max_line", c->buf + c->start, pending);
+        return -E2BIG;
+    }
+    if (pending == 0) {
+        /* Rewinding an empty buffer is free; moving a partial line waits until room runs out. */
+        c->start = c->scan = c->len = 0;
+    }
+    return 0;
+}
+
+static void on_conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    struct conn *c = h->data;
+    (void)suggested;
+    if (c->cap - c->len < CONN_SLACK && c->start > 0) {
+        size_t pending = c->len - c->start;
+        memmove(c->buf, c->buf + c->start, pending);
+        c->scan -= c->start;
+        c->len = pending;
+        c->start = 0;
+    }
+    /* conn_drain keeps a partial line at or below max_line, so the slack is always free. */
+    BD_ASSERT(c->len < c->cap);
+    *buf = uv_buf_init(c->buf + c->len, (unsigned)(c->cap - c->len));
+}
+
+static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    struct conn *c = s->data;
+    struct listener *l = c->l;
+    struct bd_ingest *in = l->in;
+    (void)buf; /* always c->buf + c->len, handed out by on_conn_alloc */
+
+    if (nread == 0) {
+        return; /* EAGAIN */
+    }
+    if (nread < 0) {
+        if (nread == UV_EOF) {
+            int64_t now_ns = bd_now_ns();
+            /* The peer is gone, so there is nobody to push back on: take what is left. */
+            if (conn_drain(c, now_ns, false) == 0 && c->len > c->start) {
+                (void)handle_line(l, c->buf + c->start, c->len - c->start,
+                                  (const struct sockaddr *)&c->peer, now_ns);
+            }
+        } else {
+            char who[PEER_LEN];
+            format_addr((const struct sockaddr *)&c->peer, who, sizeof(who));
+            bd_debug("%s: connection from %s: %s", l->name, who, uv_strerror((int)nread));
+        }
+        conn_close(c);
+        return;
+    }
+
+    c->len += (size_t)nread;
+    c->last_active_ms = uv_now(in->loop);
+    BD_STAT_ADD(in->stats, tcp_bytes, (uint64_t)nread);
+
+    int rc = conn_drain(c, bd_now_ns(), true);
+    if (rc < 0) {
+        conn_close(c);
+    } else if (rc > 0) {
+        conn_pause(c);
+    }
+}
+
+static void conn_close(struct conn *c) {
+    struct listener *l = c->l;
+    conn_unpause(c);
+    if (c->prev != NULL) {
+        c->prev->next = c->next;
+    } else {
+        l->conns = c->next;
+    }
+    if (c->next != NULL) {
+        c->next->prev = c->prev;
+    }
+    c->prev = c->next = NULL;
+    l->n_conns--;
+    /* uv_close closes the descriptor right away; only the memory waits for the callback. */
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+static void reject(struct listener *l, uv_stream_t *server) {
+    struct bd_ingest *in = l->in;
+    struct rejected *r = malloc(sizeof(*r));
+    if (r == NULL) {
+        bd_error("%s: out of memory refusing a connection", l->name);
+        return;
+    }
+    r->in = in;
+    uv_tcp_init(in->loop, &r->tcp); /* without an address family it cannot fail */
+    r->tcp.data = r;
+    in->open_handles++;
+    /*
+     * Accepting and closing at once, instead of leaving the connection in the backlog, tells
+     * the client straight away and keeps the backlog free for connections we will take.
+     */
+    char who[PEER_LEN] = "?";
+    if (uv_accept(server, (uv_stream_t *)&r->tcp) == 0) {
+        struct sockaddr_storage peer;
+        int plen = sizeof(peer);
+        if (uv_tcp_getpeername(&r->tcp, (struct sockaddr *)&peer, &plen) == 0) {
+            format_addr((const struct sockaddr *)&peer, who, sizeof(who));
+        }
+    }
+    BD_STAT_ADD(in->stats, tcp_rejected, 1);
+    if (bd_ratelimit_ok(&l->rl_events, loop_now_ns(l))) {
+        bd_warn("%s: refusing connection from %s: max_connections (%u) reached", l->name, who,
+                l->cfg.max_connections);
+    }
+    uv_close((uv_handle_t *)&r->tcp, on_rejected_closed);
+}
+
+static void on_tcp_connection(uv_stream_t *server, int status) {
+    struct listener *l = server->data;
+    struct bd_ingest *in = l->in;
+    struct conn *c = NULL;
+    int rc = 0;
+
+    if (status < 0) {
+        if (bd_ratelimit_ok(&l->rl_events, loop_now_ns(l))) {
+            bd_warn("%s: accept failed: %s", l->name, uv_strerror(status));
+        }
+        return;
+    }
+    if (in->stopping || l->n_conns >= l->cfg.max_connections) {
+        reject(l, server);
+        return;
+    }
+    size_t cap = in->max_line + CONN_SLACK;
+    c = malloc(sizeof(*c) + cap);
+    if (c == NULL) {
+        reject(l, server);
+        return;
+    }
+    memset(c, 0, sizeof(*c));
+    c->l = l;
+    c->cap = cap;
+    uv_tcp_init(in->loop, &c->tcp); /* without an address family it cannot fail */
+    c->tcp.data = c;
+    in->open_handles++;
+
+    /* Linked first so that conn_close() below undoes exactly one thing on any failure. */
+    c->next = l->conns;
+    if (l->conns != NULL) {
+        l->conns->prev = c;
+    }
+    l->conns = c;
+    l->n_conns++;
+
+    rc = uv_accept(server, (uv_stream_t *)&c->tcp);
+    if (rc < 0) {
+        goto out;
+    }
+    int plen = sizeof(c->peer);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &plen) < 0) {
+        c->peer.ss_family = AF_UNSPEC;
+    }
+    c->last_active_ms = uv_now(in->loop);
+    rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
+    if (rc < 0) {
+        goto out;
+    }
+    BD_STAT_ADD(in->stats, tcp_connections, 1);
+    if (bd_log_get_level() >= BD_LOG_DEBUG) {
+        char who[PEER_LEN];
+        format_addr((const struct sockaddr *)&c->peer, who, sizeof(who));
+        bd_debug("%s: connection from %s (%u open)", l->name, who, l->n_conns);
+    }
+out:
+    if (rc < 0) {
+        if (bd_ratelimit_ok(&l->rl_events, loop_now_ns(l))) {
+            bd_warn("%s: cannot take a connection: %s", l->name, uv_strerror(rc));
+        }
+        conn_close(c);
+    }
+}
+
+static void on_sweep(uv_timer_t *t) {
+    struct listener *l = t->data;
+    uint64_t now = uv_now(l->in->loop);
+    struct conn *next = NULL;
+    for (struct conn *c = l->conns; c != NULL; c = next) {
+        next = c->next;
+        /* A paused connection is silent because we stopped reading, not because it is idle. */
+        if (!c->paused && now - c->last_active_ms >= l->cfg.idle_timeout_ms) {
+            BD_STAT_ADD(l->in->stats, tcp_idle_closed, 1);
+            if (bd_log_get_level() >= BD_LOG_DEBUG) {
+                char who[PEER_LEN];
+                format_addr((const struct sockaddr *)&c->peer, who, sizeof(who));
+                bd_debug("%s: closing idle connection from %s", l->name, who);
+            }
+            conn_close(c);
+        }
+    }
+}
+
+static int tcp_open(struct listener *l, struct bd_err *err) {
+    struct bd_ingest *in = l->in;
+    const struct sockaddr *sa = (const struct sockaddr *)&l->cfg.addr;
+    int rc = 0;
+
+    rc = uv_tcp_init_ex(in->loop, &l->h.tcp, sa->sa_family);
+    if (rc < 0) {
+        bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));
+        goto out;
+    }
+    l->h.handle.data = l;
+    l->h_open = true;
+    in->open_handles++;
+
+    /* libuv defers EADDRINUSE from bind to listen, so both report the same way. */
+    rc = uv_tcp_bind(&l->h.tcp, sa, 0);
+    if (rc == 0) {
+        rc = uv_listen((uv_stream_t *)&l->h.tcp, SOMAXCONN, on_tcp_connection);
+    }
+    if (rc < 0) {
+        bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));
+        goto out;
+    }
+
+    if (l->cfg.idle_timeout_ms > 0) {
+        uint64_t every = BD_MIN(BD_MAX(l->cfg.idle_timeout_ms / 4, (uint64_t)1), (uint64_t)1000);
+        uv_timer_init(in->loop, &l->sweep);
+        l->sweep.data = l;
+        l->sweep_open = true;
+        in->open_handles++;
+        /* Unreferenced: an idle sweep alone must not keep the loop running. */
+        uv_unref((uv_handle_t *)&l->sweep);
+        rc = uv_timer_start(&l->sweep, on_sweep, every, every);
+        if (rc < 0) {
+            bd_err_set(err, rc, "%s: idle timer: %s", l->name, uv_strerror(rc));
+            goto out;
+        }
+    }
+out:
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Public API                                                                               */
+
+static void log_bound(const struct listener *l) {
+    struct sockaddr_storage local;
+    int len = sizeof(local);
+    char where[PEER_LEN] = "?";
+    int rc = l->cfg.proto == BD_PROTO_UDP
+                 ? uv_udp_getsockname(&l->h.udp, (struct sockaddr *)&local, &len)
+                 : uv_tcp_getsockname(&l->h.tcp, (struct sockaddr *)&local, &len);
+    if (rc == 0) {
+        format_addr((const struct sockaddr *)&local, where, sizeof(where));
+    }
+    bd_info("%s: listening on %s, format %s, precision %s", l->name, where,
+            bd_format_name(l->cfg.format), bd_precision_name(l->cfg.precision));
+}
+
+int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_config *cfg,
+                  struct bd_sensor_table *table, struct bd_stats *stats, struct bd_err *err) {
+    struct bd_ingest *in = NULL;
+    int rc = 0;
+
+    *out = NULL;
+    in = calloc(1, sizeof(*in));
+    if (in == NULL) {
+        rc = bd_err_set(err, -ENOMEM, "ingest: out of memory");
+        goto out;
+    }
+    in->loop = loop;
+    in->table = table;
+    in->stats = stats;
+    in->max_line = cfg->limits.max_line;
+    if (cfg->n_listeners > 0) {
+        in->listeners = calloc(cfg->n_listeners, sizeof(*in->listeners));
+        if (in->listeners == NULL) {
+            rc = bd_err_set(err, -ENOMEM, "ingest: out of memory");
+            goto out;
+        }
+    }
+
+    for (uint32_t i = 0; i < cfg->n_listeners; i++) {
+        struct listener *l = &in->listeners[i];
+        in->n_listeners = i + 1; /* so the cleanup below sees this one too */
+        l->in = in;
+        l->idx = i;
+        l->cfg = cfg->listeners[i];
+        /* Numbered from 1, as a person counts the entries of the listeners list. */
+        snprintf(l->name, sizeof(l->name), "listener %u (%s %s)", i + 1,
+                 bd_proto_name(l->cfg.proto), l->cfg.bind);
+        l->rl_lines = (struct bd_ratelimit){.interval_ns = SAMPLE_INTERVAL_NS,
+                                            .burst = SAMPLE_BURST};
+        l->rl_events = l->rl_lines;
+
+        rc = bd_parser_init(&l->parser, l->cfg.format, l->cfg.precision, in->max_line);
+        if (rc < 0) {
+            bd_err_set(err, rc, "%s: cannot set up the parser: %s", l->name, strerror(-rc));
+            goto out;
+        }
+        l->parser_ok = true;
+        l->point = malloc(sizeof(*l->point));
+        if (l->point == NULL) {
+            rc = bd_err_set(err, -ENOMEM, "%s: out of memory", l->name);
+            goto out;
+        }
+
+        rc = l->cfg.proto == BD_PROTO_UDP ? udp_open(l, err) : tcp_open(l, err);
+        if (rc < 0) {
+            goto out;
+        }
+        log_bound(l);
+    }
+
+    *out = in;
+    in = NULL;
+out:
+    if (in != NULL) {
+        /* Handles already opened close asynchronously; the last close callback frees in. */
+        bd_ingest_free(in);
+    }
+    return rc;
+}
+
+void bd_ingest_stop(struct bd_ingest *in) {
+    if (in == NULL || in->stopping) {
+        return;
+    }
+    in->stopping = true;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        struct listener *l = &in->listeners[i];
+        if (l->h_open) {
+            if (l->cfg.proto == BD_PROTO_UDP) {
+                uv_udp_recv_stop(&l->h.udp);
+            }
+            uv_close(&l->h.handle, on_listener_handle_closed);
+            l->h_open = false;
+        }
+        if (l->sweep_open) {
+            uv_close((uv_handle_t *)&l->sweep, on_listener_handle_closed);
+            l->sweep_open = false;
+        }
+        int64_t now_ns = l->conns != NULL ? bd_now_ns() : 0;
+        while (l->conns != NULL) {
+            struct conn *c = l->conns;
+            /*
+             * Complete lines still in the buffer (a paused connection's) arrived before the
+             * stop and are taken; an unterminated tail is not a reading yet and is dropped.
+             */
+            (void)conn_drain(c, now_ns, false);
+            conn_close(c);
+        }
+    }
+}
+
+void bd_ingest_resume(struct bd_ingest *in) {
+    if (in == NULL || in->stopping) {
+        return;
+    }
+    int64_t now_ns = 0;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        struct listener *l = &in->listeners[i];
+        struct conn *next = NULL;
+        for (struct conn *c = l->conns; c != NULL && l->n_paused > 0; c = next) {
+            next = c->next;
+            if (!c->paused) {
+                continue;
+            }
+            if (bd_sensor_table_congested(in->table)) {
+                return;
+            }
+            if (now_ns == 0) {
+                now_ns = bd_now_ns();
+            }
+            /* Lines left in the buffer when the connection paused go first, in order. */
+            int rc = conn_drain(c, now_ns, true);
+            if (rc < 0) {
+                conn_close(c);
+                continue;
+            }
+            if (rc > 0) {
+                return;
+            }
+            conn_unpause(c);
+            c->last_active_ms = uv_now(in->loop);
+            rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
+            if (rc < 0) {
+                bd_warn("%s: cannot resume reading: %s", l->name, uv_strerror(rc));
+                conn_close(c);
+            }
+        }
+    }
+}
+
+void bd_ingest_free(struct bd_ingest *in) {
+    if (in == NULL) {
+        return;
+    }
+    /* Tolerate a free without a stop: close now and let the last close callback destroy. */
+    bd_ingest_stop(in);
+    in->released = true;
+    if (in->open_handles == 0) {
+        destroy(in);
+    }
+}
+
+uint32_t bd_ingest_connections(const struct bd_ingest *in) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        n += in->listeners[i].n_conns;
+    }
+    return n;
+}
+
+uint32_t bd_ingest_paused(const struct bd_ingest *in) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        n += in->listeners[i].n_paused;
+    }
+    return n;
+}
+
+int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx) {
+    if (idx >= in->n_listeners || !in->listeners[idx].h_open) {
+        return -EINVAL;
+    }
+    struct listener *l = &in->listeners[idx];
+    struct sockaddr_storage local;
+    int len = sizeof(local);
+    int rc = l->cfg.proto == BD_PROTO_UDP
+                 ? uv_udp_getsockname(&l->h.udp, (struct sockaddr *)&local, &len)
+                 : uv_tcp_getsockname(&l->h.tcp, (struct sockaddr *)&local, &len);
+    if (rc < 0) {
+        return rc;
+    }
+    if (local.ss_family == AF_INET) {
+        return ntohs(((const struct sockaddr_in *)&local)->sin_port);
+    }
+    if (local.ss_family == AF_INET6) {
+        return ntohs(((const struct sockaddr_in6 *)&local)->sin6_port);
+    }
+    return -EAFNOSUPPORT;
+}

@@ -1,0 +1,472 @@
+/*
+ * Sensor table: series key -> sensor, with one SPSC ring per sensor and a dirty queue that
+ * hands sensors with new readings to the flusher.
+ *
+ * Threads: the ingest thread owns the hash index, creates sensors, appends field names and is
+ * the single producer of every sensor ring and of the dirty queue. The flusher thread is the
+ * single consumer of both. Sensors live until bd_sensor_table_free(), which runs after both
+ * threads have stopped.
+ *
+ * Hand-off protocol (see the comments at the atomics): the producer pushes a reading (release
+ * on the ring head) and then swaps the sensor's dirty flag to 1; only the swap that saw 0
+ * enqueues the sensor. The consumer pops a sensor and swaps the flag back to 0 *before* it
+ * drains the ring. Both swaps are read-modify-writes on the same atomic, so they are totally
+ * ordered: either the producer's swap comes first (the consumer's swap reads 1 from it,
+ * synchronises with it and then sees the reading) or the consumer's comes first (the producer
+ * reads 0 and enqueues the sensor again). No reading is left behind in a clean ring.
+ *
+ * Ring cell encoding of one reading: a header cell {ts_ns, n_values} followed by n_values
+ * value cells {value bits, field index | kind << 16}.
+ */
+#include "bucketd/sensor.h"
+
+#include <bson/bson.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "bucketd/log.h"
+
+struct bd_sensor_table {
+    const struct bd_config *cfg;
+    struct bd_stats *stats;
+
+    /* Hash index, ingest thread only. */
+    struct bd_sensor **slots;
+    uint32_t slot_mask;
+    uint32_t count;
+    uint32_t max_sensors;
+
+    /* Dirty queue: cells carry sensor pointers; capacity >= max_sensors, so it never fills
+     * (a sensor is in it at most once). */
+    struct bd_ring dirty;
+
+    uint32_t ring_size;
+    uint32_t high_water; /* above this a ring asks the flusher for an early flush */
+    uint32_t low_water;  /* below this a congested ring lets TCP read again */
+    uint32_t max_fields;
+    int64_t max_late_ns;
+    int64_t max_future_ns;
+
+    bd_sensor_wake_cb wake;
+    void *wake_arg;
+    struct bd_sensor *congested; /* last ring seen above high water, ingest thread only */
+
+    struct bd_ratelimit limit_log;
+};
+
+static uint32_t next_pow2(uint32_t v) {
+    uint32_t p = 2;
+    while (p < v && p < (UINT32_C(1) << 31)) {
+        p <<= 1;
+    }
+    return p;
+}
+
+int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cfg,
+                        struct bd_stats *stats, struct bd_err *err) {
+    int rc = 0;
+    struct bd_sensor_table *t = calloc(1, sizeof(*t));
+    if (t == NULL) {
+        rc = bd_err_set(err, -ENOMEM, "sensor table: out of memory");
+        goto out;
+    }
+    t->cfg = cfg;
+    t->stats = stats;
+    t->max_sensors = cfg->limits.max_sensors;
+    t->ring_size = cfg->limits.ring_size;
+    t->high_water = t->ring_size / 2;
+    t->low_water = t->ring_size / 4;
+    t->max_fields = cfg->limits.max_fields;
+    t->max_late_ns = (int64_t)cfg->buckets.max_late_ms * BD_NS_PER_MS;
+    t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
+    t->limit_log.interval_ns = 10 * BD_NS_PER_S;
+    t->limit_log.burst = 1;
+    t->slot_mask = 1024 - 1;
+    t->slots = calloc(t->slot_mask + 1, sizeof(*t->slots));
+    if (t->slots == NULL) {
+        rc = bd_err_set(err, -ENOMEM, "sensor table: out of memory");
+        goto out;
+    }
+    rc = bd_ring_init(&t->dirty, next_pow2(t->max_sensors));
+    if (rc < 0) {
+        bd_err_set(err, rc, "sensor table: cannot allocate the dirty queue");
+        goto out;
+    }
+    *out = t;
+    t = NULL;
+out:
+    bd_sensor_table_free(t);
+    return rc;
+}
+
+static void sensor_free(struct bd_sensor *s) {
+    if (s == NULL) {
+        return;
+    }
+    uint32_t nf = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
+    for (uint32_t i = 0; i < nf; i++) {
+        free(s->field_names[i]);
+    }
+    for (uint32_t i = 0; i < s->n_tags; i++) {
+        free(s->tag_keys ? s->tag_keys[i] : NULL);
+        free(s->tag_values ? s->tag_values[i] : NULL);
+    }
+    free(s->tag_keys);
+    free(s->tag_values);
+    free(s->measurement);
+    free(s->id);
+    bd_ring_close(&s->ring);
+    free(s);
+}
+
+void bd_sensor_table_free(struct bd_sensor_table *t) {
+    if (t == NULL) {
+        return;
+    }
+    if (t->slots != NULL) {
+        for (uint32_t i = 0; i <= t->slot_mask; i++) {
+            struct bd_sensor *s = t->slots[i];
+            while (s != NULL) {
+                struct bd_sensor *next = s->hash_next;
+                BD_ASSERT(s->flusher_state == NULL); /* the flusher releases its state first */
+                sensor_free(s);
+                s = next;
+            }
+        }
+    }
+    free(t->slots);
+    bd_ring_close(&t->dirty);
+    free(t);
+}
+
+void bd_sensor_table_set_wake(struct bd_sensor_table *t, bd_sensor_wake_cb cb, void *arg) {
+    t->wake = cb;
+    t->wake_arg = arg;
+}
+
+uint32_t bd_sensor_table_count(const struct bd_sensor_table *t) {
+    return t->count;
+}
+
+void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),
+                             void *arg) {
+    for (uint32_t i = 0; i <= t->slot_mask; i++) {
+        for (struct bd_sensor *s = t->slots[i]; s != NULL; s = s->hash_next) {
+            fn(s, arg);
+        }
+    }
+}
+
+/* Names become BSON keys or strings: they must be valid UTF-8 without NUL, and keys must not
+ * contain '.' or start with '$' (MongoDB would read them as paths or operators). */
+static bool name_ok(const char *p, size_t len, bool is_key) {
+    if (len == 0 || !bson_utf8_validate(p, len, false)) {
+        return false;
+    }
+    if (is_key && (p[0] == '$' || memchr(p, '.', len) != NULL)) {
+        return false;
+    }
+    return true;
+}
+
+static char *dup_str(const struct bd_str *s) {
+    char *p = malloc(s->len + 1);
+    if (p != NULL) {
+        memcpy(p, s->ptr, s->len);
+        p[s->len] = '\0';
+    }
+    return p;
+}
+
+static int grow_index(struct bd_sensor_table *t) {
+    uint32_t new_mask = t->slot_mask * 2 + 1;
+    struct bd_sensor **slots = calloc((size_t)new_mask + 1, sizeof(*slots));
+    if (slots == NULL) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i <= t->slot_mask; i++) {
+        struct bd_sensor *s = t->slots[i];
+        while (s != NULL) {
+            struct bd_sensor *next = s->hash_next;
+            uint32_t j = (uint32_t)s->hash & new_mask;
+            s->hash_next = slots[j];
+            slots[j] = s;
+            s = next;
+        }
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->slot_mask = new_mask;
+    return 0;
+}
+
+/* A new sensor: validated names, its ring, linked into the index. NULL on a counted drop. */
+static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct bd_point *pt,
+                                       uint64_t hash) {
+    struct bd_sensor *s = NULL;
+    if (t->count >= t->max_sensors) {
+        BD_STAT_ADD(t->stats, drop_sensor_limit, 1);
+        if (bd_ratelimit_ok(&t->limit_log, bd_mono_ns())) {
+            bd_warn("sensor limit reached (limits.max_sensors=%u): readings of new sensors "
+                    "are dropped",
+                    t->max_sensors);
+        }
+        return NULL;
+    }
+    if (!name_ok(pt->series_key.ptr, pt->series_key.len, false) ||
+        !name_ok(pt->name.ptr, pt->name.len, false)) {
+        BD_STAT_ADD(t->stats, drop_bad_name, 1);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < pt->n_tags; i++) {
+        if (!name_ok(pt->tags[i].key.ptr, pt->tags[i].key.len, true) ||
+            !bson_utf8_validate(pt->tags[i].value.ptr, pt->tags[i].value.len, false)) {
+            BD_STAT_ADD(t->stats, drop_bad_name, 1);
+            return NULL;
+        }
+    }
+    if ((t->count + 1) > t->slot_mask + 1 && grow_index(t) < 0) {
+        goto oom;
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        goto oom;
+    }
+    s->id = dup_str(&pt->series_key);
+    s->id_len = pt->series_key.len;
+    s->measurement = dup_str(&pt->name);
+    s->n_tags = pt->n_tags;
+    s->tag_keys = calloc(pt->n_tags ? pt->n_tags : 1, sizeof(char *));
+    s->tag_values = calloc(pt->n_tags ? pt->n_tags : 1, sizeof(char *));
+    if (s->id == NULL || s->measurement == NULL || s->tag_keys == NULL || s->tag_values == NULL) {
+        goto oom;
+    }
+    for (uint32_t i = 0; i < pt->n_tags; i++) {
+        s->tag_keys[i] = dup_str(&pt->tags[i].key);
+        s->tag_values[i] = dup_str(&pt->tags[i].value);
+        if (s->tag_keys[i] == NULL || s->tag_values[i] == NULL) {
+            goto oom;
+        }
+    }
+    s->hash = hash;
+    atomic_init(&s->n_fields, 0);
+    atomic_init(&s->dirty, 0);
+    if (bd_ring_init(&s->ring, t->ring_size) < 0) {
+        goto oom;
+    }
+    uint32_t slot = (uint32_t)hash & t->slot_mask;
+    s->hash_next = t->slots[slot];
+    t->slots[slot] = s;
+    t->count++;
+    return s;
+oom:
+    sensor_free(s);
+    BD_STAT_ADD(t->stats, drop_sensor_limit, 1);
+    if (bd_ratelimit_ok(&t->limit_log, bd_mono_ns())) {
+        bd_error("out of memory creating a sensor: its readings are dropped");
+    }
+    return NULL;
+}
+
+static struct bd_sensor *lookup(struct bd_sensor_table *t, const struct bd_str *key,
+                                uint64_t hash) {
+    for (struct bd_sensor *s = t->slots[(uint32_t)hash & t->slot_mask]; s != NULL;
+         s = s->hash_next) {
+        if (s->hash == hash && s->id_len == key->len && memcmp(s->id, key->ptr, key->len) == 0) {
+            return s;
+        }
+    }
+    return NULL;
+}
+
+/* Index of a field name in the sensor's dictionary, appending it if new; -1 on a counted
+ * drop. The append publishes the name (release) before any reading using it is pushed. */
+static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_str *key) {
+    uint32_t n = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
+    for (uint32_t i = 0; i < n; i++) {
+        if (strncmp(s->field_names[i], key->ptr, key->len) == 0 &&
+            s->field_names[i][key->len] == '\0') {
+            return (int)i;
+        }
+    }
+    if (!name_ok(key->ptr, key->len, true) || (key->len == 2 && memcmp(key->ptr, "ts", 2) == 0)) {
+        BD_STAT_ADD(t->stats, drop_bad_name, 1);
+        return -1;
+    }
+    if (n >= BD_SENSOR_MAX_FIELDS) {
+        BD_STAT_ADD(t->stats, drop_field_limit, 1);
+        return -1;
+    }
+    char *name = dup_str(key);
+    if (name == NULL) {
+        BD_STAT_ADD(t->stats, drop_field_limit, 1);
+        return -1;
+    }
+    s->field_names[n] = name;
+    /* Pairs with the acquire load in bd_sensor_peek_reading(); the ring's own release/acquire
+     * on head also orders it, this keeps the dictionary self-contained. */
+    atomic_store_explicit(&s->n_fields, n + 1, memory_order_release);
+    return (int)n;
+}
+
+static void mark_dirty(struct bd_sensor_table *t, struct bd_sensor *s) {
+    /* See the hand-off protocol at the top of this file. */
+    if (atomic_exchange_explicit(&s->dirty, 1, memory_order_seq_cst) == 0) {
+        struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
+        bool ok = bd_ring_push(&t->dirty, &c, 1);
+        BD_ASSERT(ok); /* capacity >= number of sensors, each queued at most once */
+    }
+}
+
+int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns) {
+    int64_t ts = pt->has_time ? pt->time_ns : now_ns;
+    if (ts < now_ns - t->max_late_ns) {
+        BD_STAT_ADD(t->stats, drop_too_old, 1);
+        return -ERANGE;
+    }
+    if (ts > now_ns + t->max_future_ns) {
+        BD_STAT_ADD(t->stats, drop_too_new, 1);
+        return -ERANGE;
+    }
+    if (pt->n_fields > t->max_fields) {
+        BD_STAT_ADD(t->stats, drop_too_many_fields, 1);
+        return -E2BIG;
+    }
+    uint32_t n_strings = 0;
+    for (uint32_t i = 0; i < pt->n_fields; i++) {
+        n_strings += pt->fields[i].kind == BD_VAL_STRING;
+    }
+    if (n_strings > 0) {
+        BD_STAT_ADD(t->stats, string_fields_dropped, n_strings);
+    }
+    uint32_t n_vals = pt->n_fields - n_strings;
+    if (n_vals == 0) {
+        BD_STAT_ADD(t->stats, drop_no_numeric, 1);
+        return -EINVAL;
+    }
+
+    uint64_t hash = XXH3_64bits(pt->series_key.ptr, pt->series_key.len);
+    struct bd_sensor *s = lookup(t, &pt->series_key, hash);
+    if (s == NULL) {
+        s = sensor_create(t, pt, hash);
+        if (s == NULL) {
+            return -ENOSPC;
+        }
+    }
+
+    struct bd_cell cells[1 + BD_PARSE_MAX_FIELDS];
+    cells[0].w[0] = (uint64_t)ts;
+    cells[0].w[1] = n_vals;
+    uint32_t n = 1;
+    for (uint32_t i = 0; i < pt->n_fields; i++) {
+        const struct bd_field *f = &pt->fields[i];
+        if (f->kind == BD_VAL_STRING) {
+            continue;
+        }
+        int idx = field_index(t, s, &f->key);
+        if (idx < 0) {
+            return -EINVAL;
+        }
+        uint64_t bits = 0;
+        switch (f->kind) {
+        case BD_VAL_FLOAT:
+            memcpy(&bits, &f->v.f, sizeof(bits));
+            break;
+        case BD_VAL_INT:
+            bits = (uint64_t)f->v.i;
+            break;
+        case BD_VAL_UINT:
+            bits = f->v.u;
+            break;
+        default:
+            bits = f->v.b ? 1 : 0;
+            break;
+        }
+        cells[n].w[0] = bits;
+        cells[n].w[1] = (uint64_t)idx | ((uint64_t)f->kind << 16);
+        n++;
+    }
+
+    uint32_t used_before = bd_ring_used(&s->ring);
+    if (!bd_ring_push(&s->ring, cells, n)) {
+        BD_STAT_ADD(t->stats, drop_ring_full, 1);
+        t->congested = s;
+        mark_dirty(t, s);
+        if (t->wake != NULL) {
+            t->wake(t->wake_arg);
+        }
+        return -ENOBUFS;
+    }
+    BD_STAT_ADD(t->stats, readings_accepted, 1);
+    mark_dirty(t, s);
+    if (used_before <= t->high_water && used_before + n > t->high_water) {
+        t->congested = s;
+        if (t->wake != NULL) {
+            t->wake(t->wake_arg);
+        }
+    }
+    return 0;
+}
+
+bool bd_sensor_table_congested(const struct bd_sensor_table *t) {
+    struct bd_sensor *s = t->congested;
+    if (s == NULL) {
+        return false;
+    }
+    if (bd_ring_used(&s->ring) > t->low_water) {
+        return true;
+    }
+    ((struct bd_sensor_table *)t)->congested = NULL;
+    return false;
+}
+
+struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t) {
+    uint32_t tail;
+    if (bd_ring_available(&t->dirty, &tail) == 0) {
+        return NULL;
+    }
+    struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->dirty, tail)->w[0];
+    bd_ring_consume(&t->dirty, 1);
+    /* Clear before draining: see the hand-off protocol at the top of this file. */
+    atomic_exchange_explicit(&s->dirty, 0, memory_order_seq_cst);
+    return s;
+}
+
+uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns,
+                                struct bd_reading_value *vals, uint32_t *n_vals) {
+    uint32_t tail;
+    uint32_t avail = bd_ring_available(&s->ring, &tail);
+    if (avail == 0) {
+        return 0;
+    }
+    const struct bd_cell *h = bd_ring_at(&s->ring, tail);
+    uint32_t n = (uint32_t)h->w[1];
+    BD_ASSERT(n >= 1 && n <= BD_PARSE_MAX_FIELDS && n + 1 <= avail); /* pushed whole */
+    *ts_ns = (int64_t)h->w[0];
+    /* Pairs with the release store in field_index(). */
+    uint32_t known = atomic_load_explicit(&s->n_fields, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++) {
+        const struct bd_cell *c = bd_ring_at(&s->ring, tail + 1 + i);
+        vals[i].field = (uint16_t)(c->w[1] & 0xffff);
+        vals[i].kind = (uint8_t)((c->w[1] >> 16) & 0xff);
+        BD_ASSERT(vals[i].field < known);
+        switch (vals[i].kind) {
+        case BD_VAL_FLOAT:
+            memcpy(&vals[i].v.f, &c->w[0], sizeof(double));
+            break;
+        case BD_VAL_INT:
+            vals[i].v.i = (int64_t)c->w[0];
+            break;
+        case BD_VAL_UINT:
+            vals[i].v.u = c->w[0];
+            break;
+        default:
+            vals[i].v.b = c->w[0] != 0;
+            break;
+        }
+    }
+    *n_vals = n;
+    return n + 1;
+}

@@ -1,0 +1,687 @@
+"""Shared harness for bucketd's end-to-end tests.
+
+Runs the real daemon binary against the MongoDB test server (tests/mongo_server.py through
+tests/e2e/mongo_fixture.py) or, when BUCKETD_TEST_MONGODB_URI is set, against that MongoDB.
+
+Environment:
+  BUCKETD_BIN               daemon binary (default <repo>/build/bucketd)
+  BUCKETD_SOURCE_DIR        repository root (default: two levels above this file)
+  BUCKETD_TEST_MONGODB_URI  use this MongoDB instead of the test server
+  BUCKETD_E2E_KEEP=1        keep each test's temporary directory (config, log, spool)
+
+Pieces:
+  free_port(), to_yaml()       ports and config text
+  Daemon                       writes a config, runs bucketd, waits for "ready", stops it with
+                               SIGTERM, parses the "stats:" line
+  check_documents()            every invariant of a bucket document (DESIGN.md §3)
+  check_readings()             every sent reading stored exactly once with the right values
+  E2ECase                      unittest base: one test server per class, one database per test
+"""
+
+import calendar
+import datetime
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.environ.get("BUCKETD_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("BUCKETD_BIN") or os.path.join(REPO, "build", "bucketd")
+
+for _p in (HERE, os.path.join(REPO, "tools")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import send_readings  # noqa: E402  (tools/send_readings.py)
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+
+READY_RE = re.compile(r"\bready\b")
+LOG_PREFIX_RE = re.compile(r"^<(\d)>")
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------------------------
+
+def free_port(kind="tcp"):
+    """A loopback port free right now for kind "tcp" or "udp" (bind port 0, then release)."""
+    stype = socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM
+    with socket.socket(socket.AF_INET, stype) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def closed_port():
+    """A loopback TCP port nobody listens on (for an unreachable MongoDB)."""
+    return free_port("tcp")
+
+
+def wait_for(cond, timeout, interval=0.05):
+    """Poll cond() until it returns something truthy or timeout seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            return v
+        time.sleep(interval)
+
+
+_PLAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
+_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+
+
+def yaml_scalar(v):
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    s = str(v)
+    if _PLAIN_RE.match(s) and s.lower() not in _YAML_WORDS:
+        return s
+    # A JSON string is a valid YAML double-quoted scalar for the characters used here.
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def to_yaml(obj, indent=0):
+    """Block-style YAML for dicts, lists of dicts/scalars and scalars (config files only)."""
+    pad = " " * indent
+    out = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)) and v:
+                out.append("%s%s:" % (pad, k))
+                out.append(to_yaml(v, indent + 2))
+            elif isinstance(v, dict):
+                out.append("%s%s: {}" % (pad, k))
+            elif isinstance(v, list):
+                out.append("%s%s: []" % (pad, k))
+            else:
+                out.append("%s%s: %s" % (pad, k, yaml_scalar(v)))
+    elif isinstance(obj, list):
+        for item in obj:
+            if isinstance(item, dict) and item:
+                body = to_yaml(item, indent + 2).split("\n")
+                out.append("%s- %s" % (pad, body[0][indent + 2:]))
+                out.extend(body[1:])
+            else:
+                out.append("%s- %s" % (pad, yaml_scalar(item)))
+    else:
+        out.append(pad + yaml_scalar(obj))
+    return "\n".join(out)
+
+
+def deep_merge(base, extra):
+    """Return base updated recursively with extra (dicts merged, everything else replaced)."""
+    out = dict(base)
+    for k, v in (extra or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def dt_ms(dt):
+    """Milliseconds since the epoch of a BSON date as pymongo returns it (naive UTC)."""
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return calendar.timegm(dt.timetuple()) * 1000 + dt.microsecond // 1000
+
+
+def parse_stats(text):
+    """The counters of the last "stats: name=value ..." log line, as a dict of ints."""
+    stats = None
+    for line in text.splitlines():
+        idx = line.find("stats: ")
+        if idx < 0:
+            continue
+        cur = {}
+        for tok in line[idx + len("stats: "):].split():
+            name, eq, value = tok.partition("=")
+            if eq and value.isdigit():
+                cur[name] = int(value)
+        if cur:
+            stats = cur
+    return stats
+
+
+def log_tail(text, n=60):
+    lines = text.splitlines()
+    return "\n".join(lines[-n:])
+
+
+# ---------------------------------------------------------------------------------------------
+# The MongoDB side
+# ---------------------------------------------------------------------------------------------
+
+def start_mongo():
+    """The test server (or BUCKETD_TEST_MONGODB_URI) from tests/e2e/mongo_fixture.py."""
+    try:
+        import mongo_fixture
+    except ImportError as e:
+        raise RuntimeError("tests/e2e/mongo_fixture.py is missing or broken: %s" % e)
+    return mongo_fixture.start_mongo()
+
+
+def unique_db_name(prefix):
+    try:
+        import mongo_fixture
+        return mongo_fixture.unique_db_name(prefix)
+    except (ImportError, AttributeError):
+        return "%s_%d_%d" % (prefix, os.getpid(), int(time.time() * 1000) % 10**9)
+
+
+def mongo_client(uri, timeout_ms=10000):
+    import pymongo
+    return pymongo.MongoClient(uri, serverSelectionTimeoutMS=timeout_ms, connect=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The daemon
+# ---------------------------------------------------------------------------------------------
+
+class DaemonError(AssertionError):
+    pass
+
+
+class Daemon:
+    """One bucketd process with its own config, log and spool under workdir.
+
+    listeners: list of dicts {"name", "proto", "format", "precision"}; each gets a free
+    loopback port, see .addr(name). extra: dict deep-merged into the generated config.
+    """
+
+    DEFAULT_LISTENERS = (
+        {"name": "udp", "proto": "udp", "format": "influx", "precision": "ns"},
+        {"name": "tcp", "proto": "tcp", "format": "influx", "precision": "ns"},
+    )
+
+    def __init__(self, workdir, mongo_uri, database, collection="buckets", listeners=None,
+                 max_readings=3600, flush_interval="200ms", extra=None):
+        self.workdir = workdir
+        self.database = database
+        self.collection = collection
+        self.listeners = []
+        for spec in (listeners or self.DEFAULT_LISTENERS):
+            spec = dict(spec)
+            spec.setdefault("format", "influx")
+            spec.setdefault("precision", "ns")
+            spec["port"] = free_port(spec["proto"])
+            spec.setdefault("name", "%s-%d" % (spec["proto"], len(self.listeners)))
+            self.listeners.append(spec)
+        cfg = {
+            "writer_id": "e2e-%d" % os.getpid(),
+            "listeners": [
+                {"proto": l["proto"], "bind": "127.0.0.1:%d" % l["port"],
+                 "format": l["format"], "precision": l["precision"]}
+                for l in self.listeners
+            ],
+            "sink": "mongodb",
+            "mongodb": {"uri": mongo_uri, "database": database, "collection": collection},
+            "buckets": {"span": "1h", "max_readings": max_readings},
+            "flush": {"interval": flush_interval, "stop_timeout": "20s"},
+            "spool": {"dir": os.path.join(workdir, "spool")},
+            "metrics": {"bind": ""},
+            "log": {"level": "info"},
+            # Big rings: these tests check correctness, not overload behaviour.
+            "limits": {"ring_size": 4096},
+        }
+        self.config = deep_merge(cfg, extra)
+        self.config_path = os.path.join(workdir, "bucketd.yaml")
+        self.log_path = os.path.join(workdir, "bucketd.log")
+        self.proc = None
+        self.returncode = None
+        self.stop_seconds = None
+        self._logf = None
+
+    # -- addresses ------------------------------------------------------------------------
+    def addr(self, name):
+        for l in self.listeners:
+            if l["name"] == name:
+                return ("127.0.0.1", l["port"])
+        raise KeyError(name)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def write_config(self):
+        os.makedirs(self.workdir, exist_ok=True)
+        with open(self.config_path, "w") as f:
+            f.write(to_yaml(self.config) + "\n")
+        return self.config_path
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def fail(self, msg):
+        raise DaemonError("%s\n--- config %s ---\n%s\n--- log %s (tail) ---\n%s" % (
+            msg, self.config_path, to_yaml(self.config), self.log_path, log_tail(self.log())))
+
+    def start(self, ready_timeout=20.0):
+        if not os.access(BIN, os.X_OK):
+            raise DaemonError("bucketd binary not found at %s (set BUCKETD_BIN)" % BIN)
+        self.write_config()
+        self._logf = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([BIN, "-c", self.config_path], stdin=subprocess.DEVNULL,
+                                     stdout=self._logf, stderr=subprocess.STDOUT,
+                                     cwd=self.workdir)
+        ok = wait_for(lambda: self.proc.poll() is not None or READY_RE.search(self.log()),
+                      ready_timeout)
+        if self.proc.poll() is not None:
+            self.returncode = self.proc.returncode
+            self.fail("bucketd exited with %s before logging 'ready'" % self.proc.returncode)
+        if not ok:
+            self.fail("bucketd did not log 'ready' within %.0fs" % ready_timeout)
+        return self
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout=60.0, sig=signal.SIGTERM, expect_rc=0):
+        """Signal the daemon, wait for it to exit; returns the stats dict (or None)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            t0 = time.monotonic()
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                self._close_log()
+                self.fail("bucketd did not exit within %.0fs of signal %d" % (timeout, sig))
+            self.stop_seconds = time.monotonic() - t0
+        self.returncode = self.proc.returncode
+        self._close_log()
+        if expect_rc is not None and self.returncode != expect_rc:
+            self.fail("bucketd exited with %s, expected %s" % (self.returncode, expect_rc))
+        return self.stats()
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_log()
+
+    def _close_log(self):
+        if self._logf is not None:
+            self._logf.close()
+            self._logf = None
+
+    def stats(self):
+        return parse_stats(self.log())
+
+    def require_stats(self):
+        st = self.stats()
+        if st is None:
+            self.fail("no 'stats:' line in the log")
+        return st
+
+    def log_lines(self, min_priority=None, max_priority=None):
+        """Log lines whose syslog prefix <N> is within [min, max] (lower N = more severe)."""
+        out = []
+        for line in self.log().splitlines():
+            m = LOG_PREFIX_RE.match(line)
+            if not m:
+                continue
+            p = int(m.group(1))
+            if min_priority is not None and p < min_priority:
+                continue
+            if max_priority is not None and p > max_priority:
+                continue
+            out.append(line)
+        return out
+
+
+def run_bucketd(args, timeout=30):
+    """Run bucketd with args (a list) to completion; returns (rc, combined output)."""
+    p = subprocess.run([BIN] + list(args), stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=timeout)
+    return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Document checks
+# ---------------------------------------------------------------------------------------------
+
+SUMMARY_KEYS = ("min", "max", "sum", "count", "avg")
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _close(a, b, rel=1e-9):
+    if not _is_number(a) or not _is_number(b):
+        return False
+    if a == b:
+        return True
+    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-12)
+
+
+def _page_groups(docs):
+    groups = {}
+    for d in docs:
+        key = (d.get("sensor_id"), _start_key(d))
+        groups.setdefault(key, []).append(d)
+    return groups
+
+
+def _start_key(d):
+    bs = d.get("bucket_start")
+    return dt_ms(bs) if isinstance(bs, datetime.datetime) else bs
+
+
+def check_documents(docs, span_s, max_readings, strict_pages=True, max_page=100000):
+    """Every invariant of bucket documents (DESIGN.md §3); returns a list of problems.
+
+    strict_pages: the pages of one sensor's bucket are 0..k and all but the last are full
+    (true for one writer filling pages in order).
+    """
+    problems = []
+    span_ms = span_s * 1000
+
+    def bad(d, msg):
+        problems.append("%s: %s" % (d.get("_id"), msg))
+
+    for d in docs:
+        sid = d.get("sensor_id")
+        if not isinstance(sid, str) or not sid:
+            bad(d, "sensor_id missing or not a string: %r" % (sid,))
+            continue
+        meta = d.get("meta")
+        if not isinstance(meta, dict) or not isinstance(meta.get("measurement"), str):
+            bad(d, "meta.measurement missing: %r" % (meta,))
+        elif not isinstance(meta.get("tags", {}), dict):
+            bad(d, "meta.tags is not a document: %r" % (meta.get("tags"),))
+        bs, be = d.get("bucket_start"), d.get("bucket_end")
+        if not isinstance(bs, datetime.datetime) or not isinstance(be, datetime.datetime):
+            bad(d, "bucket_start/bucket_end not dates: %r %r" % (bs, be))
+            continue
+        bs_ms, be_ms = dt_ms(bs), dt_ms(be)
+        if bs_ms % span_ms:
+            bad(d, "bucket_start %s not aligned to %ds" % (bs, span_s))
+        if be_ms != bs_ms + span_ms - 1:
+            bad(d, "bucket_end %s != bucket_start + span - 1ms" % be)
+        page = d.get("page")
+        if not isinstance(page, int) or isinstance(page, bool) or page < 0 or page > max_page:
+            bad(d, "bad page %r" % (page,))
+            continue
+        want_id = "%s|%d|%d" % (sid, bs_ms // 1000, page)
+        if d.get("_id") != want_id:
+            bad(d, "_id %r != %r" % (d.get("_id"), want_id))
+        readings = d.get("readings")
+        if not isinstance(readings, list):
+            bad(d, "readings is not an array")
+            continue
+        count = d.get("count")
+        if not isinstance(count, int) or isinstance(count, bool):
+            bad(d, "count %r is not an integer" % (count,))
+        elif count != len(readings):
+            bad(d, "count %d != len(readings) %d" % (count, len(readings)))
+        else:
+            try:
+                from bson.int64 import Int64
+                if not isinstance(count, Int64):
+                    bad(d, "count is %s, not int64" % type(count).__name__)
+            except ImportError:
+                pass
+        if len(readings) > max_readings:
+            bad(d, "%d readings > max_readings %d" % (len(readings), max_readings))
+        if not readings:
+            bad(d, "no readings")
+        prev = None
+        fields = {}
+        for i, r in enumerate(readings):
+            ts = r.get("ts") if isinstance(r, dict) else None
+            if not isinstance(ts, datetime.datetime):
+                bad(d, "readings[%d] has no date ts: %r" % (i, r))
+                continue
+            t = dt_ms(ts)
+            if prev is not None and t < prev:
+                bad(d, "readings not time-ordered at index %d (%s after %s)" % (i, ts, prev))
+            prev = t
+            if not bs_ms <= t <= be_ms:
+                bad(d, "readings[%d].ts %s outside [%s, %s]" % (i, ts, bs, be))
+            for k, v in r.items():
+                if k == "ts":
+                    continue
+                if isinstance(v, str):
+                    bad(d, "readings[%d].%s is a string (strings must be dropped)" % (i, k))
+                    continue
+                fields.setdefault(k, []).append(v)
+        summary = d.get("summary", {})
+        if not isinstance(summary, dict):
+            bad(d, "summary is not a document")
+            continue
+        for k, vals in fields.items():
+            if all(isinstance(v, bool) for v in vals):
+                if k in summary:
+                    bad(d, "bool field %s has a summary" % k)
+                continue
+            nums = [v for v in vals if _is_number(v)]
+            if len(nums) != len(vals):
+                bad(d, "field %s mixes numbers and other values" % k)
+                continue
+            s = summary.get(k)
+            if not isinstance(s, dict):
+                bad(d, "numeric field %s has no summary" % k)
+                continue
+            missing = [x for x in SUMMARY_KEYS if x not in s]
+            if missing:
+                bad(d, "summary.%s lacks %s" % (k, missing))
+                continue
+            want_sum = math.fsum(float(v) for v in nums)
+            if s["count"] != len(nums) or isinstance(s["count"], bool):
+                bad(d, "summary.%s.count %r != %d" % (k, s["count"], len(nums)))
+            if s["min"] != min(nums) or s["max"] != max(nums):
+                bad(d, "summary.%s min/max %r/%r != %r/%r" % (k, s["min"], s["max"],
+                                                              min(nums), max(nums)))
+            if not _close(s["sum"], want_sum):
+                bad(d, "summary.%s.sum %r != %r" % (k, s["sum"], want_sum))
+            if not _close(s["avg"], want_sum / len(nums)):
+                bad(d, "summary.%s.avg %r != %r" % (k, s["avg"], want_sum / len(nums)))
+        for k in summary:
+            if k not in fields:
+                bad(d, "summary.%s for a field no reading has" % k)
+
+    if strict_pages:
+        for (sid, start), group in _page_groups(docs).items():
+            pages = sorted(g.get("page") for g in group
+                           if isinstance(g.get("page"), int))
+            if pages != list(range(len(pages))):
+                problems.append("%s @%s: pages %s are not 0..k" % (sid, start, pages))
+                continue
+            by_page = {g["page"]: g for g in group}
+            for p in pages[:-1]:
+                n = len(by_page[p].get("readings") or [])
+                if n != max_readings:
+                    problems.append("%s: page %d of %d holds %d readings, not %d (full)" % (
+                        by_page[p].get("_id"), p, len(pages), n, max_readings))
+    return problems
+
+
+def check_readings(docs, readings, span_s, key_field="seq", meta_check=True):
+    """Every sent reading stored exactly once, in its own bucket, with the right values.
+
+    readings: send_readings.Reading objects. Influx readings are found by their "seq"
+    field, graphite ones by their "value" (the sequence number). Returns a list of problems.
+    """
+    problems = []
+    expected = {}
+    for r in readings:
+        k = (r.sensor_id, r.seq)
+        if k in expected:
+            raise ValueError("duplicate reading key %r in the sent set" % (k,))
+        expected[k] = r
+    seen = set()
+    extra = 0
+    span_ms = span_s * 1000
+    for d in docs:
+        sid = d.get("sensor_id")
+        bs = d.get("bucket_start")
+        bs_ms = dt_ms(bs) if isinstance(bs, datetime.datetime) else None
+        for r in d.get("readings") or []:
+            if not isinstance(r, dict):
+                continue
+            if "seq" in r:
+                seq = r["seq"]
+            elif "value" in r and _is_number(r["value"]):
+                seq = int(r["value"])
+            else:
+                extra += 1
+                if extra <= 5:
+                    problems.append("%s: reading without seq/value: %r" % (d.get("_id"), r))
+                continue
+            k = (sid, seq)
+            if k in seen:
+                problems.append("%s: reading seq=%s stored twice" % (d.get("_id"), seq))
+                continue
+            seen.add(k)
+            want = expected.get(k)
+            if want is None:
+                extra += 1
+                if extra <= 5:
+                    problems.append("%s: unexpected reading %r" % (d.get("_id"), r))
+                continue
+            ts = r.get("ts")
+            got_ms = dt_ms(ts) if isinstance(ts, datetime.datetime) else None
+            if got_ms != want.ts_ms:
+                problems.append("%s seq=%d: ts %r != %d ms" % (sid, seq, got_ms, want.ts_ms))
+            if bs_ms is not None and bs_ms != want.ts_ms // span_ms * span_ms:
+                problems.append("%s seq=%d: in bucket %d, its own is %d" % (
+                    sid, seq, bs_ms, want.ts_ms // span_ms * span_ms))
+            stored = {f: v for f, v in r.items() if f != "ts"}
+            if set(stored) != set(want.fields):
+                problems.append("%s seq=%d: fields %s != %s" % (sid, seq, sorted(stored),
+                                                                sorted(want.fields)))
+            for f, v in want.fields.items():
+                if f not in stored:
+                    continue
+                sv = stored[f]
+                if isinstance(v, bool):
+                    ok = isinstance(sv, bool) and sv == v
+                elif isinstance(v, float):
+                    ok = isinstance(sv, float) and sv == v
+                else:
+                    ok = _is_number(sv) and sv == v
+                    if ok and f in ("seq", "hum") and not isinstance(sv, int):
+                        ok = False
+                if not ok:
+                    problems.append("%s seq=%d: %s=%r (%s), sent %r" % (
+                        sid, seq, f, sv, type(sv).__name__, v))
+            if meta_check and want.fmt == "influx":
+                meta = d.get("meta") or {}
+                if meta.get("measurement") != want.measurement or \
+                        meta.get("tags") != want.tags:
+                    problems.append("%s: meta %r != measurement %r tags %r" % (
+                        d.get("_id"), meta, want.measurement, want.tags))
+                    meta_check = False  # report once
+    missing = [k for k in expected if k not in seen]
+    if missing:
+        problems.append("%d of %d readings missing, e.g. %s" % (
+            len(missing), len(expected), ", ".join("%s seq=%d" % k for k in missing[:5])))
+    if extra:
+        problems.append("%d stored readings were never sent" % extra)
+    return problems
+
+
+def format_problems(problems, limit=30):
+    head = problems[:limit]
+    more = len(problems) - len(head)
+    return "\n".join(head) + ("\n... and %d more" % more if more > 0 else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# unittest base
+# ---------------------------------------------------------------------------------------------
+
+class E2ECase(unittest.TestCase):
+    """One test server per class (started on first use), one database per test."""
+
+    mongo = None
+    db_prefix = "bdtest"
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.mongo is not None:
+            cls.mongo.stop()
+            cls.mongo = None
+
+    @classmethod
+    def mongo_uri(cls):
+        if cls.mongo is None:
+            cls.mongo = start_mongo()
+        return cls.mongo.uri
+
+    def setUp(self):
+        self.workdir = tempfile.mkdtemp(prefix="bucketd-e2e-")
+        self.daemons = []
+        self.databases = []
+        self.clients = []
+
+    def tearDown(self):
+        for d in self.daemons:
+            d.kill()
+        for client, name in self.databases:
+            try:
+                client.drop_database(name)
+            except Exception:  # the server may be gone; the database dies with it
+                pass
+        for c in self.clients:
+            c.close()
+        if os.environ.get("BUCKETD_E2E_KEEP"):
+            sys.stderr.write("\nkept %s\n" % self.workdir)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- helpers --------------------------------------------------------------------------
+    def new_database(self, prefix=None):
+        uri = self.mongo_uri()
+        name = unique_db_name(prefix or self.db_prefix)
+        client = mongo_client(uri)
+        self.clients.append(client)
+        self.databases.append((client, name))
+        return uri, client, name
+
+    def daemon(self, uri, database, name="d", **kw):
+        d = Daemon(os.path.join(self.workdir, name), uri, database, **kw)
+        self.daemons.append(d)
+        return d
+
+    def documents(self, client, database, collection="buckets"):
+        return list(client[database][collection].find({}).sort("_id", 1))
+
+    def assertNoProblems(self, problems, what, daemon=None):
+        if problems:
+            msg = "%s: %d problems\n%s" % (what, len(problems), format_problems(problems))
+            if daemon is not None:
+                msg += "\n--- log tail %s ---\n%s" % (daemon.log_path,
+                                                       log_tail(daemon.log(), 30))
+            self.fail(msg)
+
+    def assertStat(self, stats, name, want, daemon=None):
+        got = (stats or {}).get(name)
+        if got != want:
+            msg = "stats %s=%r, expected %r\nstats: %r" % (name, got, want, stats)
+            if daemon is not None:
+                msg += "\n--- log tail %s ---\n%s" % (daemon.log_path,
+                                                       log_tail(daemon.log(), 30))
+            self.fail(msg)

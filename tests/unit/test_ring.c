@@ -1,0 +1,337 @@
+/*
+ * Unit tests for the SPSC ring (include/bucketd/ring.h, src/ring.c), single-threaded: one
+ * thread plays producer and consumer in turn, so every result is exact and checked against a
+ * 64-bit reference model. Concurrency is covered by tests/stress/ring_stress.c under TSan.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "bucketd/ring.h"
+
+/* Cell i of record `seq`: both words depend on both values, so a cell from the wrong record,
+ * the wrong position or a stale lap of the array never compares equal. */
+static struct bd_cell cell_for(uint64_t seq, uint32_t i) {
+    struct bd_cell c;
+    c.w[0] = (seq << 8) | i;
+    c.w[1] = ~seq * UINT64_C(0x9e3779b97f4a7c15) + i;
+    return c;
+}
+
+static void make_record(struct bd_cell *dst, uint64_t seq, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        dst[i] = cell_for(seq, i);
+    }
+}
+
+/* Reads the record of n cells at free-running index idx back through bd_ring_at. */
+static void expect_record(const struct bd_ring *r, uint32_t idx, uint64_t seq, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        const struct bd_cell *got = bd_ring_at(r, idx + i);
+        struct bd_cell want = cell_for(seq, i);
+        cr_assert_eq(got->w[0], want.w[0], "record %llu cell %u word 0 (index %u)",
+                     (unsigned long long)seq, i, idx + i);
+        cr_assert_eq(got->w[1], want.w[1], "record %llu cell %u word 1 (index %u)",
+                     (unsigned long long)seq, i, idx + i);
+    }
+}
+
+/* Every observable count, from both sides, against what the model says is in the ring. */
+static void expect_counts(struct bd_ring *r, uint32_t start, uint64_t pushed, uint64_t consumed) {
+    uint32_t cap = bd_ring_capacity(r);
+    uint32_t in_use = (uint32_t)(pushed - consumed);
+    uint32_t tail = 0;
+
+    cr_assert_eq(bd_ring_available(r, &tail), in_use, "available");
+    cr_assert_eq(tail, (uint32_t)(start + consumed), "tail index");
+    cr_assert_eq(bd_ring_free(r), cap - in_use, "free");
+    cr_assert_eq(bd_ring_used(r), in_use, "used");
+    cr_assert_eq(atomic_load(&r->head), (uint32_t)(start + pushed), "head");
+    cr_assert_eq(atomic_load(&r->tail), (uint32_t)(start + consumed), "tail");
+}
+
+Test(ring, init_rejects_bad_capacity) {
+    static const uint32_t bad[] = {0, 1, 3, 5, 6, 7, 12, 100, 1023, 0x80000001u, UINT32_MAX};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct bd_ring r;
+        cr_assert_eq(bd_ring_init(&r, bad[i]), -EINVAL, "capacity %u", bad[i]);
+        cr_assert_eq(bd_ring_init_at(&r, bad[i], UINT32_MAX - 3), -EINVAL, "capacity %u", bad[i]);
+    }
+}
+
+Test(ring, init_accepts_powers_of_two) {
+    for (uint32_t cap = 2; cap <= 4096; cap <<= 1) {
+        struct bd_ring r;
+        cr_assert_eq(bd_ring_init(&r, cap), 0, "capacity %u", cap);
+        cr_assert_eq(bd_ring_capacity(&r), cap);
+        cr_assert_not_null(r.cells);
+        bd_ring_close(&r);
+        cr_assert_null(r.cells);
+        bd_ring_close(&r); /* A second close is harmless. */
+    }
+}
+
+Test(ring, empty_ring) {
+    static const uint32_t starts[] = {0, 12345, UINT32_MAX - 3, UINT32_MAX};
+    for (size_t i = 0; i < sizeof(starts) / sizeof(starts[0]); i++) {
+        struct bd_ring r;
+        cr_assert_eq(bd_ring_init_at(&r, 8, starts[i]), 0);
+        expect_counts(&r, starts[i], 0, 0);
+        bd_ring_close(&r);
+    }
+}
+
+Test(ring, fill_to_exactly_full) {
+    struct bd_ring r;
+    struct bd_cell rec[8];
+    struct bd_cell snapshot[8];
+    cr_assert_eq(bd_ring_init(&r, 8), 0);
+
+    make_record(rec, 0, 3);
+    cr_assert(bd_ring_push(&r, rec, 3));
+    make_record(rec, 1, 5);
+    cr_assert(bd_ring_push(&r, rec, 5), "5 cells fit exactly in the 5 left");
+    expect_counts(&r, 0, 8, 0);
+
+    /* Full: one more cell is refused and neither head nor any cell changes. */
+    memcpy(snapshot, r.cells, sizeof(snapshot));
+    make_record(rec, 2, 1);
+    cr_assert_not(bd_ring_push(&r, rec, 1));
+    cr_assert_eq(memcmp(snapshot, r.cells, sizeof(snapshot)), 0, "a refused push wrote cells");
+    expect_counts(&r, 0, 8, 0);
+
+    expect_record(&r, 0, 0, 3);
+    expect_record(&r, 3, 1, 5);
+    bd_ring_close(&r);
+}
+
+Test(ring, whole_capacity_record) {
+    struct bd_ring r;
+    struct bd_cell rec[17];
+    cr_assert_eq(bd_ring_init_at(&r, 16, UINT32_MAX - 6), 0);
+
+    make_record(rec, 7, 17);
+    cr_assert_not(bd_ring_push(&r, rec, 17), "a record larger than the ring never fits");
+    expect_counts(&r, UINT32_MAX - 6, 0, 0);
+
+    cr_assert(bd_ring_push(&r, rec, 16), "a record of exactly the capacity fits an empty ring");
+    expect_counts(&r, UINT32_MAX - 6, 16, 0);
+    expect_record(&r, UINT32_MAX - 6, 7, 16);
+    bd_ring_close(&r);
+}
+
+Test(ring, partial_consume_then_push) {
+    struct bd_ring r;
+    struct bd_cell rec[8];
+    cr_assert_eq(bd_ring_init(&r, 8), 0);
+
+    make_record(rec, 0, 2);
+    cr_assert(bd_ring_push(&r, rec, 2));
+    make_record(rec, 1, 4);
+    cr_assert(bd_ring_push(&r, rec, 4));
+    make_record(rec, 2, 3);
+    cr_assert_not(bd_ring_push(&r, rec, 3), "3 cells do not fit in 2");
+
+    /* Consume the first record only: exactly its cells come back to the producer. */
+    expect_record(&r, 0, 0, 2);
+    bd_ring_consume(&r, 2);
+    expect_counts(&r, 0, 6, 2);
+
+    cr_assert(bd_ring_push(&r, rec, 3), "3 cells fit in the 4 now free");
+    expect_counts(&r, 0, 9, 2);
+    expect_record(&r, 2, 1, 4);
+    expect_record(&r, 6, 2, 3);
+    bd_ring_close(&r);
+}
+
+Test(ring, record_wraps_array_end) {
+    struct bd_ring r;
+    struct bd_cell rec[6];
+    cr_assert_eq(bd_ring_init(&r, 8), 0);
+
+    make_record(rec, 0, 5);
+    cr_assert(bd_ring_push(&r, rec, 5));
+    bd_ring_consume(&r, 5);
+
+    /* Indices 5..10: three cells at the end of the array, three at its start. */
+    make_record(rec, 1, 6);
+    cr_assert(bd_ring_push(&r, rec, 6));
+    expect_counts(&r, 0, 11, 5);
+    expect_record(&r, 5, 1, 6);
+
+    struct bd_cell want = cell_for(1, 3);
+    cr_assert_eq(memcmp(&r.cells[0], &want, sizeof(want)), 0, "cell 3 lands on slot 0");
+    want = cell_for(1, 2);
+    cr_assert_eq(memcmp(&r.cells[7], &want, sizeof(want)), 0, "cell 2 lands on slot 7");
+    bd_ring_close(&r);
+}
+
+Test(ring, multi_cell_all_or_nothing) {
+    struct bd_ring r;
+    struct bd_cell rec[8];
+    struct bd_cell snapshot[8];
+
+    /* For every fill level and record size: fits exactly when n <= free, else nothing moves. */
+    for (uint32_t fill = 0; fill <= 8; fill++) {
+        for (uint32_t n = 1; n <= 8; n++) {
+            cr_assert_eq(bd_ring_init_at(&r, 8, UINT32_MAX - 4), 0);
+            make_record(rec, 100, fill);
+            cr_assert(fill == 0 || bd_ring_push(&r, rec, fill));
+
+            memcpy(snapshot, r.cells, sizeof(snapshot));
+            make_record(rec, 200, n);
+            bool ok = bd_ring_push(&r, rec, n);
+            cr_assert_eq(ok, n <= 8 - fill, "fill %u, record of %u", fill, n);
+            if (ok) {
+                expect_counts(&r, UINT32_MAX - 4, fill + n, 0);
+                expect_record(&r, UINT32_MAX - 4 + fill, 200, n);
+            } else {
+                expect_counts(&r, UINT32_MAX - 4, fill, 0);
+                cr_assert_eq(memcmp(snapshot, r.cells, sizeof(snapshot)), 0,
+                             "refused push of %u at fill %u wrote cells", n, fill);
+            }
+            expect_record(&r, UINT32_MAX - 4, 100, fill);
+            bd_ring_close(&r);
+        }
+    }
+}
+
+/* xorshift32: deterministic record sizes, so a failure reproduces. */
+static uint32_t next_rand(uint32_t *s) {
+    uint32_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return *s = x;
+}
+
+/*
+ * Many producer/consumer turns with counters started just below the 32-bit wrap. The model
+ * keeps 64-bit counts and a queue of record sizes; the ring must agree with it on every count
+ * at every step while head and tail cross UINT32_MAX (and, with the small capacity, the array
+ * end) many times over.
+ */
+static void run_cycles(uint32_t cap, uint32_t start, uint32_t max_len, uint32_t seed) {
+    struct bd_ring r;
+    struct bd_cell rec[16];
+    uint32_t lens[64];             /* Queue of record sizes in the ring, oldest first. */
+    uint32_t q_first = 0, q_n = 0; /* Ring of at most cap records, cap <= 64. */
+    uint64_t pushed = 0, consumed = 0, next_seq = 0, next_expected = 0;
+    uint32_t rng = seed;
+    bool wrapped_head = false, wrapped_tail = false, saw_full = false, saw_empty = false;
+
+    cr_assert(cap <= 64 && max_len <= 16);
+    cr_assert_eq(bd_ring_init_at(&r, cap, start), 0);
+
+    for (int step = 0; step < 20000; step++) {
+        if (next_rand(&rng) % 2 == 0) {
+            uint32_t n = 1 + next_rand(&rng) % max_len;
+            uint32_t in_use = (uint32_t)(pushed - consumed);
+            uint32_t old_head = atomic_load(&r.head);
+            make_record(rec, next_seq, n);
+            bool ok = bd_ring_push(&r, rec, n);
+            cr_assert_eq(ok, n <= cap - in_use, "step %d: push %u with %u in use", step, n, in_use);
+            if (ok) {
+                wrapped_head |= atomic_load(&r.head) < old_head;
+                lens[(q_first + q_n) % 64] = n;
+                q_n++;
+                pushed += n;
+                next_seq++;
+            }
+        } else if (q_n > 0) {
+            /* Consume one to three whole records in one go. */
+            uint32_t k = 1 + next_rand(&rng) % 3;
+            uint32_t tail = 0, total = 0;
+            uint32_t avail = bd_ring_available(&r, &tail);
+            for (; k > 0 && q_n > 0; k--) {
+                uint32_t n = lens[q_first];
+                cr_assert_leq(total + n, avail, "step %d: record beyond available", step);
+                expect_record(&r, tail + total, next_expected, n);
+                total += n;
+                next_expected++;
+                q_first = (q_first + 1) % 64;
+                q_n--;
+            }
+            uint32_t old_tail = atomic_load(&r.tail);
+            bd_ring_consume(&r, total);
+            wrapped_tail |= atomic_load(&r.tail) < old_tail;
+            consumed += total;
+        }
+        expect_counts(&r, start, pushed, consumed);
+        saw_full |= pushed - consumed == cap;
+        saw_empty |= pushed == consumed;
+    }
+
+    cr_assert(wrapped_head && wrapped_tail, "the counters never crossed UINT32_MAX");
+    cr_assert(saw_full && saw_empty, "the run never reached both full and empty");
+    cr_assert_gt(pushed, (uint64_t)cap * 100, "too few cells went through");
+    bd_ring_close(&r);
+}
+
+Test(ring, counters_wrap_from_uint32_max_minus_3) {
+    run_cycles(8, UINT32_MAX - 3, 4, 0x1234567u);
+    run_cycles(16, UINT32_MAX - 3, 8, 0xdeadbeefu);
+}
+
+Test(ring, counters_wrap_from_uint32_max) {
+    run_cycles(8, UINT32_MAX, 4, 0x2468aceu);
+    run_cycles(2, UINT32_MAX, 2, 0x13579bdu);
+}
+
+Test(ring, counters_wrap_mid_record) {
+    /* Head crosses UINT32_MAX inside the very first record (indices MAX-2 .. MAX+3). */
+    struct bd_ring r;
+    struct bd_cell rec[6];
+    const uint32_t start = UINT32_MAX - 2;
+    cr_assert_eq(bd_ring_init_at(&r, 8, start), 0);
+
+    make_record(rec, 9, 6);
+    cr_assert(bd_ring_push(&r, rec, 6));
+    cr_assert_eq(atomic_load(&r.head), 3u, "head wrapped to 3");
+    expect_counts(&r, start, 6, 0);
+    expect_record(&r, start, 9, 6);
+
+    /* Full across the wrap: free 2, a 3-cell record is refused, a 2-cell one fits. */
+    make_record(rec, 10, 3);
+    cr_assert_not(bd_ring_push(&r, rec, 3));
+    make_record(rec, 10, 2);
+    cr_assert(bd_ring_push(&r, rec, 2));
+    expect_counts(&r, start, 8, 0);
+
+    /* Tail crosses UINT32_MAX inside the record too. */
+    bd_ring_consume(&r, 6);
+    cr_assert_eq(atomic_load(&r.tail), 3u, "tail wrapped to 3");
+    expect_counts(&r, start, 8, 6);
+    expect_record(&r, 3, 10, 2);
+    bd_ring_close(&r);
+
+    /* And over many cycles with records up to the whole ring. */
+    run_cycles(8, start, 8, 0xfeedfaceu);
+    run_cycles(32, UINT32_MAX - 13, 16, 0xc0ffee1u);
+}
+
+Test(ring, used_from_both_sides) {
+    struct bd_ring r;
+    struct bd_cell rec[4];
+    cr_assert_eq(bd_ring_init_at(&r, 4, UINT32_MAX - 1), 0);
+    cr_assert_eq(bd_ring_used(&r), 0);
+
+    make_record(rec, 1, 3);
+    cr_assert(bd_ring_push(&r, rec, 3)); /* head wraps: MAX-1 -> 1 */
+    cr_assert_eq(bd_ring_used(&r), 3);
+    cr_assert_eq(bd_ring_used(&r) + bd_ring_free(&r), 4);
+
+    make_record(rec, 2, 1);
+    cr_assert(bd_ring_push(&r, rec, 1));
+    cr_assert_eq(bd_ring_used(&r), 4, "full");
+    cr_assert_eq(bd_ring_free(&r), 0);
+
+    bd_ring_consume(&r, 3); /* tail wraps too */
+    cr_assert_eq(bd_ring_used(&r), 1);
+    bd_ring_consume(&r, 1);
+    cr_assert_eq(bd_ring_used(&r), 0, "empty");
+    cr_assert_eq(bd_ring_free(&r), 4);
+    bd_ring_close(&r);
+}

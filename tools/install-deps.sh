@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install the Debian packages bucketd needs to build, test and run its demo. Safe to re-run:
+# packages already present are not touched, and apt is only called when something is missing.
+# Run as root (or with sudo available) on Debian bookworm.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  build-essential cmake pkg-config
+  libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev
+  # tests
+  libcriterion-dev
+  # MongoDB test server and the Python end-to-end tests (Debian's python3, not a venv)
+  python3 python3-mockupdb python3-mongomock python3-pymongo
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up, build and run every bucketd test: the whole suite once plain and once under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and the ring stress test under
+# ThreadSanitizer. This is the command CI runs (.ci/run). Build trees: build/, build-asan/,
+# build-tsan/ under the repository root.
+#
+#   bash tools/test.sh            # everything
+#   BD_TEST_QUICK=1 bash ...      # plain build only
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+jobs="$(nproc 2>/dev/null || echo 2)"
+
+bash tools/install-deps.sh
+
+configure_build() { # dir, extra cmake args...
+  local dir="$1"; shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+run_ctest() { # dir, label, extra ctest args...
+  local dir="$1" label="$2"; shift 2
+  echo "== $label"
+  (cd "$dir" && ctest --output-on-failure --no-tests=error "$@")
+}
+
+configure_build build
+run_ctest build "plain build: unit, end-to-end and stress tests"
+
+if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
+  configure_build build-asan -DBD_ASAN=ON -DBD_UBSAN=ON
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    run_ctest build-asan "ASan+UBSan build: unit, end-to-end and stress tests"
+
+  configure_build build-tsan -DBD_TSAN=ON
+  TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan "TSan build: ring stress test" -L stress
+fi
+echo "all test runs passed"
