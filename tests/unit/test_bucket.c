@@ -1,0 +1,194 @@
+/*
+ * Bucket arithmetic and the per-bucket update document (src/bucket.c).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "bucketd/bucket.h"
+
+#define HOUR_MS INT64_C(3600000)
+#define MS INT64_C(1000000)
+
+static struct bd_sensor sensor;
+static char *tag_keys[] = {"loc", "room"};
+static char *tag_values[] = {"$home", "kitchen"};
+
+static void setup(void) {
+    memset(&sensor, 0, sizeof(sensor));
+    sensor.id = "weather,loc=$home,room=kitchen";
+    sensor.id_len = strlen(sensor.id);
+    sensor.measurement = "weather";
+    sensor.n_tags = 2;
+    sensor.tag_keys = tag_keys;
+    sensor.tag_values = tag_values;
+    sensor.field_names[0] = "temp";
+    sensor.field_names[1] = "n";
+    sensor.field_names[2] = "on";
+    sensor.field_names[3] = "big";
+    atomic_init(&sensor.n_fields, 4);
+}
+
+TestSuite(bucket, .init = setup);
+
+Test(bucket, floor_div_rounds_towards_minus_infinity) {
+    cr_assert_eq(bd_floor_div(7, 2), 3);
+    cr_assert_eq(bd_floor_div(-7, 2), -4);
+    cr_assert_eq(bd_floor_div(-8, 2), -4);
+    cr_assert_eq(bd_floor_div(0, 5), 0);
+    cr_assert_eq(bd_floor_div(-1, 1000000), -1);
+}
+
+Test(bucket, hour_boundaries) {
+    int64_t h = INT64_C(1736949600000); /* 2025-01-15T14:00:00Z in ms */
+    cr_assert_eq(bd_bucket_start_ms(h * MS, HOUR_MS), h);
+    cr_assert_eq(bd_bucket_start_ms(h * MS - 1, HOUR_MS), h - HOUR_MS, "1 ns before the hour");
+    cr_assert_eq(bd_bucket_start_ms((h + HOUR_MS) * MS - 1, HOUR_MS), h, "last ns of the hour");
+    cr_assert_eq(bd_bucket_start_ms((h + HOUR_MS) * MS, HOUR_MS), h + HOUR_MS);
+    /* Before 1970 the bucket still starts at or before the reading. */
+    cr_assert_eq(bd_bucket_start_ms(-1, HOUR_MS), -HOUR_MS);
+    cr_assert_eq(bd_bucket_start_ms(-HOUR_MS * MS, HOUR_MS), -HOUR_MS);
+    /* Other spans. */
+    cr_assert_eq(bd_bucket_start_ms((h + 61000) * MS, 60000), h + 60000);
+    cr_assert_eq(bd_bucket_start_ms((h + 5 * HOUR_MS) * MS, 24 * HOUR_MS),
+                 h - 14 * HOUR_MS, "day buckets start at midnight UTC");
+}
+
+Test(bucket, document_id) {
+    char buf[128];
+    cr_assert_eq(bd_bucket_id(buf, sizeof(buf), "s,a=b", INT64_C(1736949600000), 2), 0);
+    cr_assert_str_eq(buf, "s,a=b|1736949600|2");
+    cr_assert_eq(bd_bucket_id(buf, 8, "long-sensor-name", 0, 0), -ENAMETOOLONG);
+}
+
+static struct bd_reading_value fv(uint16_t field, double f) {
+    struct bd_reading_value v = {.field = field, .kind = BD_VAL_FLOAT};
+    v.v.f = f;
+    return v;
+}
+
+static struct bd_reading_value iv(uint16_t field, int64_t i) {
+    struct bd_reading_value v = {.field = field, .kind = BD_VAL_INT};
+    v.v.i = i;
+    return v;
+}
+
+Test(bucket, summaries_fold_numeric_fields_only) {
+    struct bd_delta d;
+    bd_delta_init(&d, &sensor, 0, 0);
+    struct bd_reading_value r1[] = {fv(0, 21.5), iv(1, 7), {.field = 2, .kind = BD_VAL_BOOL}};
+    struct bd_reading_value r2[] = {fv(0, -3.25), iv(1, -9)};
+    struct bd_reading_value r3[] = {fv(0, 40.0)};
+    cr_assert_eq(bd_delta_add(&d, 3 * MS, r1, 3), 0);
+    cr_assert_eq(bd_delta_add(&d, 1 * MS, r2, 2), 0);
+    cr_assert_eq(bd_delta_add(&d, 2 * MS, r3, 1), 0);
+    cr_assert_eq(d.n_readings, 3);
+    cr_assert_eq(d.n_summaries, 2, "the boolean field has no summary");
+    const struct bd_field_summary *t = &d.summaries[0], *n = &d.summaries[1];
+    cr_assert_eq(t->field, 0);
+    cr_assert(!t->min.is_int && t->min.v.f == -3.25);
+    cr_assert(!t->max.is_int && t->max.v.f == 40.0);
+    cr_assert_eq(t->count, 3);
+    cr_assert_float_eq(t->sum, 58.25, 1e-12);
+    cr_assert(n->min.is_int && n->min.v.i == -9);
+    cr_assert(n->max.is_int && n->max.v.i == 7);
+    cr_assert_eq(n->count, 2);
+    bd_delta_close(&d);
+}
+
+Test(bucket, huge_unsigned_becomes_double) {
+    struct bd_delta d;
+    bd_delta_init(&d, &sensor, 0, 0);
+    struct bd_reading_value v = {.field = 3, .kind = BD_VAL_UINT};
+    v.v.u = UINT64_MAX;
+    cr_assert_eq(bd_delta_add(&d, 0, &v, 1), 0);
+    cr_assert(!d.summaries[0].max.is_int);
+    cr_assert_float_eq(d.summaries[0].max.v.f, 18446744073709551615.0, 1);
+    v.v.u = 5;
+    cr_assert_eq(bd_delta_add(&d, 0, &v, 1), 0);
+    cr_assert(d.summaries[0].min.is_int && d.summaries[0].min.v.i == 5);
+    bd_delta_close(&d);
+}
+
+/* Find a dotted path inside a built document. */
+static bool find(const bson_t *doc, const char *path, bson_iter_t *out) {
+    bson_iter_t it;
+    return bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, out);
+}
+
+Test(bucket, update_document_shape) {
+    struct bd_delta d;
+    int64_t start = INT64_C(1736949600000);
+    bd_delta_init(&d, &sensor, start, 1);
+    struct bd_reading_value a[] = {fv(0, 2.0), iv(1, 1)};
+    struct bd_reading_value b[] = {fv(0, 1.0)};
+    struct bd_reading_value c[] = {fv(0, 3.0)};
+    /* Out of order on purpose, and two readings with the same timestamp. */
+    cr_assert_eq(bd_delta_add(&d, (start + 20) * MS, a, 2), 0);
+    cr_assert_eq(bd_delta_add(&d, (start + 10) * MS + 5, b, 1), 0);
+    cr_assert_eq(bd_delta_add(&d, (start + 10) * MS + 5, c, 1), 0);
+
+    bson_t sel, upd;
+    bd_delta_build_update(&d, 3600000, &sel, &upd);
+    bson_iter_t it;
+    cr_assert(find(&sel, "_id", &it));
+    cr_assert_str_eq(bson_iter_utf8(&it, NULL), "weather,loc=$home,room=kitchen|1736949600|1");
+
+    /* New readings sorted by time, ties in arrival order. */
+    cr_assert(find(&upd, "0.$set._n.$literal.0.ts", &it));
+    cr_assert_eq(bson_iter_date_time(&it), start + 10);
+    cr_assert(find(&upd, "0.$set._n.$literal.0.temp", &it));
+    cr_assert_eq(bson_iter_double(&it), 1.0, "equal timestamps keep arrival order");
+    cr_assert(find(&upd, "0.$set._n.$literal.1.temp", &it));
+    cr_assert_eq(bson_iter_double(&it), 3.0);
+    cr_assert(find(&upd, "0.$set._n.$literal.2.n", &it));
+    cr_assert(BSON_ITER_HOLDS_INT64(&it) && bson_iter_int64(&it) == 1);
+    cr_assert_not(find(&upd, "0.$set._n.$literal.3", &it));
+
+    /* Strings from the network are literals; constants are plain. */
+    cr_assert(find(&upd, "0.$set.sensor_id.$literal", &it));
+    cr_assert(find(&upd, "0.$set.meta.$literal.tags.loc", &it));
+    cr_assert_str_eq(bson_iter_utf8(&it, NULL), "$home");
+    cr_assert(find(&upd, "0.$set.bucket_end", &it));
+    cr_assert_eq(bson_iter_date_time(&it), start + 3600000 - 1);
+    cr_assert(find(&upd, "0.$set.page", &it));
+    cr_assert_eq(bson_iter_int32(&it), 1);
+    cr_assert(find(&upd, "0.$set.count.$add.1", &it));
+    cr_assert_eq(bson_iter_int64(&it), 3);
+
+    /* Summary operators with dotted paths. */
+    cr_assert(find(&upd, "0.$set", &it));
+    bson_iter_t set;
+    cr_assert(bson_iter_recurse(&it, &set));
+    cr_assert(bson_iter_find(&set, "summary.temp.min"));
+    cr_assert(bson_iter_init(&it, &upd) && bson_iter_find_descendant(&it, "0.$set", &it));
+    bson_iter_recurse(&it, &set);
+    cr_assert(bson_iter_find(&set, "summary.n.count"));
+
+    /* Stage 2 merges and averages, stage 3 drops the scratch field. */
+    cr_assert(find(&upd, "1.$set.readings.$cond.0.$gte.0", &it));
+    cr_assert_eq(bson_iter_date_time(&it), start + 10);
+    cr_assert(find(&upd, "1.$set.readings.$cond.2.$sortArray.sortBy.ts", &it));
+    cr_assert(find(&upd, "2.$unset", &it));
+    cr_assert_str_eq(bson_iter_utf8(&it, NULL), "_n");
+
+    bson_destroy(&sel);
+    bson_destroy(&upd);
+    bd_delta_close(&d);
+}
+
+Test(bucket, reset_keeps_buffers) {
+    struct bd_delta d;
+    bd_delta_init(&d, &sensor, 0, 0);
+    struct bd_reading_value a[] = {fv(0, 1.0)};
+    for (int i = 0; i < 100; i++) {
+        cr_assert_eq(bd_delta_add(&d, i, a, 1), 0);
+    }
+    void *buf = d.readings;
+    bd_delta_reset(&d);
+    cr_assert_eq(d.n_readings, 0);
+    cr_assert_eq(d.n_summaries, 0);
+    cr_assert_eq(bd_delta_add(&d, 0, a, 1), 0);
+    cr_assert_eq(d.readings, buf);
+    bd_delta_close(&d);
+}
