@@ -470,6 +470,7 @@ static void schedule_retry(struct bd_flusher *f) {
     /* Full jitter: spread retries of many daemons over the whole window. */
     uint64_t delay_ms = ceiling ? next_rand(f) % (ceiling + 1) : 0;
     f->attempt++;
+    BD_STAT_ADD(f->stats, bulk_retries, 1);
     f->retry_at = bd_mono_ns() + (int64_t)delay_ms * BD_NS_PER_MS;
 }
 
@@ -723,7 +724,7 @@ static void *flusher_main(void *arg) {
         if (!stopping) {
             continue;
         }
-        if (f->n_deltas == 0 && bd_sensor_table_next_dirty(f->table) == NULL) {
+        if (f->n_deltas == 0 && !bd_sensor_table_has_dirty(f->table)) {
             break;
         }
         if (bd_mono_ns() >= stop_deadline) {

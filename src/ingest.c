@@ -6,7 +6,7 @@
  * locks or atomics apart from the stats counters.
  *
  * Ownership: struct bd_ingest owns an array of listeners. Each listener owns its uv handle, one
- * parser, one struct bd_point (heap: it is several KiB), for UDP one 20 x 64 KiB receive slab,
+ * parser, one struct bd_point (heap: about 12 KiB), for UDP one 20 x 64 KiB receive slab,
  * and for TCP an idle-sweep timer and its connections. Each connection is one heap block (struct
  * plus a receive buffer of limits.max_line + CONN_SLACK bytes) allocated at accept and freed by
  * its close callback. Nothing is allocated per datagram or per line.
@@ -259,6 +259,12 @@ static const char *parse_reason(int rc) {
 /* ---------------------------------------------------------------------------------------- */
 /* Lines                                                                                    */
 
+static const char *too_long_reason(const struct listener *l) {
+    /* A stream cannot resynchronise on a line it did not keep, so TCP gives up the connection. */
+    return l->cfg.proto == BD_PROTO_TCP ? "line longer than limits.max_line, connection closed"
+                                        : "line longer than limits.max_line";
+}
+
 /*
  * One line without its '\n'. Returns 0, or -E2BIG when the line exceeds max_line (counted and
  * sampled here; TCP closes the connection on it, UDP just moves to the next line).
@@ -272,7 +278,7 @@ static int handle_line(struct listener *l, const char *line, size_t len,
     if (len > in->max_line) {
         BD_STAT_ADD(in->stats, lines, 1);
         BD_STAT_ADD(in->stats, drop_line_too_long, 1);
-        sample_bad_line(l, peer, "line longer than limits.max_line", line, len);
+        sample_bad_line(l, peer, too_long_reason(l), line, len);
         return -E2BIG;
     }
     const char *errmsg = NULL;
@@ -385,8 +391,8 @@ static void udp_set_rcvbuf(struct listener *l) {
     /* Linux doubles the request to cover its bookkeeping and reports the doubled figure. */
     granted /= 2;
 #endif
-    bd_info("%s: SO_RCVBUF is %d bytes (asked for %llu)", l->name, got,
-            (unsigned long long)want);
+    bd_info("%s: receive buffer %llu bytes (asked for %llu; SO_RCVBUF reads back %d)", l->name,
+            (unsigned long long)granted, (unsigned long long)want, got);
     if (granted < want) {
         bd_warn("%s: the kernel granted a receive buffer of %llu bytes, less than the %llu "
                 "asked for; raise net.core.rmem_max to at least %llu",
@@ -483,7 +489,7 @@ static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
         /* No newline yet and already too long: the line can only get longer. */
         BD_STAT_ADD(in->stats, lines, 1);
         BD_STAT_ADD(in->stats, drop_line_too_long, 1);
-        sample_bad_line(l, peer, "line longer than limits.max_line", c->buf + c->start, pending);
+        sample_bad_line(l, peer, too_long_reason(l), c->buf + c->start, pending);
         return -E2BIG;
     }
     if (pending == 0) {

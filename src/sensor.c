@@ -422,6 +422,11 @@ bool bd_sensor_table_congested(const struct bd_sensor_table *t) {
     return false;
 }
 
+bool bd_sensor_table_has_dirty(struct bd_sensor_table *t) {
+    uint32_t tail;
+    return bd_ring_available(&t->dirty, &tail) != 0;
+}
+
 struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t) {
     uint32_t tail;
     if (bd_ring_available(&t->dirty, &tail) == 0) {

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/socket.h>
 
 #include "bucketd/common.h"
@@ -90,6 +91,19 @@ void bd_config_defaults(struct bd_config *cfg);
  * err->msg reads "FILE:LINE:COL: KEY: message" (unknown keys list the valid ones).
  */
 int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err);
+
+/*
+ * Print the effective config as YAML that bd_config_load reads back to the same values.
+ * Returns 0 or -EIO if writing failed.
+ */
+int bd_config_dump(const struct bd_config *cfg, FILE *out);
+
+/*
+ * For SIGHUP: 0 if next differs from cur only in keys the schema marks reloadable, else -EINVAL
+ * with err->msg naming the first key that needs a restart.
+ */
+int bd_config_reload_check(const struct bd_config *cur, const struct bd_config *next,
+                           struct bd_err *err);
 
 /* Strict unit parsers, shared with the tools: "1500ms", "1s", "5m", "1h"; "64KiB", "8MiB". */
 int bd_parse_duration_ms(const char *s, uint64_t *out_ms);

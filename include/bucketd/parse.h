@@ -13,7 +13,11 @@
 
 #include "bucketd/config.h"
 
-#define BD_PARSE_MAX_TAGS 64
+/*
+ * 256, not less: the line-protocol conformance corpus has a valid point with 255 tags, and a
+ * struct bd_point is allocated once per listener, so the room costs nothing per line.
+ */
+#define BD_PARSE_MAX_TAGS 256
 #define BD_PARSE_MAX_FIELDS 256
 
 struct bd_str {
@@ -45,7 +49,7 @@ struct bd_point {
     struct bd_tag tags[BD_PARSE_MAX_TAGS];
     uint32_t n_tags; /* sorted by key (byte order), duplicates removed as the spec says */
     struct bd_field fields[BD_PARSE_MAX_FIELDS];
-    uint32_t n_fields;
+    uint32_t n_fields; /* input order; a repeated key keeps its first place and last value */
     bool has_time;
     int64_t time_ns; /* scaled to ns from the listener's precision; valid if has_time */
     /*
@@ -84,5 +88,15 @@ void bd_parser_close(struct bd_parser *p);
  */
 int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
                   const char **errmsg);
+
+/*
+ * The message bd_parse_line gives (this very pointer, with BD_PARSE_ESYNTAX) when the line ends
+ * inside a quoted string field value. Line protocol lets string values hold raw newlines, so a
+ * reader of a stream that wants them may append the '\n' and the next line and parse again.
+ */
+extern const char bd_parse_err_open_string[];
+
+/* Nanoseconds in one unit of a timestamp precision (1 for ns ... 10^9 for s). */
+int64_t bd_parse_unit_ns(enum bd_precision prec);
 
 #endif

@@ -80,6 +80,9 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
  */
 bool bd_sensor_table_congested(const struct bd_sensor_table *t);
 
+/* Flusher thread: true if a sensor waits in the dirty queue (nothing is popped). */
+bool bd_sensor_table_has_dirty(struct bd_sensor_table *t);
+
 /* Flusher thread: pop the next dirty sensor (its dirty flag cleared) or NULL. */
 struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t);
 

@@ -258,6 +258,9 @@ class Daemon:
     # -- lifecycle ------------------------------------------------------------------------
     def write_config(self):
         os.makedirs(self.workdir, exist_ok=True)
+        spool = self.config.get("spool", {}).get("dir")
+        if spool:
+            os.makedirs(spool, exist_ok=True)
         with open(self.config_path, "w") as f:
             f.write(to_yaml(self.config) + "\n")
         return self.config_path
@@ -455,9 +458,9 @@ def check_documents(docs, span_s, max_readings, strict_pages=True, max_page=1000
                 bad(d, "readings[%d] has no date ts: %r" % (i, r))
                 continue
             t = dt_ms(ts)
-            if prev is not None and t < prev:
-                bad(d, "readings not time-ordered at index %d (%s after %s)" % (i, ts, prev))
-            prev = t
+            if prev is not None and t < prev[0]:
+                bad(d, "readings not time-ordered at index %d (%s after %s)" % (i, ts, prev[1]))
+            prev = (t, ts)
             if not bs_ms <= t <= be_ms:
                 bad(d, "readings[%d].ts %s outside [%s, %s]" % (i, ts, bs, be))
             for k, v in r.items():

@@ -1,0 +1,1385 @@
+/*
+ * Configuration: the schema table, the strict unit parsers and the YAML loader.
+ *
+ * The schema table below is the only place a key is described: its path, type, bounds,
+ * default, whether SIGHUP may change it, and its help text. Defaults, validation, the dump and
+ * the reload check are all driven by it, so adding a key means adding one row.
+ *
+ * Runs on the main thread only: at start-up before any other thread exists, and later on
+ * SIGHUP. bd_config_load parses into a private copy and copies it into the caller's struct
+ * only once the whole file is valid, so a bad file never leaves a half-applied config behind.
+ * Nothing allocated here outlives a call; the libyaml document is freed before returning.
+ */
+#include "bucketd/config.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#include "bucketd/log.h"
+#include "bucketd/parse.h"
+
+#define MS_PER_S UINT64_C(1000)
+#define MS_PER_M (60 * MS_PER_S)
+#define MS_PER_H (60 * MS_PER_M)
+#define MS_PER_DAY (24 * MS_PER_H)
+#define KIB UINT64_C(1024)
+#define MIB (1024 * KIB)
+#define GIB (1024 * MIB)
+
+/* A config file is a few KiB; anything this large is a wrong path, not a config. */
+#define MAX_FILE_BYTES (1024 * 1024)
+
+/* Listener keys live under this pseudo-section; their offsets are into the listener struct. */
+#define LISTENER_PREFIX "listeners[]."
+
+enum key_type {
+    T_STRING,
+    T_DURATION, /* "1500ms", "1s", "5m", "1h", "0"; stored in milliseconds */
+    T_SIZE,     /* "64KiB", "8MiB", "1GiB", bytes as a bare integer */
+    T_UINT,
+    T_ENUM,
+    T_HOSTPORT, /* numeric "host:port" or "[v6]:port" */
+    T_LOGLEVEL,
+    T_LISTENERS, /* the sequence of listener mappings */
+};
+
+enum key_flag {
+    KF_RELOAD = 1 << 0,   /* SIGHUP may change it; everything else needs a restart */
+    KF_REQUIRED = 1 << 1, /* must be present (listener keys) */
+    KF_UDP = 1 << 2,      /* only valid on udp listeners */
+    KF_TCP = 1 << 3,      /* only valid on tcp listeners */
+    KF_EMPTY_OK = 1 << 4, /* hostport: "" means disabled */
+    KF_RESOLVE = 1 << 5,  /* hostport: also store the sockaddr at addr_off */
+    KF_HOSTNAME = 1 << 6, /* the default is the host name, not a constant */
+};
+
+struct enum_name {
+    const char *name;
+    int value;
+};
+
+struct key_def {
+    const char *path; /* "flush.interval"; listener keys "listeners[].bind" */
+    enum key_type type;
+    size_t off;  /* into struct bd_config, or struct bd_listener_config for listener keys */
+    size_t size; /* of that field */
+    size_t addr_off;
+    uint64_t min, max; /* numbers: value bounds; strings: length bounds */
+    const char *def;   /* default, written as a user would write it; NULL = none */
+    const struct enum_name *names;
+    /* Extra rule beyond the bounds; returns why the value is refused, or NULL. */
+    const char *(*check)(const char *text, uint64_t num);
+    unsigned flags;
+    const char *help;
+};
+
+static const struct enum_name proto_names[] = {
+    {"udp", BD_PROTO_UDP}, {"tcp", BD_PROTO_TCP}, {NULL, 0}};
+static const struct enum_name format_names[] = {
+    {"influx", BD_FORMAT_INFLUX}, {"graphite", BD_FORMAT_GRAPHITE}, {NULL, 0}};
+static const struct enum_name precision_names[] = {
+    {"ns", BD_PREC_NS}, {"us", BD_PREC_US}, {"ms", BD_PREC_MS}, {"s", BD_PREC_S}, {NULL, 0}};
+static const struct enum_name sink_names[] = {
+    {"mongodb", BD_SINK_MONGODB}, {"blackhole", BD_SINK_BLACKHOLE}, {NULL, 0}};
+/* Parsing goes through bd_log_level_parse; this list only names the levels back. */
+static const struct enum_name level_names[] = {{"error", BD_LOG_ERROR},
+                                               {"warn", BD_LOG_WARN},
+                                               {"info", BD_LOG_INFO},
+                                               {"debug", BD_LOG_DEBUG},
+                                               {NULL, 0}};
+
+static const char *check_writer_id(const char *s, uint64_t unused);
+static const char *check_uri(const char *s, uint64_t unused);
+static const char *check_db_name(const char *s, uint64_t unused);
+static const char *check_coll_name(const char *s, uint64_t unused);
+static const char *check_write_concern(const char *s, uint64_t unused);
+static const char *check_span(const char *s, uint64_t ms);
+static const char *check_pow2(const char *s, uint64_t n);
+
+#define FIELD(type, f) .off = offsetof(type, f), .size = sizeof(((type *)0)->f)
+#define CFG(f) FIELD(struct bd_config, f)
+#define LST(f) FIELD(struct bd_listener_config, f)
+
+/* Rows of one section stay together: the dump prints a section header when the prefix changes. */
+static const struct key_def schema[] = {
+    {.path = "writer_id", .type = T_STRING, CFG(writer_id), .min = 1, .max = 64,
+     .check = check_writer_id, .flags = KF_HOSTNAME,
+     .help = "identifies this daemon's writes in MongoDB; letters, digits, '-' and '_'"},
+    {.path = "listeners", .type = T_LISTENERS, .help = "sockets readings arrive on"},
+    {.path = "listeners[].proto", .type = T_ENUM, LST(proto), .names = proto_names,
+     .flags = KF_REQUIRED, .help = "transport"},
+    {.path = "listeners[].bind", .type = T_HOSTPORT, LST(bind),
+     .addr_off = offsetof(struct bd_listener_config, addr), .flags = KF_REQUIRED | KF_RESOLVE,
+     .help = "numeric address and port to listen on"},
+    {.path = "listeners[].format", .type = T_ENUM, LST(format), .def = "influx",
+     .names = format_names, .help = "line format"},
+    {.path = "listeners[].precision", .type = T_ENUM, LST(precision), .def = "ns",
+     .names = precision_names, .help = "unit of the timestamps on this listener"},
+    {.path = "listeners[].rcvbuf", .type = T_SIZE, LST(rcvbuf), .min = 4 * KIB, .max = GIB,
+     .def = "8MiB", .flags = KF_UDP, .help = "SO_RCVBUF request (the kernel caps it)"},
+    {.path = "listeners[].max_connections", .type = T_UINT, LST(max_connections), .min = 1,
+     .max = 65535, .def = "1024", .flags = KF_TCP, .help = "open connections at most"},
+    {.path = "listeners[].idle_timeout", .type = T_DURATION, LST(idle_timeout_ms), .min = 0,
+     .max = MS_PER_DAY, .def = "5m", .flags = KF_TCP,
+     .help = "close connections silent this long; 0 = never"},
+    {.path = "sink", .type = T_ENUM, CFG(sink), .def = "mongodb", .names = sink_names,
+     .help = "where bucket updates go; blackhole counts and discards them"},
+    {.path = "mongodb.uri", .type = T_STRING, CFG(mongodb.uri), .min = 1,
+     .max = sizeof(((struct bd_config *)0)->mongodb.uri) - 1,
+     .def = "mongodb://127.0.0.1:27017/", .check = check_uri, .help = "connection string"},
+    {.path = "mongodb.database", .type = T_STRING, CFG(mongodb.database), .min = 1, .max = 63,
+     .def = "telemetry", .check = check_db_name, .help = "database name"},
+    {.path = "mongodb.collection", .type = T_STRING, CFG(mongodb.collection), .min = 1,
+     .max = 120, .def = "buckets", .check = check_coll_name, .help = "collection name"},
+    {.path = "mongodb.write_concern", .type = T_STRING, CFG(mongodb.write_concern), .min = 1,
+     .max = 16, .def = "1", .check = check_write_concern, .flags = KF_RELOAD,
+     .help = "1, majority or a number of nodes; 0 is refused"},
+    {.path = "buckets.span", .type = T_DURATION, CFG(buckets.span_ms), .min = MS_PER_M,
+     .max = MS_PER_DAY, .def = "1h", .check = check_span,
+     .help = "time covered by one bucket document"},
+    {.path = "buckets.max_readings", .type = T_UINT, CFG(buckets.max_readings), .min = 1,
+     .max = 100000, .def = "3600", .help = "readings per document page"},
+    {.path = "buckets.max_late", .type = T_DURATION, CFG(buckets.max_late_ms), .min = MS_PER_S,
+     .max = 30 * MS_PER_DAY, .def = "24h", .flags = KF_RELOAD,
+     .help = "readings older than this are dropped"},
+    {.path = "buckets.max_future", .type = T_DURATION, CFG(buckets.max_future_ms), .min = 0,
+     .max = MS_PER_DAY, .def = "10m", .flags = KF_RELOAD,
+     .help = "readings further ahead than this are dropped"},
+    {.path = "flush.interval", .type = T_DURATION, CFG(flush.interval_ms), .min = 10,
+     .max = MS_PER_H, .def = "1s", .flags = KF_RELOAD, .help = "time between bulk writes"},
+    {.path = "flush.max_updates", .type = T_UINT, CFG(flush.max_updates), .min = 1,
+     .max = 100000, .def = "1000", .flags = KF_RELOAD, .help = "bucket updates per bulk write"},
+    {.path = "flush.stop_timeout", .type = T_DURATION, CFG(flush.stop_timeout_ms), .min = 0,
+     .max = 10 * MS_PER_M, .def = "30s", .flags = KF_RELOAD,
+     .help = "time a stop may spend flushing before spooling the rest"},
+    {.path = "flush.retry_initial", .type = T_DURATION, CFG(flush.retry_initial_ms), .min = 1,
+     .max = MS_PER_M, .def = "100ms", .flags = KF_RELOAD,
+     .help = "first backoff after a failed bulk write"},
+    {.path = "flush.retry_max", .type = T_DURATION, CFG(flush.retry_max_ms), .min = 10,
+     .max = MS_PER_H, .def = "10s", .flags = KF_RELOAD, .help = "backoff cap"},
+    {.path = "spool.dir", .type = T_STRING, CFG(spool.dir), .min = 1,
+     .max = sizeof(((struct bd_config *)0)->spool.dir) - 1, .def = "/var/lib/bucketd/spool",
+     .help = "directory for batches MongoDB did not take"},
+    {.path = "spool.max_bytes", .type = T_SIZE, CFG(spool.max_bytes), .min = MIB,
+     .max = 1024 * GIB, .def = "1GiB", .flags = KF_RELOAD,
+     .help = "spool size cap; the oldest batches are dropped beyond it"},
+    {.path = "metrics.bind", .type = T_HOSTPORT, CFG(metrics.bind), .def = "127.0.0.1:9273",
+     .flags = KF_EMPTY_OK, .help = "/metrics and /healthz endpoint; \"\" disables"},
+    {.path = "log.level", .type = T_LOGLEVEL, CFG(log.level), .def = "info",
+     .names = level_names, .flags = KF_RELOAD, .help = "least severe level logged"},
+    {.path = "limits.max_sensors", .type = T_UINT, CFG(limits.max_sensors), .min = 1,
+     .max = 10000000, .def = "100000", .help = "distinct sensors tracked"},
+    {.path = "limits.ring_size", .type = T_UINT, CFG(limits.ring_size), .min = 16,
+     .max = 1048576, .def = "256", .check = check_pow2,
+     .help = "readings buffered per sensor between flushes; a power of two"},
+    {.path = "limits.max_fields", .type = T_UINT, CFG(limits.max_fields), .min = 1,
+     .max = BD_PARSE_MAX_FIELDS, .def = "32", .help = "fields per line"},
+    {.path = "limits.max_line", .type = T_SIZE, CFG(limits.max_line), .min = 256,
+     .max = 16 * MIB, .def = "64KiB", .help = "bytes per line"},
+};
+
+#define N_KEYS BD_ARRAY_LEN(schema)
+
+/* ---- Strict number and unit parsing ---------------------------------------------------------- */
+
+struct unit {
+    const char *suffix;
+    uint64_t mult;
+};
+
+static const struct unit duration_units[] = {
+    {"ms", 1}, {"s", MS_PER_S}, {"m", MS_PER_M}, {"h", MS_PER_H}, {NULL, 0}};
+/* Decimal "KB"/"kb" are refused on purpose: which multiplier they mean is a guess. */
+static const struct unit size_units[] = {
+    {"B", 1}, {"KiB", KIB}, {"MiB", MIB}, {"GiB", GIB}, {NULL, 0}};
+
+/*
+ * Leading decimal digits of s. strtoull alone would accept spaces, a sign (and negate "-1" into
+ * a huge number) and an empty string, so the first character must be a digit.
+ */
+static int parse_digits(const char *s, uint64_t *out, const char **end) {
+    if (s == NULL || *s < '0' || *s > '9') {
+        return -EINVAL;
+    }
+    char *e = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &e, 10);
+    if (errno == ERANGE) {
+        return -ERANGE;
+    }
+    *out = v;
+    *end = e;
+    return 0;
+}
+
+static int parse_uint(const char *s, uint64_t *out) {
+    uint64_t v = 0;
+    const char *end = NULL;
+    int rc = parse_digits(s, &v, &end);
+    if (rc < 0) {
+        return rc;
+    }
+    if (*end != '\0') {
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A number and a unit; a bare number is allowed when bare_ok, and 0 always (0 is 0 in any unit). */
+static int parse_scaled(const char *s, const struct unit *units, bool bare_ok, uint64_t *out) {
+    uint64_t v = 0;
+    const char *end = NULL;
+    int rc = parse_digits(s, &v, &end);
+    if (rc < 0) {
+        return rc;
+    }
+    if (*end == '\0') {
+        if (!bare_ok && v != 0) {
+            return -EINVAL;
+        }
+        *out = v;
+        return 0;
+    }
+    for (const struct unit *u = units; u->suffix != NULL; u++) {
+        if (strcmp(end, u->suffix) == 0) {
+            if (v > UINT64_MAX / u->mult) {
+                return -ERANGE;
+            }
+            *out = v * u->mult;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+int bd_parse_duration_ms(const char *s, uint64_t *out_ms) {
+    return parse_scaled(s, duration_units, false, out_ms);
+}
+
+int bd_parse_size(const char *s, uint64_t *out_bytes) {
+    return parse_scaled(s, size_units, true, out_bytes);
+}
+
+/* Largest unit that divides v exactly, so the printed text parses back to the same value. */
+static void format_scaled(uint64_t v, const struct unit *units, const char *bare_suffix,
+                          char *buf, size_t len) {
+    const struct unit *best = NULL;
+    for (const struct unit *u = units; u->suffix != NULL; u++) {
+        if (v != 0 && v % u->mult == 0) {
+            best = u;
+        }
+    }
+    if (best == NULL || best->mult == 1) {
+        snprintf(buf, len, "%" PRIu64 "%s", v, v == 0 ? "" : bare_suffix);
+    } else {
+        snprintf(buf, len, "%" PRIu64 "%s", v / best->mult, best->suffix);
+    }
+}
+
+/* ---- Addresses ------------------------------------------------------------------------------- */
+
+static int parse_hostport(const char *s, struct sockaddr_storage *out, const char **why) {
+    char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];
+    const char *port_text = NULL;
+    size_t host_len = 0;
+    bool v6 = false;
+
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (close == NULL || close[1] != ':') {
+            *why = "an IPv6 address takes the form [address]:port";
+            return -EINVAL;
+        }
+        host_len = (size_t)(close - s - 1);
+        s++;
+        port_text = close + 2;
+        v6 = true;
+    } else {
+        const char *colon = strrchr(s, ':');
+        if (colon == NULL) {
+            *why = "expected host:port";
+            return -EINVAL;
+        }
+        if (memchr(s, ':', (size_t)(colon - s)) != NULL) {
+            *why = "an IPv6 address needs brackets, as in [::1]:8089";
+            return -EINVAL;
+        }
+        host_len = (size_t)(colon - s);
+        port_text = colon + 1;
+    }
+    if (host_len == 0 || host_len >= sizeof(host)) {
+        *why = "expected a numeric address before the port";
+        return -EINVAL;
+    }
+    memcpy(host, s, host_len);
+    host[host_len] = '\0';
+
+    uint64_t port = 0;
+    if (parse_uint(port_text, &port) < 0 || port > 65535) {
+        *why = "the port must be a number from 0 to 65535";
+        return -EINVAL;
+    }
+
+    memset(out, 0, sizeof(*out));
+    if (v6) {
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)out;
+        char *scope = strchr(host, '%');
+        if (scope != NULL) {
+            *scope++ = '\0';
+            uint64_t index = 0;
+            if (parse_uint(scope, &index) == 0 && index <= UINT32_MAX) {
+                sin6->sin6_scope_id = (uint32_t)index;
+            } else if ((sin6->sin6_scope_id = if_nametoindex(scope)) == 0) {
+                *why = "unknown interface after '%'";
+                return -EINVAL;
+            }
+        }
+        if (inet_pton(AF_INET6, host, &sin6->sin6_addr) != 1) {
+            *why = "not a numeric IPv6 address";
+            return -EINVAL;
+        }
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons((uint16_t)port);
+    } else {
+        struct sockaddr_in *sin = (struct sockaddr_in *)out;
+        /*
+         * inet_pton, not inet_aton or getaddrinfo: those also take "10.1" and "0x7f.1", and a
+         * name here would make start-up depend on DNS.
+         */
+        if (inet_pton(AF_INET, host, &sin->sin_addr) != 1) {
+            *why = "the host must be a numeric IPv4 address or a bracketed IPv6 address";
+            return -EINVAL;
+        }
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons((uint16_t)port);
+    }
+    return 0;
+}
+
+int bd_parse_hostport(const char *s, struct sockaddr_storage *out) {
+    const char *why = NULL;
+    if (s == NULL) {
+        return -EINVAL;
+    }
+    return parse_hostport(s, out, &why);
+}
+
+/* ---- Enum names ------------------------------------------------------------------------------ */
+
+static const char *enum_name(const struct enum_name *names, int value) {
+    for (const struct enum_name *n = names; n->name != NULL; n++) {
+        if (n->value == value) {
+            return n->name;
+        }
+    }
+    return "?";
+}
+
+static int enum_parse(const struct enum_name *names, const char *s, int *out) {
+    for (const struct enum_name *n = names; n->name != NULL; n++) {
+        if (s != NULL && strcmp(s, n->name) == 0) {
+            *out = n->value;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+static void enum_list(const struct enum_name *names, char *buf, size_t len) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (const struct enum_name *n = names; n->name != NULL && used < len; n++) {
+        int w = snprintf(buf + used, len - used, "%s%s", used > 0 ? ", " : "", n->name);
+        used += w > 0 ? (size_t)w : 0;
+    }
+}
+
+const char *bd_proto_name(enum bd_proto p) {
+    return enum_name(proto_names, (int)p);
+}
+
+const char *bd_format_name(enum bd_format f) {
+    return enum_name(format_names, (int)f);
+}
+
+const char *bd_precision_name(enum bd_precision p) {
+    return enum_name(precision_names, (int)p);
+}
+
+int bd_format_parse(const char *s, enum bd_format *out) {
+    int v = 0;
+    int rc = enum_parse(format_names, s, &v);
+    if (rc == 0) {
+        *out = (enum bd_format)v;
+    }
+    return rc;
+}
+
+int bd_precision_parse(const char *s, enum bd_precision *out) {
+    int v = 0;
+    int rc = enum_parse(precision_names, s, &v);
+    if (rc == 0) {
+        *out = (enum bd_precision)v;
+    }
+    return rc;
+}
+
+/* ---- Extra rules ----------------------------------------------------------------------------- */
+
+static const char *check_writer_id(const char *s, uint64_t unused) {
+    /* It becomes part of a field path ("w.<writer_id>"), where '.' and '$' mean something. */
+    for (const char *p = s; *p != '\0'; p++) {
+        char c = *p;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_')) {
+            return "may contain only letters, digits, '-' and '_'";
+        }
+    }
+    return NULL;
+}
+
+static const char *check_uri(const char *s, uint64_t unused) {
+    if (strncmp(s, "mongodb://", 10) != 0 && strncmp(s, "mongodb+srv://", 14) != 0) {
+        return "must start with mongodb:// or mongodb+srv://";
+    }
+    return NULL;
+}
+
+static const char *check_db_name(const char *s, uint64_t unused) {
+    return strpbrk(s, "/\\. \"$") != NULL ? "must not contain / \\ . space \" or $" : NULL;
+}
+
+static const char *check_coll_name(const char *s, uint64_t unused) {
+    if (strchr(s, '$') != NULL) {
+        return "must not contain $";
+    }
+    return strncmp(s, "system.", 7) == 0 ? "system.* collections are reserved" : NULL;
+}
+
+static const char *check_write_concern(const char *s, uint64_t unused) {
+    uint64_t n = 0;
+    if (strcmp(s, "majority") == 0) {
+        return NULL;
+    }
+    if (parse_uint(s, &n) < 0 || (n > 0 && s[0] == '0')) {
+        return "must be 1, majority or a number of nodes";
+    }
+    if (n == 0) {
+        return "0 is refused: unacknowledged writes would lose data silently";
+    }
+    /* A replica set has at most 50 members; a larger w could never be satisfied. */
+    return n > 50 ? "must be at most 50" : NULL;
+}
+
+static const char *check_span(const char *s, uint64_t ms) {
+    /* Buckets must start at the same instants every day, or a bucket would straddle midnight. */
+    return MS_PER_DAY % ms != 0 ? "must divide 24h evenly (e.g. 1m, 15m, 1h, 6h, 24h)" : NULL;
+}
+
+static const char *check_pow2(const char *s, uint64_t n) {
+    return (n & (n - 1)) != 0 ? "must be a power of two" : NULL;
+}
+
+/* ---- Values: text <-> field, driven by a schema row ------------------------------------------ */
+
+static bool in_listener(const struct key_def *k) {
+    return strncmp(k->path, LISTENER_PREFIX, sizeof(LISTENER_PREFIX) - 1) == 0;
+}
+
+static void format_number(const struct key_def *k, uint64_t v, char *buf, size_t len) {
+    if (k->type == T_DURATION) {
+        format_scaled(v, duration_units, "ms", buf, len);
+    } else if (k->type == T_SIZE) {
+        format_scaled(v, size_units, "", buf, len);
+    } else {
+        snprintf(buf, len, "%" PRIu64, v);
+    }
+}
+
+struct value {
+    uint64_t num;
+    int ival;
+    struct sockaddr_storage addr;
+};
+
+/*
+ * Parse text as the row's type and apply its bounds and extra rule. On failure writes a reason
+ * into why (without the key; the caller adds position and key).
+ */
+static int parse_value(const struct key_def *k, const char *text, struct value *v, char *why,
+                       size_t why_len) {
+    const char *reason = NULL;
+    char a[32], b[32];
+    int rc = 0;
+
+    memset(v, 0, sizeof(*v));
+    switch (k->type) {
+    case T_STRING: {
+        size_t len = strlen(text);
+        if (len < k->min || len > k->max) {
+            if (len == 0) {
+                snprintf(why, why_len, "must not be empty");
+            } else {
+                snprintf(why, why_len, "must be %" PRIu64 " to %" PRIu64 " characters long",
+                         k->min, k->max);
+            }
+            return -EINVAL;
+        }
+        break;
+    }
+    case T_DURATION:
+    case T_SIZE:
+    case T_UINT:
+        if (k->type == T_DURATION) {
+            rc = bd_parse_duration_ms(text, &v->num);
+        } else if (k->type == T_SIZE) {
+            rc = bd_parse_size(text, &v->num);
+        } else {
+            rc = parse_uint(text, &v->num);
+        }
+        if (rc == -ERANGE) {
+            snprintf(why, why_len, "\"%s\" is too large", text);
+            return -EINVAL;
+        }
+        if (rc < 0) {
+            snprintf(why, why_len, "\"%s\" is not %s", text,
+                     k->type == T_DURATION ? "a duration (e.g. 1500ms, 30s, 5m, 1h, 0)"
+                     : k->type == T_SIZE   ? "a size (e.g. 4096, 64KiB, 8MiB, 1GiB)"
+                                           : "a whole number");
+            return -EINVAL;
+        }
+        if (v->num < k->min || v->num > k->max) {
+            format_number(k, k->min, a, sizeof(a));
+            format_number(k, k->max, b, sizeof(b));
+            snprintf(why, why_len, "%s is out of range (%s to %s)", text, a, b);
+            return -EINVAL;
+        }
+        break;
+    case T_ENUM:
+    case T_LOGLEVEL: {
+        enum bd_log_level level = BD_LOG_INFO;
+        if (k->type == T_LOGLEVEL) {
+            rc = bd_log_level_parse(text, &level);
+            v->ival = (int)level;
+        } else {
+            rc = enum_parse(k->names, text, &v->ival);
+        }
+        if (rc < 0) {
+            char list[128];
+            enum_list(k->names, list, sizeof(list));
+            snprintf(why, why_len, "\"%s\" is not one of: %s", text, list);
+            return -EINVAL;
+        }
+        break;
+    }
+    case T_HOSTPORT:
+        if (text[0] == '\0' && (k->flags & KF_EMPTY_OK)) {
+            break;
+        }
+        if (strlen(text) >= k->size) {
+            snprintf(why, why_len, "is longer than %zu characters", k->size - 1);
+            return -EINVAL;
+        }
+        if (parse_hostport(text, &v->addr, &reason) < 0) {
+            snprintf(why, why_len, "\"%s\": %s", text, reason);
+            return -EINVAL;
+        }
+        break;
+    case T_LISTENERS:
+        BD_ASSERT(!"listeners is not a scalar key");
+    }
+    if (k->check != NULL && (reason = k->check(text, v->num)) != NULL) {
+        snprintf(why, why_len, "%s", reason);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static void store_value(const struct key_def *k, void *base, const char *text,
+                        const struct value *v) {
+    char *field = (char *)base + k->off;
+    switch (k->type) {
+    case T_STRING:
+    case T_HOSTPORT:
+        BD_ASSERT(strlen(text) < k->size);
+        memset(field, 0, k->size);
+        memcpy(field, text, strlen(text));
+        if (k->flags & KF_RESOLVE) {
+            memcpy((char *)base + k->addr_off, &v->addr, sizeof(v->addr));
+        }
+        break;
+    case T_DURATION:
+    case T_SIZE:
+    case T_UINT:
+        if (k->size == sizeof(uint32_t)) {
+            BD_ASSERT(v->num <= UINT32_MAX);
+            uint32_t n = (uint32_t)v->num;
+            memcpy(field, &n, sizeof(n));
+        } else {
+            BD_ASSERT(k->size == sizeof(uint64_t));
+            memcpy(field, &v->num, sizeof(v->num));
+        }
+        break;
+    case T_ENUM:
+    case T_LOGLEVEL:
+        /* The enum fields share int's size and representation on every ABI we build for. */
+        BD_ASSERT(k->size == sizeof(int));
+        memcpy(field, &v->ival, sizeof(int));
+        break;
+    case T_LISTENERS:
+        BD_ASSERT(!"listeners is not a scalar key");
+    }
+}
+
+/* The field as text that parse_value takes back unchanged. */
+static void format_value(const struct key_def *k, const void *base, char *buf, size_t len) {
+    const char *field = (const char *)base + k->off;
+    uint64_t num = 0;
+    int ival = 0;
+    switch (k->type) {
+    case T_STRING:
+    case T_HOSTPORT:
+        snprintf(buf, len, "%.*s", (int)k->size, field);
+        break;
+    case T_DURATION:
+    case T_SIZE:
+    case T_UINT:
+        if (k->size == sizeof(uint32_t)) {
+            uint32_t n = 0;
+            memcpy(&n, field, sizeof(n));
+            num = n;
+        } else {
+            memcpy(&num, field, sizeof(num));
+        }
+        format_number(k, num, buf, len);
+        break;
+    case T_ENUM:
+    case T_LOGLEVEL:
+        memcpy(&ival, field, sizeof(ival));
+        snprintf(buf, len, "%s", enum_name(k->names, ival));
+        break;
+    case T_LISTENERS:
+        BD_ASSERT(!"listeners is not a scalar key");
+    }
+}
+
+/* Defaults go through the same parser as the file, so a bad default fails loudly at start. */
+static void apply_default(const struct key_def *k, void *base, const char *text) {
+    struct value v;
+    char why[256];
+    if (parse_value(k, text, &v, why, sizeof(why)) < 0) {
+        fprintf(stderr, "<2>bucketd: default of %s: %s\n", k->path, why);
+        BD_ASSERT(!"schema default is invalid");
+    }
+    store_value(k, base, text, &v);
+}
+
+/* The host name up to its first dot, with anything writer_id refuses turned into '-'. */
+static void hostname_default(char *buf, size_t len) {
+    char host[256] = {0};
+    if (gethostname(host, sizeof(host) - 1) < 0) {
+        host[0] = '\0';
+    }
+    host[strcspn(host, ".")] = '\0';
+    for (char *p = host; *p != '\0'; p++) {
+        char one[2] = {*p, '\0'};
+        if (check_writer_id(one, 0) != NULL) {
+            *p = '-';
+        }
+    }
+    host[64] = '\0';
+    snprintf(buf, len, "%s", host[0] != '\0' ? host : "bucketd");
+}
+
+static void listener_defaults(struct bd_listener_config *lc) {
+    memset(lc, 0, sizeof(*lc));
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (in_listener(&schema[i]) && schema[i].def != NULL) {
+            apply_default(&schema[i], lc, schema[i].def);
+        }
+    }
+}
+
+void bd_config_defaults(struct bd_config *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const struct key_def *k = &schema[i];
+        if (in_listener(k) || k->type == T_LISTENERS) {
+            continue;
+        }
+        if (k->flags & KF_HOSTNAME) {
+            char host[256];
+            hostname_default(host, sizeof(host));
+            apply_default(k, cfg, host);
+        } else if (k->def != NULL) {
+            apply_default(k, cfg, k->def);
+        }
+    }
+}
+
+/* ---- Schema lookups -------------------------------------------------------------------------- */
+
+static int find_key(const char *path) {
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (strcmp(schema[i].path, path) == 0) {
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
+/* True if some key lives under "<path>.", i.e. path names a section. */
+static bool is_section(const char *path) {
+    size_t len = strlen(path);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (strncmp(schema[i].path, path, len) == 0 && schema[i].path[len] == '.') {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Calls fn for each distinct key name directly under prefix, in schema order. */
+static void each_child(const char *prefix, void (*fn)(const char *name, size_t len, void *arg),
+                       void *arg) {
+    size_t plen = strlen(prefix);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const char *p = schema[i].path;
+        if (strncmp(p, prefix, plen) != 0) {
+            continue;
+        }
+        const char *name = p + plen;
+        size_t len = strcspn(name, ".[");
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++) {
+            const char *q = schema[j].path;
+            seen = strncmp(q, prefix, plen) == 0 && strncmp(q + plen, name, len) == 0 &&
+                   strcspn(q + plen, ".[") == len;
+        }
+        if (!seen) {
+            fn(name, len, arg);
+        }
+    }
+}
+
+struct text_buf {
+    char *buf;
+    size_t len, used;
+};
+
+static void append_name(const char *name, size_t len, void *arg) {
+    struct text_buf *tb = arg;
+    if (tb->used < tb->len) {
+        int w = snprintf(tb->buf + tb->used, tb->len - tb->used, "%s%.*s",
+                         tb->used > 0 ? ", " : "", (int)len, name);
+        tb->used += w > 0 ? (size_t)w : 0;
+    }
+}
+
+static void valid_keys(const char *prefix, char *buf, size_t len) {
+    struct text_buf tb = {buf, len, 0};
+    buf[0] = '\0';
+    each_child(prefix, append_name, &tb);
+}
+
+/* Edit distance, to suggest the key a typo meant. Names are short; longer ones get no hint. */
+static size_t edit_distance(const char *a, size_t alen, const char *b, size_t blen) {
+    size_t row[65];
+    if (alen >= BD_ARRAY_LEN(row) || blen >= BD_ARRAY_LEN(row)) {
+        return SIZE_MAX;
+    }
+    for (size_t j = 0; j <= blen; j++) {
+        row[j] = j;
+    }
+    for (size_t i = 1; i <= alen; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= blen; j++) {
+            size_t up = row[j];
+            size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            row[j] = BD_MIN(BD_MIN(row[j] + 1, row[j - 1] + 1), diag + cost);
+            diag = up;
+        }
+    }
+    return row[blen];
+}
+
+struct suggest {
+    const char *typo;
+    const char *best;
+    size_t best_len, best_dist;
+};
+
+static void consider_name(const char *name, size_t len, void *arg) {
+    struct suggest *s = arg;
+    size_t d = edit_distance(s->typo, strlen(s->typo), name, len);
+    if (d < s->best_dist) {
+        s->best = name;
+        s->best_len = len;
+        s->best_dist = d;
+    }
+}
+
+/* ---- The YAML walk --------------------------------------------------------------------------- */
+
+struct loader {
+    const char *path;
+    const char *text; /* the file, for turning a reader error's byte offset into line:column */
+    size_t text_len;
+    yaml_document_t *doc;
+    struct bd_config *cfg;
+    struct bd_err *err;
+    /* Where each top-level key was given, for errors found after the walk. */
+    bool set[N_KEYS];
+    yaml_mark_t mark[N_KEYS];
+};
+
+static int fail(struct loader *ld, yaml_mark_t mark, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(struct loader *ld, yaml_mark_t mark, const char *key, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return bd_err_set(ld->err, -EINVAL, "%s:%zu:%zu: %s: %s", ld->path, mark.line + 1,
+                      mark.column + 1, key, msg);
+}
+
+static yaml_node_t *node_at(struct loader *ld, int index) {
+    yaml_node_t *n = yaml_document_get_node(ld->doc, index);
+    BD_ASSERT(n != NULL);
+    return n;
+}
+
+static const char *scalar(const yaml_node_t *n) {
+    return (const char *)n->data.scalar.value;
+}
+
+/* "key:" with nothing after it: treated as an empty section, so all children can be commented. */
+static bool is_null(const yaml_node_t *n) {
+    return n->type == YAML_SCALAR_NODE && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+           (n->data.scalar.length == 0 || strcmp(scalar(n), "~") == 0 ||
+            strcmp(scalar(n), "null") == 0);
+}
+
+static const char *node_kind(const yaml_node_t *n) {
+    return n->type == YAML_MAPPING_NODE ? "a mapping" : n->type == YAML_SEQUENCE_NODE ? "a list"
+                                                                                     : "a value";
+}
+
+static int apply_leaf(struct loader *ld, const struct key_def *k, yaml_node_t *vn,
+                      const char *shown, void *base) {
+    char why[300];
+    struct value v;
+
+    if (vn->type != YAML_SCALAR_NODE) {
+        /* A list where an address belongs is nearly always an IPv6 address left unquoted. */
+        return fail(ld, vn->start_mark, shown, "expected a single value, not %s%s",
+                    node_kind(vn),
+                    k->type == T_HOSTPORT ? " (quote IPv6 addresses: \"[::]:8089\")" : "");
+    }
+    if (strlen(scalar(vn)) != vn->data.scalar.length) {
+        return fail(ld, vn->start_mark, shown, "contains a NUL character");
+    }
+    if (parse_value(k, scalar(vn), &v, why, sizeof(why)) < 0) {
+        return fail(ld, vn->start_mark, shown, "%s", why);
+    }
+    store_value(k, base, scalar(vn), &v);
+    return 0;
+}
+
+static int walk_listeners(struct loader *ld, yaml_node_t *seq);
+
+/*
+ * Apply one mapping. prefix is the schema path of this level ("", "flush.", "listeners[]."),
+ * shown the same as the user sees it ("listeners[2]."); set and mark record what was given.
+ */
+static int walk_mapping(struct loader *ld, yaml_node_t *map, const char *prefix,
+                        const char *shown, void *base, bool *set, yaml_mark_t *mark) {
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *kn = node_at(ld, p->key);
+        yaml_node_t *vn = node_at(ld, p->value);
+        char path[128], disp[160], list[256];
+        int rc = 0;
+
+        if (kn->type != YAML_SCALAR_NODE) {
+            return fail(ld, kn->start_mark, shown[0] != '\0' ? shown : "config",
+                        "a key must be a plain name, not %s", node_kind(kn));
+        }
+        const char *name = scalar(kn);
+        snprintf(path, sizeof(path), "%s%s", prefix, name);
+        snprintf(disp, sizeof(disp), "%s%s", shown, name);
+
+        /* libyaml keeps both copies of a repeated key; silently taking one would hide a typo. */
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *prev = node_at(ld, q->key);
+            if (prev->type == YAML_SCALAR_NODE &&
+                prev->data.scalar.length == kn->data.scalar.length &&
+                memcmp(prev->data.scalar.value, kn->data.scalar.value, kn->data.scalar.length) ==
+                    0) {
+                return fail(ld, kn->start_mark, disp,
+                            "duplicate key (first given at line %zu, column %zu)",
+                            prev->start_mark.line + 1, prev->start_mark.column + 1);
+            }
+        }
+
+        /*
+         * A name is one path component: a literal "flush.interval" or "listeners[].bind" key
+         * would otherwise match a row of another level and be stored at the wrong base.
+         */
+        bool plain = strlen(name) == kn->data.scalar.length && strpbrk(name, ".[") == NULL;
+        int idx = plain ? find_key(path) : -1;
+        if (idx >= 0 && schema[idx].type == T_LISTENERS) {
+            rc = walk_listeners(ld, vn);
+        } else if (idx >= 0) {
+            rc = apply_leaf(ld, &schema[idx], vn, disp, base);
+        } else if (plain && is_section(path)) {
+            char sub_prefix[160], sub_shown[168];
+            snprintf(sub_prefix, sizeof(sub_prefix), "%s.", path);
+            snprintf(sub_shown, sizeof(sub_shown), "%s.", disp);
+            if (is_null(vn)) {
+                continue;
+            }
+            if (vn->type != YAML_MAPPING_NODE) {
+                valid_keys(sub_prefix, list, sizeof(list));
+                return fail(ld, vn->start_mark, disp, "expected a mapping with keys: %s", list);
+            }
+            rc = walk_mapping(ld, vn, sub_prefix, sub_shown, base, set, mark);
+        } else {
+            struct suggest s = {.typo = name, .best_dist = SIZE_MAX};
+            char hint[96] = "";
+            each_child(prefix, consider_name, &s);
+            /* Within two edits is a typo; further off, a guess would mislead more than help. */
+            if (s.best != NULL && s.best_dist <= 2) {
+                snprintf(hint, sizeof(hint), "did you mean \"%.*s\"? ", (int)s.best_len, s.best);
+            }
+            valid_keys(prefix, list, sizeof(list));
+            return fail(ld, kn->start_mark, disp, "unknown key; %svalid keys here: %s", hint,
+                        list);
+        }
+        if (rc < 0) {
+            return rc;
+        }
+        if (idx >= 0) {
+            set[idx] = true;
+            mark[idx] = schema[idx].type == T_LISTENERS ? kn->start_mark : vn->start_mark;
+        }
+    }
+    return 0;
+}
+
+static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+    if (a->ss_family != b->ss_family) {
+        return false;
+    }
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *x = (const struct sockaddr_in *)a;
+        const struct sockaddr_in *y = (const struct sockaddr_in *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)a;
+    const struct sockaddr_in6 *y = (const struct sockaddr_in6 *)b;
+    return x->sin6_port == y->sin6_port &&
+           memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
+}
+
+static int walk_listener(struct loader *ld, yaml_node_t *item, uint32_t n) {
+    struct bd_listener_config *lc = &ld->cfg->listeners[n];
+    bool set[N_KEYS] = {false};
+    yaml_mark_t mark[N_KEYS];
+    char shown[32], key[64];
+
+    snprintf(shown, sizeof(shown), "listeners[%" PRIu32 "]", n);
+    if (item->type != YAML_MAPPING_NODE) {
+        return fail(ld, item->start_mark, shown, "expected a mapping (proto, bind, ...), not %s",
+                    node_kind(item));
+    }
+    listener_defaults(lc);
+    snprintf(key, sizeof(key), "%s.", shown);
+    int rc = walk_mapping(ld, item, LISTENER_PREFIX, key, lc, set, mark);
+    if (rc < 0) {
+        return rc;
+    }
+
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const struct key_def *k = &schema[i];
+        if (!in_listener(k)) {
+            continue;
+        }
+        const char *name = k->path + sizeof(LISTENER_PREFIX) - 1;
+        if ((k->flags & KF_REQUIRED) && !set[i]) {
+            return fail(ld, item->start_mark, shown, "missing required key \"%s\"", name);
+        }
+    }
+    /* A second pass: whether a key fits depends on proto, which may come after it. */
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const struct key_def *k = &schema[i];
+        bool wrong = ((k->flags & KF_UDP) && lc->proto != BD_PROTO_UDP) ||
+                     ((k->flags & KF_TCP) && lc->proto != BD_PROTO_TCP);
+        if (in_listener(k) && set[i] && wrong) {
+            snprintf(key, sizeof(key), "%s.%s", shown, k->path + sizeof(LISTENER_PREFIX) - 1);
+            return fail(ld, mark[i], key, "only valid on %s listeners (this one is %s)",
+                        (k->flags & KF_UDP) ? "udp" : "tcp", bd_proto_name(lc->proto));
+        }
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        const struct bd_listener_config *other = &ld->cfg->listeners[j];
+        if (other->proto == lc->proto && same_addr(&other->addr, &lc->addr)) {
+            int bind = find_key(LISTENER_PREFIX "bind");
+            snprintf(key, sizeof(key), "%s.bind", shown);
+            return fail(ld, mark[bind], key, "listeners[%" PRIu32 "] already binds %s %s", j,
+                        bd_proto_name(lc->proto), other->bind);
+        }
+    }
+    return 0;
+}
+
+static int walk_listeners(struct loader *ld, yaml_node_t *seq) {
+    if (is_null(seq)) {
+        return 0; /* the "at least one" check reports it with the right position */
+    }
+    if (seq->type != YAML_SEQUENCE_NODE) {
+        return fail(ld, seq->start_mark, "listeners", "expected a list of listeners, not %s",
+                    node_kind(seq));
+    }
+    for (yaml_node_item_t *it = seq->data.sequence.items.start; it < seq->data.sequence.items.top;
+         it++) {
+        yaml_node_t *item = node_at(ld, *it);
+        if (ld->cfg->n_listeners >= BD_MAX_LISTENERS) {
+            return fail(ld, item->start_mark, "listeners", "at most %d listeners are supported",
+                        BD_MAX_LISTENERS);
+        }
+        int rc = walk_listener(ld, item, ld->cfg->n_listeners);
+        if (rc < 0) {
+            return rc;
+        }
+        ld->cfg->n_listeners++;
+    }
+    return 0;
+}
+
+static yaml_mark_t mark_of(struct loader *ld, const char *path, yaml_mark_t fallback) {
+    int i = find_key(path);
+    BD_ASSERT(i >= 0);
+    return ld->set[i] ? ld->mark[i] : fallback;
+}
+
+/* Rules that involve more than one key, checked once the whole file is applied. */
+static int validate(struct loader *ld, yaml_mark_t top) {
+    const struct bd_config *cfg = ld->cfg;
+    if (cfg->n_listeners == 0) {
+        return fail(ld, mark_of(ld, "listeners", top), "listeners",
+                    "at least one listener is required");
+    }
+    if (cfg->flush.retry_initial_ms > cfg->flush.retry_max_ms) {
+        return fail(ld, mark_of(ld, "flush.retry_initial", mark_of(ld, "flush.retry_max", top)),
+                    "flush.retry_initial", "must not exceed flush.retry_max");
+    }
+    return 0;
+}
+
+static int yaml_failure(struct loader *ld, const yaml_parser_t *parser) {
+    if (parser->error == YAML_MEMORY_ERROR) {
+        return bd_err_set(ld->err, -ENOMEM, "%s: out of memory parsing YAML", ld->path);
+    }
+    yaml_mark_t mark = parser->problem_mark;
+    if (parser->error == YAML_READER_ERROR) {
+        /* Reader errors (bad UTF-8, control characters) carry a byte offset, not a mark. */
+        memset(&mark, 0, sizeof(mark));
+        for (size_t i = 0; i < parser->problem_offset && i < ld->text_len; i++) {
+            if (ld->text[i] == '\n') {
+                mark.line++;
+                mark.column = 0;
+            } else {
+                mark.column++;
+            }
+        }
+    }
+    const char *problem = parser->problem != NULL ? parser->problem : "malformed YAML";
+    if (parser->context != NULL) {
+        /*
+         * The usual way into a flow-context error here is an unquoted IPv6 bind: YAML reads
+         * [::]:8089 as the start of a list, and libyaml's message does not hint at that.
+         */
+        bool flow = strstr(parser->context, "flow") != NULL;
+        return bd_err_set(ld->err, -EINVAL,
+                          "%s:%zu:%zu: syntax error: %s (%s at line %zu, column %zu)%s",
+                          ld->path, mark.line + 1, mark.column + 1, problem, parser->context,
+                          parser->context_mark.line + 1, parser->context_mark.column + 1,
+                          flow ? "; a value starting with '[' must be quoted, as in "
+                                 "bind: \"[::]:8089\""
+                               : "");
+    }
+    return bd_err_set(ld->err, -EINVAL, "%s:%zu:%zu: syntax error: %s", ld->path, mark.line + 1,
+                      mark.column + 1, problem);
+}
+
+static int read_file(const char *path, char **out, size_t *out_len, struct bd_err *err) {
+    char *buf = NULL;
+    size_t len = 0;
+    int fd = -1;
+    int rc = 0;
+
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = bd_err_set(err, -errno, "%s: %s", path, strerror(errno));
+        goto out;
+    }
+    buf = malloc(MAX_FILE_BYTES + 1);
+    if (buf == NULL) {
+        rc = bd_err_set(err, -ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    for (;;) {
+        ssize_t n = read(fd, buf + len, MAX_FILE_BYTES + 1 - len);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            rc = bd_err_set(err, -errno, "%s: %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0) {
+            break;
+        }
+        len += (size_t)n;
+        if (len > MAX_FILE_BYTES) {
+            rc = bd_err_set(err, -EFBIG, "%s: larger than %d bytes; is this a config file?",
+                            path, MAX_FILE_BYTES);
+            goto out;
+        }
+    }
+    buf[len] = '\0';
+    *out = buf;
+    *out_len = len;
+    buf = NULL;
+out:
+    free(buf);
+    if (fd >= 0) {
+        close(fd);
+    }
+    return rc;
+}
+
+int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err) {
+    struct loader *ld = NULL;
+    struct bd_config *next = NULL;
+    char *text = NULL;
+    size_t text_len = 0;
+    yaml_parser_t parser;
+    bool parser_ok = false;
+    yaml_document_t doc, extra;
+    bool doc_ok = false, extra_ok = false;
+    int rc = 0;
+
+    rc = read_file(path, &text, &text_len, err);
+    if (rc < 0) {
+        goto out;
+    }
+    next = malloc(sizeof(*next));
+    ld = calloc(1, sizeof(*ld));
+    if (next == NULL || ld == NULL) {
+        rc = bd_err_set(err, -ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    bd_config_defaults(next);
+    if (strlen(path) >= sizeof(next->path)) {
+        rc = bd_err_set(err, -ENAMETOOLONG, "%s: path too long", path);
+        goto out;
+    }
+    snprintf(next->path, sizeof(next->path), "%s", path);
+    *ld = (struct loader){.path = path, .text = text, .text_len = text_len, .doc = &doc,
+                          .cfg = next, .err = err};
+
+    if (!yaml_parser_initialize(&parser)) {
+        rc = bd_err_set(err, -ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    parser_ok = true;
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, text_len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        rc = yaml_failure(ld, &parser);
+        goto out;
+    }
+    doc_ok = true;
+
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    yaml_mark_t top = {0, 0, 0};
+    if (root != NULL && !is_null(root)) {
+        top = root->start_mark;
+        if (root->type != YAML_MAPPING_NODE) {
+            char list[256];
+            valid_keys("", list, sizeof(list));
+            rc = fail(ld, root->start_mark, "config", "expected a mapping with keys: %s", list);
+            goto out;
+        }
+        rc = walk_mapping(ld, root, "", "", next, ld->set, ld->mark);
+        if (rc < 0) {
+            goto out;
+        }
+    }
+
+    /* A second document would be ignored by the walk above; refuse it instead. */
+    if (!yaml_parser_load(&parser, &extra)) {
+        rc = yaml_failure(ld, &parser);
+        goto out;
+    }
+    extra_ok = true;
+    yaml_node_t *extra_root = yaml_document_get_root_node(&extra);
+    if (extra_root != NULL) {
+        rc = fail(ld, extra_root->start_mark, "config", "only one YAML document is allowed");
+        goto out;
+    }
+
+    rc = validate(ld, top);
+    if (rc < 0) {
+        goto out;
+    }
+    *cfg = *next;
+out:
+    if (extra_ok) {
+        yaml_document_delete(&extra);
+    }
+    if (doc_ok) {
+        yaml_document_delete(&doc);
+    }
+    if (parser_ok) {
+        yaml_parser_delete(&parser);
+    }
+    free(ld);
+    free(next);
+    free(text);
+    return rc;
+}
+
+/* ---- Dump and reload check ------------------------------------------------------------------- */
+
+static bool quoted_type(const struct key_def *k) {
+    return k->type == T_STRING || k->type == T_HOSTPORT;
+}
+
+static void put_value(FILE *out, const struct key_def *k, const void *base) {
+    char buf[1100];
+    format_value(k, base, buf, sizeof(buf));
+    if (!quoted_type(k)) {
+        fprintf(out, "%s\n", buf);
+        return;
+    }
+    fputc('"', out);
+    for (const unsigned char *p = (const unsigned char *)buf; *p != '\0'; p++) {
+        if (*p == '"' || *p == '\\') {
+            fprintf(out, "\\%c", *p);
+        } else if (*p < 0x20 || *p == 0x7f) {
+            fprintf(out, "\\x%02x", *p);
+        } else {
+            fputc(*p, out);
+        }
+    }
+    fputs("\"\n", out);
+}
+
+static bool listener_key_applies(const struct key_def *k, const struct bd_listener_config *lc) {
+    return !(((k->flags & KF_UDP) && lc->proto != BD_PROTO_UDP) ||
+             ((k->flags & KF_TCP) && lc->proto != BD_PROTO_TCP));
+}
+
+int bd_config_dump(const struct bd_config *cfg, FILE *out) {
+    const char *section = NULL;
+    size_t section_len = 0;
+
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const struct key_def *k = &schema[i];
+        if (in_listener(k)) {
+            continue;
+        }
+        if (k->type == T_LISTENERS) {
+            fprintf(out, "listeners:\n");
+            for (uint32_t n = 0; n < cfg->n_listeners; n++) {
+                const struct bd_listener_config *lc = &cfg->listeners[n];
+                bool first = true;
+                for (size_t j = 0; j < N_KEYS; j++) {
+                    if (!in_listener(&schema[j]) || !listener_key_applies(&schema[j], lc)) {
+                        continue;
+                    }
+                    fprintf(out, "  %s %s: ", first ? "-" : " ",
+                            schema[j].path + sizeof(LISTENER_PREFIX) - 1);
+                    put_value(out, &schema[j], lc);
+                    first = false;
+                }
+            }
+            section = NULL;
+            continue;
+        }
+        const char *dot = strchr(k->path, '.');
+        if (dot == NULL) {
+            section = NULL;
+            fprintf(out, "%s: ", k->path);
+        } else {
+            size_t len = (size_t)(dot - k->path);
+            if (section == NULL || len != section_len || strncmp(section, k->path, len) != 0) {
+                section = k->path;
+                section_len = len;
+                fprintf(out, "%.*s:\n", (int)len, k->path);
+            }
+            fprintf(out, "  %s: ", dot + 1);
+        }
+        put_value(out, k, cfg);
+    }
+    return ferror(out) ? -EIO : 0;
+}
+
+static bool key_differs(const struct key_def *k, const void *a, const void *b) {
+    char x[1100], y[1100];
+    format_value(k, a, x, sizeof(x));
+    format_value(k, b, y, sizeof(y));
+    return strcmp(x, y) != 0;
+}
+
+int bd_config_reload_check(const struct bd_config *cur, const struct bd_config *next,
+                           struct bd_err *err) {
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const struct key_def *k = &schema[i];
+        if ((k->flags & KF_RELOAD) || in_listener(k)) {
+            continue;
+        }
+        if (k->type == T_LISTENERS) {
+            if (cur->n_listeners != next->n_listeners) {
+                return bd_err_set(err, -EINVAL,
+                                  "%s: listeners: the number of listeners cannot change on "
+                                  "reload; restart to apply",
+                                  next->path);
+            }
+            for (uint32_t n = 0; n < cur->n_listeners; n++) {
+                for (size_t j = 0; j < N_KEYS; j++) {
+                    const struct key_def *lk = &schema[j];
+                    if (in_listener(lk) && !(lk->flags & KF_RELOAD) &&
+                        key_differs(lk, &cur->listeners[n], &next->listeners[n])) {
+                        return bd_err_set(err, -EINVAL,
+                                          "%s: listeners[%" PRIu32 "].%s: cannot change on "
+                                          "reload; restart to apply",
+                                          next->path, n, lk->path + sizeof(LISTENER_PREFIX) - 1);
+                    }
+                }
+            }
+            continue;
+        }
+        if (key_differs(k, cur, next)) {
+            return bd_err_set(err, -EINVAL, "%s: %s: cannot change on reload; restart to apply",
+                              next->path, k->path);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,996 @@
+/*
+ * Line parsers: InfluxDB line protocol and Graphite plaintext (include/bucketd/parse.h).
+ *
+ * Runs on the ingest thread, once per received line; each listener owns its struct bd_parser,
+ * so nothing here is shared between threads. The hot path never allocates and makes no system
+ * call: views point into the caller's line, and only text that has to differ from the input is
+ * written into the parser's scratch buffer (names and strings that carried escapes, a series
+ * key whose tags arrived unsorted, the rare float that needs strtod). bd_parser_init sizes that
+ * buffer once from max_line; each call starts writing it from the beginning again.
+ *
+ * Line protocol accept/reject decisions and values follow the InfluxDB conformance corpus
+ * (../shared/corpus/line-protocol/, produced by the v2 Go decoder), corners included:
+ * - a backslash escapes only the characters that would otherwise end the token (measurement:
+ *   space and comma; tag keys, tag values and field keys: also '='); before anything else it
+ *   is a literal backslash. String values know \" \\ \n \r \t.
+ * - only ' ' separates; a tab, a lone '\r' or any other control character outside a string
+ *   is an error, and so is a comment line holding one.
+ * - names and strings must be valid UTF-8.
+ * - floats are decimal only: no hex, no inf or nan; values beyond the double range are
+ *   BD_PARSE_ERANGE, values below it become 0 or a subnormal, as Go's ParseFloat does.
+ * - string values may hold raw newlines (see bd_parse_err_open_string).
+ * - a repeated tag key is an error; a repeated field key keeps its first place and takes the
+ *   last value, as a later write of the same field would in InfluxDB (the corpus is silent).
+ */
+#include "bucketd/parse.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucketd/common.h"
+
+const char bd_parse_err_open_string[] = "unterminated string";
+
+/* The scratch buffer holds at most two line lengths at a time; see bd_parser_init. */
+#define SCRATCH_SLACK 64
+
+/* Internal result of the number readers: distinguishes a malformed token from a big one. */
+enum num_rc { NUM_OK = 0, NUM_SYNTAX = -1, NUM_RANGE = -2 };
+
+/* ---------------------------------------------------------------------------------------- */
+/* Errors and scratch                                                                       */
+
+static int fail(const char **errmsg, int rc, const char *msg) {
+    if (errmsg != NULL) {
+        *errmsg = msg;
+    }
+    return rc;
+}
+
+struct scratch {
+    char *buf;
+    size_t cap;
+    size_t used;
+};
+
+/* Room for n more bytes; the sizing in bd_parser_init makes running out a bug, not input. */
+static char *scratch_take(struct scratch *sc, size_t n) {
+    BD_ASSERT(n <= sc->cap - sc->used);
+    char *dst = sc->buf + sc->used;
+    sc->used += n;
+    return dst;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Characters                                                                               */
+
+static bool is_ctl(unsigned char c) {
+    return c < 0x20 || c == 0x7f;
+}
+
+static bool is_digit(unsigned char c) {
+    return c >= '0' && c <= '9';
+}
+
+/*
+ * Token classes of line protocol. A measurement ends at ',' or ' '; tag keys, tag values and
+ * field keys also at '='. Control characters end every token (and then fail the line).
+ */
+enum token { TOK_MEASUREMENT, TOK_KEY };
+
+static bool token_char(unsigned char c, enum token t) {
+    if (c == ',' || c == ' ' || is_ctl(c)) {
+        return false;
+    }
+    return t == TOK_MEASUREMENT || c != '=';
+}
+
+/* Exactly the characters that end a token are escapable, so escaped text is canonical. */
+static bool token_escapable(unsigned char c, enum token t) {
+    return c == ',' || c == ' ' || (t == TOK_KEY && c == '=');
+}
+
+/*
+ * Scans a token from s[i] and returns the index just past it; *esc tells whether it holds an
+ * escape (and so needs unescaping). A backslash before anything but an escapable character is
+ * kept as it is, and the character after it is judged on its own.
+ */
+static size_t scan_token(const char *s, size_t i, size_t n, enum token t, bool *esc) {
+    while (i < n) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\\') {
+            if (i + 1 < n && token_escapable((unsigned char)s[i + 1], t)) {
+                *esc = true;
+                i += 2;
+            } else {
+                i++;
+            }
+            continue;
+        }
+        if (!token_char(c, t)) {
+            break;
+        }
+        i++;
+    }
+    return i;
+}
+
+static struct bd_str unescape_token(struct scratch *sc, const char *s, size_t len, enum token t) {
+    char *dst = scratch_take(sc, len);
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '\\' && i + 1 < len && token_escapable((unsigned char)s[i + 1], t)) {
+            i++;
+        }
+        dst[o++] = s[i];
+    }
+    sc->used -= len - o;
+    return (struct bd_str){dst, o};
+}
+
+static struct bd_str take_token(struct scratch *sc, const char *s, size_t start, size_t end,
+                                enum token t, bool esc) {
+    if (!esc) {
+        return (struct bd_str){s + start, end - start};
+    }
+    return unescape_token(sc, s + start, end - start, t);
+}
+
+static char string_unescaped(unsigned char c) {
+    switch (c) {
+    case '"':
+    case '\\':
+        return (char)c;
+    case 'n':
+        return '\n';
+    case 'r':
+        return '\r';
+    case 't':
+        return '\t';
+    default:
+        return 0;
+    }
+}
+
+/*
+ * Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF). Lines are nearly always
+ * ASCII, so eight bytes are tested at once until a high bit shows up.
+ */
+static bool utf8_valid(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        if (n - i >= 8) {
+            uint64_t w;
+            memcpy(&w, s + i, sizeof(w));
+            if ((w & UINT64_C(0x8080808080808080)) == 0) {
+                i += 8;
+                continue;
+            }
+        }
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t need;
+        unsigned char lo = 0x80;
+        unsigned char hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) {
+            need = 1;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            need = 2;
+            lo = c == 0xe0 ? 0xa0 : 0x80;
+            hi = c == 0xed ? 0x9f : 0xbf;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            need = 3;
+            lo = c == 0xf0 ? 0x90 : 0x80;
+            hi = c == 0xf4 ? 0x8f : 0xbf;
+        } else {
+            return false;
+        }
+        if (n - i - 1 < need || s[i + 1] < lo || s[i + 1] > hi) {
+            return false;
+        }
+        for (size_t k = 2; k <= need; k++) {
+            if (s[i + k] < 0x80 || s[i + k] > 0xbf) {
+                return false;
+            }
+        }
+        i += need + 1;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Numbers                                                                                  */
+
+/* [-]digits, as Go's ParseInt reads the integers and timestamps of line protocol. */
+static enum num_rc read_i64(const char *s, size_t n, int64_t *out) {
+    size_t i = 0;
+    bool neg = false;
+    if (i < n && s[i] == '-') {
+        neg = true;
+        i++;
+    }
+    if (i == n) {
+        return NUM_SYNTAX;
+    }
+    uint64_t v = 0;
+    bool big = false;
+    for (; i < n; i++) {
+        unsigned d = (unsigned char)s[i] - '0';
+        if (d > 9) {
+            return NUM_SYNTAX;
+        }
+        if (v > (UINT64_MAX - d) / 10) {
+            big = true;
+        } else {
+            v = v * 10 + d;
+        }
+    }
+    uint64_t limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    if (big || v > limit) {
+        return NUM_RANGE;
+    }
+    /* Negating in unsigned arithmetic keeps INT64_MIN free of signed overflow. */
+    *out = neg ? (int64_t)(~v + 1) : (int64_t)v;
+    return NUM_OK;
+}
+
+static enum num_rc read_u64(const char *s, size_t n, uint64_t *out) {
+    if (n == 0) {
+        return NUM_SYNTAX;
+    }
+    uint64_t v = 0;
+    bool big = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned d = (unsigned char)s[i] - '0';
+        if (d > 9) {
+            return NUM_SYNTAX;
+        }
+        if (v > (UINT64_MAX - d) / 10) {
+            big = true;
+        } else {
+            v = v * 10 + d;
+        }
+    }
+    if (big) {
+        return NUM_RANGE;
+    }
+    *out = v;
+    return NUM_OK;
+}
+
+#if FLT_EVAL_METHOD == 0
+static const double pow10_exact[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                     1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                     1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+#define MANT_EXACT (UINT64_C(1) << 53)
+#endif
+
+/*
+ * Decimal float: [sign] (digits [. digits] | . digits) [(e|E) [sign] digits]. The sign may be
+ * '+' only where plus_ok (Graphite). Most values have few digits and a small exponent; then the
+ * digits form an integer below 2^53 and one multiplication or division by an exact power of ten
+ * rounds once, which gives the correctly rounded double (Clinger's fast path). Anything else is
+ * handed to strtod, copied into tmp (n + 1 bytes) because the token is not NUL-terminated.
+ */
+static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, double *out) {
+    size_t i = 0;
+    bool neg = false;
+    if (i < n && (s[i] == '-' || (plus_ok && s[i] == '+'))) {
+        neg = s[i] == '-';
+        i++;
+    }
+    uint64_t mant = 0;
+    int sig = 0;        /* significant digits held in mant (at most 19 fit) */
+    int exp10 = 0;      /* value = mant * 10^exp10, plus what was dropped */
+    bool dropped = false; /* a nonzero digit did not fit in mant */
+    size_t digits = 0;
+    for (; i < n && is_digit((unsigned char)s[i]); i++, digits++) {
+        unsigned d = (unsigned char)s[i] - '0';
+        if (sig < 19) {
+            if (mant != 0 || d != 0) {
+                mant = mant * 10 + d;
+                sig++;
+            }
+        } else {
+            exp10++;
+            dropped |= d != 0;
+        }
+    }
+    if (i < n && s[i] == '.') {
+        for (i++; i < n && is_digit((unsigned char)s[i]); i++, digits++) {
+            unsigned d = (unsigned char)s[i] - '0';
+            if (sig < 19) {
+                if (mant != 0 || d != 0) {
+                    mant = mant * 10 + d;
+                    sig++;
+                }
+                exp10--;
+            } else {
+                dropped |= d != 0;
+            }
+        }
+    }
+    if (digits == 0) {
+        return NUM_SYNTAX;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        bool eneg = false;
+        if (i < n && (s[i] == '+' || s[i] == '-')) {
+            eneg = s[i] == '-';
+            i++;
+        }
+        if (i == n || !is_digit((unsigned char)s[i])) {
+            return NUM_SYNTAX;
+        }
+        int e = 0;
+        for (; i < n && is_digit((unsigned char)s[i]); i++) {
+            /* Past a million the result is 0 or infinite anyway; stop before int overflow. */
+            if (e < 1000000) {
+                e = e * 10 + (s[i] - '0');
+            }
+        }
+        exp10 += eneg ? -e : e;
+    }
+    if (i != n) {
+        return NUM_SYNTAX;
+    }
+    if (mant == 0) {
+        *out = neg ? -0.0 : 0.0;
+        return NUM_OK;
+    }
+#if FLT_EVAL_METHOD == 0
+    /* Only where double arithmetic is not carried out in a wider type (x87) and rounded twice. */
+    if (!dropped && mant <= MANT_EXACT && exp10 >= -22 && exp10 <= 22 + 15) {
+        double m = (double)mant;
+        double v = 0;
+        bool fast = true;
+        if (exp10 < 0) {
+            v = m / pow10_exact[-exp10];
+        } else if (exp10 <= 22) {
+            v = m * pow10_exact[exp10];
+        } else {
+            /* 12e30 = 12000000000 * 1e22: exact while the scaled integer stays below 2^53. */
+            uint64_t big = mant;
+            for (int k = exp10 - 22; k > 0 && fast; k--) {
+                big *= 10;
+                fast = big <= MANT_EXACT;
+            }
+            v = (double)big * 1e22;
+        }
+        if (fast) {
+            *out = neg ? -v : v;
+            return NUM_OK;
+        }
+    }
+#else
+    (void)dropped;
+#endif
+    /* The syntax was checked above, so strtod reads exactly these bytes (in the "C" locale,
+     * which the daemon never changes). */
+    memcpy(tmp, s, n);
+    tmp[n] = '\0';
+    char *end = NULL;
+    double v = strtod(tmp, &end);
+    if (end != tmp + n) {
+        return NUM_SYNTAX;
+    }
+    if (isinf(v)) {
+        return NUM_RANGE;
+    }
+    *out = v;
+    return NUM_OK;
+}
+
+static const int64_t ns_per_unit[] = {
+    [BD_PREC_NS] = 1,
+    [BD_PREC_US] = 1000,
+    [BD_PREC_MS] = 1000000,
+    [BD_PREC_S] = 1000000000,
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Points                                                                                   */
+
+/* The raw text of a tag ("key=value" as it arrived), for building the series key. */
+struct raw_span {
+    const char *ptr;
+    size_t len;
+};
+
+static int str_cmp(struct bd_str a, struct bd_str b) {
+    int c = memcmp(a.ptr, b.ptr, BD_MIN(a.len, b.len));
+    if (c != 0) {
+        return c;
+    }
+    return (a.len > b.len) - (a.len < b.len);
+}
+
+static bool str_eq(struct bd_str a, struct bd_str b) {
+    return a.len == b.len && memcmp(a.ptr, b.ptr, a.len) == 0;
+}
+
+/*
+ * Sorts the tags by key (insertion sort: there are few, and senders mostly sort them already)
+ * and rejects a repeated key. raw moves along with the tags.
+ */
+static int sort_tags(struct bd_point *pt, struct raw_span *raw, const char **errmsg) {
+    for (uint32_t i = 1; i < pt->n_tags; i++) {
+        struct bd_tag t = pt->tags[i];
+        struct raw_span r = raw[i];
+        uint32_t j = i;
+        while (j > 0 && str_cmp(pt->tags[j - 1].key, t.key) > 0) {
+            pt->tags[j] = pt->tags[j - 1];
+            raw[j] = raw[j - 1];
+            j--;
+        }
+        pt->tags[j] = t;
+        raw[j] = r;
+    }
+    for (uint32_t i = 1; i < pt->n_tags; i++) {
+        if (str_eq(pt->tags[i - 1].key, pt->tags[i].key)) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "duplicate tag key");
+        }
+    }
+    return 0;
+}
+
+/*
+ * The series key: the name's raw text, then each tag's raw text in key order after sep. Raw
+ * text is already the canonical escaped form (every escapable character ends its token, so it
+ * arrived escaped, and a backslash before anything else stays literal both ways); when the tags
+ * came sorted the key is the input's own prefix and nothing is copied.
+ */
+static struct bd_str build_series_key(struct scratch *sc, const char *name, size_t name_len,
+                                      const struct raw_span *raw, uint32_t n, char sep,
+                                      bool in_order) {
+    if (in_order) {
+        size_t len = name_len;
+        if (n > 0) {
+            len = (size_t)(raw[n - 1].ptr + raw[n - 1].len - name);
+        }
+        return (struct bd_str){name, len};
+    }
+    size_t len = name_len;
+    for (uint32_t i = 0; i < n; i++) {
+        len += 1 + raw[i].len;
+    }
+    char *dst = scratch_take(sc, len);
+    char *o = dst;
+    memcpy(o, name, name_len);
+    o += name_len;
+    for (uint32_t i = 0; i < n; i++) {
+        *o++ = sep;
+        memcpy(o, raw[i].ptr, raw[i].len);
+        o += raw[i].len;
+    }
+    return (struct bd_str){dst, len};
+}
+
+/* Stores a field; a key seen before on this line keeps its slot and takes the new value. */
+static struct bd_field *field_slot(struct bd_point *pt, struct bd_str key) {
+    for (uint32_t i = 0; i < pt->n_fields; i++) {
+        if (str_eq(pt->fields[i].key, key)) {
+            return &pt->fields[i];
+        }
+    }
+    if (pt->n_fields == BD_PARSE_MAX_FIELDS) {
+        return NULL;
+    }
+    struct bd_field *f = &pt->fields[pt->n_fields++];
+    f->key = key;
+    return f;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* InfluxDB line protocol                                                                   */
+
+/* Reads the value of a field starting at s[*pi] and moves *pi past it; 0 or a bd_parse_status. */
+static int read_field_value(struct scratch *sc, const char *s, size_t *pi, size_t n,
+                            struct bd_field *f, const char **errmsg) {
+    size_t i = *pi;
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"') {
+        size_t start = ++i;
+        bool esc = false;
+        while (i < n && s[i] != '"') {
+            if (s[i] == '\\' && i + 1 < n && string_unescaped((unsigned char)s[i + 1]) != 0) {
+                esc = true;
+                i++;
+            }
+            i++;
+        }
+        if (i == n) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, bd_parse_err_open_string);
+        }
+        f->kind = BD_VAL_STRING;
+        f->v.s = (struct bd_str){s + start, i - start};
+        if (esc) {
+            char *dst = scratch_take(sc, i - start);
+            size_t o = 0;
+            for (size_t k = start; k < i; k++) {
+                char u = 0;
+                if (s[k] == '\\' && k + 1 < i) {
+                    u = string_unescaped((unsigned char)s[k + 1]);
+                }
+                if (u != 0) {
+                    k++;
+                    dst[o++] = u;
+                } else {
+                    dst[o++] = s[k];
+                }
+            }
+            sc->used -= (i - start) - o;
+            f->v.s = (struct bd_str){dst, o};
+        }
+        *pi = i + 1;
+        return 0;
+    }
+
+    /* Booleans and numbers run to the next separator; what they hold is checked after. */
+    size_t start = i;
+    while (i < n && s[i] != ',' && s[i] != ' ' && s[i] != '\r' && s[i] != '\n') {
+        i++;
+    }
+    const char *v = s + start;
+    size_t len = i - start;
+    *pi = i;
+    if (c == 't' || c == 'T' || c == 'f' || c == 'F') {
+        static const char *const words[] = {"t", "T", "true", "True", "TRUE",
+                                            "f", "F", "false", "False", "FALSE"};
+        for (size_t k = 0; k < BD_ARRAY_LEN(words); k++) {
+            if (strlen(words[k]) == len && memcmp(words[k], v, len) == 0) {
+                f->kind = BD_VAL_BOOL;
+                f->v.b = k < 5;
+                return 0;
+            }
+        }
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid boolean");
+    }
+    if (c != '-' && c != '.' && !is_digit(c)) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid field value");
+    }
+    enum num_rc rc;
+    if (v[len - 1] == 'i') {
+        f->kind = BD_VAL_INT;
+        rc = read_i64(v, len - 1, &f->v.i);
+        if (rc != NUM_OK) {
+            return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "integer out of range")
+                                   : fail(errmsg, BD_PARSE_ESYNTAX, "invalid integer");
+        }
+    } else if (v[len - 1] == 'u') {
+        f->kind = BD_VAL_UINT;
+        rc = read_u64(v, len - 1, &f->v.u);
+        if (rc != NUM_OK) {
+            return rc == NUM_RANGE
+                       ? fail(errmsg, BD_PARSE_ERANGE, "unsigned integer out of range")
+                       : fail(errmsg, BD_PARSE_ESYNTAX, "invalid unsigned integer");
+        }
+    } else {
+        f->kind = BD_VAL_FLOAT;
+        /* The copy for strtod goes past everything kept so far and is not kept itself. */
+        BD_ASSERT(len + 1 <= sc->cap - sc->used);
+        rc = read_f64(v, len, false, sc->buf + sc->used, &f->v.f);
+        if (rc != NUM_OK) {
+            return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "float out of range")
+                                   : fail(errmsg, BD_PARSE_ESYNTAX, "invalid float");
+        }
+    }
+    return 0;
+}
+
+static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_point *pt,
+                        const char **errmsg) {
+    struct scratch sc = {p->scratch, p->scratch_cap, 0};
+    struct raw_span raw[BD_PARSE_MAX_TAGS];
+    size_t i = 0;
+
+    while (i < n && s[i] == ' ') {
+        i++;
+    }
+    if (i == n) {
+        return BD_PARSE_SKIP;
+    }
+    if (s[i] == '#') {
+        for (size_t k = i + 1; k < n; k++) {
+            if (is_ctl((unsigned char)s[k])) {
+                return fail(errmsg, BD_PARSE_ESYNTAX, "invalid character in comment line");
+            }
+        }
+        return BD_PARSE_SKIP;
+    }
+    /*
+     * Every byte of a valid line belongs to a name, a string, a number or a separator, and only
+     * names and strings may be non-ASCII, so checking the whole line checks exactly them.
+     */
+    if (!utf8_valid(s + i, n - i)) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid UTF-8");
+    }
+
+    /* Measurement. */
+    const char *name = s + i;
+    bool esc = false;
+    size_t end = scan_token(s, i, n, TOK_MEASUREMENT, &esc);
+    if (end == i) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid character at start of measurement");
+    }
+    size_t name_len = end - i;
+    pt->name = take_token(&sc, s, i, end, TOK_MEASUREMENT, esc);
+    i = end;
+
+    /* Tag set: each tag follows a comma. */
+    pt->n_tags = 0;
+    bool in_order = true;
+    while (i < n && s[i] == ',') {
+        i++;
+        if (i == n || s[i] == ' ' || s[i] == '\r' || s[i] == '\n') {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "expected tag key after comma");
+        }
+        size_t ks = i;
+        esc = false;
+        size_t ke = scan_token(s, ks, n, TOK_KEY, &esc);
+        if (ke == ks) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "invalid character at start of tag key");
+        }
+        if (ke == n || s[ke] != '=') {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "expected '=' after tag key");
+        }
+        bool vesc = false;
+        size_t vs = ke + 1;
+        size_t ve = scan_token(s, vs, n, TOK_KEY, &vesc);
+        if (ve == vs) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "missing tag value");
+        }
+        if (pt->n_tags == BD_PARSE_MAX_TAGS) {
+            return fail(errmsg, BD_PARSE_ETOO_MANY_TAGS, "too many tags");
+        }
+        struct bd_tag *t = &pt->tags[pt->n_tags];
+        t->key = take_token(&sc, s, ks, ke, TOK_KEY, esc);
+        t->value = take_token(&sc, s, vs, ve, TOK_KEY, vesc);
+        raw[pt->n_tags] = (struct raw_span){s + ks, ve - ks};
+        if (pt->n_tags > 0 && str_cmp(pt->tags[pt->n_tags - 1].key, t->key) >= 0) {
+            in_order = false;
+        }
+        pt->n_tags++;
+        i = ve;
+    }
+    if (i == n) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "missing field set");
+    }
+    if (s[i] != ' ') {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid character in measurement or tag set");
+    }
+    while (i < n && s[i] == ' ') {
+        i++;
+    }
+
+    /* Field set. */
+    pt->n_fields = 0;
+    for (;;) {
+        if (i == n) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "missing field set");
+        }
+        size_t ks = i;
+        esc = false;
+        size_t ke = scan_token(s, ks, n, TOK_KEY, &esc);
+        if (ke == ks) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "invalid character at start of field key");
+        }
+        if (ke == n || s[ke] != '=') {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "expected '=' after field key");
+        }
+        i = ke + 1;
+        if (i == n) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "missing field value");
+        }
+        struct bd_field f;
+        f.key = take_token(&sc, s, ks, ke, TOK_KEY, esc);
+        int rc = read_field_value(&sc, s, &i, n, &f, errmsg);
+        if (rc < 0) {
+            return rc;
+        }
+        struct bd_field *slot = field_slot(pt, f.key);
+        if (slot == NULL) {
+            return fail(errmsg, BD_PARSE_ETOO_MANY_FIELDS, "too many fields");
+        }
+        *slot = f;
+        if (i == n || s[i] == ' ') {
+            break;
+        }
+        if (s[i] != ',') {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "unexpected character after field value");
+        }
+        i++;
+    }
+    while (i < n && s[i] == ' ') {
+        i++;
+    }
+
+    /* Timestamp. */
+    pt->has_time = false;
+    if (i < n) {
+        size_t ts = i;
+        while (i < n && (s[i] == '-' || is_digit((unsigned char)s[i]))) {
+            i++;
+        }
+        if (i == ts || (i < n && s[i] != ' ')) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "invalid timestamp");
+        }
+        int64_t t = 0;
+        enum num_rc rc = read_i64(s + ts, i - ts, &t);
+        if (rc == NUM_SYNTAX) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "invalid timestamp");
+        }
+        int64_t unit = ns_per_unit[p->precision];
+        if (rc == NUM_RANGE || t > INT64_MAX / unit || t < INT64_MIN / unit) {
+            return fail(errmsg, BD_PARSE_ERANGE, "timestamp out of range");
+        }
+        while (i < n && s[i] == ' ') {
+            i++;
+        }
+        if (i < n) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "unexpected text after timestamp");
+        }
+        pt->has_time = true;
+        pt->time_ns = t * unit;
+    }
+
+    int rc = sort_tags(pt, raw, errmsg);
+    if (rc < 0) {
+        return rc;
+    }
+    pt->series_key = build_series_key(&sc, name, name_len, raw, pt->n_tags, ',', in_order);
+    return BD_PARSE_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Graphite plaintext                                                                       */
+
+static bool graphite_space(char c) {
+    return c == ' ' || c == '\t';
+}
+
+/*
+ * Seconds since the epoch, [-]digits[.digits], to nanoseconds. Digits past the ninth decimal
+ * are below a nanosecond and ignored. -1 is the conventional "no timestamp".
+ */
+static enum num_rc read_graphite_time(const char *s, size_t n, bool *has, int64_t *ns) {
+    size_t i = 0;
+    bool neg = false;
+    if (i < n && s[i] == '-') {
+        neg = true;
+        i++;
+    }
+    size_t int_start = i;
+    uint64_t sec = 0;
+    bool big = false;
+    for (; i < n && is_digit((unsigned char)s[i]); i++) {
+        unsigned d = (unsigned char)s[i] - '0';
+        if (sec > (UINT64_MAX - d) / 10) {
+            big = true;
+        } else {
+            sec = sec * 10 + d;
+        }
+    }
+    if (i == int_start) {
+        return NUM_SYNTAX;
+    }
+    uint64_t frac = 0;
+    if (i < n && s[i] == '.') {
+        int places = 0;
+        for (i++; i < n && is_digit((unsigned char)s[i]); i++) {
+            if (places < 9) {
+                frac = frac * 10 + (uint64_t)(s[i] - '0');
+                places++;
+            }
+        }
+        for (; places < 9; places++) {
+            frac *= 10;
+        }
+    }
+    if (i != n) {
+        return NUM_SYNTAX;
+    }
+    if (neg && sec == 1 && frac == 0) {
+        *has = false;
+        return NUM_OK;
+    }
+    uint64_t limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    if (big || sec > limit / 1000000000u || sec * 1000000000u > limit - frac) {
+        return NUM_RANGE;
+    }
+    uint64_t mag = sec * 1000000000u + frac;
+    *ns = neg ? (int64_t)(~mag + 1) : (int64_t)mag;
+    *has = true;
+    return NUM_OK;
+}
+
+/*
+ * One tag of a tagged path, as carbon accepts it: a non-empty key without '!' or '^', '=', then
+ * a non-empty value that does not start with '~' (it may hold further '=').
+ */
+static bool graphite_tag_ok(const char *s, size_t len, size_t *eq) {
+    const char *e = memchr(s, '=', len);
+    if (e == NULL || e == s || (size_t)(e - s) + 1 == len || e[1] == '~') {
+        return false;
+    }
+    for (const char *c = s; c < e; c++) {
+        if (*c == '!' || *c == '^') {
+            return false;
+        }
+    }
+    *eq = (size_t)(e - s);
+    return true;
+}
+
+static const char graphite_field_key[] = "value";
+
+static int parse_graphite(struct bd_parser *p, const char *s, size_t n, struct bd_point *pt,
+                          const char **errmsg) {
+    struct scratch sc = {p->scratch, p->scratch_cap, 0};
+    struct raw_span raw[BD_PARSE_MAX_TAGS];
+    size_t i = 0;
+
+    while (i < n && graphite_space(s[i])) {
+        i++;
+    }
+    if (i == n || s[i] == '#') {
+        return BD_PARSE_SKIP;
+    }
+    if (!utf8_valid(s + i, n - i)) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid UTF-8");
+    }
+
+    /* path[;key=value...] */
+    size_t ps = i;
+    while (i < n && !graphite_space(s[i])) {
+        if (is_ctl((unsigned char)s[i])) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "invalid character in path");
+        }
+        i++;
+    }
+    size_t pe = i;
+    const char *semi = memchr(s + ps, ';', pe - ps);
+    size_t name_end = semi != NULL ? (size_t)(semi - s) : pe;
+    if (name_end == ps) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "missing path");
+    }
+    pt->name = (struct bd_str){s + ps, name_end - ps};
+    pt->n_tags = 0;
+    bool in_order = true;
+    for (size_t ts = name_end; ts < pe;) {
+        ts++; /* the ';' */
+        const char *next = memchr(s + ts, ';', pe - ts);
+        size_t te = next != NULL ? (size_t)(next - s) : pe;
+        size_t eq = 0;
+        if (!graphite_tag_ok(s + ts, te - ts, &eq)) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "invalid tag");
+        }
+        if (pt->n_tags == BD_PARSE_MAX_TAGS) {
+            return fail(errmsg, BD_PARSE_ETOO_MANY_TAGS, "too many tags");
+        }
+        struct bd_tag *t = &pt->tags[pt->n_tags];
+        t->key = (struct bd_str){s + ts, eq};
+        t->value = (struct bd_str){s + ts + eq + 1, te - ts - eq - 1};
+        raw[pt->n_tags] = (struct raw_span){s + ts, te - ts};
+        if (pt->n_tags > 0 && str_cmp(pt->tags[pt->n_tags - 1].key, t->key) >= 0) {
+            in_order = false;
+        }
+        pt->n_tags++;
+        ts = te;
+    }
+
+    /* value */
+    while (i < n && graphite_space(s[i])) {
+        i++;
+    }
+    if (i == n) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "missing value");
+    }
+    size_t vs = i;
+    while (i < n && !graphite_space(s[i])) {
+        i++;
+    }
+    pt->n_fields = 1;
+    struct bd_field *f = &pt->fields[0];
+    f->key = (struct bd_str){graphite_field_key, sizeof(graphite_field_key) - 1};
+    f->kind = BD_VAL_FLOAT;
+    BD_ASSERT(i - vs + 1 <= sc.cap - sc.used);
+    enum num_rc rc = read_f64(s + vs, i - vs, true, sc.buf + sc.used, &f->v.f);
+    if (rc != NUM_OK) {
+        return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "float out of range")
+                               : fail(errmsg, BD_PARSE_ESYNTAX, "invalid float");
+    }
+
+    /* [timestamp] */
+    while (i < n && graphite_space(s[i])) {
+        i++;
+    }
+    pt->has_time = false;
+    if (i < n) {
+        size_t ts = i;
+        while (i < n && !graphite_space(s[i])) {
+            i++;
+        }
+        rc = read_graphite_time(s + ts, i - ts, &pt->has_time, &pt->time_ns);
+        if (rc != NUM_OK) {
+            return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "timestamp out of range")
+                                   : fail(errmsg, BD_PARSE_ESYNTAX, "invalid timestamp");
+        }
+        while (i < n && graphite_space(s[i])) {
+            i++;
+        }
+        if (i < n) {
+            return fail(errmsg, BD_PARSE_ESYNTAX, "unexpected text after timestamp");
+        }
+    }
+
+    int rc2 = sort_tags(pt, raw, errmsg);
+    if (rc2 < 0) {
+        return rc2;
+    }
+    pt->series_key =
+        build_series_key(&sc, s + ps, name_end - ps, raw, pt->n_tags, ';', in_order);
+    return BD_PARSE_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Public                                                                                   */
+
+int bd_parser_init(struct bd_parser *p, enum bd_format format, enum bd_precision precision,
+                   size_t max_line) {
+    memset(p, 0, sizeof(*p));
+    if ((format != BD_FORMAT_INFLUX && format != BD_FORMAT_GRAPHITE) ||
+        (size_t)precision >= BD_ARRAY_LEN(ns_per_unit) || max_line == 0 ||
+        max_line > (SIZE_MAX - SCRATCH_SLACK) / 2) {
+        return -EINVAL;
+    }
+    /*
+     * What one line can put in the scratch buffer at once: its unescaped names and strings
+     * (never longer than the text they came from), plus either the series key (at most the
+     * measurement and tag text) or a float's copy for strtod (at most the line, plus a NUL).
+     */
+    p->scratch_cap = 2 * max_line + SCRATCH_SLACK;
+    p->scratch = malloc(p->scratch_cap);
+    if (p->scratch == NULL) {
+        p->scratch_cap = 0;
+        return -ENOMEM;
+    }
+    p->format = format;
+    p->precision = precision;
+    p->max_line = max_line;
+    return 0;
+}
+
+int64_t bd_parse_unit_ns(enum bd_precision prec) {
+    BD_ASSERT((size_t)prec < BD_ARRAY_LEN(ns_per_unit));
+    return ns_per_unit[prec];
+}
+
+void bd_parser_close(struct bd_parser *p) {
+    free(p->scratch);
+    p->scratch = NULL;
+    p->scratch_cap = 0;
+}
+
+int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
+                  const char **errmsg) {
+    if (len > p->max_line) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "line too long");
+    }
+    /* The '\r' of a "\r\n" ending; any other '\r' outside a string fails the line. */
+    if (len > 0 && line[len - 1] == '\r') {
+        len--;
+    }
+    if (p->format == BD_FORMAT_GRAPHITE) {
+        return parse_graphite(p, line, len, pt, errmsg);
+    }
+    return parse_influx(p, line, len, pt, errmsg);
+}

@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""End-to-end: readings in over UDP and TCP (influx and graphite), bucket documents out.
+
+Run: /usr/bin/python3 tests/e2e/test_end_to_end.py   (see bdtest.py for the environment)
+"""
+
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bdtest  # noqa: E402
+from bdtest import send_readings as sr  # noqa: E402
+
+SPAN_S = 3600
+FLUSH_S = 0.2
+SETTLE_S = 1.0  # after the last send, before SIGTERM: lets the daemon read its sockets
+
+
+def bucket_starts(docs):
+    return sorted({bdtest.dt_ms(d["bucket_start"]) for d in docs})
+
+
+class EndToEnd(bdtest.E2ECase):
+    db_prefix = "e2e"
+
+    def test_exactly_once_udp_tcp_graphite(self):
+        """Thousands of shuffled readings, some late: each stored once, in its own bucket."""
+        uri, client, db = self.new_database("e2e_once")
+        d = self.daemon(uri, db, listeners=[
+            {"name": "udp", "proto": "udp", "format": "influx", "precision": "ns"},
+            {"name": "tcp", "proto": "tcp", "format": "influx", "precision": "ns"},
+            {"name": "graphite", "proto": "tcp", "format": "graphite", "precision": "s"},
+        ])
+        # 30 influx sensors x 200 readings over the 3 hours up to a minute ago: even sensors
+        # over UDP (4 lines per datagram), odd ones over TCP.
+        influx = sr.make_readings(sensors=30, per_sensor=200, seed=11)
+        # Two meters (one per transport) with an unsigned field and, every 10th reading, a
+        # string field that bucketd drops and counts.
+        meters = sr.make_readings(sensors=2, per_sensor=50, seed=12, prefix="meter",
+                                  unsigned=True, string_every=10, seq_base=len(influx))
+        graphite = sr.make_readings(sensors=4, per_sensor=100, fmt="graphite", seed=13,
+                                    seq_base=len(influx) + len(meters))
+        everything = influx + meters + graphite
+        strings_sent = sum(1 for r in meters if b'note="' in r.line)
+        self.assertGreater(strings_sent, 0)
+
+        main, late = sr.split_late(sr.shuffle(influx + meters, seed=5), fraction=0.1, seed=5)
+        self.assertGreater(len(late), 10)
+        g_main, g_late = sr.split_late(sr.shuffle(graphite, seed=6), fraction=0.1, seed=6)
+
+        d.start()
+        with sr.Sender(udp=d.addr("udp"), tcp=d.addr("tcp"), lines_per_datagram=4) as s, \
+                sr.Sender(tcp=d.addr("graphite")) as g:
+            for r in main:
+                s.send_reading(r)
+            for r in g_main:
+                g.tcp_line(r.line)
+            s.flush()
+            g.flush()
+            # Late readings: sent after newer buckets have been flushed.
+            time.sleep(4 * FLUSH_S)
+            for r in late:
+                s.send_reading(r)
+            for r in g_late:
+                g.tcp_line(r.line)
+            s.flush()
+            g.flush()
+            sent = s.summary()
+            gsent = g.summary()
+        time.sleep(SETTLE_S)
+        self.assertTrue(d.alive(), "bucketd died while receiving")
+        stats = d.stop()
+        self.assertIsNotNone(stats, "no stats line")
+
+        n_sent = sent["readings"] + gsent["readings"]
+        self.assertEqual(n_sent, len(everything))
+        # Kernel-level loss would make everything below fail confusingly: check it first.
+        self.assertStat(stats, "udp_datagrams", sent["datagrams"], d)
+        self.assertStat(stats, "readings_accepted", n_sent, d)
+        self.assertStat(stats, "readings_flushed", n_sent, d)
+        self.assertStat(stats, "string_fields_dropped", strings_sent, d)
+        for name, value in sorted(stats.items()):
+            if name.startswith("drop_"):
+                self.assertStat(stats, name, 0, d)
+        self.assertStat(stats, "readings_lost", 0, d)
+        self.assertStat(stats, "updates_quarantined", 0, d)
+
+        docs = self.documents(client, db)
+        self.assertEqual(sum(doc["count"] for doc in docs), n_sent)
+        self.assertGreaterEqual(len(bucket_starts(docs)), 3,
+                                "readings should cross at least two hour boundaries")
+        self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, 3600), "invariants", d)
+        self.assertNoProblems(bdtest.check_readings(docs, everything, SPAN_S), "readings", d)
+        # Late readings went to their old bucket, which already held earlier readings.
+        first = bucket_starts(docs)[0]
+        self.assertTrue(all(r.ts_ms // 3600000 * 3600000 == first for r in late))
+        sensors = {doc["sensor_id"] for doc in docs}
+        self.assertEqual(sensors, {r.sensor_id for r in everything})
+        # Canonical graphite ids: tags sorted.
+        self.assertIn("plant.s001.temp;room=r01;site=lab1", sensors)
+
+    def test_overflow_pages(self):
+        """max_readings 50: full pages 0..k-1, a partial last page, every invariant holds."""
+        uri, client, db = self.new_database("e2e_pages")
+        cap = 50
+        d = self.daemon(uri, db, max_readings=cap)
+        now = time.time_ns()
+        span = 2 * 3600 * sr.NS_PER_S
+        readings = sr.make_readings(sensors=10, per_sensor=300, seed=21,
+                                    start_ns=now - span - 60 * sr.NS_PER_S, span_ns=span)
+        main, late = sr.split_late(sr.shuffle(readings, seed=22), fraction=0.1, seed=22)
+        d.start()
+        summary = sr.send(main, udp=d.addr("udp"), tcp=d.addr("tcp"), lines_per_datagram=8,
+                          late=late, late_delay=4 * FLUSH_S)
+        time.sleep(SETTLE_S)
+        stats = d.stop()
+        self.assertStat(stats, "udp_datagrams", summary["datagrams"], d)
+        self.assertStat(stats, "readings_accepted", len(readings), d)
+        self.assertStat(stats, "readings_flushed", len(readings), d)
+
+        docs = self.documents(client, db)
+        self.assertEqual(sum(doc["count"] for doc in docs), len(readings))
+        self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, cap, strict_pages=True),
+                              "invariants", d)
+        self.assertNoProblems(bdtest.check_readings(docs, readings, SPAN_S), "readings", d)
+        self.assertGreaterEqual(max(doc["page"] for doc in docs), 2,
+                                "expected buckets with at least three pages")
+        # Every (sensor, bucket) with more than cap readings got ceil(n / cap) pages.
+        per_bucket = {}
+        for r in readings:
+            key = (r.sensor_id, r.ts_ms // 3600000 * 3600)
+            per_bucket[key] = per_bucket.get(key, 0) + 1
+        pages = {}
+        for doc in docs:
+            key = (doc["sensor_id"], bdtest.dt_ms(doc["bucket_start"]) // 1000)
+            pages[key] = pages.get(key, 0) + 1
+        for key, n in per_bucket.items():
+            self.assertEqual(pages.get(key), -(-n // cap), "pages of %s (%d readings)" % (key, n))
+
+    def test_indexes_created_at_startup(self):
+        """The upsert/query index {sensor_id: 1, bucket_start: 1} exists once bucketd runs."""
+        uri, client, db = self.new_database("e2e_index")
+        d = self.daemon(uri, db)
+        d.start()
+        coll = client[db]["buckets"]
+
+        def has_index():
+            try:
+                for ix in coll.list_indexes():
+                    keys = list(ix["key"].items())
+                    if [(k, int(v)) for k, v in keys[:2]
+                            if not isinstance(v, str)] == [("sensor_id", 1), ("bucket_start", 1)]:
+                        return ix
+            except Exception:  # collection not created yet
+                return None
+            return None
+
+        ix = bdtest.wait_for(has_index, 10.0, 0.2)
+        indexes = []
+        try:
+            indexes = [dict(i) for i in coll.list_indexes()]
+        except Exception as e:
+            indexes = ["list_indexes failed: %s" % e]
+        self.assertTrue(d.alive())
+        d.stop()
+        self.assertTrue(ix, "no {sensor_id: 1, bucket_start: 1} index; indexes: %r\n%s" % (
+            indexes, bdtest.log_tail(d.log(), 20)))
+
+    def test_write_amplification(self):
+        """One update per bucket page per flush: updates_sent is far below the readings."""
+        uri, client, db = self.new_database("e2e_amp")
+        d = self.daemon(uri, db)
+        readings = sr.make_readings(sensors=20, per_sensor=300, seed=31)
+        d.start()
+        sr.send(sr.shuffle(readings, seed=32), tcp=d.addr("tcp"))
+        time.sleep(SETTLE_S)
+        stats = d.stop()
+        self.assertStat(stats, "readings_flushed", len(readings), d)
+        docs = self.documents(client, db)
+        self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, 3600), "invariants", d)
+        updates, flushes = stats.get("updates_sent"), stats.get("flushes")
+        self.assertIsNotNone(updates)
+        self.assertIsNotNone(flushes)
+        sys.stderr.write("\nwrite amplification: %d readings, %d docs, %d updates, %d flushes, "
+                         "%d bulk writes\n" % (len(readings), len(docs), updates, flushes,
+                                               stats.get("bulk_writes", -1)))
+        self.assertGreaterEqual(updates, len(docs), "every document needs at least one update")
+        self.assertLessEqual(updates, flushes * len(docs),
+                             "more than one update per bucket page per flush")
+        self.assertLessEqual(updates * 10, len(readings), "updates_sent not far below readings")
+        self.assertGreaterEqual(stats.get("bulk_writes", 0), 1)
+        self.assertLessEqual(stats.get("bulk_writes", 0), updates)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,660 @@
+/*
+ * Unit tests for src/config.c: the strict unit parsers, the schema defaults and the YAML
+ * loader's errors (position, key, message). Each test runs in its own process (Criterion) and
+ * writes its YAML under a private mkdtemp directory that the fixture removes.
+ */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bucketd/config.h"
+#include "bucketd/log.h"
+
+#define SHIPPED BD_SOURCE_DIR "/config/bucketd.yaml"
+
+/* Enough for a config to load: everything else has a default. */
+#define LISTENER "listeners:\n  - proto: udp\n    bind: \"127.0.0.1:8089\"\n"
+
+static char tmpdir[256];
+static char cfg_path[320];
+static char dump_path[320];
+
+static void setup(void) {
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof(tmpdir), "%s/bd-config-XXXXXX", base != NULL ? base : "/tmp");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+    snprintf(cfg_path, sizeof(cfg_path), "%s/test.yaml", tmpdir);
+    snprintf(dump_path, sizeof(dump_path), "%s/dump.yaml", tmpdir);
+}
+
+static void teardown(void) {
+    unlink(cfg_path);
+    unlink(dump_path);
+    rmdir(tmpdir);
+}
+
+TestSuite(config, .init = setup, .fini = teardown);
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    cr_assert_eq(fputs(text, f) >= 0, true);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static int load(const char *yaml, struct bd_config *cfg, struct bd_err *err) {
+    write_file(cfg_path, yaml);
+    memset(err, 0, sizeof(*err));
+    return bd_config_load(cfg, cfg_path, err);
+}
+
+static void expect_ok(const char *yaml, struct bd_config *cfg) {
+    struct bd_err err;
+    int rc = load(yaml, cfg, &err);
+    cr_assert_eq(rc, 0, "expected success, got %d: %s\n--- yaml:\n%s", rc, err.msg, yaml);
+}
+
+/*
+ * The load must fail with -EINVAL and a message that starts "FILE:POS: KEY: " (pos is
+ * "LINE:COL", or NULL to skip the position) and contains needle.
+ */
+static void expect_fail(const char *yaml, const char *pos, const char *key, const char *needle) {
+    struct bd_config cfg;
+    struct bd_err err;
+    char prefix[512];
+    int rc = load(yaml, &cfg, &err);
+    cr_assert_eq(rc, -EINVAL, "expected -EINVAL, got %d (%s)\n--- yaml:\n%s", rc, err.msg, yaml);
+    cr_assert_eq(err.code, -EINVAL);
+    if (pos != NULL) {
+        snprintf(prefix, sizeof(prefix), "%s:%s: %s: ", cfg_path, pos, key);
+        cr_assert_eq(strncmp(err.msg, prefix, strlen(prefix)), 0, "message \"%s\" lacks \"%s\"",
+                     err.msg, prefix);
+    } else {
+        snprintf(prefix, sizeof(prefix), ": %s: ", key);
+        cr_assert_not_null(strstr(err.msg, prefix), "message \"%s\" lacks \"%s\"", err.msg,
+                           prefix);
+    }
+    cr_assert_not_null(strstr(err.msg, needle), "message \"%s\" lacks \"%s\"", err.msg, needle);
+}
+
+static uint16_t port_of(const struct sockaddr_storage *ss) {
+    if (ss->ss_family == AF_INET6) {
+        return ntohs(((const struct sockaddr_in6 *)ss)->sin6_port);
+    }
+    return ntohs(((const struct sockaddr_in *)ss)->sin_port);
+}
+
+static char *read_all(const char *path) {
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    char *buf = calloc(1, 1 << 20);
+    cr_assert_not_null(buf);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static char *dump_to_string(const struct bd_config *cfg) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_not_null(f);
+    cr_assert_eq(bd_config_dump(cfg, f), 0);
+    cr_assert_eq(fclose(f), 0);
+    return text;
+}
+
+/* ---- The shipped example --------------------------------------------------------------------- */
+
+Test(config, shipped_file_loads) {
+    struct bd_config cfg;
+    struct bd_err err = {0};
+    int rc = bd_config_load(&cfg, SHIPPED, &err);
+    cr_assert_eq(rc, 0, "%s", err.msg);
+
+    cr_assert_str_eq(cfg.path, SHIPPED);
+    cr_assert_eq(cfg.n_listeners, 3);
+    cr_assert_eq(cfg.listeners[0].proto, BD_PROTO_UDP);
+    cr_assert_str_eq(cfg.listeners[0].bind, "0.0.0.0:8089");
+    cr_assert_eq(cfg.listeners[0].addr.ss_family, AF_INET);
+    cr_assert_eq(port_of(&cfg.listeners[0].addr), 8089);
+    cr_assert_eq(cfg.listeners[0].format, BD_FORMAT_INFLUX);
+    cr_assert_eq(cfg.listeners[0].rcvbuf, 8u << 20);
+    cr_assert_eq(cfg.listeners[1].proto, BD_PROTO_TCP);
+    cr_assert_eq(port_of(&cfg.listeners[1].addr), 8094);
+    cr_assert_eq(cfg.listeners[1].format, BD_FORMAT_INFLUX);
+    cr_assert_eq(cfg.listeners[2].proto, BD_PROTO_TCP);
+    cr_assert_eq(port_of(&cfg.listeners[2].addr), 2003);
+    cr_assert_eq(cfg.listeners[2].format, BD_FORMAT_GRAPHITE);
+    cr_assert_eq(cfg.listeners[2].precision, BD_PREC_S);
+
+    cr_assert_eq(cfg.sink, BD_SINK_MONGODB);
+    cr_assert_str_eq(cfg.mongodb.uri, "mongodb://127.0.0.1:27017/");
+    cr_assert_str_eq(cfg.mongodb.database, "telemetry");
+    cr_assert_str_eq(cfg.mongodb.collection, "buckets");
+    cr_assert_str_eq(cfg.mongodb.write_concern, "1");
+    cr_assert_eq(cfg.buckets.span_ms, 3600000);
+    cr_assert_eq(cfg.log.level, BD_LOG_INFO);
+}
+
+/* Every key the dump prints (which is every schema key) must be written in the example. */
+Test(config, shipped_file_shows_every_key) {
+    struct bd_config cfg;
+    struct bd_err err = {0};
+    cr_assert_eq(bd_config_load(&cfg, SHIPPED, &err), 0, "%s", err.msg);
+    char *shipped = read_all(SHIPPED);
+    char *dump = dump_to_string(&cfg);
+    int keys = 0;
+
+    for (char *line = strtok(dump, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        line += strspn(line, " -");
+        char *colon = strchr(line, ':');
+        cr_assert_not_null(colon, "dump line without a key: %s", line);
+        colon[1] = '\0';
+        cr_assert_not_null(strstr(shipped, line), "config/bucketd.yaml does not show %s", line);
+        keys++;
+    }
+    cr_assert_geq(keys, 30);
+    free(dump);
+    free(shipped);
+}
+
+Test(config, dump_reads_back_to_the_same_config) {
+    struct bd_config a, b;
+    struct bd_err err = {0};
+    cr_assert_eq(bd_config_load(&a, SHIPPED, &err), 0, "%s", err.msg);
+    char *first = dump_to_string(&a);
+    write_file(dump_path, first);
+    cr_assert_eq(bd_config_load(&b, dump_path, &err), 0, "%s\n--- dump:\n%s", err.msg, first);
+    char *second = dump_to_string(&b);
+    cr_assert_str_eq(first, second);
+    cr_assert_eq(memcmp(&a.listeners, &b.listeners, sizeof(a.listeners)), 0);
+    cr_assert_eq(bd_config_reload_check(&a, &b, &err), 0, "%s", err.msg);
+    free(first);
+    free(second);
+}
+
+/* ---- Defaults -------------------------------------------------------------------------------- */
+
+Test(config, defaults) {
+    struct bd_config cfg;
+    char host[256] = {0};
+    bd_config_defaults(&cfg);
+
+    cr_assert_eq(gethostname(host, sizeof(host) - 1), 0);
+    host[strcspn(host, ".")] = '\0';
+    if (host[0] != '\0' && strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789-_") == strlen(host)) {
+        cr_assert_str_eq(cfg.writer_id, host);
+    }
+    cr_assert_neq(cfg.writer_id[0], '\0');
+
+    cr_assert_eq(cfg.n_listeners, 0);
+    cr_assert_eq(cfg.sink, BD_SINK_MONGODB);
+    cr_assert_str_eq(cfg.mongodb.uri, "mongodb://127.0.0.1:27017/");
+    cr_assert_str_eq(cfg.mongodb.database, "telemetry");
+    cr_assert_str_eq(cfg.mongodb.collection, "buckets");
+    cr_assert_str_eq(cfg.mongodb.write_concern, "1");
+    cr_assert_eq(cfg.buckets.span_ms, 3600000);
+    cr_assert_eq(cfg.buckets.max_readings, 3600);
+    cr_assert_eq(cfg.buckets.max_late_ms, 24 * 3600000);
+    cr_assert_eq(cfg.buckets.max_future_ms, 600000);
+    cr_assert_eq(cfg.flush.interval_ms, 1000);
+    cr_assert_eq(cfg.flush.max_updates, 1000);
+    cr_assert_eq(cfg.flush.stop_timeout_ms, 30000);
+    cr_assert_eq(cfg.flush.retry_initial_ms, 100);
+    cr_assert_eq(cfg.flush.retry_max_ms, 10000);
+    cr_assert_str_eq(cfg.spool.dir, "/var/lib/bucketd/spool");
+    cr_assert_eq(cfg.spool.max_bytes, UINT64_C(1) << 30);
+    cr_assert_str_eq(cfg.metrics.bind, "127.0.0.1:9273");
+    cr_assert_eq(cfg.log.level, BD_LOG_INFO);
+    cr_assert_eq(cfg.limits.max_sensors, 100000);
+    cr_assert_eq(cfg.limits.ring_size, 256);
+    cr_assert_eq(cfg.limits.max_fields, 32);
+    cr_assert_eq(cfg.limits.max_line, 65536);
+}
+
+Test(config, listener_defaults) {
+    struct bd_config cfg;
+    expect_ok("listeners:\n  - proto: udp\n    bind: \"127.0.0.1:8089\"\n"
+              "  - proto: tcp\n    bind: \"127.0.0.1:8094\"\n",
+              &cfg);
+    cr_assert_eq(cfg.n_listeners, 2);
+    cr_assert_eq(cfg.listeners[0].format, BD_FORMAT_INFLUX);
+    cr_assert_eq(cfg.listeners[0].precision, BD_PREC_NS);
+    cr_assert_eq(cfg.listeners[0].rcvbuf, 8u << 20);
+    cr_assert_eq(cfg.listeners[1].max_connections, 1024);
+    cr_assert_eq(cfg.listeners[1].idle_timeout_ms, 300000);
+    /* A file that sets one key leaves the others at their defaults. */
+    cr_assert_eq(cfg.flush.interval_ms, 1000);
+    cr_assert_str_eq(cfg.mongodb.database, "telemetry");
+}
+
+/* ---- Unit parsers ---------------------------------------------------------------------------- */
+
+Test(config, duration_parser) {
+    static const struct {
+        const char *text;
+        uint64_t ms;
+    } good[] = {{"1s", 1000},     {"1500ms", 1500},  {"5m", 300000}, {"1h", 3600000},
+                {"0", 0},         {"0ms", 0},        {"0h", 0},      {"007s", 7000},
+                {"24h", 86400000}, {"1ms", 1},
+                {"5124095576030h", UINT64_C(18446744073708000000)}};
+    static const struct {
+        const char *text;
+        int rc;
+    } bad[] = {{"1x", -EINVAL},     {"-1s", -EINVAL},   {"", -EINVAL},     {"1", -EINVAL},
+               {" 1s", -EINVAL},    {"1s ", -EINVAL},   {"+1s", -EINVAL},  {"1.5s", -EINVAL},
+               {"s", -EINVAL},      {"1S", -EINVAL},    {"1 s", -EINVAL},  {"1h30m", -EINVAL},
+               {"0x10s", -EINVAL},  {"1sec", -EINVAL},  {"1us", -EINVAL},
+               {"18446744073709551616ms", -ERANGE},     {"99999999999999999999", -ERANGE},
+               {"5124095576031h", -ERANGE},          {"18446744073709552s", -ERANGE}};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        uint64_t ms = 42;
+        cr_assert_eq(bd_parse_duration_ms(good[i].text, &ms), 0, "\"%s\"", good[i].text);
+        cr_assert_eq(ms, good[i].ms, "\"%s\" gave %lu", good[i].text, (unsigned long)ms);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint64_t ms = 42;
+        cr_assert_eq(bd_parse_duration_ms(bad[i].text, &ms), bad[i].rc, "\"%s\"", bad[i].text);
+        cr_assert_eq(ms, 42, "\"%s\" wrote its output on failure", bad[i].text);
+    }
+    uint64_t ms = 0;
+    cr_assert_eq(bd_parse_duration_ms(NULL, &ms), -EINVAL);
+}
+
+Test(config, size_parser) {
+    static const struct {
+        const char *text;
+        uint64_t bytes;
+    } good[] = {{"64KiB", 65536},  {"8MiB", 8u << 20}, {"1GiB", 1u << 30}, {"12", 12},
+                {"12B", 12},       {"0", 0},           {"4096", 4096},     {"1024GiB", 1ull << 40},
+                {"17179869183GiB", 17179869183ull << 30}};
+    static const struct {
+        const char *text;
+        int rc;
+    } bad[] = {{"1kb", -EINVAL},   {"1KB", -EINVAL},   {"1k", -EINVAL},     {"1 KiB", -EINVAL},
+               {"-1", -EINVAL},    {"", -EINVAL},      {"1KiBx", -EINVAL},  {"KiB", -EINVAL},
+               {"1.5MiB", -EINVAL}, {"1mib", -EINVAL}, {"1TiB", -EINVAL},   {" 12", -EINVAL},
+               {"17179869184GiB", -ERANGE},            {"99999999999999999999", -ERANGE}};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        uint64_t n = 42;
+        cr_assert_eq(bd_parse_size(good[i].text, &n), 0, "\"%s\"", good[i].text);
+        cr_assert_eq(n, good[i].bytes, "\"%s\" gave %lu", good[i].text, (unsigned long)n);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint64_t n = 42;
+        cr_assert_eq(bd_parse_size(bad[i].text, &n), bad[i].rc, "\"%s\"", bad[i].text);
+        cr_assert_eq(n, 42, "\"%s\" wrote its output on failure", bad[i].text);
+    }
+}
+
+Test(config, hostport_parser) {
+    struct sockaddr_storage ss;
+    char text[INET6_ADDRSTRLEN];
+
+    cr_assert_eq(bd_parse_hostport("0.0.0.0:8089", &ss), 0);
+    cr_assert_eq(ss.ss_family, AF_INET);
+    cr_assert_eq(port_of(&ss), 8089);
+    cr_assert_eq(bd_parse_hostport("1.2.3.4:80", &ss), 0);
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, text, sizeof(text));
+    cr_assert_str_eq(text, "1.2.3.4");
+    cr_assert_eq(bd_parse_hostport("[::1]:80", &ss), 0);
+    cr_assert_eq(ss.ss_family, AF_INET6);
+    cr_assert_eq(port_of(&ss), 80);
+    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, text, sizeof(text));
+    cr_assert_str_eq(text, "::1");
+    cr_assert_eq(bd_parse_hostport("[::]:8089", &ss), 0);
+    cr_assert_eq(bd_parse_hostport("[2001:db8::17]:65535", &ss), 0);
+    cr_assert_eq(port_of(&ss), 65535);
+    cr_assert_eq(bd_parse_hostport("127.0.0.1:0", &ss), 0);
+
+    static const char *const bad[] = {
+        "localhost:80", "1.2.3:80",       "10.1:80",    "0x7f.0.0.1:80", "::1:80",
+        "[::1]80",      "[::1]",          "1.2.3.4",    "1.2.3.4:65536", "1.2.3.4:-1",
+        "1.2.3.4:",     ":80",            "1.2.3.4:80x", "[1.2.3.4]:80",  "[::1:80",
+        "",             "1.2.3.4: 80",    " 1.2.3.4:80", "[]:80",         "1.2.3.4:+80",
+        "[::1]:99999999999999999999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_eq(bd_parse_hostport(bad[i], &ss), -EINVAL, "\"%s\"", bad[i]);
+    }
+    cr_assert_eq(bd_parse_hostport(NULL, &ss), -EINVAL);
+}
+
+Test(config, enum_names) {
+    enum bd_format f = BD_FORMAT_INFLUX;
+    enum bd_precision p = BD_PREC_NS;
+
+    cr_assert_str_eq(bd_proto_name(BD_PROTO_UDP), "udp");
+    cr_assert_str_eq(bd_proto_name(BD_PROTO_TCP), "tcp");
+    cr_assert_str_eq(bd_format_name(BD_FORMAT_GRAPHITE), "graphite");
+    cr_assert_str_eq(bd_precision_name(BD_PREC_US), "us");
+    cr_assert_eq(bd_format_parse("graphite", &f), 0);
+    cr_assert_eq(f, BD_FORMAT_GRAPHITE);
+    cr_assert_eq(bd_format_parse("Influx", &f), -EINVAL);
+    cr_assert_eq(f, BD_FORMAT_GRAPHITE);
+    cr_assert_eq(bd_precision_parse("ms", &p), 0);
+    cr_assert_eq(p, BD_PREC_MS);
+    cr_assert_eq(bd_precision_parse("", &p), -EINVAL);
+    cr_assert_eq(bd_precision_parse(NULL, &p), -EINVAL);
+    for (int i = BD_PREC_NS; i <= BD_PREC_S; i++) {
+        cr_assert_eq(bd_precision_parse(bd_precision_name((enum bd_precision)i), &p), 0);
+        cr_assert_eq((int)p, i);
+    }
+}
+
+/* ---- Loader errors --------------------------------------------------------------------------- */
+
+Test(config, unknown_key_lists_valid_keys) {
+    expect_fail(LISTENER "bogus: 1\n", "4:1", "bogus",
+                "unknown key; valid keys here: writer_id, listeners, sink, mongodb, buckets, "
+                "flush, spool, metrics, log, limits");
+}
+
+Test(config, typo_in_nested_key) {
+    expect_fail(LISTENER "flush:\n  interval: 2s\n  intervall: 2s\n", "6:3", "flush.intervall",
+                "did you mean \"interval\"? valid keys here: interval, max_updates, "
+                "stop_timeout, retry_initial, retry_max");
+    expect_fail("listeners:\n  - proto: udp\n    bnd: \"127.0.0.1:1\"\n", "3:5",
+                "listeners[0].bnd", "did you mean \"bind\"");
+    expect_fail(LISTENER "mongo:\n  uri: x\n", "4:1", "mongo", "did you mean \"mongodb\"");
+}
+
+Test(config, dotted_key_is_not_a_shortcut) {
+    expect_fail(LISTENER "flush.interval: 2s\n", "4:1", "flush.interval", "unknown key");
+    expect_fail(LISTENER "listeners[].bind: x\n", "4:1", "listeners[].bind", "unknown key");
+}
+
+Test(config, section_must_be_a_mapping) {
+    expect_fail(LISTENER "flush: 1s\n", "4:8", "flush", "expected a mapping with keys: interval");
+    expect_fail("- a\n- b\n", "1:1", "config", "expected a mapping with keys: writer_id");
+    expect_fail("listeners: udp\n", "1:12", "listeners", "expected a list of listeners");
+    expect_fail("listeners:\n  - udp\n", "2:5", "listeners[0]", "expected a mapping");
+    expect_fail(LISTENER "sink:\n  kind: mongodb\n", "5:3", "sink", "expected a single value");
+}
+
+Test(config, bad_enum) {
+    expect_fail(LISTENER "sink: mysql\n", "4:7", "sink",
+                "\"mysql\" is not one of: mongodb, blackhole");
+    expect_fail(LISTENER "log:\n  level: loud\n", "5:10", "log.level",
+                "is not one of: error, warn, info, debug");
+    expect_fail("listeners:\n  - proto: sctp\n    bind: \"127.0.0.1:1\"\n", "2:12",
+                "listeners[0].proto", "\"sctp\" is not one of: udp, tcp");
+    expect_fail(LISTENER "    precision: sec\n", "4:16", "listeners[0].precision",
+                "is not one of: ns, us, ms, s");
+}
+
+Test(config, out_of_bounds) {
+    static const struct {
+        const char *yaml, *key, *needle;
+    } cases[] = {
+        {"flush:\n  interval: 5ms\n", "flush.interval", "out of range (10ms to 1h)"},
+        {"flush:\n  interval: 2h\n", "flush.interval", "out of range"},
+        {"flush:\n  interval: 0\n", "flush.interval", "out of range"},
+        {"flush:\n  interval: 99999999999999999999ms\n", "flush.interval", "too large"},
+        {"flush:\n  interval: -1s\n", "flush.interval", "is not a duration"},
+        {"flush:\n  interval: \"\"\n", "flush.interval", "is not a duration"},
+        {"flush:\n  interval: 1\n", "flush.interval", "is not a duration"},
+        {"flush:\n  max_updates: 0\n", "flush.max_updates", "out of range (1 to 100000)"},
+        {"flush:\n  max_updates: 100001\n", "flush.max_updates", "out of range"},
+        {"flush:\n  max_updates: 1k\n", "flush.max_updates", "not a whole number"},
+        {"flush:\n  retry_initial: 20s\n  retry_max: 10s\n", "flush.retry_initial",
+         "must not exceed flush.retry_max"},
+        {"buckets:\n  max_readings: 0\n", "buckets.max_readings", "out of range"},
+        {"buckets:\n  max_readings: 100001\n", "buckets.max_readings", "out of range"},
+        {"buckets:\n  span: 30s\n", "buckets.span", "out of range (1m to 24h)"},
+        {"buckets:\n  span: 25h\n", "buckets.span", "out of range"},
+        {"limits:\n  ring_size: 100\n", "limits.ring_size", "power of two"},
+        {"limits:\n  ring_size: 8\n", "limits.ring_size", "out of range (16 to 1048576)"},
+        {"limits:\n  ring_size: 2097152\n", "limits.ring_size", "out of range"},
+        {"limits:\n  max_fields: 0\n", "limits.max_fields", "out of range (1 to 256)"},
+        {"limits:\n  max_fields: 257\n", "limits.max_fields", "out of range"},
+        {"limits:\n  max_line: 255\n", "limits.max_line", "out of range (256 to 16MiB)"},
+        {"limits:\n  max_line: 17MiB\n", "limits.max_line", "out of range"},
+        {"limits:\n  max_line: 1kb\n", "limits.max_line", "is not a size"},
+        {"limits:\n  max_sensors: 0\n", "limits.max_sensors", "out of range"},
+        {"spool:\n  max_bytes: 1KiB\n", "spool.max_bytes", "out of range (1MiB to 1024GiB)"},
+        {"spool:\n  dir: \"\"\n", "spool.dir", "must not be empty"},
+        {"mongodb:\n  uri: \"http://x/\"\n", "mongodb.uri", "mongodb://"},
+        {"mongodb:\n  database: \"a.b\"\n", "mongodb.database", "must not contain"},
+        {"mongodb:\n  collection: \"a$b\"\n", "mongodb.collection", "must not contain $"},
+        {"metrics:\n  bind: \"localhost:9273\"\n", "metrics.bind", "numeric"},
+        {"writer_id: gw.example.com\n", "writer_id", "letters, digits"},
+        {"writer_id: \"\"\n", "writer_id", "must not be empty"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char yaml[512];
+        snprintf(yaml, sizeof(yaml), "%s%s", LISTENER, cases[i].yaml);
+        expect_fail(yaml, NULL, cases[i].key, cases[i].needle);
+    }
+    static const struct {
+        const char *listener, *key, *needle;
+    } lcases[] = {
+        {"proto: udp\n    rcvbuf: 1KiB\n", "listeners[0].rcvbuf", "out of range (4KiB to 1GiB)"},
+        {"proto: udp\n    rcvbuf: 2GiB\n", "listeners[0].rcvbuf", "out of range"},
+        {"proto: tcp\n    max_connections: 65536\n", "listeners[0].max_connections",
+         "out of range (1 to 65535)"},
+        {"proto: tcp\n    max_connections: 0\n", "listeners[0].max_connections", "out of range"},
+        {"proto: tcp\n    idle_timeout: 25h\n", "listeners[0].idle_timeout", "out of range"},
+    };
+    for (size_t i = 0; i < sizeof(lcases) / sizeof(lcases[0]); i++) {
+        char yaml[512];
+        snprintf(yaml, sizeof(yaml), "listeners:\n  - bind: \"127.0.0.1:1\"\n    %s",
+                 lcases[i].listener);
+        expect_fail(yaml, NULL, lcases[i].key, lcases[i].needle);
+    }
+}
+
+Test(config, values_at_the_bounds_load) {
+    struct bd_config cfg;
+    expect_ok(LISTENER "flush:\n  interval: 10ms\n  max_updates: 100000\n"
+                       "  retry_initial: 10s\n  retry_max: 10s\n"
+                       "limits:\n  ring_size: 1048576\n  max_fields: 256\n  max_line: 16MiB\n"
+                       "  max_sensors: 1\n"
+                       "buckets:\n  max_readings: 1\n",
+              &cfg);
+    cr_assert_eq(cfg.flush.interval_ms, 10);
+    cr_assert_eq(cfg.flush.max_updates, 100000);
+    cr_assert_eq(cfg.limits.ring_size, 1048576);
+    cr_assert_eq(cfg.limits.max_line, 16u << 20);
+    cr_assert_eq(cfg.buckets.max_readings, 1);
+    expect_ok(LISTENER "flush:\n  interval: 1h\nmetrics:\n  bind: \"\"\n", &cfg);
+    cr_assert_eq(cfg.flush.interval_ms, 3600000);
+    cr_assert_str_eq(cfg.metrics.bind, "");
+}
+
+Test(config, write_concern) {
+    struct bd_config cfg;
+    expect_fail(LISTENER "mongodb:\n  write_concern: 0\n", "5:18", "mongodb.write_concern",
+                "0 is refused: unacknowledged writes would lose data silently");
+    expect_fail(LISTENER "mongodb:\n  write_concern: \"0\"\n", "5:18", "mongodb.write_concern",
+                "unacknowledged writes would lose data silently");
+    expect_fail(LISTENER "mongodb:\n  write_concern: -1\n", NULL, "mongodb.write_concern",
+                "must be 1, majority or a number of nodes");
+    expect_fail(LISTENER "mongodb:\n  write_concern: 01\n", NULL, "mongodb.write_concern",
+                "must be 1, majority or a number of nodes");
+    expect_fail(LISTENER "mongodb:\n  write_concern: most\n", NULL, "mongodb.write_concern",
+                "must be 1, majority or a number of nodes");
+    expect_fail(LISTENER "mongodb:\n  write_concern: 51\n", NULL, "mongodb.write_concern",
+                "at most 50");
+    expect_ok(LISTENER "mongodb:\n  write_concern: majority\n", &cfg);
+    cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
+    expect_ok(LISTENER "mongodb:\n  write_concern: 3\n", &cfg);
+    cr_assert_str_eq(cfg.mongodb.write_concern, "3");
+}
+
+Test(config, span_must_divide_a_day) {
+    struct bd_config cfg;
+    expect_fail(LISTENER "buckets:\n  span: 7m\n", "5:9", "buckets.span", "divide 24h evenly");
+    expect_fail(LISTENER "buckets:\n  span: 5h\n", "5:9", "buckets.span", "divide 24h evenly");
+    static const struct {
+        const char *span;
+        uint64_t ms;
+    } ok[] = {{"1m", 60000}, {"90s", 90000}, {"15m", 900000}, {"6h", 21600000},
+              {"24h", 86400000}, {"1440m", 86400000}};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        char yaml[256];
+        snprintf(yaml, sizeof(yaml), LISTENER "buckets:\n  span: %s\n", ok[i].span);
+        expect_ok(yaml, &cfg);
+        cr_assert_eq(cfg.buckets.span_ms, ok[i].ms);
+    }
+}
+
+Test(config, yaml_syntax_error) {
+    expect_fail(LISTENER "flush:\n\tinterval: 1s\n", "5:1", "syntax error",
+                "found character that cannot start any token");
+    expect_fail(LISTENER "flush:\n  interval: [1s\n", NULL, "syntax error",
+                "did not find expected");
+    expect_fail(LISTENER "sink: \"mongodb\n", NULL, "syntax error", "found unexpected end");
+    /* Reader errors carry an offset, not a mark: the position is worked out from it. */
+    expect_fail(LISTENER "sink: mon\x01godb\n", "4:10", "syntax error", "control characters");
+}
+
+Test(config, missing_file) {
+    struct bd_config cfg;
+    struct bd_err err = {0};
+    char path[400];
+    snprintf(path, sizeof(path), "%s/does-not-exist.yaml", tmpdir);
+    cr_assert_eq(bd_config_load(&cfg, path, &err), -ENOENT);
+    cr_assert_eq(err.code, -ENOENT);
+    cr_assert_not_null(strstr(err.msg, path), "%s", err.msg);
+    cr_assert_not_null(strstr(err.msg, strerror(ENOENT)), "%s", err.msg);
+
+    cr_assert_eq(bd_config_load(&cfg, tmpdir, &err), -EISDIR, "%s", err.msg);
+    cr_assert_not_null(strstr(err.msg, strerror(EISDIR)), "%s", err.msg);
+}
+
+Test(config, listener_missing_bind) {
+    expect_fail("listeners:\n  - proto: tcp\n    format: influx\n", "2:5", "listeners[0]",
+                "missing required key \"bind\"");
+    expect_fail(LISTENER "  - bind: \"127.0.0.1:2\"\n", "4:5", "listeners[1]",
+                "missing required key \"proto\"");
+}
+
+Test(config, key_not_valid_for_proto) {
+    expect_fail("listeners:\n  - proto: tcp\n    bind: \"0.0.0.0:8094\"\n    rcvbuf: 1MiB\n",
+                "4:13", "listeners[0].rcvbuf", "only valid on udp listeners (this one is tcp)");
+    /* proto may come after the key it makes invalid. */
+    expect_fail("listeners:\n  - idle_timeout: 1m\n    proto: udp\n    bind: \"0.0.0.0:1\"\n",
+                "2:19", "listeners[0].idle_timeout", "only valid on tcp listeners");
+    expect_fail(LISTENER "    max_connections: 5\n", "4:22", "listeners[0].max_connections",
+                "only valid on tcp listeners (this one is udp)");
+}
+
+Test(config, ipv6_bind) {
+    struct bd_config cfg;
+    char text[INET6_ADDRSTRLEN];
+    expect_ok("listeners:\n  - proto: udp\n    bind: \"[::1]:8089\"\n"
+              "  - proto: tcp\n    bind: \"[::]:8094\"\n",
+              &cfg);
+    cr_assert_str_eq(cfg.listeners[0].bind, "[::1]:8089");
+    cr_assert_eq(cfg.listeners[0].addr.ss_family, AF_INET6);
+    cr_assert_eq(port_of(&cfg.listeners[0].addr), 8089);
+    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&cfg.listeners[0].addr)->sin6_addr, text,
+              sizeof(text));
+    cr_assert_str_eq(text, "::1");
+    cr_assert_eq(cfg.listeners[1].addr.ss_family, AF_INET6);
+    cr_assert_eq(port_of(&cfg.listeners[1].addr), 8094);
+
+    /* Unquoted, [::]:8089 starts a YAML list and fails to parse; the message says to quote. */
+    expect_fail("listeners:\n  - proto: udp\n    bind: [::]:8089\n", "3:12", "syntax error",
+                "must be quoted, as in bind: \"[::]:8089\"");
+    expect_fail("listeners:\n  - proto: udp\n    bind: [1, 2]\n", "3:11", "listeners[0].bind",
+                "not a list (quote IPv6 addresses");
+    expect_fail("listeners:\n  - proto: udp\n    bind: \"::1:8089\"\n", "3:11",
+                "listeners[0].bind", "needs brackets");
+}
+
+Test(config, duplicate_keys) {
+    expect_fail(LISTENER "flush:\n  interval: 1s\n  interval: 2s\n", "6:3", "flush.interval",
+                "duplicate key (first given at line 5, column 3)");
+    expect_fail(LISTENER "sink: mongodb\nsink: blackhole\n", "5:1", "sink", "duplicate key");
+    expect_fail(LISTENER "    bind: \"127.0.0.1:2\"\n", "4:5", "listeners[0].bind",
+                "duplicate key");
+    expect_fail(LISTENER "listeners: []\n", "4:1", "listeners", "duplicate key");
+}
+
+Test(config, duplicate_listener_address) {
+    struct bd_config cfg;
+    expect_fail(LISTENER "  - proto: udp\n    bind: \"127.0.0.1:8089\"\n", "5:11",
+                "listeners[1].bind", "listeners[0] already binds udp 127.0.0.1:8089");
+    /* The same port on udp and tcp is two different sockets. */
+    expect_ok(LISTENER "  - proto: tcp\n    bind: \"127.0.0.1:8089\"\n", &cfg);
+    cr_assert_eq(cfg.n_listeners, 2);
+}
+
+Test(config, at_least_one_listener) {
+    expect_fail("sink: blackhole\n", "1:1", "listeners", "at least one listener is required");
+    expect_fail("sink: blackhole\nlisteners: []\n", "2:1", "listeners",
+                "at least one listener is required");
+    expect_fail("", "1:1", "listeners", "at least one listener is required");
+    expect_fail("# only a comment\n", "1:1", "listeners", "at least one listener is required");
+}
+
+Test(config, too_many_listeners) {
+    char yaml[4096] = "listeners:\n";
+    for (int i = 0; i <= BD_MAX_LISTENERS; i++) {
+        char one[64];
+        snprintf(one, sizeof(one), "  - proto: udp\n    bind: \"127.0.0.1:%d\"\n", 1000 + i);
+        strcat(yaml, one);
+    }
+    expect_fail(yaml, "34:5", "listeners", "at most 16 listeners");
+}
+
+Test(config, one_document_only) {
+    expect_fail(LISTENER "---\nsink: blackhole\n", "5:1", "config",
+                "only one YAML document is allowed");
+}
+
+Test(config, empty_section_keeps_defaults) {
+    struct bd_config cfg;
+    expect_ok(LISTENER "flush:\nlimits:\n  # max_line: 1MiB\n", &cfg);
+    cr_assert_eq(cfg.flush.interval_ms, 1000);
+    cr_assert_eq(cfg.limits.max_line, 65536);
+}
+
+Test(config, failed_load_leaves_config_alone) {
+    struct bd_config cfg, before;
+    struct bd_err err;
+    expect_ok(LISTENER "flush:\n  interval: 250ms\n", &cfg);
+    memcpy(&before, &cfg, sizeof(cfg));
+    cr_assert_eq(load(LISTENER "flush:\n  interval: 2s\nsink: nowhere\n", &cfg, &err), -EINVAL);
+    cr_assert_eq(memcmp(&before, &cfg, sizeof(cfg)), 0);
+    cr_assert_eq(cfg.flush.interval_ms, 250);
+}
+
+Test(config, no_err_is_fine) {
+    struct bd_config cfg;
+    write_file(cfg_path, LISTENER "sink: nowhere\n");
+    cr_assert_eq(bd_config_load(&cfg, cfg_path, NULL), -EINVAL);
+}
+
+Test(config, reload_check) {
+    struct bd_config cur, next;
+    struct bd_err err = {0};
+    expect_ok(LISTENER "flush:\n  interval: 1s\n", &cur);
+
+    expect_ok(LISTENER "flush:\n  interval: 2s\nlog:\n  level: debug\n"
+                       "mongodb:\n  write_concern: majority\n",
+              &next);
+    cr_assert_eq(bd_config_reload_check(&cur, &next, &err), 0, "%s", err.msg);
+
+    expect_ok(LISTENER "mongodb:\n  database: other\n", &next);
+    cr_assert_eq(bd_config_reload_check(&cur, &next, &err), -EINVAL);
+    cr_assert_not_null(strstr(err.msg, "mongodb.database: cannot change on reload"), "%s",
+                       err.msg);
+
+    expect_ok("listeners:\n  - proto: udp\n    bind: \"127.0.0.1:9999\"\n", &next);
+    cr_assert_eq(bd_config_reload_check(&cur, &next, &err), -EINVAL);
+    cr_assert_not_null(strstr(err.msg, "listeners[0].bind"), "%s", err.msg);
+
+    expect_ok(LISTENER "  - proto: tcp\n    bind: \"127.0.0.1:1\"\n", &next);
+    cr_assert_eq(bd_config_reload_check(&cur, &next, &err), -EINVAL);
+    cr_assert_not_null(strstr(err.msg, "number of listeners"), "%s", err.msg);
+}

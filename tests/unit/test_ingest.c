@@ -1,0 +1,607 @@
+/*
+ * Unit tests for the listeners (include/bucketd/ingest.h, src/ingest.c) with a real uv loop,
+ * real sockets on 127.0.0.1 ephemeral ports, the real parser and a real sensor table. The test
+ * thread plays every part in turn: it sends with plain non-blocking sockets, runs the loop
+ * without blocking until the counters say the input was processed, and for the backpressure
+ * test drains the rings as the flusher would. Every test ends with uv_loop_close() == 0.
+ *
+ * Not covered: UV_UDP_PARTIAL. libuv hands each datagram a 64 KiB slot, and the largest UDP
+ * payload loopback can carry (65507 bytes over IPv4, 65527 over IPv6) fits in one, so the
+ * kernel never truncates here.
+ */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "bucketd/common.h"
+#include "bucketd/config.h"
+#include "bucketd/ingest.h"
+#include "bucketd/log.h"
+#include "bucketd/sensor.h"
+#include "bucketd/stats.h"
+
+#define TEST_MAX_LINE 256
+#define WAIT_NS (5 * BD_NS_PER_S)
+
+struct fx {
+    uv_loop_t loop;
+    struct bd_config cfg;
+    struct bd_stats stats;
+    struct bd_sensor_table *table;
+    struct bd_ingest *in;
+};
+
+static struct fx *fx_new(void) {
+    struct fx *f = calloc(1, sizeof(*f));
+    cr_assert_not_null(f);
+    cr_assert_eq(uv_loop_init(&f->loop), 0);
+    /* Quiet the info line of every bound listener; bad-line samples (warnings) still show. */
+    bd_log_set_level(BD_LOG_WARN);
+    bd_config_defaults(&f->cfg);
+    f->cfg.n_listeners = 0;
+    f->cfg.limits.max_line = TEST_MAX_LINE;
+    return f;
+}
+
+/* Appends a listener; returns its index. */
+static uint32_t fx_listen(struct fx *f, enum bd_proto proto, const char *bind,
+                          enum bd_format format) {
+    uint32_t i = f->cfg.n_listeners++;
+    struct bd_listener_config *l = &f->cfg.listeners[i];
+    l->proto = proto;
+    snprintf(l->bind, sizeof(l->bind), "%s", bind);
+    cr_assert_eq(bd_parse_hostport(bind, &l->addr), 0, "bind %s", bind);
+    l->format = format;
+    l->precision = BD_PREC_NS;
+    l->rcvbuf = 256 * 1024;
+    l->max_connections = 16;
+    l->idle_timeout_ms = 0;
+    return i;
+}
+
+static void fx_start(struct fx *f) {
+    struct bd_err err = {0};
+    cr_assert_eq(bd_sensor_table_new(&f->table, &f->cfg, &f->stats, &err), 0, "%s", err.msg);
+    cr_assert_eq(bd_ingest_new(&f->in, &f->loop, &f->cfg, f->table, &f->stats, &err), 0, "%s",
+                 err.msg);
+    cr_assert_not_null(f->in);
+}
+
+static void sleep_us(long us) {
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* Runs the loop without blocking until cond holds; fails the test after WAIT_NS. */
+#define RUN_UNTIL(f, cond)                                                                     \
+    do {                                                                                       \
+        int64_t deadline_ = bd_mono_ns() + WAIT_NS;                                            \
+        while (!(cond)) {                                                                      \
+            cr_assert(bd_mono_ns() < deadline_, "timed out waiting for %s", #cond);            \
+            uv_run(&(f)->loop, UV_RUN_NOWAIT);                                                 \
+            sleep_us(200);                                                                     \
+        }                                                                                      \
+    } while (0)
+
+/* Drains the loop the way the daemon does at shutdown and checks nothing is left behind. */
+static void run_until_closed(uv_loop_t *loop) {
+    int64_t deadline = bd_mono_ns() + WAIT_NS;
+    while (uv_loop_alive(loop)) {
+        cr_assert(bd_mono_ns() < deadline, "handles still open after stop");
+        uv_run(loop, UV_RUN_NOWAIT);
+        sleep_us(200);
+    }
+}
+
+static void fx_finish(struct fx *f) {
+    bd_ingest_stop(f->in);
+    run_until_closed(&f->loop);
+    bd_ingest_free(f->in);
+    bd_sensor_table_free(f->table);
+    cr_assert_eq(uv_loop_close(&f->loop), 0);
+    free(f);
+}
+
+#define STAT(f, name) BD_STAT_GET(&(f)->stats, name)
+
+/* ---------------------------------------------------------------------------------------- */
+/* Client sockets                                                                           */
+
+static void set_nonblock(int fd) {
+    int fl = fcntl(fd, F_GETFL);
+    cr_assert(fl >= 0);
+    cr_assert_eq(fcntl(fd, F_SETFL, fl | O_NONBLOCK), 0);
+}
+
+static void udp_send(int family, int port, const char *data, size_t len) {
+    int fd = socket(family, SOCK_DGRAM, 0);
+    cr_assert(fd >= 0);
+    ssize_t n;
+    if (family == AF_INET6) {
+        struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+        a.sin6_addr = in6addr_loopback;
+        n = sendto(fd, data, len, 0, (struct sockaddr *)&a, sizeof(a));
+    } else {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        n = sendto(fd, data, len, 0, (struct sockaddr *)&a, sizeof(a));
+    }
+    cr_assert_eq(n, (ssize_t)len, "sendto: %s", strerror(errno));
+    close(fd);
+}
+
+static void udp_send_str(int port, const char *s) {
+    udp_send(AF_INET, port, s, strlen(s));
+}
+
+/* Connects while the loop is not running: the kernel completes the handshake into the
+ * backlog, and the loop accepts on its next turn. */
+static int tcp_connect(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect: %s",
+                 strerror(errno));
+    set_nonblock(fd);
+    return fd;
+}
+
+/* Writes everything, turning the loop whenever the socket buffer is full. */
+static void tcp_send(struct fx *f, int fd, const char *data, size_t len) {
+    size_t off = 0;
+    int64_t deadline = bd_mono_ns() + WAIT_NS;
+    while (off < len) {
+        ssize_t n = send(fd, data + off, len - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        cr_assert(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "send: %s",
+                  strerror(errno));
+        cr_assert(bd_mono_ns() < deadline, "send stalled");
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        sleep_us(200);
+    }
+}
+
+static void tcp_send_str(struct fx *f, int fd, const char *s) {
+    tcp_send(f, fd, s, strlen(s));
+}
+
+/* True once the server side has closed: EOF or reset, not "no data yet". */
+static bool peer_closed(int fd) {
+    char b[64];
+    ssize_t n = recv(fd, b, sizeof(b), 0);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* UDP                                                                                      */
+
+Test(ingest, udp_several_lines_per_datagram) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+    cr_assert(port > 0);
+
+    /* The last line of a datagram needs no '\n'; blank and comment lines are not lines. */
+    udp_send_str(port, "cpu,host=a value=1i\ncpu,host=b value=2i\n\n# note\ncpu,host=c value=3");
+    udp_send_str(port, "mem,host=a used=10i\r\nmem,host=a used=11i\n");
+    RUN_UNTIL(f, STAT(f, udp_datagrams) == 2);
+
+    cr_expect_eq(STAT(f, lines), 5);
+    cr_expect_eq(STAT(f, readings_accepted), 5);
+    cr_expect_eq(STAT(f, drop_parse_error), 0);
+    cr_expect_eq(STAT(f, udp_truncated), 0);
+    cr_expect_eq(bd_sensor_table_count(f->table), 4);
+    fx_finish(f);
+}
+
+Test(ingest, udp_bad_lines_are_counted_by_reason) {
+    struct fx *f = fx_new();
+    f->cfg.limits.max_fields = 2;
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+
+    /* Garbage alone, with a control byte that the log sample must escape. */
+    udp_send_str(port, "cpu,host=a\x1b[2J\n");
+    /* An over-long line between two good ones: only it is lost. */
+    char big[TEST_MAX_LINE * 2];
+    size_t n = (size_t)snprintf(big, sizeof(big), "cpu,host=a value=1i\ncpu,host=b value=");
+    memset(big + n, '9', TEST_MAX_LINE);
+    n += TEST_MAX_LINE;
+    n += (size_t)snprintf(big + n, sizeof(big) - n, "\ncpu,host=c value=3i\n");
+    udp_send(AF_INET, port, big, n);
+    /* A line of exactly max_line bytes is still fine. */
+    char edge[TEST_MAX_LINE + 1];
+    n = (size_t)snprintf(edge, sizeof(edge), "edge,host=a value=1,pad=\"");
+    memset(edge + n, 'p', TEST_MAX_LINE - n - 1);
+    edge[TEST_MAX_LINE - 1] = '"';
+    udp_send(AF_INET, port, edge, TEST_MAX_LINE);
+    /* More fields than limits.max_fields. */
+    udp_send_str(port, "wide,host=a a=1,b=2,c=3\n");
+    /* A zero-length datagram is a datagram without lines. */
+    udp_send(AF_INET, port, "", 0);
+    RUN_UNTIL(f, STAT(f, udp_datagrams) == 5);
+
+    cr_expect_eq(STAT(f, drop_parse_error), 1);
+    cr_expect_eq(STAT(f, drop_line_too_long), 1);
+    cr_expect_eq(STAT(f, drop_too_many_fields), 1);
+    cr_expect_eq(STAT(f, readings_accepted), 3);
+    cr_expect_eq(STAT(f, lines), 6);
+    fx_finish(f);
+}
+
+Test(ingest, udp_ipv6) {
+    struct fx *f = fx_new();
+    int probe = socket(AF_INET6, SOCK_DGRAM, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6};
+    a.sin6_addr = in6addr_loopback;
+    bool have_v6 = probe >= 0 && bind(probe, (struct sockaddr *)&a, sizeof(a)) == 0;
+    if (probe >= 0) {
+        close(probe);
+    }
+    if (!have_v6) {
+        cr_assert_eq(uv_loop_close(&f->loop), 0);
+        free(f);
+        cr_skip_test("no IPv6 loopback");
+    }
+    fx_listen(f, BD_PROTO_UDP, "[::1]:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+    cr_assert(port > 0);
+    udp_send(AF_INET6, port, "v6,host=a value=1i\n", 19);
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1);
+    fx_finish(f);
+}
+
+Test(ingest, udp_graphite_listener) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_GRAPHITE);
+    fx_start(f);
+    int influx = bd_ingest_listener_port(f->in, 0);
+    int graphite = bd_ingest_listener_port(f->in, 1);
+    cr_assert(influx > 0 && graphite > 0 && influx != graphite);
+    cr_expect_lt(bd_ingest_listener_port(f->in, 2), 0);
+
+    /* Each listener parses its own format: a graphite line is garbage to influx. */
+    udp_send_str(graphite, "servers.a.cpu 1.5\nservers.b.cpu 2\n");
+    udp_send_str(influx, "servers.a.cpu 1.5\n");
+    RUN_UNTIL(f, STAT(f, udp_datagrams) == 2);
+    cr_expect_eq(STAT(f, readings_accepted), 2);
+    cr_expect_eq(STAT(f, drop_parse_error), 1);
+    fx_finish(f);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* TCP                                                                                      */
+
+Test(ingest, tcp_lines_split_across_writes) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
+    RUN_UNTIL(f, STAT(f, tcp_connections) == 1);
+    cr_expect_eq(bd_ingest_connections(f->in), 1);
+
+    const char *parts[] = {"cpu,host=a val", "ue=1i\ncpu,host=b value=2i\ncpu,host=c va",
+                           "lue=3i\r", "\n\n# comment\n", "cpu,host=d value=4i"};
+    size_t total = 0;
+    for (size_t i = 0; i < BD_ARRAY_LEN(parts); i++) {
+        tcp_send_str(f, fd, parts[i]);
+        total += strlen(parts[i]);
+        /* Let each piece arrive on its own so the framing really sees partial lines. */
+        RUN_UNTIL(f, STAT(f, tcp_bytes) == total);
+    }
+    cr_expect_eq(STAT(f, readings_accepted), 3, "the unterminated last line waits for more");
+
+    /* EOF completes the unterminated last line and closes the connection. */
+    shutdown(fd, SHUT_WR);
+    RUN_UNTIL(f, bd_ingest_connections(f->in) == 0);
+    cr_expect_eq(STAT(f, readings_accepted), 4);
+    cr_expect_eq(STAT(f, lines), 4);
+    cr_expect_eq(bd_sensor_table_count(f->table), 4);
+    close(fd);
+    fx_finish(f);
+}
+
+Test(ingest, tcp_many_lines_through_small_buffer) {
+    /* Far more data than the connection buffer holds, so it compacts many times. */
+    struct fx *f = fx_new();
+    f->cfg.limits.ring_size = 1u << 16;
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
+    enum { N = 5000 };
+    char *buf = malloc(N * 48);
+    size_t len = 0;
+    for (int i = 0; i < N; i++) {
+        len += (size_t)sprintf(buf + len, "m,host=h%d value=%di\n", i % 7, i);
+    }
+    tcp_send(f, fd, buf, len);
+    RUN_UNTIL(f, STAT(f, lines) == N);
+    cr_expect_eq(STAT(f, readings_accepted), N);
+    cr_expect_eq(STAT(f, tcp_bytes), len);
+    cr_expect_eq(bd_sensor_table_count(f->table), 7);
+    free(buf);
+    close(fd);
+    fx_finish(f);
+}
+
+Test(ingest, tcp_line_too_long_closes_connection) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+
+    /* Without a newline: detected as soon as the partial line passes max_line. */
+    int fd = tcp_connect(port);
+    tcp_send_str(f, fd, "cpu,host=a value=1i\n");
+    char big[TEST_MAX_LINE + 10];
+    memset(big, 'x', sizeof(big));
+    tcp_send(f, fd, big, sizeof(big));
+    RUN_UNTIL(f, STAT(f, drop_line_too_long) == 1 && bd_ingest_connections(f->in) == 0);
+    cr_expect_eq(STAT(f, readings_accepted), 1);
+    RUN_UNTIL(f, peer_closed(fd));
+    close(fd);
+
+    /* With a newline, arriving in one piece together with the line after it. */
+    fd = tcp_connect(port);
+    big[sizeof(big) - 1] = '\n';
+    char msg[sizeof(big) + 64];
+    memcpy(msg, big, sizeof(big));
+    size_t n = sizeof(big) + (size_t)snprintf(msg + sizeof(big), 64, "cpu,host=b value=2i\n");
+    tcp_send(f, fd, msg, n);
+    RUN_UNTIL(f, STAT(f, drop_line_too_long) == 2 && bd_ingest_connections(f->in) == 0);
+    cr_expect_eq(STAT(f, readings_accepted), 1, "nothing after the long line is read");
+    close(fd);
+
+    cr_expect_eq(STAT(f, tcp_connections), 2);
+    fx_finish(f);
+}
+
+Test(ingest, tcp_max_connections) {
+    struct fx *f = fx_new();
+    uint32_t li = fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    f->cfg.listeners[li].max_connections = 2;
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+
+    int a = tcp_connect(port);
+    int b = tcp_connect(port);
+    RUN_UNTIL(f, STAT(f, tcp_connections) == 2);
+    int c = tcp_connect(port);
+    RUN_UNTIL(f, STAT(f, tcp_rejected) == 1);
+    cr_expect_eq(bd_ingest_connections(f->in), 2);
+    RUN_UNTIL(f, peer_closed(c));
+    close(c);
+
+    /* A slot that frees up is available again. */
+    close(a);
+    RUN_UNTIL(f, bd_ingest_connections(f->in) == 1);
+    int d = tcp_connect(port);
+    RUN_UNTIL(f, STAT(f, tcp_connections) == 3);
+    tcp_send_str(f, d, "cpu,host=d value=1i\n");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1);
+    cr_expect_eq(STAT(f, tcp_rejected), 1);
+    close(b);
+    close(d);
+    fx_finish(f);
+}
+
+Test(ingest, tcp_idle_timeout) {
+    struct fx *f = fx_new();
+    uint32_t li = fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    f->cfg.listeners[li].idle_timeout_ms = 150;
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+
+    int idle = tcp_connect(port);
+    int busy = tcp_connect(port);
+    RUN_UNTIL(f, STAT(f, tcp_connections) == 2);
+    tcp_send_str(f, idle, "cpu,host=idle value=1i\n");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1);
+    int64_t t0 = bd_mono_ns();
+
+    /* The busy one writes every 50 ms and must outlive the idle one. */
+    int sent = 0;
+    int64_t next = t0;
+    int64_t deadline = t0 + WAIT_NS;
+    while (STAT(f, tcp_idle_closed) == 0) {
+        cr_assert(bd_mono_ns() < deadline, "idle connection never closed");
+        if (bd_mono_ns() >= next) {
+            tcp_send_str(f, busy, "cpu,host=busy value=1i\n");
+            sent++;
+            next += 50 * BD_NS_PER_MS;
+        }
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        sleep_us(200);
+    }
+    int64_t elapsed_ms = (bd_mono_ns() - t0) / BD_NS_PER_MS;
+    cr_expect_geq(elapsed_ms, 140, "closed after %lld ms", (long long)elapsed_ms);
+    cr_expect_lt(elapsed_ms, 1000, "closed after %lld ms", (long long)elapsed_ms);
+    RUN_UNTIL(f, peer_closed(idle));
+    cr_expect_eq(bd_ingest_connections(f->in), 1, "the busy connection stays");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == (uint64_t)(1 + sent));
+
+    /* Once it falls silent it goes too. */
+    RUN_UNTIL(f, STAT(f, tcp_idle_closed) == 2);
+    cr_expect_eq(bd_ingest_connections(f->in), 0);
+    close(idle);
+    close(busy);
+    fx_finish(f);
+}
+
+/* Plays the flusher: empties every dirty ring; returns readings seen, checking their order. */
+static uint32_t drain_rings(struct fx *f, int64_t *next_value) {
+    uint32_t seen = 0;
+    struct bd_sensor *s;
+    static struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
+        int64_t ts;
+        uint32_t nv, cells;
+        while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) > 0) {
+            cr_assert_eq(nv, 1);
+            cr_assert_eq(vals[0].kind, BD_VAL_INT);
+            cr_assert_eq(vals[0].v.i, *next_value, "reading out of order or lost");
+            (*next_value)++;
+            bd_ring_consume(&s->ring, cells);
+            seen++;
+        }
+    }
+    return seen;
+}
+
+Test(ingest, tcp_backpressure_pauses_instead_of_dropping) {
+    struct fx *f = fx_new();
+    f->cfg.limits.ring_size = 64; /* 2 cells per reading: congested after ~17 readings */
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
+
+    enum { N = 3000 };
+    char *buf = malloc(N * 32);
+    size_t len = 0;
+    for (int i = 0; i < N; i++) {
+        len += (size_t)sprintf(buf + len, "bp,host=x v=%di\n", i);
+    }
+
+    size_t off = 0;
+    int64_t next_value = 0;
+    uint32_t pauses_seen = 0;
+    int64_t deadline = bd_mono_ns() + WAIT_NS * 4;
+    while (next_value < N) {
+        cr_assert(bd_mono_ns() < deadline, "stuck at reading %lld", (long long)next_value);
+        if (off < len) {
+            ssize_t n = send(fd, buf + off, len - off, MSG_NOSIGNAL);
+            if (n > 0) {
+                off += (size_t)n;
+            }
+        }
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        if (bd_ingest_paused(f->in) > 0) {
+            pauses_seen++;
+            /* Nothing moves while paused and the rings stay full. */
+            uint64_t before = STAT(f, readings_accepted);
+            uv_run(&f->loop, UV_RUN_NOWAIT);
+            cr_assert_eq(STAT(f, readings_accepted), before);
+            cr_assert_eq(bd_ingest_paused(f->in), 1);
+        }
+        if (drain_rings(f, &next_value) > 0) {
+            bd_ingest_resume(f->in);
+        }
+        sleep_us(50);
+    }
+    cr_expect_eq(STAT(f, drop_ring_full), 0);
+    cr_expect_eq(STAT(f, readings_accepted), N);
+    cr_expect_gt(pauses_seen, 10, "paused %u times", pauses_seen);
+    cr_expect_eq(bd_ingest_paused(f->in), 0);
+    free(buf);
+    close(fd);
+    fx_finish(f);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lifecycle                                                                                */
+
+Test(ingest, bind_error_names_listener_and_cleans_up) {
+    /* Hold a TCP port so the second listener cannot have it. */
+    int holder = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(holder, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(listen(holder, 1), 0);
+    socklen_t alen = sizeof(a);
+    cr_assert_eq(getsockname(holder, (struct sockaddr *)&a, &alen), 0);
+    char taken[64];
+    snprintf(taken, sizeof(taken), "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_listen(f, BD_PROTO_TCP, taken, BD_FORMAT_INFLUX);
+    struct bd_err err = {0};
+    cr_assert_eq(bd_sensor_table_new(&f->table, &f->cfg, &f->stats, &err), 0);
+    struct bd_ingest *in = NULL;
+    int rc = bd_ingest_new(&in, &f->loop, &f->cfg, f->table, &f->stats, &err);
+    cr_expect_eq(rc, UV_EADDRINUSE);
+    cr_expect_null(in);
+    char want[160];
+    snprintf(want, sizeof(want), "listener 2 (tcp %s): address already in use", taken);
+    cr_expect_str_eq(err.msg, want);
+
+    /* The UDP listener that did bind is closed and freed by the loop. */
+    run_until_closed(&f->loop);
+    cr_expect_eq(uv_loop_close(&f->loop), 0);
+    bd_sensor_table_free(f->table);
+    free(f);
+    close(holder);
+}
+
+Test(ingest, free_without_stop_and_free_null) {
+    bd_ingest_free(NULL);
+
+    struct fx *f = fx_new();
+    uint32_t li = fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    f->cfg.listeners[li].idle_timeout_ms = 1000;
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
+    tcp_send_str(f, fd, "cpu,host=a value=1i\ncpu,host=b val");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1);
+
+    /* Freed with a connection and a timer open: the close callbacks finish the job. */
+    bd_ingest_free(f->in);
+    run_until_closed(&f->loop);
+    cr_expect_eq(STAT(f, readings_accepted), 1, "an unterminated line is not a reading");
+    RUN_UNTIL(f, peer_closed(fd));
+    close(fd);
+    bd_sensor_table_free(f->table);
+    cr_assert_eq(uv_loop_close(&f->loop), 0);
+    free(f);
+}
+
+Test(ingest, stop_takes_lines_buffered_by_a_paused_connection) {
+    struct fx *f = fx_new();
+    f->cfg.limits.ring_size = 64;
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
+    /* 40 lines to different sensors after 20 to one: the first 20 congest its ring. */
+    char buf[4096];
+    size_t len = 0;
+    for (int i = 0; i < 20; i++) {
+        len += (size_t)sprintf(buf + len, "one,host=x v=%di\n", i);
+    }
+    for (int i = 0; i < 40; i++) {
+        len += (size_t)sprintf(buf + len, "many,host=h%d v=%di\n", i, i);
+    }
+    tcp_send(f, fd, buf, len);
+    RUN_UNTIL(f, STAT(f, tcp_bytes) == len);
+    cr_expect_eq(bd_ingest_paused(f->in), 1);
+    cr_expect_lt(STAT(f, lines), 60);
+
+    bd_ingest_stop(f->in);
+    cr_expect_eq(STAT(f, lines), 60, "stop processes what already arrived");
+    cr_expect_eq(STAT(f, readings_accepted), 60);
+    run_until_closed(&f->loop);
+    bd_ingest_free(f->in);
+    bd_ingest_resume(NULL);
+    close(fd);
+    bd_sensor_table_free(f->table);
+    cr_assert_eq(uv_loop_close(&f->loop), 0);
+    free(f);
+}
