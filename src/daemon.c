@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <systemd/sd-daemon.h>
 #include <uv.h>
 
 #include "bucketd/flusher.h"
@@ -31,6 +32,8 @@ struct daemon {
     uv_loop_t loop;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_async_t drained;
+    uv_timer_t watchdog; /* pings systemd when the unit sets WatchdogSec */
+    bool watchdog_on;
     /* Guards uv_async_send against the handle being closed (flusher thread vs loop). */
     pthread_mutex_t drained_mu;
     bool drained_open;
@@ -74,6 +77,10 @@ static void begin_stop(struct daemon *d, const char *why) {
     uv_close((uv_handle_t *)&d->sig_term, NULL);
     uv_close((uv_handle_t *)&d->sig_int, NULL);
     uv_close((uv_handle_t *)&d->sig_hup, NULL);
+    if (d->watchdog_on) {
+        uv_close((uv_handle_t *)&d->watchdog, NULL);
+    }
+    sd_notify(0, "STOPPING=1\nSTATUS=draining rings and flushing");
     pthread_mutex_lock(&d->drained_mu);
     d->drained_open = false;
     pthread_mutex_unlock(&d->drained_mu);
@@ -87,6 +94,29 @@ static void on_signal(uv_signal_t *h, int signum) {
         return;
     }
     begin_stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* The loop is alive if this fires: a stuck ingest thread stops the pings and systemd
+ * restarts the unit. */
+static void on_watchdog(uv_timer_t *t) {
+    struct daemon *d = t->data;
+    char status[160];
+    snprintf(status, sizeof(status), "WATCHDOG=1\nSTATUS=%llu readings accepted, %llu flushed",
+             (unsigned long long)BD_STAT_GET(&d->stats, readings_accepted),
+             (unsigned long long)BD_STAT_GET(&d->stats, readings_flushed));
+    sd_notify(0, status);
+}
+
+static void start_watchdog(struct daemon *d) {
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) {
+        return;
+    }
+    uv_timer_init(&d->loop, &d->watchdog);
+    d->watchdog.data = d;
+    uint64_t every_ms = usec / 2000 ? usec / 2000 : 1;
+    uv_timer_start(&d->watchdog, on_watchdog, every_ms, every_ms);
+    d->watchdog_on = true;
 }
 
 static void log_stats(const struct bd_stats *st) {
@@ -149,6 +179,8 @@ int bd_daemon_run(const struct bd_config *cfg) {
         bd_info("ready: writer %s, sink blackhole, flush every %" PRIu64 "ms", cfg->writer_id,
                 cfg->flush.interval_ms);
     }
+    start_watchdog(d);
+    sd_notify(0, "READY=1\nSTATUS=ready");
     uv_run(&d->loop, UV_RUN_DEFAULT);
 
     /* Every listener is closed: the rings hold all that was accepted. */

@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   # build
   build-essential cmake pkg-config
-  libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev
+  libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
   # tests
   libcriterion-dev
   # MongoDB test server and the Python end-to-end tests (Debian's python3, not a venv)
