@@ -42,13 +42,13 @@ struct daemon {
     struct bd_flusher *flusher;
     struct bd_ingest *ingest;
     bool stopping;
+    int64_t stop_deadline; /* monotonic ns: the whole stop, loop phase and final flush */
+    uv_timer_t stop_timer; /* gives up on TCP connections still draining at the deadline */
 };
 
 static void on_drained_async(uv_async_t *h) {
     struct daemon *d = h->data;
-    if (d->ingest != NULL && !d->stopping) {
-        bd_ingest_resume(d->ingest);
-    }
+    bd_ingest_resume(d->ingest);
 }
 
 /* Flusher thread. */
@@ -67,24 +67,43 @@ static void ring_high_water(void *arg) {
     bd_flusher_wake(d->flusher);
 }
 
+/* Every connection is finished: nothing more will reach the rings from this loop. */
+static void on_ingest_stopped(void *arg) {
+    struct daemon *d = arg;
+    pthread_mutex_lock(&d->drained_mu);
+    d->drained_open = false;
+    pthread_mutex_unlock(&d->drained_mu);
+    uv_close((uv_handle_t *)&d->drained, NULL);
+    uv_close((uv_handle_t *)&d->stop_timer, NULL);
+}
+
+static void on_stop_deadline(uv_timer_t *t) {
+    struct daemon *d = t->data;
+    bd_warn("stop deadline (flush.stop_timeout) passed with TCP input still waiting for ring "
+            "space; closing those connections");
+    bd_ingest_abort(d->ingest);
+}
+
 static void begin_stop(struct daemon *d, const char *why) {
     if (d->stopping) {
         return;
     }
     d->stopping = true;
+    d->stop_deadline = bd_mono_ns() + (int64_t)d->cfg->flush.stop_timeout_ms * BD_NS_PER_MS;
     bd_info("%s: stopping listeners, then draining rings and flushing", why);
-    bd_ingest_stop(d->ingest);
+    sd_notify(0, "STOPPING=1\nSTATUS=draining rings and flushing");
     uv_close((uv_handle_t *)&d->sig_term, NULL);
     uv_close((uv_handle_t *)&d->sig_int, NULL);
     uv_close((uv_handle_t *)&d->sig_hup, NULL);
     if (d->watchdog_on) {
         uv_close((uv_handle_t *)&d->watchdog, NULL);
     }
-    sd_notify(0, "STOPPING=1\nSTATUS=draining rings and flushing");
-    pthread_mutex_lock(&d->drained_mu);
-    d->drained_open = false;
-    pthread_mutex_unlock(&d->drained_mu);
-    uv_close((uv_handle_t *)&d->drained, NULL);
+    /* TCP lines already received may still wait for ring space: the flusher keeps draining
+     * and its doorbell (d->drained) keeps resuming them until ingest reports it is done. */
+    uv_timer_init(&d->loop, &d->stop_timer);
+    d->stop_timer.data = d;
+    uv_timer_start(&d->stop_timer, on_stop_deadline, d->cfg->flush.stop_timeout_ms, 0);
+    bd_ingest_stop(d->ingest, on_ingest_stopped, d);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -184,7 +203,13 @@ int bd_daemon_run(const struct bd_config *cfg) {
     uv_run(&d->loop, UV_RUN_DEFAULT);
 
     /* Every listener is closed: the rings hold all that was accepted. */
-    bd_flusher_stop(d->flusher);
+    bd_flusher_stop(d->flusher, d->stop_deadline);
+    uint64_t unread = BD_STAT_GET(&d->stats, tcp_unread_at_stop);
+    if (unread > 0) {
+        bd_warn("%" PRIu64 " bytes of TCP input were not read because of the stop (senders "
+                "should resend what the connection close interrupted)",
+                unread);
+    }
     log_stats(&d->stats);
     exit_code = 0;
 out:

@@ -63,6 +63,7 @@ struct bd_flusher {
     pthread_cond_t cv;
     bool wake_pending; /* guarded by mu */
     bool stop;         /* guarded by mu */
+    int64_t stop_deadline; /* guarded by mu */
 
     bd_flusher_drained_cb drained;
     void *drained_arg;
@@ -697,6 +698,7 @@ static void *flusher_main(void *arg) {
     struct bd_flusher *f = arg;
     int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
     int64_t stop_deadline = 0;
+    bool have_deadline = false;
 
     if (f->cfg->sink == BD_SINK_MONGODB && ensure_client(f)) {
         ensure_indexes(f);
@@ -713,11 +715,12 @@ static void *flusher_main(void *arg) {
         }
         f->wake_pending = false;
         stopping = f->stop;
+        if (stopping && !have_deadline) {
+            stop_deadline = f->stop_deadline;
+            have_deadline = true;
+        }
         pthread_mutex_unlock(&f->mu);
 
-        if (stopping && stop_deadline == 0) {
-            stop_deadline = bd_mono_ns() + (int64_t)f->cfg->flush.stop_timeout_ms * BD_NS_PER_MS;
-        }
         if (f->retry_at == 0 || bd_mono_ns() >= f->retry_at) {
             flush_once(f);
         }
@@ -770,12 +773,13 @@ int bd_flusher_start(struct bd_flusher *f, struct bd_err *err) {
     return 0;
 }
 
-void bd_flusher_stop(struct bd_flusher *f) {
+void bd_flusher_stop(struct bd_flusher *f, int64_t deadline_mono_ns) {
     if (!f->started) {
         return;
     }
     pthread_mutex_lock(&f->mu);
     f->stop = true;
+    f->stop_deadline = deadline_mono_ns;
     pthread_cond_signal(&f->cv);
     pthread_mutex_unlock(&f->mu);
     pthread_join(f->thread, NULL);

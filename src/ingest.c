@@ -20,6 +20,7 @@
 
 #include <limits.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@ struct conn {
     struct sockaddr_storage peer;
     uint64_t last_active_ms; /* uv_now() of the last read, for the idle sweep */
     bool paused;             /* reading stopped by backpressure */
+    bool eof;                /* the peer finished sending; close once the buffer is consumed */
     /*
      * buf[start, len) is received and not yet consumed; buf[start, scan) is known to hold no
      * '\n', so memchr never rescans bytes of a line that arrives in many reads.
@@ -117,6 +119,9 @@ struct bd_ingest {
 
     uint32_t open_handles;
     bool stopping;
+    /* Called once, when a stop has no connection left draining its buffer. */
+    bd_ingest_stopped_cb stopped_cb;
+    void *stopped_arg;
     bool released; /* the owner let go; destroy once open_handles reaches 0 */
 };
 
@@ -499,6 +504,57 @@ static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
     return 0;
 }
 
+/* Bytes the kernel holds for this connection that were never read (for the stop log). */
+static uint64_t unread_in_kernel(struct conn *c) {
+    uv_os_fd_t fd;
+    int n = 0;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, FIONREAD, &n) == 0 && n > 0) {
+        return (uint64_t)n;
+    }
+    return 0;
+}
+
+/*
+ * A connection that will not be read again (EOF or stopping): consume its buffered lines under
+ * backpressure. Returns 1 if it must wait for ring space (left open, paused), else 0 after
+ * closing it. At EOF the unterminated last line is a reading; at a stop it is a torn line and
+ * counted, with what the kernel still held, in tcp_unread_at_stop.
+ */
+static int conn_finish(struct conn *c, int64_t now_ns) {
+    struct listener *l = c->l;
+    int rc = conn_drain(c, now_ns, true);
+    if (rc > 0) {
+        return 1;
+    }
+    if (rc == 0 && c->len > c->start) {
+        if (c->eof) {
+            (void)handle_line(l, c->buf + c->start, c->len - c->start,
+                              (const struct sockaddr *)&c->peer, now_ns);
+        } else {
+            BD_STAT_ADD(l->in->stats, tcp_unread_at_stop, c->len - c->start);
+        }
+    }
+    if (!c->eof) {
+        BD_STAT_ADD(l->in->stats, tcp_unread_at_stop, unread_in_kernel(c));
+    }
+    conn_close(c);
+    return 0;
+}
+
+static void maybe_stopped(struct bd_ingest *in) {
+    if (!in->stopping || in->stopped_cb == NULL) {
+        return;
+    }
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        if (in->listeners[i].conns != NULL) {
+            return;
+        }
+    }
+    bd_ingest_stopped_cb cb = in->stopped_cb;
+    in->stopped_cb = NULL;
+    cb(in->stopped_arg);
+}
+
 static void on_conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     struct conn *c = h->data;
     (void)suggested;
@@ -525,12 +581,13 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread < 0) {
         if (nread == UV_EOF) {
-            int64_t now_ns = bd_now_ns();
-            /* The peer is gone, so there is nobody to push back on: take what is left. */
-            if (conn_drain(c, now_ns, false) == 0 && c->len > c->start) {
-                (void)handle_line(l, c->buf + c->start, c->len - c->start,
-                                  (const struct sockaddr *)&c->peer, now_ns);
+            /* Whatever is buffered is still owed to the rings, under the same backpressure:
+             * a congested connection waits (paused) until bd_ingest_resume() finishes it. */
+            c->eof = true;
+            if (conn_finish(c, bd_now_ns()) > 0) {
+                conn_pause(c);
             }
+            return;
         } else {
             char who[PEER_LEN];
             format_addr((const struct sockaddr *)&c->peer, who, sizeof(who));
@@ -808,11 +865,13 @@ out:
     return rc;
 }
 
-void bd_ingest_stop(struct bd_ingest *in) {
+void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {
     if (in == NULL || in->stopping) {
         return;
     }
     in->stopping = true;
+    in->stopped_cb = cb;
+    in->stopped_arg = arg;
     for (uint32_t i = 0; i < in->n_listeners; i++) {
         struct listener *l = &in->listeners[i];
         if (l->h_open) {
@@ -827,20 +886,37 @@ void bd_ingest_stop(struct bd_ingest *in) {
             l->sweep_open = false;
         }
         int64_t now_ns = l->conns != NULL ? bd_now_ns() : 0;
+        struct conn *next = NULL;
+        for (struct conn *c = l->conns; c != NULL; c = next) {
+            next = c->next;
+            /* Complete lines already received are owed to the rings; a connection that has to
+             * wait for ring space stays open, not read, until resume or abort finishes it. */
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            if (conn_finish(c, now_ns) > 0) {
+                conn_pause(c);
+            }
+        }
+    }
+    maybe_stopped(in);
+}
+
+void bd_ingest_abort(struct bd_ingest *in) {
+    if (in == NULL || !in->stopping) {
+        return;
+    }
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        struct listener *l = &in->listeners[i];
         while (l->conns != NULL) {
             struct conn *c = l->conns;
-            /*
-             * Complete lines still in the buffer (a paused connection's) arrived before the
-             * stop and are taken; an unterminated tail is not a reading yet and is dropped.
-             */
-            (void)conn_drain(c, now_ns, false);
+            BD_STAT_ADD(in->stats, tcp_unread_at_stop, (c->len - c->start) + unread_in_kernel(c));
             conn_close(c);
         }
     }
+    maybe_stopped(in);
 }
 
 void bd_ingest_resume(struct bd_ingest *in) {
-    if (in == NULL || in->stopping) {
+    if (in == NULL) {
         return;
     }
     int64_t now_ns = 0;
@@ -857,6 +933,13 @@ void bd_ingest_resume(struct bd_ingest *in) {
             }
             if (now_ns == 0) {
                 now_ns = bd_now_ns();
+            }
+            if (c->eof || in->stopping) {
+                /* Never read again: finish the buffer, then close. */
+                if (conn_finish(c, now_ns) > 0) {
+                    return;
+                }
+                continue;
             }
             /* Lines left in the buffer when the connection paused go first, in order. */
             int rc = conn_drain(c, now_ns, true);
@@ -876,6 +959,7 @@ void bd_ingest_resume(struct bd_ingest *in) {
             }
         }
     }
+    maybe_stopped(in);
 }
 
 void bd_ingest_free(struct bd_ingest *in) {
@@ -883,7 +967,8 @@ void bd_ingest_free(struct bd_ingest *in) {
         return;
     }
     /* Tolerate a free without a stop: close now and let the last close callback destroy. */
-    bd_ingest_stop(in);
+    bd_ingest_stop(in, NULL, NULL);
+    bd_ingest_abort(in);
     in->released = true;
     if (in->open_handles == 0) {
         destroy(in);

@@ -21,6 +21,11 @@
  * - string values may hold raw newlines (see bd_parse_err_open_string).
  * - a repeated tag key is an error; a repeated field key keeps its first place and takes the
  *   last value, as a later write of the same field would in InfluxDB (the corpus is silent).
+ *
+ * Graphite plaintext is "path[;key=value...] value [timestamp]" split by spaces or tabs: tags
+ * as carbon accepts them (a repeated key is an error here), the value a decimal float (integers
+ * too, no nan or inf), the timestamp in seconds with an optional fraction whatever precision
+ * the listener has, -1 meaning none. Lines starting with '#' are skipped as comments.
  */
 #include "bucketd/parse.h"
 
@@ -34,7 +39,7 @@
 
 const char bd_parse_err_open_string[] = "unterminated string";
 
-/* The scratch buffer holds at most two line lengths at a time; see bd_parser_init. */
+/* Scratch room past two line lengths (see bd_parser_init): the NUL after a float for strtod. */
 #define SCRATCH_SLACK 64
 
 /* Internal result of the number readers: distinguishes a malformed token from a big one. */
@@ -77,18 +82,37 @@ static bool is_digit(unsigned char c) {
 
 /*
  * Token classes of line protocol. A measurement ends at ',' or ' '; tag keys, tag values and
- * field keys also at '='. Control characters end every token (and then fail the line).
+ * field keys also at '='. Control characters end every token (and then fail the line). Exactly
+ * the characters that end a token are escapable, which makes escaped text canonical.
  */
-enum token { TOK_MEASUREMENT, TOK_KEY };
+enum token { TOK_MEASUREMENT = 1, TOK_KEY = 2 };
 
-static bool token_char(unsigned char c, enum token t) {
-    if (c == ',' || c == ' ' || is_ctl(c)) {
-        return false;
-    }
-    return t == TOK_MEASUREMENT || c != '=';
-}
+/*
+ * One bit per kind of text a byte may continue without a second look: TOK_MEASUREMENT,
+ * TOK_KEY, and 4 for the run of a boolean or number (anything but ',', ' ', '\r', '\n').
+ * The backslash is left out of the token bits so that the scanning loop stops on it. One
+ * table lookup per byte is what keeps the scanners cheap.
+ */
+#define CLASS_VALUE 4
+static const unsigned char char_class[256] = {
+    4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 4, 4, 0, 4, 4, /* 00 */
+    4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, /* 10 */
+    0, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 0, 7, 7, 7, /* 20 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 5, 7, 7, /* 30 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* 40 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 4, 7, 7, 7, /* 50 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* 60 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 4, /* 70 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* 80 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* 90 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* a0 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* b0 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* c0 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* d0 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* e0 */
+    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, /* f0 */
+};
 
-/* Exactly the characters that end a token are escapable, so escaped text is canonical. */
 static bool token_escapable(unsigned char c, enum token t) {
     return c == ',' || c == ' ' || (t == TOK_KEY && c == '=');
 }
@@ -99,23 +123,20 @@ static bool token_escapable(unsigned char c, enum token t) {
  * kept as it is, and the character after it is judged on its own.
  */
 static size_t scan_token(const char *s, size_t i, size_t n, enum token t, bool *esc) {
-    while (i < n) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\\') {
-            if (i + 1 < n && token_escapable((unsigned char)s[i + 1], t)) {
-                *esc = true;
-                i += 2;
-            } else {
-                i++;
-            }
-            continue;
+    for (;;) {
+        while (i < n && (char_class[(unsigned char)s[i]] & t) != 0) {
+            i++;
         }
-        if (!token_char(c, t)) {
-            break;
+        if (i == n || s[i] != '\\') {
+            return i;
         }
-        i++;
+        if (i + 1 < n && token_escapable((unsigned char)s[i + 1], t)) {
+            *esc = true;
+            i += 2;
+        } else {
+            i++;
+        }
     }
-    return i;
 }
 
 static struct bd_str unescape_token(struct scratch *sc, const char *s, size_t len, enum token t) {
@@ -208,39 +229,10 @@ static bool utf8_valid(const char *str, size_t n) {
 /* ---------------------------------------------------------------------------------------- */
 /* Numbers                                                                                  */
 
-/* [-]digits, as Go's ParseInt reads the integers and timestamps of line protocol. */
-static enum num_rc read_i64(const char *s, size_t n, int64_t *out) {
-    size_t i = 0;
-    bool neg = false;
-    if (i < n && s[i] == '-') {
-        neg = true;
-        i++;
-    }
-    if (i == n) {
-        return NUM_SYNTAX;
-    }
-    uint64_t v = 0;
-    bool big = false;
-    for (; i < n; i++) {
-        unsigned d = (unsigned char)s[i] - '0';
-        if (d > 9) {
-            return NUM_SYNTAX;
-        }
-        if (v > (UINT64_MAX - d) / 10) {
-            big = true;
-        } else {
-            v = v * 10 + d;
-        }
-    }
-    uint64_t limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
-    if (big || v > limit) {
-        return NUM_RANGE;
-    }
-    /* Negating in unsigned arithmetic keeps INT64_MIN free of signed overflow. */
-    *out = neg ? (int64_t)(~v + 1) : (int64_t)v;
-    return NUM_OK;
-}
-
+/*
+ * Decimal digits to a uint64_t, as Go's ParseUint reads them: at least one, nothing else. Up to
+ * 19 digits cannot overflow, so only longer runs (rare: leading zeros or garbage) are checked.
+ */
 static enum num_rc read_u64(const char *s, size_t n, uint64_t *out) {
     if (n == 0) {
         return NUM_SYNTAX;
@@ -252,16 +244,31 @@ static enum num_rc read_u64(const char *s, size_t n, uint64_t *out) {
         if (d > 9) {
             return NUM_SYNTAX;
         }
-        if (v > (UINT64_MAX - d) / 10) {
+        if (i >= 19 && (v > UINT64_MAX / 10 || v * 10 > UINT64_MAX - d)) {
             big = true;
-        } else {
-            v = v * 10 + d;
         }
+        v = v * 10 + d;
     }
     if (big) {
         return NUM_RANGE;
     }
     *out = v;
+    return NUM_OK;
+}
+
+/* [-]digits, as Go's ParseInt reads the integers and timestamps of line protocol. */
+static enum num_rc read_i64(const char *s, size_t n, int64_t *out) {
+    bool neg = n > 0 && s[0] == '-';
+    uint64_t v = 0;
+    enum num_rc rc = read_u64(s + neg, n - neg, &v);
+    if (rc != NUM_OK) {
+        return rc;
+    }
+    if (v > (neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX)) {
+        return NUM_RANGE;
+    }
+    /* Negating in unsigned arithmetic keeps INT64_MIN free of signed overflow. */
+    *out = neg ? (int64_t)(~v + 1) : (int64_t)v;
     return NUM_OK;
 }
 
@@ -280,6 +287,8 @@ static const double pow10_exact[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1
  * handed to strtod, copied into tmp (n + 1 bytes) because the token is not NUL-terminated.
  */
 static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, double *out) {
+    /* Past this the value is 0 or infinite anyway; keeping exp10 within it avoids overflow. */
+    const int exp_cap = 1000000;
     size_t i = 0;
     bool neg = false;
     if (i < n && (s[i] == '-' || (plus_ok && s[i] == '+'))) {
@@ -287,9 +296,9 @@ static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, do
         i++;
     }
     uint64_t mant = 0;
-    int sig = 0;        /* significant digits held in mant (at most 19 fit) */
-    int exp10 = 0;      /* value = mant * 10^exp10, plus what was dropped */
-    bool dropped = false; /* a nonzero digit did not fit in mant */
+    int sig = 0;       /* significant digits held in mant (at most 19 fit) */
+    int exp10 = 0;     /* the value is mant * 10^exp10 ... */
+    bool exact = true; /* ... exactly, unless digits were dropped or exp10 capped */
     size_t digits = 0;
     for (; i < n && is_digit((unsigned char)s[i]); i++, digits++) {
         unsigned d = (unsigned char)s[i] - '0';
@@ -299,22 +308,23 @@ static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, do
                 sig++;
             }
         } else {
-            exp10++;
-            dropped |= d != 0;
+            /* A digit past the 19th still scales the value; a nonzero one makes it inexact. */
+            exact = exact && d == 0 && exp10 < exp_cap;
+            exp10 += exp10 < exp_cap;
         }
     }
     if (i < n && s[i] == '.') {
         for (i++; i < n && is_digit((unsigned char)s[i]); i++, digits++) {
             unsigned d = (unsigned char)s[i] - '0';
-            if (sig < 19) {
-                if (mant != 0 || d != 0) {
-                    mant = mant * 10 + d;
-                    sig++;
-                }
-                exp10--;
-            } else {
-                dropped |= d != 0;
+            if (sig == 19 || exp10 <= -exp_cap) {
+                exact = exact && d == 0;
+                continue;
             }
+            if (mant != 0 || d != 0) {
+                mant = mant * 10 + d;
+                sig++;
+            }
+            exp10--;
         }
     }
     if (digits == 0) {
@@ -332,9 +342,10 @@ static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, do
         }
         int e = 0;
         for (; i < n && is_digit((unsigned char)s[i]); i++) {
-            /* Past a million the result is 0 or infinite anyway; stop before int overflow. */
-            if (e < 1000000) {
+            if (e < exp_cap) {
                 e = e * 10 + (s[i] - '0');
+            } else {
+                exact = false;
             }
         }
         exp10 += eneg ? -e : e;
@@ -342,13 +353,13 @@ static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, do
     if (i != n) {
         return NUM_SYNTAX;
     }
-    if (mant == 0) {
+    if (mant == 0 && exact) {
         *out = neg ? -0.0 : 0.0;
         return NUM_OK;
     }
 #if FLT_EVAL_METHOD == 0
     /* Only where double arithmetic is not carried out in a wider type (x87) and rounded twice. */
-    if (!dropped && mant <= MANT_EXACT && exp10 >= -22 && exp10 <= 22 + 15) {
+    if (exact && mant <= MANT_EXACT && exp10 >= -22 && exp10 <= 22 + 15) {
         double m = (double)mant;
         double v = 0;
         bool fast = true;
@@ -371,7 +382,7 @@ static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, do
         }
     }
 #else
-    (void)dropped;
+    (void)exact;
 #endif
     /* The syntax was checked above, so strtod reads exactly these bytes (in the "C" locale,
      * which the daemon never changes). */
@@ -394,6 +405,21 @@ static const int64_t ns_per_unit[] = {
     [BD_PREC_US] = 1000,
     [BD_PREC_MS] = 1000000,
     [BD_PREC_S] = 1000000000,
+};
+
+/* The timestamps that still fit in int64 nanoseconds, as constants: a division per line costs
+ * more than the rest of the timestamp. */
+static const int64_t max_in_unit[] = {
+    [BD_PREC_NS] = INT64_MAX,
+    [BD_PREC_US] = INT64_MAX / 1000,
+    [BD_PREC_MS] = INT64_MAX / 1000000,
+    [BD_PREC_S] = INT64_MAX / 1000000000,
+};
+static const int64_t min_in_unit[] = {
+    [BD_PREC_NS] = INT64_MIN,
+    [BD_PREC_US] = INT64_MIN / 1000,
+    [BD_PREC_MS] = INT64_MIN / 1000000,
+    [BD_PREC_S] = INT64_MIN / 1000000000,
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -536,7 +562,7 @@ static int read_field_value(struct scratch *sc, const char *s, size_t *pi, size_
 
     /* Booleans and numbers run to the next separator; what they hold is checked after. */
     size_t start = i;
-    while (i < n && s[i] != ',' && s[i] != ' ' && s[i] != '\r' && s[i] != '\n') {
+    while (i < n && (char_class[(unsigned char)s[i]] & CLASS_VALUE) != 0) {
         i++;
     }
     const char *v = s + start;
@@ -630,7 +656,7 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
     bool in_order = true;
     while (i < n && s[i] == ',') {
         i++;
-        if (i == n || s[i] == ' ' || s[i] == '\r' || s[i] == '\n') {
+        if (i == n || s[i] == ' ') {
             return fail(errmsg, BD_PARSE_ESYNTAX, "expected tag key after comma");
         }
         size_t ks = i;
@@ -728,8 +754,7 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
         if (rc == NUM_SYNTAX) {
             return fail(errmsg, BD_PARSE_ESYNTAX, "invalid timestamp");
         }
-        int64_t unit = ns_per_unit[p->precision];
-        if (rc == NUM_RANGE || t > INT64_MAX / unit || t < INT64_MIN / unit) {
+        if (rc == NUM_RANGE || t > max_in_unit[p->precision] || t < min_in_unit[p->precision]) {
             return fail(errmsg, BD_PARSE_ERANGE, "timestamp out of range");
         }
         while (i < n && s[i] == ' ') {
@@ -739,7 +764,7 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
             return fail(errmsg, BD_PARSE_ESYNTAX, "unexpected text after timestamp");
         }
         pt->has_time = true;
-        pt->time_ns = t * unit;
+        pt->time_ns = t * ns_per_unit[p->precision];
     }
 
     int rc = sort_tags(pt, raw, errmsg);

@@ -56,64 +56,22 @@ static const char usage[] =
 /* ---------------------------------------------------------------------------------------- */
 /* JSON output (stdout is buffered by stdio; it is flushed before every blocking read)      */
 
-/* Length of the valid UTF-8 sequence at s (n bytes left), or 0 if there is none. */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    size_t need;
-    unsigned char lo = 0x80;
-    unsigned char hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) {
-        need = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        need = 2;
-        lo = c == 0xe0 ? 0xa0 : 0x80;
-        hi = c == 0xed ? 0x9f : 0xbf;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        need = 3;
-        lo = c == 0xf0 ? 0x90 : 0x80;
-        hi = c == 0xf4 ? 0x8f : 0xbf;
-    } else {
-        return 0;
-    }
-    if (n - 1 < need || s[1] < lo || s[1] > hi) {
-        return 0;
-    }
-    for (size_t k = 2; k <= need; k++) {
-        if (s[k] < 0x80 || s[k] > 0xbf) {
-            return 0;
-        }
-    }
-    return need + 1;
-}
-
 /*
- * A JSON string. The parser only hands out valid UTF-8, which passes through; should a stray
- * byte get here anyway it becomes U+FFFD, so the output stays valid JSON whatever happens.
+ * A JSON string. Everything printed comes from the parser, which hands out valid UTF-8 only
+ * (and static ASCII messages), so bytes past ASCII pass through as they are.
  */
 static void put_json_string(const char *str, size_t len) {
     const unsigned char *s = (const unsigned char *)str;
     putchar('"');
-    for (size_t i = 0; i < len;) {
+    for (size_t i = 0; i < len; i++) {
         unsigned char c = s[i];
         if (c == '"' || c == '\\') {
             putchar('\\');
             putchar(c);
-            i++;
         } else if (c < 0x20 || c == 0x7f) {
             printf("\\u%04x", c);
-            i++;
-        } else if (c < 0x80) {
-            putchar(c);
-            i++;
         } else {
-            size_t k = utf8_seq(s + i, len - i);
-            if (k == 0) {
-                fputs("\\ufffd", stdout);
-                i++;
-            } else {
-                fwrite(s + i, 1, k, stdout);
-                i += k;
-            }
+            putchar(c);
         }
     }
     putchar('"');

@@ -136,6 +136,10 @@ metrics:
   bind: ""
 log:
   level: info
+limits:
+  # The demo replays three hours of readings in one burst; rings of 4096 cells hold a whole
+  # burst per sensor, so UDP sensors do not lose readings between flushes.
+  ring_size: 4096
 EOF
 "$BIN" -c "$CONFIG" --check-config >/dev/null || die "bucketd rejected the generated config"
 

@@ -27,11 +27,11 @@ int bd_flusher_start(struct bd_flusher *f, struct bd_err *err);
 /* Any thread: flush now instead of at the next interval. */
 void bd_flusher_wake(struct bd_flusher *f);
 /*
- * Final drain and flush, bounded by flush.stop_timeout; joins the thread. Call after ingest has
- * stopped. Readings that could not be written by the deadline are counted in readings_lost and
- * logged.
+ * Final drain and flush, retried until deadline_mono_ns (bd_mono_ns() clock); joins the thread.
+ * Call after ingest has stopped. Readings that could not be written by the deadline are counted
+ * in readings_lost and logged.
  */
-void bd_flusher_stop(struct bd_flusher *f);
+void bd_flusher_stop(struct bd_flusher *f, int64_t deadline_mono_ns);
 void bd_flusher_free(struct bd_flusher *f);
 
 /* Route mongo-c-driver's log lines into bd_log (call once, after mongoc_init). */

@@ -22,14 +22,24 @@ struct bd_ingest;
 int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_config *cfg,
                   struct bd_sensor_table *table, struct bd_stats *stats, struct bd_err *err);
 
-/*
- * Stop taking input: stop reading, close every listener and connection (uv_close). Data that
- * already arrived in a buffer is processed first. The caller then runs the loop until the close
- * callbacks have fired and calls bd_ingest_free().
- */
-void bd_ingest_stop(struct bd_ingest *in);
+/* Called on the loop thread when a stop has finished with every connection. */
+typedef void (*bd_ingest_stopped_cb)(void *arg);
 
-/* Ring space came free: TCP connections paused by backpressure may resume reading. */
+/*
+ * Stop taking input: close every listener, stop reading every connection. Complete lines
+ * already received still go to the rings under backpressure: a connection that has to wait for
+ * ring space stays open (not read) until bd_ingest_resume() finishes it or bd_ingest_abort()
+ * gives up on it. cb runs once no connection is left (possibly before this returns). Bytes
+ * never processed (kernel backlog, a torn last line) are counted in tcp_unread_at_stop. The
+ * caller then runs the loop until the close callbacks have fired and calls bd_ingest_free().
+ */
+void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg);
+
+/* The stop deadline passed: close the connections still waiting, counting their bytes. */
+void bd_ingest_abort(struct bd_ingest *in);
+
+/* Ring space came free: TCP connections paused by backpressure resume reading (or, during a
+ * stop, finish their buffers). */
 void bd_ingest_resume(struct bd_ingest *in);
 
 /*

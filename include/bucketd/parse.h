@@ -1,8 +1,9 @@
 /*
  * Line parsers: InfluxDB line protocol and Graphite plaintext, one line at a time. Called on
- * the ingest thread per line; never allocates: names that need unescaping and the series key
- * are written into the parser's scratch buffer, everything else points into the input line.
- * A parsed point is valid until the next call on the same parser.
+ * the ingest thread per line; never allocates: names that need unescaping, and a series key
+ * whose tags arrived unsorted, are written into the parser's scratch buffer; everything else
+ * points into the input line. A parsed point is valid until the next call on the same parser
+ * and while the line's bytes stay in place.
  */
 #ifndef BUCKETD_PARSE_H
 #define BUCKETD_PARSE_H
@@ -47,11 +48,11 @@ struct bd_field {
 struct bd_point {
     struct bd_str name; /* measurement (influx) or path (graphite), unescaped */
     struct bd_tag tags[BD_PARSE_MAX_TAGS];
-    uint32_t n_tags; /* sorted by key (byte order), duplicates removed as the spec says */
+    uint32_t n_tags; /* sorted by key (byte order); a repeated key fails the line (corpus) */
     struct bd_field fields[BD_PARSE_MAX_FIELDS];
     uint32_t n_fields; /* input order; a repeated key keeps its first place and last value */
     bool has_time;
-    int64_t time_ns; /* scaled to ns from the listener's precision; valid if has_time */
+    int64_t time_ns; /* valid if has_time; ns, from the listener's precision (Graphite: s) */
     /*
      * Canonical sensor id: influx "measurement,k1=v1,k2=v2" with tags sorted and the line
      * protocol escapes re-applied; graphite "path;k1=v1;k2=v2" with tags sorted.

@@ -21,6 +21,7 @@
     X(tcp_rejected, "TCP connections refused (max_connections)")                           \
     X(tcp_bytes, "TCP payload bytes received")                                            \
     X(tcp_idle_closed, "TCP connections closed by the idle timeout")                       \
+    X(tcp_unread_at_stop, "TCP bytes never processed because the daemon stopped")            \
     X(lines, "non-empty, non-comment input lines")                                        \
     X(readings_accepted, "readings accepted into a sensor ring")                           \
     X(drop_line_too_long, "lines dropped: longer than limits.max_line")                    \

@@ -190,6 +190,26 @@ def mongo_client(uri, timeout_ms=10000):
     return pymongo.MongoClient(uri, serverSelectionTimeoutMS=timeout_ms, connect=True)
 
 
+def stored_count(client, database, collection="buckets"):
+    """Sum of the count fields of every bucket document."""
+    total = 0
+    for d in client[database][collection].find({}, {"count": 1}):
+        total += int(d.get("count", 0))
+    return total
+
+
+def wait_stored(client, database, n, timeout, collection="buckets"):
+    """Wait until the documents hold n readings; returns the last total seen."""
+    last = [0]
+
+    def done():
+        last[0] = stored_count(client, database, collection)
+        return last[0] >= n
+
+    wait_for(done, timeout, 0.2)
+    return last[0]
+
+
 # ---------------------------------------------------------------------------------------------
 # The daemon
 # ---------------------------------------------------------------------------------------------

@@ -140,6 +140,24 @@ class EndToEnd(bdtest.E2ECase):
         for key, n in per_bucket.items():
             self.assertEqual(pages.get(key), -(-n // cap), "pages of %s (%d readings)" % (key, n))
 
+    def test_tcp_backpressure_does_not_drop(self):
+        """Tiny rings: TCP stops reading instead of dropping; every reading arrives."""
+        uri, client, db = self.new_database("e2e_backpressure")
+        # 64 cells hold 16 readings of 3 fields (a header cell plus one cell per field).
+        d = self.daemon(uri, db, extra={"limits": {"ring_size": 64}})
+        readings = sr.make_readings(sensors=4, per_sensor=2000, seed=61)
+        d.start()
+        sr.send(sr.shuffle(readings, seed=62), tcp=d.addr("tcp"))
+        stored = bdtest.wait_stored(client, db, len(readings), 120)
+        stats = d.stop()
+        self.assertEqual(stored, len(readings), "stored before SIGTERM")
+        self.assertStat(stats, "drop_ring_full", 0, d)
+        self.assertStat(stats, "readings_accepted", len(readings), d)
+        self.assertStat(stats, "readings_flushed", len(readings), d)
+        docs = self.documents(client, db)
+        self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, 3600), "invariants", d)
+        self.assertNoProblems(bdtest.check_readings(docs, readings, SPAN_S), "readings", d)
+
     def test_indexes_created_at_startup(self):
         """The upsert/query index {sensor_id: 1, bucket_start: 1} exists once bucketd runs."""
         uri, client, db = self.new_database("e2e_index")

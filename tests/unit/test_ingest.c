@@ -103,8 +103,13 @@ static void run_until_closed(uv_loop_t *loop) {
     }
 }
 
+static void on_stopped(void *arg) {
+    *(bool *)arg = true;
+}
+
 static void fx_finish(struct fx *f) {
-    bd_ingest_stop(f->in);
+    bd_ingest_stop(f->in, NULL, NULL);
+    bd_ingest_abort(f->in);
     run_until_closed(&f->loop);
     bd_ingest_free(f->in);
     bd_sensor_table_free(f->table);
@@ -466,6 +471,19 @@ static uint32_t drain_rings(struct fx *f, int64_t *next_value) {
     return seen;
 }
 
+/* Plays the flusher without order checks: empties every dirty ring. */
+static void consume_all(struct fx *f) {
+    struct bd_sensor *s;
+    static struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
+        int64_t ts;
+        uint32_t nv, cells;
+        while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) > 0) {
+            bd_ring_consume(&s->ring, cells);
+        }
+    }
+}
+
 Test(ingest, tcp_backpressure_pauses_instead_of_dropping) {
     struct fx *f = fx_new();
     f->cfg.limits.ring_size = 64; /* 2 cells per reading: congested after ~17 readings */
@@ -594,12 +612,53 @@ Test(ingest, stop_takes_lines_buffered_by_a_paused_connection) {
     cr_expect_eq(bd_ingest_paused(f->in), 1);
     cr_expect_lt(STAT(f, lines), 60);
 
-    bd_ingest_stop(f->in);
+    bool stopped = false;
+    bd_ingest_stop(f->in, on_stopped, &stopped);
+    cr_expect_not(stopped, "the paused connection still owes lines to the rings");
+    cr_expect_lt(STAT(f, lines), 60, "a stop does not push into full rings");
+    for (int i = 0; i < 100 && !stopped; i++) {
+        /* The flusher's part: drain, then the doorbell resumes the connection. */
+        consume_all(f);
+        bd_ingest_resume(f->in);
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+    }
+    cr_expect(stopped, "the stop completes once the buffered lines are in the rings");
     cr_expect_eq(STAT(f, lines), 60, "stop processes what already arrived");
     cr_expect_eq(STAT(f, readings_accepted), 60);
+    cr_expect_eq(STAT(f, drop_ring_full), 0);
     run_until_closed(&f->loop);
     bd_ingest_free(f->in);
     bd_ingest_resume(NULL);
+    close(fd);
+    bd_sensor_table_free(f->table);
+    cr_assert_eq(uv_loop_close(&f->loop), 0);
+    free(f);
+}
+
+Test(ingest, abort_gives_up_on_a_paused_connection_and_counts_it) {
+    struct fx *f = fx_new();
+    f->cfg.limits.ring_size = 64;
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
+    char buf[4096];
+    size_t len = 0;
+    for (int i = 0; i < 60; i++) {
+        len += (size_t)sprintf(buf + len, "one,host=x v=%di\n", i);
+    }
+    tcp_send(f, fd, buf, len);
+    RUN_UNTIL(f, STAT(f, tcp_bytes) == len);
+    cr_expect_eq(bd_ingest_paused(f->in), 1);
+
+    bool stopped = false;
+    bd_ingest_stop(f->in, on_stopped, &stopped);
+    cr_expect_not(stopped);
+    bd_ingest_abort(f->in);
+    cr_expect(stopped);
+    cr_expect_gt(STAT(f, tcp_unread_at_stop), 0, "the abandoned bytes are counted");
+    cr_expect_eq(STAT(f, drop_ring_full), 0);
+    run_until_closed(&f->loop);
+    bd_ingest_free(f->in);
     close(fd);
     bd_sensor_table_free(f->table);
     cr_assert_eq(uv_loop_close(&f->loop), 0);

@@ -1,0 +1,3201 @@
+#!/usr/bin/python3
+# -*- coding: utf-8 -*-
+"""In-memory MongoDB stand-in for bucketd's tests.
+
+    /usr/bin/python3 tests/mongo_server.py [--port N] [--verbose]
+
+Binds 127.0.0.1 (a free port unless --port is given), prints the port number
+alone on one line to stdout once it accepts connections, and serves until
+SIGTERM or SIGINT, then exits 0.  Nothing is logged per request unless
+--verbose is given (then one line per command goes to stderr).
+
+The wire protocol (OP_MSG with document sequences, OP_QUERY handshakes) comes
+from python3-mockupdb; the data model and query language from
+python3-mongomock.  On top of those this file adds what the daemon and the
+other clients need and the libraries lack or get wrong:
+
+* a standalone MongoDB 6.0 handshake (wire version 17, sessions) and the
+  admin commands drivers send on connect (buildInfo, serverStatus, ...);
+* real cursors (find/aggregate first batch of 101, getMore, killCursors);
+* write commands answering like MongoDB (n, nModified, upserted,
+  writeErrors with codes; ordered and unordered);
+* update pipelines ($set/$addFields, $unset, $project, $replaceRoot,
+  $replaceWith) with MongoDB's upsert seeding and dotted-path semantics;
+* aggregation expressions with MongoDB's semantics: BSON comparison order
+  across types, missing versus null, int32/int64/double arithmetic and
+  promotion, $sortArray, $arrayElemAt with negative indexes, ...;
+* unique secondary indexes that are checked without scanning;
+* an O(1) path for {_id: X} filters.
+
+It is a correctness reference for tests, not a performance one.
+"""
+
+import argparse
+import copy
+import datetime
+import decimal
+import functools
+import gc
+import itertools
+import math
+import os
+import random
+import re
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+import uuid
+
+import bson
+from bson.binary import Binary
+from bson.code import Code
+from bson.codec_options import CodecOptions
+from bson.dbref import DBRef
+from bson.decimal128 import Decimal128, create_decimal128_context
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+from bson.regex import Regex
+from bson.timestamp import Timestamp
+
+import mockupdb
+import mongomock
+from mongomock import aggregate as mm_aggregate
+from mongomock import collection as mm_collection
+from mongomock import filtering as mm_filtering
+from mongomock import helpers as mm_helpers
+from pymongo.errors import DuplicateKeyError, OperationFailure, WriteError
+from sentinels import NOTHING
+
+SERVER_VERSION = '6.0.0'
+VERSION_ARRAY = [6, 0, 0, 0]
+MAX_WIRE_VERSION = 17
+MAX_BSON_SIZE = 16 * 1024 * 1024
+MAX_MESSAGE_SIZE = 48000000
+MAX_WRITE_BATCH = 100000
+SESSION_TIMEOUT_MINUTES = 30
+DEFAULT_BATCH = 101
+CURSOR_IDLE_SECONDS = 600
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+OP_MSG_MORE_TO_COME = 2
+
+CODE_NAMES = {
+    1: 'InternalError', 2: 'BadValue', 8: 'UnknownError', 9: 'FailedToParse',
+    13: 'Unauthorized', 14: 'TypeMismatch', 20: 'IllegalOperation',
+    26: 'NamespaceNotFound', 27: 'IndexNotFound', 40: 'ConflictingUpdateOperators',
+    43: 'CursorNotFound', 48: 'NamespaceExists', 52: 'DollarPrefixedFieldName',
+    59: 'CommandNotFound', 66: 'ImmutableField', 67: 'CannotCreateIndex',
+    72: 'InvalidOptions', 73: 'InvalidNamespace', 76: 'NoReplicationEnabled',
+    85: 'IndexOptionsConflict', 86: 'IndexKeySpecsConflict',
+    238: 'NotImplemented', 10334: 'BSONObjectTooLarge', 11000: 'DuplicateKey',
+    17276: 'Location17276',
+}
+
+
+def code_name(code):
+    return CODE_NAMES.get(code, 'Location%d' % code)
+
+
+def fail(code, msg):
+    """Raise a MongoDB error with the given code."""
+    raise OperationFailure(msg, code)
+
+
+# --------------------------------------------------------------------------
+# BSON values: type order, comparison, numbers
+# --------------------------------------------------------------------------
+
+class _Missing(object):
+    """A field that is not there (BSON EOO); sorts below null."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return 'MISSING'
+
+    def __bool__(self):
+        return False
+
+
+MISSING = _Missing()
+
+_RE_PATTERN = type(re.compile(''))
+
+# Canonical type order (see bsontypes.h canonicalizeBSONType).
+_CANON = {
+    _Missing: 0, type(None): 5, bool: 40, int: 10, Int64: 10, float: 10,
+    Decimal128: 10, str: 15, dict: 20, list: 25, tuple: 25, bytes: 30,
+    Binary: 30, uuid.UUID: 30, ObjectId: 35, datetime.datetime: 45,
+    Timestamp: 47, Regex: 50, _RE_PATTERN: 50, MinKey: -1, MaxKey: 127,
+    DBRef: 20,
+}
+
+
+def canon(v):
+    c = _CANON.get(type(v))
+    if c is not None:
+        if c == 60 and v.scope is not None:
+            return 65
+        return c
+    if v is NOTHING:
+        return 0
+    if isinstance(v, bool):
+        return 40
+    if isinstance(v, Code):
+        return 65 if v.scope is not None else 60
+    for klass, c in _CANON.items():
+        if isinstance(v, klass):
+            return c
+    if isinstance(v, dict):
+        return 20
+    if isinstance(v, (list, tuple)):
+        return 25
+    return 100
+
+
+_CANON[Code] = 60
+
+
+def type_name(v):
+    """The $type name of a value."""
+    if v is MISSING or v is NOTHING:
+        return 'missing'
+    if v is None:
+        return 'null'
+    if isinstance(v, bool):
+        return 'bool'
+    if isinstance(v, Int64):
+        return 'long'
+    if isinstance(v, int):
+        return 'int' if INT32_MIN <= v <= INT32_MAX else 'long'
+    if isinstance(v, float):
+        return 'double'
+    if isinstance(v, Decimal128):
+        return 'decimal'
+    if isinstance(v, str):
+        return 'string'
+    if isinstance(v, (dict, DBRef)):
+        return 'object'
+    if isinstance(v, (list, tuple)):
+        return 'array'
+    if isinstance(v, (bytes, Binary, uuid.UUID)):
+        return 'binData'
+    if isinstance(v, ObjectId):
+        return 'objectId'
+    if isinstance(v, datetime.datetime):
+        return 'date'
+    if isinstance(v, Timestamp):
+        return 'timestamp'
+    if isinstance(v, (Regex, _RE_PATTERN)):
+        return 'regex'
+    if isinstance(v, Code):
+        return 'javascriptWithScope' if v.scope is not None else 'javascript'
+    if isinstance(v, MinKey):
+        return 'minKey'
+    if isinstance(v, MaxKey):
+        return 'maxKey'
+    return type(v).__name__
+
+
+def _naive(dt):
+    if dt.tzinfo is not None:
+        return (dt - dt.utcoffset()).replace(tzinfo=None)
+    return dt
+
+
+def _sign(a, b):
+    return (a > b) - (a < b)
+
+
+def _num_value(v):
+    return v.to_decimal() if isinstance(v, Decimal128) else v
+
+
+def _num_cmp(a, b):
+    a = _num_value(a)
+    b = _num_value(b)
+    a_nan = a != a
+    b_nan = b != b
+    if a_nan or b_nan:
+        if a_nan and b_nan:
+            return 0
+        return -1 if a_nan else 1
+    return _sign(a, b)
+
+
+def _bin_parts(v):
+    if isinstance(v, uuid.UUID):
+        return 16, 4, v.bytes
+    if isinstance(v, Binary):
+        return len(v), v.subtype, bytes(v)
+    return len(v), 0, bytes(v)
+
+
+def bson_cmp(a, b):
+    """Compare two values in BSON order; returns -1, 0 or 1."""
+    ca = canon(a)
+    cb = canon(b)
+    if ca != cb:
+        return -1 if ca < cb else 1
+    if ca == 10:
+        return _num_cmp(a, b)
+    if ca == 15:
+        return _sign(a, b)
+    if ca == 45:
+        return _sign(_naive(a), _naive(b))
+    if ca == 20:
+        if isinstance(a, DBRef):
+            a = a.as_doc()
+        if isinstance(b, DBRef):
+            b = b.as_doc()
+        for (ka, va), (kb, vb) in zip(a.items(), b.items()):
+            c = _sign(canon(va), canon(vb))
+            if c:
+                return c
+            c = _sign(ka, kb)
+            if c:
+                return c
+            c = bson_cmp(va, vb)
+            if c:
+                return c
+        return _sign(len(a), len(b))
+    if ca == 25:
+        for va, vb in zip(a, b):
+            c = bson_cmp(va, vb)
+            if c:
+                return c
+        return _sign(len(a), len(b))
+    if ca == 40:
+        return _sign(a, b)
+    if ca == 35:
+        return _sign(a.binary, b.binary)
+    if ca == 30:
+        return _sign(_bin_parts(a), _bin_parts(b))
+    if ca == 47:
+        return _sign((a.time, a.inc), (b.time, b.inc))
+    if ca == 50:
+        return _sign((a.pattern, str(a.flags)), (b.pattern, str(b.flags)))
+    if ca in (60, 65):
+        c = _sign(str(a), str(b))
+        if c or ca == 60:
+            return c
+        return bson_cmp(a.scope, b.scope)
+    return 0
+
+
+def bson_eq(a, b):
+    return bson_cmp(a, b) == 0
+
+
+def hkey(v):
+    """A hashable key such that bson_eq(a, b) implies hkey(a) == hkey(b)."""
+    c = canon(v)
+    if c == 10:
+        v = _num_value(v)
+        if v != v:
+            return (10, 'nan')
+        return (10, v)
+    if c in (15, 40, 35, 45):
+        return (c, _naive(v) if c == 45 else v)
+    if c == 20:
+        if isinstance(v, DBRef):
+            v = v.as_doc()
+        return (20, tuple((k, hkey(x)) for k, x in v.items()))
+    if c == 25:
+        return (25, tuple(hkey(x) for x in v))
+    if c == 30:
+        return (30,) + _bin_parts(v)
+    if c in (0, 5, -1, 127):
+        return (c,)
+    if c == 47:
+        return (47, v.time, v.inc)
+    if c == 50:
+        return (50, v.pattern, str(v.flags))
+    try:
+        hash(v)
+        return (c, v)
+    except TypeError:
+        return (c, repr(v))
+
+
+def num_kind(v):
+    """0 int32, 1 int64, 2 double, 3 decimal, None when not a number."""
+    t = type(v)
+    if t is float:
+        return 2
+    if t is Int64:
+        return 1
+    if t is int:
+        return 0 if INT32_MIN <= v <= INT32_MAX else 1
+    if t is bool:
+        return None
+    if t is Decimal128:
+        return 3
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, Int64):
+        return 1
+    if isinstance(v, int):
+        return 0 if INT32_MIN <= v <= INT32_MAX else 1
+    if isinstance(v, float):
+        return 2
+    if isinstance(v, Decimal128):
+        return 3
+    return None
+
+
+_DEC_CTX = create_decimal128_context()
+
+
+def _to_dec(v):
+    if isinstance(v, Decimal128):
+        return v.to_decimal()
+    if isinstance(v, float):
+        # MongoDB converts doubles to decimal with 15 significant digits.
+        return _DEC_CTX.create_decimal(repr(v)) if v == v else decimal.Decimal('NaN')
+    return decimal.Decimal(int(v))
+
+
+def _make_dec(d):
+    with decimal.localcontext(_DEC_CTX) as ctx:
+        return Decimal128(ctx.create_decimal(d))
+
+
+def make_int(value, kind):
+    """An integer result typed like MongoDB: int32 grows to int64 grows to double."""
+    if kind == 0 and INT32_MIN <= value <= INT32_MAX:
+        return int(value)
+    if INT64_MIN <= value <= INT64_MAX:
+        return Int64(value)
+    return float(value)
+
+
+def num_sum(values):
+    """Sum of numbers with MongoDB's result type (widest operand, promoted on overflow)."""
+    kind = 0
+    for v in values:
+        k = num_kind(v)
+        if k > kind:
+            kind = k
+    if kind == 3:
+        with decimal.localcontext(_DEC_CTX):
+            total = decimal.Decimal(0)
+            for v in values:
+                total += _to_dec(v)
+        return _make_dec(total)
+    if kind == 2:
+        return math.fsum(float(_num_value(v)) for v in values)
+    return make_int(sum(int(v) for v in values), kind)
+
+
+def num_mul(values):
+    kind = 0
+    for v in values:
+        k = num_kind(v)
+        if k > kind:
+            kind = k
+    if kind == 3:
+        with decimal.localcontext(_DEC_CTX):
+            total = decimal.Decimal(1)
+            for v in values:
+                total *= _to_dec(v)
+        return _make_dec(total)
+    if kind == 2:
+        total = 1.0
+        for v in values:
+            total *= float(v)
+        return total
+    total = 1
+    for v in values:
+        total *= int(v)
+    return make_int(total, kind)
+
+
+def num_sub(a, b):
+    kind = max(num_kind(a), num_kind(b))
+    if kind == 3:
+        with decimal.localcontext(_DEC_CTX):
+            return _make_dec(_to_dec(a) - _to_dec(b))
+    if kind == 2:
+        return float(a) - float(b)
+    return make_int(int(a) - int(b), kind)
+
+
+def is_number(v):
+    return num_kind(v) is not None
+
+
+def nullish(v):
+    return v is None or v is MISSING or v is NOTHING
+
+
+def truthy(v):
+    """MongoDB's conversion of an expression result to a boolean."""
+    if v is None or v is MISSING or v is False or v is NOTHING:
+        return False
+    if v is True:
+        return True
+    k = num_kind(v)
+    if k is not None:
+        return _num_value(v) != 0
+    return True
+
+
+_MS = datetime.timedelta(milliseconds=1)
+
+
+def _now():
+    now = datetime.datetime.utcnow()
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def _date_add_ms(date, ms):
+    if isinstance(ms, float):
+        ms = int(round(ms))
+    else:
+        ms = int(_num_value(ms))
+    return date + datetime.timedelta(milliseconds=ms)
+
+
+def _date_ms(date):
+    return (_naive(date) - datetime.datetime(1970, 1, 1)) // _MS
+
+
+def fmt_value(v):
+    """Render a value roughly like the server does in error messages."""
+    if isinstance(v, str):
+        return '"%s"' % v.replace('"', '\\"')
+    if isinstance(v, bool):
+        return 'true' if v else 'false'
+    if v is None:
+        return 'null'
+    if isinstance(v, dict):
+        if not v:
+            return '{}'
+        return '{ %s }' % ', '.join('%s: %s' % (k, fmt_value(x)) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return '[ %s ]' % ', '.join(fmt_value(x) for x in v)
+    if isinstance(v, datetime.datetime):
+        return 'new Date(%d)' % _date_ms(v)
+    if isinstance(v, ObjectId):
+        return "ObjectId('%s')" % v
+    return str(v)
+
+
+# --------------------------------------------------------------------------
+# Aggregation expressions
+# --------------------------------------------------------------------------
+
+def agg_get(value, parts, i=0):
+    """Resolve a field path the way aggregation does: arrays of documents
+    yield the array of the sub-field; missing raises KeyError."""
+    n = len(parts)
+    while i < n:
+        if isinstance(value, dict):
+            try:
+                value = value[parts[i]]
+            except KeyError:
+                raise KeyError(parts[i]) from None
+            i += 1
+        elif isinstance(value, list):
+            if i == n - 1:
+                part = parts[i]
+                return [el[part] for el in value if isinstance(el, dict) and part in el]
+            out = []
+            for el in value:
+                if isinstance(el, dict):
+                    try:
+                        out.append(agg_get(el, parts, i))
+                    except KeyError:
+                        pass
+            return out
+        else:
+            raise KeyError(parts[i])
+    return value
+
+
+_PATH_CACHE = {}
+
+
+def _path_parts(path):
+    """Split and check a dotted field path (results are cached)."""
+    parts = _PATH_CACHE.get(path)
+    if parts is not None:
+        return parts
+    parts = path.split('.')
+    for p in parts:
+        if not p:
+            fail(15998, "FieldPath field names may not be empty strings.")
+        if p[0] == '$':
+            fail(16410, "FieldPath field names may not start with '$'. "
+                        "Consider using $getField or $setField.")
+    if len(_PATH_CACHE) > 10000:
+        _PATH_CACHE.clear()
+    _PATH_CACHE[path] = parts
+    return parts
+
+
+_BaseParser = mm_aggregate._Parser
+
+
+class ExprParser(_BaseParser):
+    """mongomock's expression parser with MongoDB's semantics where they
+    differ.  A missing value is signalled by KeyError, as in mongomock."""
+
+    def parse(self, expression):
+        t = type(expression)
+        if t is str:
+            if expression[:1] == '$':
+                return self._path(expression)
+            return expression
+        if t is dict or isinstance(expression, dict):
+            for first in expression:
+                break
+            else:
+                return {}
+            if first[:1] == '$':
+                if len(expression) != 1:
+                    fail(15983, 'an expression specification must contain exactly one '
+                                'field, the name of the expression. Found %d fields in %s'
+                         % (len(expression), fmt_value(expression)))
+                handler = _EXPR_HANDLERS.get(first)
+                if handler is not None:
+                    return handler(self, expression[first])
+                try:
+                    return _BaseParser.parse(self, expression)
+                except OperationFailure as e:
+                    if not e.code and str(e).startswith('Unrecognized expression'):
+                        fail(168, "Unrecognized expression '%s'" % first)
+                    raise
+            out = {}
+            for k, v in expression.items():
+                if k[:1] == '$':
+                    fail(16410, "FieldPath field names may not start with '$'. "
+                                "Consider using $getField or $setField.")
+                try:
+                    out[k] = self.parse(v)
+                except KeyError:
+                    pass
+            return out
+        if t is list or isinstance(expression, list):
+            return [self.value_or_null(e) for e in expression]
+        return expression
+
+    def _path(self, expr):
+        if expr[1:2] != '$':
+            if len(expr) == 1:
+                fail(16872, "'$' by itself is not a valid FieldPath")
+            parts = _PATH_CACHE.get(expr)
+            if parts is None:
+                parts = _path_parts(expr[1:])
+                _PATH_CACHE[expr] = parts
+            value = self._doc_dict
+            for i, part in enumerate(parts):
+                if type(value) is dict:
+                    try:
+                        value = value[part]
+                    except KeyError:
+                        raise KeyError(part) from None
+                else:
+                    return agg_get(value, parts, i)
+            return value
+        name, dot, rest = expr[2:].partition('.')
+        if name in self._user_vars:
+            base = self._user_vars[name]
+        elif name in ('ROOT', 'CURRENT'):
+            base = self._doc_dict
+        elif name == 'REMOVE':
+            raise KeyError(expr)
+        elif name == 'NOW':
+            base = _now()
+        else:
+            fail(17276, 'Use of undefined variable: %s' % name)
+        if not dot:
+            return base
+        return agg_get(base, _path_parts(rest))
+
+    def eval(self, expression):
+        """Evaluate; MISSING instead of KeyError."""
+        t = type(expression)
+        if t is not dict and t is not list and t is not str:
+            return expression
+        try:
+            return self.parse(expression)
+        except KeyError:
+            return MISSING
+
+    def value_or_null(self, expression):
+        try:
+            return self.parse(expression)
+        except KeyError:
+            return None
+
+    def sub(self, extra_vars):
+        return ExprParser(self._doc_dict, dict(self._user_vars, **extra_vars),
+                          ignore_missing_keys=self._ignore_missing_keys)
+
+
+def _args(v, op, n=None, lo=None, hi=None):
+    args = v if isinstance(v, list) else [v]
+    if n is not None and len(args) != n:
+        fail(16020, 'Expression %s takes exactly %d arguments. %d were passed in.'
+             % (op, n, len(args)))
+    if lo is not None and len(args) < lo:
+        fail(16020, 'Expression %s takes at least %d arguments, and at most %d, '
+                    'but %d were passed in.' % (op, lo, hi or lo, len(args)))
+    if hi is not None and len(args) > hi:
+        fail(16020, 'Expression %s takes at least %d arguments, and at most %d, '
+                    'but %d were passed in.' % (op, lo or 0, hi, len(args)))
+    return args
+
+
+def _unary(v, op):
+    if isinstance(v, list):
+        if len(v) != 1:
+            fail(16020, 'Expression %s takes exactly 1 arguments. %d were passed in.'
+                 % (op, len(v)))
+        return v[0]
+    return v
+
+
+def _x_literal(p, v):
+    return v
+
+
+def _x_add(p, v):
+    date = None
+    nums = []
+    is_null = False
+    for e in (v if type(v) is list else [v]):
+        x = p.eval(e)
+        if x is None or x is MISSING:
+            is_null = True
+        elif type(x) is datetime.datetime:
+            if date is not None:
+                fail(16612, 'only one date allowed in an $add expression')
+            date = x
+        elif num_kind(x) is not None:
+            nums.append(x)
+        else:
+            fail(16554, '$add only supports numeric or date types, not %s' % type_name(x))
+    if is_null:
+        return None
+    if date is not None:
+        return _date_add_ms(date, num_sum(nums) if nums else 0)
+    return num_sum(nums) if nums else 0
+
+
+def _x_subtract(p, v):
+    a, b = [p.eval(e) for e in _args(v, '$subtract', 2)]
+    if nullish(a) or nullish(b):
+        return None
+    if isinstance(a, datetime.datetime):
+        if isinstance(b, datetime.datetime):
+            return Int64((_naive(a) - _naive(b)) // _MS)
+        if is_number(b):
+            return _date_add_ms(a, -_num_value(b) if not isinstance(b, Decimal128)
+                                else -int(b.to_decimal()))
+    elif is_number(a) and is_number(b):
+        return num_sub(a, b)
+    fail(16556, "can't $subtract %s from %s" % (type_name(b), type_name(a)))
+
+
+def _x_multiply(p, v):
+    nums = []
+    is_null = False
+    for e in _args(v, '$multiply'):
+        x = p.eval(e)
+        if nullish(x):
+            is_null = True
+        elif is_number(x):
+            nums.append(x)
+        else:
+            fail(16555, '$multiply only supports numeric types, not %s' % type_name(x))
+    if is_null:
+        return None
+    return num_mul(nums) if nums else 1
+
+
+def _x_divide(p, v):
+    a, b = [p.eval(e) for e in _args(v, '$divide', 2)]
+    if nullish(a) or nullish(b):
+        return None
+    if not is_number(a) or not is_number(b):
+        fail(16609, '$divide only supports numeric types, not %s and %s'
+             % (type_name(a), type_name(b)))
+    if _num_value(b) == 0:
+        fail(16608, "can't $divide by zero")
+    if isinstance(a, Decimal128) or isinstance(b, Decimal128):
+        with decimal.localcontext(_DEC_CTX):
+            return _make_dec(_to_dec(a) / _to_dec(b))
+    return float(a) / float(b)
+
+
+def _x_mod(p, v):
+    a, b = [p.eval(e) for e in _args(v, '$mod', 2)]
+    if nullish(a) or nullish(b):
+        return None
+    if not is_number(a) or not is_number(b):
+        fail(16611, '$mod only supports numeric types, not %s and %s'
+             % (type_name(a), type_name(b)))
+    if _num_value(b) == 0:
+        fail(16610, "can't $mod by zero")
+    kind = max(num_kind(a), num_kind(b))
+    if kind == 3:
+        with decimal.localcontext(_DEC_CTX):
+            return _make_dec(_to_dec(a) % _to_dec(b))
+    if kind == 2:
+        return math.fmod(float(a), float(b))
+    r = abs(int(a)) % abs(int(b))
+    return make_int(-r if a < 0 else r, kind)
+
+
+def _rounding(fn, op):
+    def handler(p, v):
+        x = p.eval(_unary(v, op))
+        if nullish(x):
+            return None
+        k = num_kind(x)
+        if k is None:
+            fail(28765, '%s only supports numeric types, not %s' % (op, type_name(x)))
+        if k in (0, 1):
+            return x
+        if k == 3:
+            return Decimal128(fn(x.to_decimal()))
+        if x != x or x in (float('inf'), float('-inf')):
+            return x
+        return float(fn(x))
+    return handler
+
+
+def _x_abs(p, v):
+    x = p.eval(_unary(v, '$abs'))
+    if nullish(x):
+        return None
+    k = num_kind(x)
+    if k is None:
+        fail(28765, '$abs only supports numeric types, not %s' % type_name(x))
+    if k == 3:
+        return Decimal128(abs(x.to_decimal()))
+    if k == 2:
+        return abs(x)
+    return make_int(abs(int(x)), k)
+
+
+def _x_ifnull(p, v):
+    if not isinstance(v, list) or len(v) < 2:
+        fail(1257300, '$ifNull needs at least two arguments, had: %d'
+             % (len(v) if isinstance(v, list) else 1))
+    for e in v[:-1]:
+        x = p.eval(e)
+        if not nullish(x):
+            return x
+    return p.parse(v[-1])
+
+
+def _x_cond(p, v):
+    if isinstance(v, list):
+        if len(v) != 3:
+            fail(16020, 'Expression $cond takes exactly 3 arguments. %d were passed in.'
+                 % len(v))
+        cond, then, other = v
+    elif isinstance(v, dict):
+        for k in v:
+            if k not in ('if', 'then', 'else'):
+                fail(17083, 'Unrecognized parameter to $cond: %s' % k)
+        for k in ('if', 'then', 'else'):
+            if k not in v:
+                fail(17080 + ('if', 'then', 'else').index(k), "Missing '%s' parameter to $cond" % k)
+        cond, then, other = v['if'], v['then'], v['else']
+    else:
+        fail(16020, 'Expression $cond takes exactly 3 arguments. 1 were passed in.')
+    return p.parse(then if truthy(p.eval(cond)) else other)
+
+
+def _x_array_elem_at(p, v):
+    arr, idx = [p.eval(e) for e in _args(v, '$arrayElemAt', 2)]
+    if nullish(arr) or nullish(idx):
+        return None
+    if not isinstance(arr, list):
+        fail(28689, "$arrayElemAt's first argument must be an array, but is %s"
+             % type_name(arr))
+    if not is_number(idx):
+        fail(28690, "$arrayElemAt's second argument must be a numeric value, but is %s"
+             % type_name(idx))
+    i = _num_value(idx)
+    if i != i or int(i) != i or not INT32_MIN <= int(i) <= INT32_MAX:
+        fail(28691, "$arrayElemAt's second argument must be representable as a 32-bit "
+                    "integer: %s" % fmt_value(idx))
+    i = int(i)
+    if i < 0:
+        i += len(arr)
+    if i < 0 or i >= len(arr):
+        raise KeyError('$arrayElemAt')
+    return arr[i]
+
+
+def _first_last(op, pick):
+    def handler(p, v):
+        x = p.eval(_unary(v, op))
+        if nullish(x):
+            return None
+        if not isinstance(x, list):
+            fail(28689, "%s's argument must be an array, but is %s" % (op, type_name(x)))
+        if not x:
+            raise KeyError(op)
+        return x[pick]
+    return handler
+
+
+def _x_concat_arrays(p, v):
+    out = []
+    for e in _args(v, '$concatArrays'):
+        x = p.eval(e)
+        if nullish(x):
+            return None
+        if not isinstance(x, list):
+            fail(28664, '$concatArrays only supports arrays, not %s' % type_name(x))
+        out.extend(x)
+    return out
+
+
+def _x_sort_array(p, v):
+    if not isinstance(v, dict):
+        fail(2, 'sortArray expects an object as its argument, but found: %s' % type_name(v))
+    for k in v:
+        if k not in ('input', 'sortBy'):
+            fail(2, '$sortArray found an unknown argument: %s' % k)
+    if 'input' not in v:
+        fail(2, "$sortArray requires 'input' to be specified")
+    if 'sortBy' not in v:
+        fail(2, "$sortArray requires 'sortBy' to be specified")
+    sort_by = v['sortBy']
+    if isinstance(sort_by, dict):
+        if not sort_by:
+            fail(2, 'sortBy must not be empty')
+        keys = _sort_items(sort_by)
+    elif is_number(sort_by) and _num_value(sort_by) in (1, -1):
+        keys = None
+    else:
+        fail(2, 'sortBy must be either 1, -1, or an object')
+    arr = p.eval(v['input'])
+    if nullish(arr):
+        return None
+    if not isinstance(arr, list):
+        fail(2, 'The input argument to $sortArray must be an array, but was of type: %s'
+             % type_name(arr))
+    if keys is None:
+        return sort_values(arr, _num_value(sort_by) < 0)
+    return sort_docs(arr, keys)
+
+
+def _accumulator_inputs(p, v):
+    """Operands of $min/$max/$sum/$avg used as expressions: one operand that
+    is an array is traversed, several operands are taken as they are."""
+    if isinstance(v, list) and len(v) != 1:
+        return [p.eval(e) for e in v]
+    x = p.eval(v[0] if isinstance(v, list) else v)
+    if isinstance(x, list):
+        return x
+    return [x]
+
+
+def bson_min_max(values, want_max):
+    best = MISSING
+    for x in values:
+        if nullish(x):
+            continue
+        if best is MISSING:
+            best = x
+            continue
+        c = bson_cmp(x, best)
+        if (c > 0) if want_max else (c < 0):
+            best = x
+    return None if best is MISSING else best
+
+
+def sum_numbers(values):
+    nums = [x for x in values if is_number(x)]
+    if not nums:
+        return 0
+    return num_sum(nums)
+
+
+def avg_numbers(values):
+    nums = [x for x in values if is_number(x)]
+    if not nums:
+        return None
+    if any(isinstance(x, Decimal128) for x in nums):
+        with decimal.localcontext(_DEC_CTX):
+            return _make_dec(num_sum(nums).to_decimal() / len(nums))
+    return float(_num_value(num_sum(nums))) / len(nums)
+
+
+def _x_min(p, v):
+    return bson_min_max(_accumulator_inputs(p, v), False)
+
+
+def _x_max(p, v):
+    return bson_min_max(_accumulator_inputs(p, v), True)
+
+
+def _x_sum(p, v):
+    return sum_numbers(_accumulator_inputs(p, v))
+
+
+def _x_avg(p, v):
+    return avg_numbers(_accumulator_inputs(p, v))
+
+
+def _comparison(op, test):
+    def handler(p, v):
+        a, b = [p.eval(e) for e in _args(v, op, 2)]
+        return test(bson_cmp(a, b))
+    return handler
+
+
+def _x_cmp(p, v):
+    a, b = [p.eval(e) for e in _args(v, '$cmp', 2)]
+    return bson_cmp(a, b)
+
+
+def _x_and(p, v):
+    for e in _args(v, '$and'):
+        if not truthy(p.eval(e)):
+            return False
+    return True
+
+
+def _x_or(p, v):
+    for e in _args(v, '$or'):
+        if truthy(p.eval(e)):
+            return True
+    return False
+
+
+def _x_not(p, v):
+    return not truthy(p.eval(_unary(v, '$not')))
+
+
+def _x_in(p, v):
+    x, arr = [p.eval(e) for e in _args(v, '$in', 2)]
+    if not isinstance(arr, list):
+        fail(40081, '$in requires an array as a second argument, found: %s' % type_name(arr))
+    return any(bson_cmp(x, el) == 0 for el in arr)
+
+
+def _x_size(p, v):
+    x = p.eval(_unary(v, '$size'))
+    if not isinstance(x, list):
+        fail(17124, 'The argument to $size must be an array. Type of argument is %s'
+             % type_name(x))
+    return len(x)
+
+
+def _x_type(p, v):
+    return type_name(p.eval(_unary(v, '$type')))
+
+
+def _x_is_array(p, v):
+    return isinstance(p.eval(_unary(v, '$isArray')), list)
+
+
+def _x_is_number(p, v):
+    return is_number(p.eval(_unary(v, '$isNumber')))
+
+
+def _convert_int(x, op, bits):
+    if nullish(x):
+        return None
+    lo, hi = (INT32_MIN, INT32_MAX) if bits == 32 else (INT64_MIN, INT64_MAX)
+    if isinstance(x, bool):
+        n = int(x)
+    elif is_number(x):
+        f = _num_value(x)
+        if f != f or f in (float('inf'), float('-inf')):
+            fail(241, 'Attempt to convert NaN or infinity value to integer in %s' % op)
+        n = int(f)
+    elif isinstance(x, datetime.datetime) and bits == 64:
+        n = _date_ms(x)
+    elif isinstance(x, str):
+        try:
+            n = int(x.strip(), 10)
+        except ValueError:
+            fail(241, 'Failed to parse number \'%s\' in $convert with no onError value' % x)
+    else:
+        fail(241, 'Unsupported conversion from %s to %s in $convert with no onError value'
+             % (type_name(x), 'int' if bits == 32 else 'long'))
+    if not lo <= n <= hi:
+        fail(241, 'Conversion would overflow target type in $convert with no onError value')
+    return int(n) if bits == 32 else Int64(n)
+
+
+def _x_to_int(p, v):
+    return _convert_int(p.eval(_unary(v, '$toInt')), '$toInt', 32)
+
+
+def _x_to_long(p, v):
+    return _convert_int(p.eval(_unary(v, '$toLong')), '$toLong', 64)
+
+
+def _x_to_double(p, v):
+    x = p.eval(_unary(v, '$toDouble'))
+    if nullish(x):
+        return None
+    if isinstance(x, bool):
+        return float(x)
+    if is_number(x):
+        return float(_num_value(x))
+    if isinstance(x, datetime.datetime):
+        return float(_date_ms(x))
+    if isinstance(x, str):
+        try:
+            return float(x)
+        except ValueError:
+            fail(241, "Failed to parse number '%s' in $convert with no onError value" % x)
+    fail(241, 'Unsupported conversion from %s to double in $convert with no onError value'
+         % type_name(x))
+
+
+def _x_to_bool(p, v):
+    x = p.eval(_unary(v, '$toBool'))
+    if nullish(x):
+        return None
+    return truthy(x)
+
+
+def _x_to_date(p, v):
+    x = p.eval(_unary(v, '$toDate'))
+    if nullish(x):
+        return None
+    if isinstance(x, datetime.datetime):
+        return x
+    if is_number(x) and not isinstance(x, bool):
+        return _date_add_ms(datetime.datetime(1970, 1, 1), _num_value(x))
+    if isinstance(x, ObjectId):
+        return x.generation_time.replace(tzinfo=None)
+    fail(241, 'Unsupported conversion from %s to date in $convert with no onError value'
+         % type_name(x))
+
+
+def _x_merge_objects(p, v):
+    out = {}
+    for e in _args(v, '$mergeObjects'):
+        x = p.eval(e)
+        if nullish(x):
+            continue
+        if not isinstance(x, dict):
+            fail(40400, '$mergeObjects requires object inputs, but input %s is of type %s'
+                 % (fmt_value(x), type_name(x)))
+        out.update(x)
+    return out
+
+
+def _x_map(p, v):
+    if not isinstance(v, dict):
+        fail(16878, '$map only supports an object as its argument')
+    for k in v:
+        if k not in ('input', 'as', 'in'):
+            fail(16879, 'Unrecognized parameter to $map: %s' % k)
+    for k in ('input', 'in'):
+        if k not in v:
+            fail(16881 if k == 'in' else 16880, "Missing '%s' parameter to $map" % k)
+    arr = p.eval(v['input'])
+    if nullish(arr):
+        return None
+    if not isinstance(arr, list):
+        fail(16883, 'input to $map must be an array not %s' % type_name(arr))
+    name = v.get('as', 'this')
+    return [p.sub({name: item}).value_or_null(v['in']) for item in arr]
+
+
+def _x_filter(p, v):
+    if not isinstance(v, dict):
+        fail(28646, '$filter only supports an object as its argument')
+    for k in v:
+        if k not in ('input', 'as', 'cond', 'limit'):
+            fail(28647, 'Unrecognized parameter to $filter: %s' % k)
+    for k in ('input', 'cond'):
+        if k not in v:
+            fail(28648 if k == 'input' else 28650, "Missing '%s' parameter to $filter" % k)
+    arr = p.eval(v['input'])
+    if nullish(arr):
+        return None
+    if not isinstance(arr, list):
+        fail(28651, 'input to $filter must be an array not %s' % type_name(arr))
+    limit = None
+    if 'limit' in v:
+        limit = p.eval(v['limit'])
+        if nullish(limit):
+            limit = None
+        elif not is_number(limit) or _num_value(limit) < 1:
+            fail(327392, '$filter: limit must be greater than 0')
+        else:
+            limit = int(_num_value(limit))
+    name = v.get('as', 'this')
+    out = []
+    for item in arr:
+        if truthy(p.sub({name: item}).eval(v['cond'])):
+            out.append(item)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def _x_reduce(p, v):
+    if not isinstance(v, dict):
+        fail(40075, '$reduce only supports an object as its argument')
+    for k in ('input', 'initialValue', 'in'):
+        if k not in v:
+            fail(40077, "Missing '%s' parameter to $reduce" % k)
+    arr = p.eval(v['input'])
+    if nullish(arr):
+        return None
+    if not isinstance(arr, list):
+        fail(40080, 'input to $reduce must be an array not %s' % type_name(arr))
+    acc = p.eval(v['initialValue'])
+    for item in arr:
+        acc = p.sub({'value': acc, 'this': item}).eval(v['in'])
+    if acc is MISSING:
+        raise KeyError('$reduce')
+    return acc
+
+
+_EXPR_HANDLERS = {
+    '$literal': _x_literal,
+    '$add': _x_add,
+    '$subtract': _x_subtract,
+    '$multiply': _x_multiply,
+    '$divide': _x_divide,
+    '$mod': _x_mod,
+    '$abs': _x_abs,
+    '$floor': _rounding(math.floor, '$floor'),
+    '$ceil': _rounding(math.ceil, '$ceil'),
+    '$ifNull': _x_ifnull,
+    '$cond': _x_cond,
+    '$arrayElemAt': _x_array_elem_at,
+    '$first': _first_last('$first', 0),
+    '$last': _first_last('$last', -1),
+    '$concatArrays': _x_concat_arrays,
+    '$sortArray': _x_sort_array,
+    '$min': _x_min,
+    '$max': _x_max,
+    '$sum': _x_sum,
+    '$avg': _x_avg,
+    '$eq': _comparison('$eq', lambda c: c == 0),
+    '$ne': _comparison('$ne', lambda c: c != 0),
+    '$gt': _comparison('$gt', lambda c: c > 0),
+    '$gte': _comparison('$gte', lambda c: c >= 0),
+    '$lt': _comparison('$lt', lambda c: c < 0),
+    '$lte': _comparison('$lte', lambda c: c <= 0),
+    '$cmp': _x_cmp,
+    '$and': _x_and,
+    '$or': _x_or,
+    '$not': _x_not,
+    '$in': _x_in,
+    '$size': _x_size,
+    '$type': _x_type,
+    '$isArray': _x_is_array,
+    '$isNumber': _x_is_number,
+    '$toInt': _x_to_int,
+    '$toLong': _x_to_long,
+    '$toDouble': _x_to_double,
+    '$toBool': _x_to_bool,
+    '$toDate': _x_to_date,
+    '$mergeObjects': _x_merge_objects,
+    '$map': _x_map,
+    '$filter': _x_filter,
+    '$reduce': _x_reduce,
+}
+
+
+def _expr_for_match(expression, doc, ignore_missing_keys=False):
+    """$expr inside a query: true when the expression is truthy."""
+    try:
+        return truthy(ExprParser(doc, ignore_missing_keys=True).parse(expression))
+    except KeyError:
+        return False
+
+
+# --------------------------------------------------------------------------
+# Sorting
+# --------------------------------------------------------------------------
+
+def _sort_items(spec):
+    items = []
+    for path, direction in spec.items():
+        if isinstance(direction, dict):
+            fail(238, 'sorting by %s is not supported by the test server' % fmt_value(direction))
+        if not is_number(direction) or _num_value(direction) not in (1, -1):
+            fail(15975, '$sort key ordering must be 1 (for ascending) or -1 (for descending)')
+        items.append((path, _num_value(direction) < 0))
+    return items
+
+
+def _sort_value(doc, path, desc):
+    """The value a document sorts by: min (asc) or max (desc) of the values
+    found at the path, arrays taken element by element; missing is null."""
+    if not isinstance(doc, dict):
+        return None
+    if '.' not in path:
+        v = doc.get(path, MISSING)
+        if v is MISSING:
+            return None
+        if not isinstance(v, list):
+            return v
+        cands = v if v else [MISSING]
+    else:
+        cands = []
+        for v in mm_filtering.iter_key_candidates(path, doc):
+            if v is NOTHING:
+                continue
+            if isinstance(v, list):
+                if v:
+                    cands.extend(v)
+                else:
+                    cands.append(MISSING)
+            else:
+                cands.append(v)
+        if not cands:
+            return None
+    best = cands[0]
+    for x in cands[1:]:
+        c = bson_cmp(x, best)
+        if (c > 0) if desc else (c < 0):
+            best = x
+    return best
+
+
+def _fast_sort_key(values):
+    """A plain key function when all values are of one simply ordered type."""
+    t = None
+    for v in values:
+        if isinstance(v, bool) or v is None:
+            return None
+        if isinstance(v, datetime.datetime):
+            if v.tzinfo is not None:
+                return None
+            k = 'date'
+        elif isinstance(v, (int, float)):
+            if v != v:
+                return None
+            k = 'num'
+        elif isinstance(v, str):
+            k = 'str'
+        else:
+            return None
+        if t is None:
+            t = k
+        elif t != k:
+            return None
+    return True
+
+
+def sort_values(values, desc):
+    values = list(values)
+    if _fast_sort_key(values):
+        return sorted(values, reverse=desc)
+    return sorted(values, key=functools.cmp_to_key(bson_cmp), reverse=desc)
+
+
+def sort_docs(docs, keys):
+    """Stable sort of documents by [(path, descending)] in BSON order."""
+    docs = list(docs)
+    if not keys:
+        return docs
+    if keys[0][0] == '$natural':
+        return docs[::-1] if keys[0][1] else docs
+    if len(keys) == 1:
+        path, desc = keys[0]
+        vals = [_sort_value(d, path, desc) for d in docs]
+        if _fast_sort_key(vals):
+            order = sorted(range(len(docs)), key=vals.__getitem__, reverse=desc)
+            return [docs[i] for i in order]
+    decorated = [([_sort_value(d, path, desc) for path, desc in keys], d) for d in docs]
+
+    def cmp(x, y):
+        for j, (_, desc) in enumerate(keys):
+            c = bson_cmp(x[0][j], y[0][j])
+            if c:
+                return -c if desc else c
+        return 0
+    decorated.sort(key=functools.cmp_to_key(cmp))
+    return [d for _, d in decorated]
+
+
+# --------------------------------------------------------------------------
+# Pipeline stages used by update pipelines (and by aggregate)
+# --------------------------------------------------------------------------
+
+def _is_expression_object(v):
+    if type(v) is not dict and not isinstance(v, dict):
+        return False
+    for first in v:
+        return first[:1] == '$'
+    return False
+
+
+def _add_to_tree(node, path, expr, stage, values):
+    parts = _path_parts(path)
+    for p in parts[:-1]:
+        child = node.get(p)
+        if child is None:
+            child = node[p] = ('node', {})
+        elif child[0] != 'node':
+            fail(31250, 'Invalid %s :: caused by :: Path collision at %s' % (stage, path))
+        node = child[1]
+    last = parts[-1]
+    if isinstance(expr, dict) and not _is_expression_object(expr):
+        if not expr:
+            fail(40180, 'Invalid %s :: caused by :: an empty object is not a valid value. '
+                        'Found empty object at path %s' % (stage, path))
+        child = node.get(last)
+        if child is None:
+            child = node[last] = ('node', {})
+        elif child[0] != 'node':
+            fail(31250, 'Invalid %s :: caused by :: Path collision at %s' % (stage, path))
+        for k, v in expr.items():
+            _add_to_tree(child[1], k, v, stage, values)
+    else:
+        if last in node:
+            fail(31250, 'Invalid %s :: caused by :: Path collision at %s' % (stage, path))
+        node[last] = ('expr', len(values))
+        values.append(expr)
+
+
+_PLAN_CACHE = {}
+
+
+def compile_add_fields(spec, stage='$addFields'):
+    """Compile a $set/$addFields stage into (plan, expressions): the plan is
+    a tree {field: ('expr', i) | ('node', subtree)} with dotted paths and
+    nested field specs merged; plans are cached by the spec's field names."""
+    if not isinstance(spec, dict):
+        fail(40272, '%s specification stage must be an object, got %s' % (stage, type_name(spec)))
+    if not spec:
+        fail(40177, 'Invalid %s :: caused by :: specification must have at least one field'
+             % stage)
+    flat = True
+    for v in spec.values():
+        if isinstance(v, dict) and not _is_expression_object(v):
+            flat = False
+            break
+    if flat:
+        keys = tuple(spec)
+        plan = _PLAN_CACHE.get(keys)
+        if plan is not None:
+            return plan, list(spec.values())
+    tree = {}
+    values = []
+    for path, expr in spec.items():
+        _add_to_tree(tree, path, expr, stage, values)
+    if flat:
+        if len(_PLAN_CACHE) > 1000:
+            _PLAN_CACHE.clear()
+        _PLAN_CACHE[keys] = tree
+    return tree, values
+
+
+def _apply_fields(out, tree, vals):
+    for k, (kind, x) in tree.items():
+        if kind == 'expr':
+            v = vals[x]
+            if v is MISSING:
+                out.pop(k, None)
+            else:
+                out[k] = v
+        else:
+            out[k] = _apply_subtree(out.get(k, MISSING), x, vals)
+
+
+def _apply_subtree(value, tree, vals):
+    if isinstance(value, dict):
+        out = dict(value)
+        _apply_fields(out, tree, vals)
+        return out
+    if isinstance(value, list):
+        return [_apply_subtree(el, tree, vals) for el in value]
+    out = {}
+    _apply_fields(out, tree, vals)
+    return out
+
+
+def add_fields(doc, compiled, user_vars=None):
+    """$addFields/$set: every expression sees the stage's input document;
+    the result is a new document (the input is not modified)."""
+    tree, exprs = compiled
+    parser = ExprParser(doc, user_vars, ignore_missing_keys=True)
+    vals = [parser.eval(e) for e in exprs]
+    out = dict(doc)
+    _apply_fields(out, tree, vals)
+    return out
+
+
+def compile_unset(spec):
+    paths = [spec] if isinstance(spec, str) else spec
+    if not isinstance(paths, list) or not paths:
+        fail(31002, '$unset specification must be a string or an array')
+    tree = {}
+    for path in paths:
+        if not isinstance(path, str):
+            fail(31120, '$unset specification must be a string or an array containing only '
+                        'string values')
+        node = tree
+        parts = _path_parts(path)
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is True:
+                break
+            if child is None:
+                child = node[p] = {}
+            node = child
+        else:
+            node[parts[-1]] = True
+    return tree
+
+
+def _exclude(value, tree):
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            t = tree.get(k)
+            if t is True:
+                continue
+            out[k] = _exclude(v, t) if t else v
+        return out
+    if isinstance(value, list):
+        return [_exclude(el, tree) for el in value]
+    return value
+
+
+def replace_root(doc, expr, user_vars=None):
+    new = ExprParser(doc, user_vars, ignore_missing_keys=True).eval(expr)
+    if not isinstance(new, dict):
+        fail(40228, "'replacement document' must evaluate to an object, but resulting value "
+                    "was: %s. Type of resulting value: '%s'. Input document: %s"
+             % ('MISSING' if new is MISSING else fmt_value(new), type_name(new),
+                fmt_value({'_id': doc.get('_id')})))
+    return new
+
+
+def project(doc, spec):
+    if not spec:
+        fail(51272, '$project specification must have at least one field')
+    out = mm_aggregate._handle_project_stage([doc], None, spec)
+    return out[0] if out else {}
+
+
+UPDATE_PIPELINE_STAGES = ('$addFields', '$set', '$project', '$unset', '$replaceRoot',
+                          '$replaceWith')
+
+
+def compile_update_pipeline(pipeline):
+    stages = []
+    for stage in pipeline:
+        if not isinstance(stage, dict) or len(stage) != 1:
+            fail(40323, 'A pipeline stage specification object must contain exactly one field.')
+        (name, spec), = stage.items()
+        if name in ('$addFields', '$set'):
+            stages.append(('set', compile_add_fields(spec, name)))
+        elif name == '$unset':
+            stages.append(('unset', compile_unset(spec)))
+        elif name == '$project':
+            if not isinstance(spec, dict):
+                fail(15969, '$project specification must be an object')
+            stages.append(('project', spec))
+        elif name == '$replaceRoot':
+            if not isinstance(spec, dict) or 'newRoot' not in spec:
+                fail(40231, "no newRoot specified for the $replaceRoot stage")
+            stages.append(('replace', spec['newRoot']))
+        elif name == '$replaceWith':
+            stages.append(('replace', spec))
+        else:
+            fail(72, '%s is not allowed to be used within an update' % name)
+    return stages
+
+
+_MONGOMOCK_OPERATORS = frozenset(itertools.chain(
+    mm_aggregate.arithmetic_operators, mm_aggregate.project_operators,
+    mm_aggregate.projection_operators, mm_aggregate.comparison_operators,
+    mm_aggregate.date_operators, mm_aggregate.array_operators,
+    mm_aggregate.conditional_operators, mm_aggregate.control_flow_operators,
+    mm_aggregate.set_operators, mm_aggregate.string_operators,
+    mm_aggregate.type_convertion_operators, mm_aggregate.boolean_operators))
+
+
+def check_expression(expr):
+    """Reject unknown expression operators without evaluating anything."""
+    if isinstance(expr, list):
+        for e in expr:
+            check_expression(e)
+    elif isinstance(expr, dict):
+        for k, v in expr.items():
+            if k[:1] == '$':
+                if k not in _EXPR_HANDLERS and k not in _MONGOMOCK_OPERATORS:
+                    fail(168, "Unrecognized expression '%s'" % k)
+                if k == '$literal':
+                    continue
+            check_expression(v)
+
+
+def check_update_pipeline(stages):
+    for kind, spec in stages:
+        if kind == 'set':
+            check_expression(spec[1])
+        elif kind == 'replace':
+            check_expression(spec)
+        elif kind == 'project':
+            check_expression(list(spec.values()))
+
+
+def run_update_pipeline(doc, stages, user_vars=None):
+    for kind, spec in stages:
+        if kind == 'set':
+            doc = add_fields(doc, spec, user_vars)
+        elif kind == 'unset':
+            doc = _exclude(doc, spec)
+        elif kind == 'project':
+            doc = project(doc, spec)
+        else:
+            doc = replace_root(doc, spec, user_vars)
+    return doc
+
+
+def _agg_add_fields(coll, db, options):
+    compiled = compile_add_fields(options)
+    return [add_fields(d, compiled) for d in coll]
+
+
+def _agg_unset(coll, db, options):
+    tree = compile_unset(options)
+    return [_exclude(d, tree) for d in coll]
+
+
+def _agg_replace_root(coll, db, options):
+    if not isinstance(options, dict) or 'newRoot' not in options:
+        fail(40231, 'no newRoot specified for the $replaceRoot stage')
+    return [replace_root(d, options['newRoot']) for d in coll]
+
+
+def _agg_replace_with(coll, db, options):
+    return [replace_root(d, options) for d in coll]
+
+
+def _agg_sort(coll, db, options):
+    if not isinstance(options, dict) or not options:
+        fail(15976, '$sort stage must have at least one sort key')
+    return sort_docs(coll, _sort_items(options))
+
+
+_mm_group = mm_aggregate._handle_group_stage
+
+
+def _agg_group(coll, db, options):
+    if not coll:
+        return []
+    return _mm_group(coll, db, options)
+
+
+def _install_mongomock_fixes():
+    """Route mongomock's aggregation, filtering and update code through the
+    MongoDB-faithful pieces above."""
+    mm_aggregate._Parser = ExprParser
+    mm_filtering.register_parse_expression(_expr_for_match)
+    mm_aggregate._PIPELINE_HANDLERS.update({
+        '$addFields': _agg_add_fields,
+        '$set': _agg_add_fields,
+        '$unset': _agg_unset,
+        '$replaceRoot': _agg_replace_root,
+        '$replaceWith': _agg_replace_with,
+        '$sort': _agg_sort,
+        '$group': _agg_group,
+    })
+    mm_aggregate._GROUPING_OPERATOR_MAP.update({
+        '$sum': sum_numbers,
+        '$avg': avg_numbers,
+        '$min': lambda values: bson_min_max(values, False),
+        '$max': lambda values: bson_min_max(values, True),
+    })
+
+    def bson_compare(op, a, b, can_compare_types=True):
+        ca, cb = canon(a), canon(b)
+        if ca != cb:
+            return can_compare_types and op(ca, cb)
+        return op(bson_cmp(a, b), 0)
+    mm_filtering.bson_compare = bson_compare
+    mm_filtering._get_compare_type = canon
+
+    mm_collection._updaters.update({
+        '$set': _set_updater,
+        '$inc': _inc_updater,
+        '$mul': _mul_updater,
+        '$min': _min_updater,
+        '$max': _max_updater,
+    })
+    mm_collection._set_updater = _set_updater
+    mongomock.SERVER_VERSION = SERVER_VERSION
+
+
+# Classic update operators mongomock gets wrong for BSON types.
+
+def _set_updater(doc, field_name, value):
+    if isinstance(doc, dict):
+        doc[field_name] = value
+    elif isinstance(doc, list):
+        i = int(field_name)
+        if i < 0:
+            raise WriteError('Negative index provided', 2)
+        if i >= len(doc):
+            doc.extend([None] * (i + 1 - len(doc)))
+        doc[i] = value
+
+
+def _arith_updater(op, combine, missing):
+    def updater(doc, field_name, value):
+        if not is_number(value):
+            raise WriteError('Cannot %s with non-numeric argument: {%s: %s}'
+                             % ('increment' if op == '$inc' else 'multiply', field_name,
+                                fmt_value(value)), 14)
+        if isinstance(doc, dict):
+            container, key, present = doc, field_name, field_name in doc
+        elif isinstance(doc, list):
+            key = int(field_name)
+            if key < 0:
+                raise WriteError('Negative index provided', 2)
+            if key >= len(doc):
+                doc.extend([None] * (key + 1 - len(doc)))
+            container, present = doc, doc[key] is not None
+        else:
+            return
+        if not present:
+            container[key] = missing(value)
+            return
+        cur = container[key]
+        if not is_number(cur):
+            raise WriteError('Cannot apply %s to a value of non-numeric type. The field \'%s\' '
+                             'has non-numeric type %s' % (op, field_name, type_name(cur)), 14)
+        container[key] = combine(cur, value)
+    return updater
+
+
+_inc_updater = _arith_updater('$inc', lambda a, b: num_sum([a, b]), lambda v: v)
+_mul_updater = _arith_updater('$mul', lambda a, b: num_mul([a, b]),
+                              lambda v: num_mul([v, 0]))
+
+
+def _min_updater(doc, field_name, value):
+    if isinstance(doc, dict):
+        if field_name not in doc or bson_cmp(value, doc[field_name]) < 0:
+            doc[field_name] = value
+
+
+def _max_updater(doc, field_name, value):
+    if isinstance(doc, dict):
+        if field_name not in doc or bson_cmp(value, doc[field_name]) > 0:
+            doc[field_name] = value
+
+
+CLASSIC_UPDATE_OPERATORS = frozenset([
+    '$set', '$unset', '$inc', '$mul', '$min', '$max', '$rename', '$setOnInsert',
+    '$currentDate', '$addToSet', '$pull', '$pullAll', '$push', '$pop'])
+
+
+# --------------------------------------------------------------------------
+# Collections
+# --------------------------------------------------------------------------
+
+def id_key(value):
+    """The key mongomock stores a document under."""
+    if isinstance(value, dict):
+        return mm_helpers.hashdict(value)
+    return value
+
+
+_NO_FAST = object()
+
+
+def _fast_id_key(spec):
+    """(store key, _id value) when the filter pins _id to one value, else _NO_FAST."""
+    if not isinstance(spec, dict) or '_id' not in spec:
+        return _NO_FAST
+    v = spec['_id']
+    if isinstance(v, dict) and v:
+        first = next(iter(v))
+        if first[:1] == '$':
+            if len(v) == 1 and first == '$eq':
+                v = v['$eq']
+            else:
+                return _NO_FAST
+    if v is None or isinstance(v, (list, Regex, _RE_PATTERN, float)):
+        return _NO_FAST
+    try:
+        k = id_key(v)
+        hash(k)
+    except TypeError:
+        return _NO_FAST
+    return k, v
+
+
+def _index_key_values(doc, field):
+    out = []
+    found = False
+    for v in mm_filtering.iter_key_candidates(field, doc):
+        if v is NOTHING:
+            continue
+        found = True
+        if isinstance(v, list):
+            if v:
+                out.extend(v)
+            else:
+                out.append(MISSING)
+        else:
+            out.append(v)
+    return found, out or [None]
+
+
+class _UniqueIndex(object):
+    """A unique secondary index: key -> ids of the documents holding it.
+
+    Entries may go stale when documents are deleted or replaced; a conflict
+    is only reported after re-checking the other document."""
+    __slots__ = ('name', 'fields', 'pattern', 'sparse', 'pfe', 'by_key', 'by_id')
+
+    def __init__(self, name, info):
+        self.name = name
+        self.fields = [f for f, _ in info['key']]
+        self.pattern = dict(info['key'])
+        self.sparse = bool(info.get('sparse'))
+        self.pfe = info.get('partialFilterExpression')
+        self.by_key = {}
+        self.by_id = {}
+
+    def keys_of(self, doc):
+        """{hashable key: tuple of field values} of one document."""
+        if self.pfe is not None and not mm_filtering.filter_applies(self.pfe, doc):
+            return {}
+        per_field = []
+        any_found = False
+        for f in self.fields:
+            found, vals = _index_key_values(doc, f)
+            any_found = any_found or found
+            per_field.append([(hkey(v), v) for v in vals])
+        if self.sparse and not any_found:
+            return {}
+        out = {}
+        for combo in itertools.product(*per_field):
+            out[tuple(h for h, _ in combo)] = tuple(v for _, v in combo)
+        return out
+
+    def add(self, idk, keys):
+        old = self.by_id.get(idk, frozenset())
+        new = frozenset(keys)
+        for k in old - new:
+            s = self.by_key.get(k)
+            if s is not None:
+                s.discard(idk)
+                if not s:
+                    del self.by_key[k]
+        for k in new - old:
+            self.by_key.setdefault(k, set()).add(idk)
+        if new:
+            self.by_id[idk] = new
+        else:
+            self.by_id.pop(idk, None)
+
+
+class _UniqueState(object):
+    __slots__ = ('documents', 'sig', 'indexes')
+
+
+def _unique_specs(store):
+    return [(name, info) for name, info in store.indexes.items() if info.get('unique')]
+
+
+class FastCollection(mm_collection.Collection):
+    """mongomock's Collection with an O(1) path for _id equality, hashed
+    unique indexes, and copy-on-write storage: a stored document object is
+    never modified in place once stored, so cursors and update pipelines can
+    share it safely."""
+
+    _cow = False
+
+    def _docs(self):
+        store = self._store
+        if store._ttl_indexes:
+            store._remove_expired_documents()
+        return store._documents
+
+    def _iter_documents(self, filter):
+        docs = self._docs()
+        fast = _fast_id_key(filter)
+        if fast is not _NO_FAST:
+            doc = docs.get(fast[0])
+            # Python's 1 == True must not make a number _id match a boolean.
+            if doc is None or isinstance(doc['_id'], bool) != isinstance(fast[1], bool):
+                matches = []
+            elif len(filter) == 1 or mm_filtering.filter_applies(filter, doc):
+                matches = [doc]
+            else:
+                matches = []
+        else:
+            if not docs:
+                mm_filtering.filter_applies(filter, {})
+                matches = []
+            else:
+                matches = (d for d in list(docs.values())
+                           if mm_filtering.filter_applies(filter, d))
+        if self._cow:
+            return self._copy_on_write(matches)
+        return iter(matches)
+
+    def _copy_on_write(self, matches):
+        docs = self._docs()
+        for doc in matches:
+            mine = copy.deepcopy(doc)
+            docs[id_key(doc['_id'])] = mine
+            yield mine
+
+    def _update(self, *args, **kwargs):
+        self._cow = True
+        try:
+            return super(FastCollection, self)._update(*args, **kwargs)
+        finally:
+            self._cow = False
+
+    def _insert(self, data, session=None, ordered=True):
+        if not isinstance(data, dict):
+            return [self._insert(d) for d in data]
+        for k in data:
+            if not isinstance(k, str):
+                raise WriteError('Document keys must be strings', 2)
+        if '_id' not in data:
+            data = dict(itertools.chain((('_id', ObjectId()),), data.items()))
+        elif next(iter(data)) != '_id':
+            data = dict(itertools.chain((('_id', data['_id']),),
+                                        ((k, v) for k, v in data.items() if k != '_id')))
+        _id = data['_id']
+        if isinstance(_id, list):
+            raise WriteError("The '_id' value cannot be of type array", 53)
+        if isinstance(_id, (Regex, _RE_PATTERN)):
+            raise WriteError("can't use a regex for _id", 2)
+        docs = self._docs()
+        k = id_key(_id)
+        if k in docs:
+            raise self._dup_error('_id_', {'_id': 1}, {'_id': _id})
+        docs[k] = data
+        try:
+            self._ensure_uniques(data)
+        except DuplicateKeyError:
+            del docs[k]
+            raise
+        # A collection stays when its last document is deleted.
+        self._store._is_force_created = True
+        return _id
+
+    def _dup_error(self, index_name, pattern, value):
+        msg = 'E11000 duplicate key error collection: %s index: %s dup key: %s' % (
+            self.full_name, index_name, fmt_value(value))
+        return DupKeyError(msg, pattern, value)
+
+    def _unique_state(self):
+        store = self._store
+        specs = _unique_specs(store)
+        if not specs:
+            return None
+        sig = tuple((name, id(info)) for name, info in specs)
+        st = getattr(store, '_bd_unique', None)
+        if st is None or st.documents is not store._documents or st.sig != sig:
+            st = _UniqueState()
+            st.documents = store._documents
+            st.sig = sig
+            st.indexes = [_UniqueIndex(name, info) for name, info in specs]
+            for idk, doc in store._documents.items():
+                for ix in st.indexes:
+                    ix.add(idk, ix.keys_of(doc))
+            store._bd_unique = st
+        return st
+
+    def _ensure_uniques(self, new_data):
+        st = self._unique_state()
+        if st is None:
+            return
+        docs = self._docs()
+        idk = id_key(new_data['_id'])
+        new_keys = []
+        for ix in st.indexes:
+            keys = ix.keys_of(new_data)
+            for k, values in keys.items():
+                for other in ix.by_key.get(k, ()):
+                    if other == idk:
+                        continue
+                    odoc = docs.get(other)
+                    if odoc is not None and k in ix.keys_of(odoc):
+                        raise self._dup_error(ix.name, ix.pattern, dict(zip(ix.fields, values)))
+            new_keys.append(keys)
+        for ix, keys in zip(st.indexes, new_keys):
+            ix.add(idk, keys)
+
+    def delete_matching(self, spec, just_one):
+        docs = self._docs()
+        matches = self._iter_documents(spec)
+        n = 0
+        for doc in matches:
+            del docs[id_key(doc['_id'])]
+            n += 1
+            if just_one:
+                break
+        return n
+
+
+class DupKeyError(DuplicateKeyError):
+    """A duplicate key, with the index pattern and value MongoDB reports."""
+
+    def __init__(self, msg, pattern, value):
+        DuplicateKeyError.__init__(self, msg, 11000)
+        self.key_pattern = pattern
+        self.key_value = value
+
+    def key_fields(self):
+        if getattr(self, 'key_pattern', None) is None:
+            return {}
+        return {'keyPattern': self.key_pattern, 'keyValue': self.key_value}
+
+
+class _DbView(object):
+    """What mongomock's $lookup/$out stages need from a database."""
+
+    def __init__(self, backend, db):
+        self._backend = backend
+        self.name = db
+
+    def get_collection(self, name):
+        return self._backend.coll(self.name, name)
+
+    __getitem__ = get_collection
+
+
+# --------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------
+
+class CommandError(Exception):
+    def __init__(self, code, msg, **extra):
+        Exception.__init__(self, msg)
+        self.code = code
+        self.msg = msg
+        self.extra = extra
+
+
+def error_reply(code, msg, **extra):
+    doc = {'ok': 0.0, 'errmsg': msg, 'code': code, 'codeName': code_name(code)}
+    doc.update(extra)
+    return doc
+
+
+def _write_error_entry(index, exc):
+    """Turn an exception raised while applying one write into a writeErrors entry."""
+    if isinstance(exc, DuplicateKeyError):
+        entry = {'index': index, 'code': 11000, 'errmsg': str(exc)}
+        if isinstance(exc, DupKeyError):
+            entry.update(exc.key_fields())
+        return entry
+    if isinstance(exc, OperationFailure):
+        code = exc.code
+        msg = str(exc)
+        if not code:
+            code = 66 if "(immutable) field '_id'" in msg else 2
+        return {'index': index, 'code': code, 'errmsg': msg}
+    if isinstance(exc, CommandError):
+        return {'index': index, 'code': exc.code, 'errmsg': exc.msg}
+    if isinstance(exc, NotImplementedError):
+        return {'index': index, 'code': 238,
+                'errmsg': 'not supported by the test server: %s' % exc}
+    if isinstance(exc, bson.errors.InvalidDocument):
+        return {'index': index, 'code': 2, 'errmsg': str(exc)}
+    return {'index': index, 'code': 2, 'errmsg': '%s: %s' % (type(exc).__name__, exc)}
+
+
+_DB_NAME_BAD = re.compile(r'[/\\. "$\x00]')
+
+
+def _check_db_name(db):
+    if not isinstance(db, str) or not db or _DB_NAME_BAD.search(db) or len(db) >= 64:
+        raise CommandError(73, 'Invalid database name: \'%s\'' % (db,))
+
+
+def _check_coll_name(db, name):
+    if not isinstance(name, str):
+        raise CommandError(73, 'collection name has invalid type %s' % type_name(name))
+    if not name or '\x00' in name or name.startswith('.') or (
+            '$' in name and not name.startswith('oplog.$')):
+        raise CommandError(73, 'Invalid namespace specified \'%s.%s\'' % (db, name))
+
+
+class _Cursor(object):
+    __slots__ = ('id', 'ns', 'docs', 'pos', 'used')
+
+
+def _as_int(v, field, minimum=None):
+    if v is None:
+        return None
+    if not is_number(v) or isinstance(v, Decimal128):
+        raise CommandError(14, "BSON field '%s' is the wrong type '%s', expected types "
+                               "'[long, int, decimal, double]'" % (field, type_name(v)))
+    n = int(v)
+    if minimum is not None and n < minimum:
+        raise CommandError(51024, "BSON field '%s' value must be >= %d, actual value '%d'"
+                           % (field, minimum, n))
+    return n
+
+
+def _upsert_seed(coll, spec):
+    """The document an upsert starts from: the equality fields of the filter."""
+    seed = coll._discard_operators(coll._expand_dots(dict(spec)))[0]
+    if not isinstance(seed, dict):
+        return {}
+    return dict(seed)
+
+
+def _with_id_first(doc, _id):
+    if doc and next(iter(doc)) == '_id':
+        if doc['_id'] is _id:
+            return doc
+        out = dict(doc)
+        out['_id'] = _id
+        return out
+    return dict(itertools.chain((('_id', _id),), ((k, v) for k, v in doc.items() if k != '_id')))
+
+
+def _identical(a, b):
+    if a is b:
+        return True
+    try:
+        if a != b:
+            return False
+        return bson.encode(a) == bson.encode(b)
+    except Exception:
+        return False
+
+
+def _check_update_conflicts(update):
+    seen = set()
+    paths = []
+    for op, fields in update.items():
+        for f in fields:
+            paths.append(f)
+            if op == '$rename' and isinstance(fields[f], str):
+                paths.append(fields[f])
+    for p in paths:
+        if p in seen:
+            raise CommandError(40, "Updating the path '%s' would create a conflict at '%s'"
+                               % (p, p))
+        seen.add(p)
+    for p in paths:
+        parts = p.split('.')
+        for i in range(1, len(parts)):
+            prefix = '.'.join(parts[:i])
+            if prefix in seen:
+                raise CommandError(40, "Updating the path '%s' would create a conflict at "
+                                       "'%s'" % (p, prefix))
+
+
+class Backend(object):
+    """Executes commands against the in-memory data.  One lock serialises
+    all commands: mongomock is not thread-safe."""
+
+    def __init__(self, verbose=False):
+        self.verbose = verbose
+        self.lock = threading.Lock()
+        self.client = mongomock.MongoClient()
+        self.server_store = self.client._store
+        self.colls = {}
+        self.cursors = {}
+        self.started = time.time()
+        self.connections = {}
+        self.total_connections = 0
+        self.opcounters = dict.fromkeys(
+            ('insert', 'query', 'update', 'delete', 'getmore', 'command'), 0)
+        self.process_id = ObjectId()
+        self.commands = {}
+        for name in dir(self):
+            if name.startswith('cmd_'):
+                self.commands[name[4:]] = getattr(self, name)
+        aliases = {'isMaster': 'hello', 'ismaster': 'hello', 'buildinfo': 'buildInfo',
+                   'findandmodify': 'findAndModify', 'getlasterror': 'getLastError'}
+        for alias, target in aliases.items():
+            self.commands[alias] = self.commands[target]
+
+    # -- plumbing ----------------------------------------------------------
+
+    def coll(self, db, name):
+        key = (db, name)
+        c = self.colls.get(key)
+        if c is None:
+            database = self.client[db]
+            c = FastCollection(database, name, _db_store=database._store)
+            self.colls[key] = c
+        return c
+
+    def _collection_arg(self, db, cmd, name):
+        coll_name = cmd[name]
+        _check_coll_name(db, coll_name)
+        return coll_name, self.coll(db, coll_name)
+
+    def run(self, db, cmd, conn_id):
+        if not cmd:
+            return error_reply(59, "no such command: ''")
+        name = next(iter(cmd))
+        handler = self.commands.get(name)
+        if handler is None:
+            return error_reply(59, "no such command: '%s'" % name)
+        try:
+            _check_db_name(db)
+            with self.lock:
+                return handler(db, cmd, name, conn_id)
+        except CommandError as e:
+            return error_reply(e.code, e.msg, **e.extra)
+        except DuplicateKeyError as e:
+            extra = e.key_fields() if isinstance(e, DupKeyError) else {}
+            return error_reply(11000, str(e), **extra)
+        except OperationFailure as e:
+            return error_reply(e.code or 2, str(e))
+        except NotImplementedError as e:
+            return error_reply(238, 'not supported by the test server: %s' % e)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError,
+                bson.errors.BSONError) as e:
+            if self.verbose:
+                traceback.print_exc()
+            return error_reply(2, '%s: %s' % (type(e).__name__, e))
+        except Exception as e:  # never let a command take the server down
+            if self.verbose:
+                traceback.print_exc()
+            return error_reply(1, 'internal error: %s: %s' % (type(e).__name__, e))
+
+    def _check_write_concern(self, cmd):
+        wc = cmd.get('writeConcern')
+        if isinstance(wc, dict):
+            w = wc.get('w', 1)
+            if is_number(w) and _num_value(w) > 1:
+                raise CommandError(2, "cannot use 'w' > 1 on a standalone")
+            if isinstance(w, str) and w != 'majority':
+                raise CommandError(79, "No write concern mode named '%s' found in replica "
+                                       "set configuration" % w)
+
+    # -- cursors -----------------------------------------------------------
+
+    def _reap_cursors(self):
+        if len(self.cursors) < 64:
+            return
+        limit = time.time() - CURSOR_IDLE_SECONDS
+        for cid in [c.id for c in self.cursors.values() if c.used < limit]:
+            del self.cursors[cid]
+
+    def _batch(self, cursor, batch_size):
+        docs = cursor.docs
+        pos = cursor.pos
+        end = len(docs)
+        out = []
+        size = 0
+        while pos < end and (batch_size is None or len(out) < batch_size):
+            raw = RawBSONDocument(bson.encode(docs[pos]))
+            n = len(raw.raw)
+            if out and size + n > MAX_BSON_SIZE:
+                break
+            out.append(raw)
+            size += n
+            pos += 1
+        cursor.pos = pos
+        cursor.used = time.time()
+        return out
+
+    def cursor_reply(self, ns, docs, batch_size=None, single_batch=False):
+        cursor = _Cursor()
+        cursor.ns = ns
+        cursor.docs = docs
+        cursor.pos = 0
+        cursor.id = 0
+        first = self._batch(cursor, DEFAULT_BATCH if batch_size is None else batch_size)
+        if cursor.pos < len(docs) and not single_batch:
+            self._reap_cursors()
+            cid = random.randint(1, INT64_MAX)
+            while cid in self.cursors:
+                cid = random.randint(1, INT64_MAX)
+            cursor.id = cid
+            self.cursors[cid] = cursor
+        return {'cursor': {'firstBatch': first, 'id': Int64(cursor.id), 'ns': ns}, 'ok': 1.0}
+
+    def cmd_getMore(self, db, cmd, name, conn):
+        self.opcounters['getmore'] += 1
+        cid = cmd['getMore']
+        coll_name = cmd.get('collection')
+        if not isinstance(cid, int):
+            raise CommandError(14, "BSON field 'getMore.getMore' is the wrong type '%s', "
+                                   "expected type 'long'" % type_name(cid))
+        cursor = self.cursors.get(int(cid))
+        if cursor is None:
+            raise CommandError(43, 'cursor id %d not found' % cid)
+        ns = '%s.%s' % (db, coll_name)
+        if cursor.ns != ns:
+            raise CommandError(13, "Requested getMore on namespace '%s', but cursor belongs "
+                                   "to a different namespace %s" % (ns, cursor.ns))
+        batch = self._batch(cursor, _as_int(cmd.get('batchSize'), 'batchSize', 0) or None)
+        cid_out = cursor.id
+        if cursor.pos >= len(cursor.docs):
+            del self.cursors[cursor.id]
+            cid_out = 0
+        return {'cursor': {'nextBatch': batch, 'id': Int64(cid_out), 'ns': cursor.ns},
+                'ok': 1.0}
+
+    def cmd_killCursors(self, db, cmd, name, conn):
+        killed, not_found = [], []
+        for cid in cmd.get('cursors') or []:
+            if self.cursors.pop(int(cid), None) is not None:
+                killed.append(Int64(cid))
+            else:
+                not_found.append(Int64(cid))
+        return {'cursorsKilled': killed, 'cursorsNotFound': not_found, 'cursorsAlive': [],
+                'cursorsUnknown': [], 'ok': 1.0}
+
+    # -- handshake and administration -------------------------------------
+
+    def cmd_hello(self, db, cmd, name, conn):
+        # A standalone 6.0 without topologyVersion: drivers then poll with
+        # plain hellos instead of the streaming (awaitable hello) protocol.
+        self.opcounters['command'] += 1
+        doc = {}
+        if cmd.get('helloOk'):
+            doc['helloOk'] = True
+        if name == 'hello':
+            doc['isWritablePrimary'] = True
+        else:
+            doc['ismaster'] = True
+        doc.update({
+            'maxBsonObjectSize': MAX_BSON_SIZE,
+            'maxMessageSizeBytes': MAX_MESSAGE_SIZE,
+            'maxWriteBatchSize': MAX_WRITE_BATCH,
+            'localTime': _now(),
+            'logicalSessionTimeoutMinutes': SESSION_TIMEOUT_MINUTES,
+            'connectionId': conn,
+            'minWireVersion': 0,
+            'maxWireVersion': MAX_WIRE_VERSION,
+            'readOnly': False,
+            'ok': 1.0,
+        })
+        return doc
+
+    def cmd_ping(self, db, cmd, name, conn):
+        self.opcounters['command'] += 1
+        return {'ok': 1.0}
+
+    def cmd_buildInfo(self, db, cmd, name, conn):
+        return {
+            'version': SERVER_VERSION, 'gitVersion': '0' * 40, 'modules': [],
+            'allocator': 'system', 'javascriptEngine': 'none', 'sysInfo': 'deprecated',
+            'versionArray': list(VERSION_ARRAY),
+            'openssl': {'running': 'disabled', 'compiled': 'disabled'},
+            'buildEnvironment': {}, 'bits': 64, 'debug': False,
+            'maxBsonObjectSize': MAX_BSON_SIZE,
+            'storageEngines': ['ephemeralForTest'], 'ok': 1.0,
+        }
+
+    def cmd_serverStatus(self, db, cmd, name, conn):
+        now = time.time()
+        return {
+            'host': socket.gethostname(), 'version': SERVER_VERSION, 'process': 'mongod',
+            'pid': Int64(os.getpid()), 'uptime': float(int(now - self.started)),
+            'uptimeMillis': Int64(int((now - self.started) * 1000)),
+            'uptimeEstimate': Int64(int(now - self.started)), 'localTime': _now(),
+            'connections': {'current': len(self.connections), 'available': 1000,
+                            'totalCreated': self.total_connections, 'active': 1},
+            'opcounters': dict(self.opcounters),
+            'mem': {'bits': 64, 'resident': 0, 'virtual': 0, 'supported': False},
+            'storageEngine': {'name': 'ephemeralForTest', 'supportsCommittedReads': False,
+                              'persistent': False},
+            'ok': 1.0,
+        }
+
+    def cmd_getParameter(self, db, cmd, name, conn):
+        known = {'featureCompatibilityVersion': {'version': '6.0'},
+                 'authenticationMechanisms': [], 'logLevel': 0,
+                 'maxBSONDepth': 200}
+        if cmd.get('getParameter') == '*':
+            out = dict(known)
+        else:
+            out = {k: known[k] for k in cmd if k in known}
+            if not out:
+                raise CommandError(72, 'no option found to get')
+        out['ok'] = 1.0
+        return out
+
+    def cmd_endSessions(self, db, cmd, name, conn):
+        return {'ok': 1.0}
+
+    cmd_refreshSessions = cmd_endSessions
+    cmd_killSessions = cmd_endSessions
+    cmd_killAllSessions = cmd_endSessions
+    cmd_resetError = cmd_endSessions
+    cmd_fsync = cmd_endSessions
+
+    def cmd_startSession(self, db, cmd, name, conn):
+        return {'id': {'id': Binary(uuid.uuid4().bytes, 4)},
+                'timeoutMinutes': SESSION_TIMEOUT_MINUTES, 'ok': 1.0}
+
+    def cmd_getLastError(self, db, cmd, name, conn):
+        return {'err': None, 'n': 0, 'connectionId': conn, 'ok': 1.0}
+
+    def cmd_whatsmyuri(self, db, cmd, name, conn):
+        return {'you': '127.0.0.1:0', 'ok': 1.0}
+
+    def cmd_connectionStatus(self, db, cmd, name, conn):
+        return {'authInfo': {'authenticatedUsers': [], 'authenticatedUserRoles': []},
+                'ok': 1.0}
+
+    def cmd_getCmdLineOpts(self, db, cmd, name, conn):
+        return {'argv': list(sys.argv), 'parsed': {}, 'ok': 1.0}
+
+    def cmd_hostInfo(self, db, cmd, name, conn):
+        return {'system': {'hostname': socket.gethostname(), 'cpuAddrSize': 64,
+                           'numCores': os.cpu_count() or 1, 'cpuArch': os.uname().machine},
+                'os': {'type': os.uname().sysname, 'name': os.uname().sysname,
+                       'version': os.uname().release},
+                'extra': {}, 'ok': 1.0}
+
+    def cmd_getLog(self, db, cmd, name, conn):
+        if cmd.get('getLog') == '*':
+            return {'names': ['global', 'startupWarnings'], 'ok': 1.0}
+        return {'totalLinesWritten': 0, 'log': [], 'ok': 1.0}
+
+    def cmd_replSetGetStatus(self, db, cmd, name, conn):
+        raise CommandError(76, 'not running with --replSet')
+
+    # -- databases and collections ----------------------------------------
+
+    def _db_size(self, db):
+        dstore = self.server_store[db]
+        size = 0
+        for cname in dstore.list_created_collection_names():
+            for doc in dstore[cname]._documents.values():
+                size += len(bson.encode(doc))
+        return size
+
+    def cmd_listDatabases(self, db, cmd, name, conn):
+        if db != 'admin':
+            raise CommandError(13, 'listDatabases may only be run against the admin database.')
+        out = []
+        total = 0
+        for dbname in sorted(self.server_store.list_created_database_names()):
+            size = 0 if cmd.get('nameOnly') else self._db_size(dbname)
+            entry = {'name': dbname, 'sizeOnDisk': float(size), 'empty': size == 0}
+            flt = cmd.get('filter')
+            if flt and not mm_filtering.filter_applies(flt, entry):
+                continue
+            total += size
+            out.append({'name': dbname} if cmd.get('nameOnly') else entry)
+        reply = {'databases': out, 'ok': 1.0}
+        if not cmd.get('nameOnly'):
+            reply['totalSize'] = float(total)
+            reply['totalSizeMb'] = Int64(total // (1024 * 1024))
+        return reply
+
+    def _collection_uuid(self, store):
+        u = getattr(store, '_bd_uuid', None)
+        if u is None:
+            u = store._bd_uuid = Binary(uuid.uuid4().bytes, 4)
+        return u
+
+    def cmd_listCollections(self, db, cmd, name, conn):
+        dstore = self.server_store[db]
+        flt = cmd.get('filter') or {}
+        out = []
+        for cname in sorted(dstore.list_created_collection_names()):
+            entry = {'name': cname, 'type': 'collection', 'options': {},
+                     'info': {'readOnly': False, 'uuid': self._collection_uuid(dstore[cname])},
+                     'idIndex': {'v': 2, 'key': {'_id': 1}, 'name': '_id_'}}
+            if flt and not mm_filtering.filter_applies(flt, entry):
+                continue
+            if cmd.get('nameOnly'):
+                entry = {'name': cname, 'type': 'collection'}
+            out.append(entry)
+        batch = (cmd.get('cursor') or {}).get('batchSize')
+        return self.cursor_reply('%s.$cmd.listCollections' % db, out,
+                                 _as_int(batch, 'batchSize', 0) if batch is not None
+                                 else len(out))
+
+    def cmd_create(self, db, cmd, name, conn):
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        if coll._store.is_created:
+            raise CommandError(48, 'Collection %s.%s already exists.' % (db, coll_name))
+        coll._store.create()
+        return {'ok': 1.0}
+
+    def _kill_ns_cursors(self, prefix):
+        for cid in [c.id for c in self.cursors.values() if c.ns.startswith(prefix)]:
+            del self.cursors[cid]
+
+    def cmd_drop(self, db, cmd, name, conn):
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        store = coll._store
+        if not store.is_created:
+            raise CommandError(26, 'ns not found')
+        n = 1 + len(store.indexes)
+        store.drop()
+        self._kill_ns_cursors('%s.%s' % (db, coll_name))
+        return {'nIndexesWas': n, 'ns': '%s.%s' % (db, coll_name), 'ok': 1.0}
+
+    def cmd_dropDatabase(self, db, cmd, name, conn):
+        dstore = self.server_store[db]
+        for cname in list(dstore._collections):
+            dstore[cname].drop()
+        self._kill_ns_cursors(db + '.')
+        return {'dropped': db, 'ok': 1.0}
+
+    def cmd_renameCollection(self, db, cmd, name, conn):
+        src, dst = cmd['renameCollection'], cmd.get('to')
+        if not isinstance(src, str) or not isinstance(dst, str) or '.' not in src \
+                or '.' not in dst:
+            raise CommandError(73, 'Invalid namespace specified')
+        sdb, scoll = src.split('.', 1)
+        ddb, dcoll = dst.split('.', 1)
+        if sdb != ddb:
+            raise CommandError(238, 'renaming across databases is not supported by the test '
+                                    'server')
+        dstore = self.server_store[sdb]
+        if not dstore[scoll].is_created:
+            raise CommandError(26, 'Source collection %s does not exist' % src)
+        if dstore[dcoll].is_created:
+            if not cmd.get('dropTarget'):
+                raise CommandError(48, 'target namespace exists')
+            dstore[dcoll].drop()
+        dstore.rename(scoll, dcoll)
+        for key in [(sdb, scoll), (sdb, dcoll)]:
+            self.colls.pop(key, None)
+        self._kill_ns_cursors(src)
+        return {'ok': 1.0}
+
+    def cmd_dbStats(self, db, cmd, name, conn):
+        dstore = self.server_store[db]
+        names = dstore.list_created_collection_names()
+        objects = sum(len(dstore[c]._documents) for c in names)
+        size = self._db_size(db)
+        nindexes = sum(1 + len(dstore[c].indexes) for c in names)
+        return {'db': db, 'collections': len(names), 'views': 0, 'objects': objects,
+                'avgObjSize': float(size) / objects if objects else 0.0,
+                'dataSize': float(size), 'storageSize': float(size), 'indexes': nindexes,
+                'indexSize': 0.0, 'totalSize': float(size), 'scaleFactor': 1.0, 'ok': 1.0}
+
+    def cmd_collStats(self, db, cmd, name, conn):
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        store = coll._store
+        if not store.is_created:
+            raise CommandError(26, 'ns not found')
+        docs = coll._docs()
+        size = sum(len(bson.encode(d)) for d in docs.values())
+        names = ['_id_'] + list(store.indexes)
+        return {'ns': '%s.%s' % (db, coll_name), 'count': len(docs), 'size': size,
+                'avgObjSize': size // len(docs) if docs else 0, 'storageSize': size,
+                'nindexes': len(names), 'totalIndexSize': 0,
+                'indexSizes': dict.fromkeys(names, 0), 'capped': False, 'ok': 1.0}
+
+    # -- indexes -----------------------------------------------------------
+
+    def cmd_createIndexes(self, db, cmd, name, conn):
+        self.opcounters['command'] += 1
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        specs = cmd.get('indexes')
+        if not isinstance(specs, list) or not specs:
+            raise CommandError(2, 'Must specify at least one index to create')
+        store = coll._store
+        created_automatically = not store.is_created
+        before = 1 + len(store.indexes)
+        to_create = []
+        for spec in specs:
+            if not isinstance(spec, dict):
+                raise CommandError(14, "BSON field 'createIndexes.indexes' is the wrong type")
+            key = spec.get('key')
+            iname = spec.get('name')
+            if not isinstance(key, dict) or not key:
+                raise CommandError(67, "The 'key' field is a required property of an index "
+                                       "specification")
+            if not isinstance(iname, str) or not iname:
+                raise CommandError(9, "The 'name' field is a required property of an index "
+                                      "specification")
+            for f, d in key.items():
+                if not (is_number(d) and _num_value(d) != 0) and d not in (
+                        'text', '2d', '2dsphere', 'hashed', 'geoHaystack'):
+                    raise CommandError(67, 'Values in index key pattern must be non-zero '
+                                           'numbers or index type strings: %s'
+                                       % fmt_value(key))
+            info = {'key': [(f, d) for f, d in key.items()]}
+            for opt, v in spec.items():
+                if opt in ('key', 'name', 'v', 'ns', 'background'):
+                    continue
+                if opt in ('unique', 'sparse'):
+                    if v:
+                        info[opt] = True
+                    continue
+                info[opt] = v
+            if iname == '_id_' or list(key) == ['_id']:
+                if list(key) != ['_id'] or iname != '_id_' or info.get('unique') is False:
+                    if iname == '_id_' or list(key) != ['_id']:
+                        raise CommandError(197, 'The index name \'_id_\' is reserved for the '
+                                                '_id index')
+                continue
+            existing = store.indexes.get(iname)
+            if existing is not None:
+                if bson_cmp(dict(existing['key']), dict(info['key'])) != 0:
+                    raise CommandError(
+                        86, 'An existing index has the same name as the requested index. '
+                            'Requested index: %s, existing index: %s'
+                        % (fmt_value(dict(spec)),
+                           fmt_value(dict(existing, key=dict(existing['key']), name=iname))))
+                if not _same_index_options(existing, info):
+                    raise CommandError(
+                        85, 'An equivalent index already exists with the same name but '
+                            'different options. Requested index: %s, existing index: %s'
+                        % (fmt_value(dict(spec)),
+                           fmt_value(dict(existing, key=dict(existing['key']), name=iname))))
+                continue
+            clash = None
+            for oname, other in store.indexes.items():
+                if bson_cmp(dict(other['key']), dict(info['key'])) == 0:
+                    clash = oname
+            if clash is not None:
+                raise CommandError(85, 'Index already exists with a different name: %s' % clash)
+            to_create.append((iname, info))
+        for iname, info in to_create:
+            if info.get('unique'):
+                ix = _UniqueIndex(iname, info)
+                seen = {}
+                for doc in coll._docs().values():
+                    for pk, values in ix.keys_of(doc).items():
+                        if pk in seen:
+                            value = dict(zip(ix.fields, values))
+                            raise CommandError(
+                                11000, 'Index build failed: E11000 duplicate key error '
+                                       'collection: %s.%s index: %s dup key: %s'
+                                % (db, coll_name, iname, fmt_value(value)),
+                                keyPattern=ix.pattern, keyValue=value)
+                        seen[pk] = True
+            store.create_index(iname, info)
+        if created_automatically:
+            store.create()
+        reply = {'numIndexesBefore': before, 'numIndexesAfter': 1 + len(store.indexes),
+                 'createdCollectionAutomatically': created_automatically, 'ok': 1.0}
+        if not to_create:
+            reply['note'] = 'all indexes already exist'
+        return reply
+
+    def _index_docs(self, store):
+        out = [{'v': 2, 'key': {'_id': 1}, 'name': '_id_'}]
+        for iname, info in store.indexes.items():
+            doc = {'v': 2, 'key': dict(info['key']), 'name': iname}
+            for opt, v in info.items():
+                if opt != 'key':
+                    doc[opt] = v
+            out.append(doc)
+        return out
+
+    def cmd_listIndexes(self, db, cmd, name, conn):
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        store = coll._store
+        if not store.is_created:
+            raise CommandError(26, 'ns does not exist: %s.%s' % (db, coll_name))
+        out = self._index_docs(store)
+        batch = (cmd.get('cursor') or {}).get('batchSize')
+        return self.cursor_reply('%s.%s' % (db, coll_name), out,
+                                 _as_int(batch, 'batchSize', 0) if batch is not None
+                                 else len(out))
+
+    def cmd_dropIndexes(self, db, cmd, name, conn):
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        store = coll._store
+        if not store.is_created:
+            raise CommandError(26, 'ns not found %s.%s' % (db, coll_name))
+        before = 1 + len(store.indexes)
+        which = cmd.get('index')
+        if which == '*':
+            for iname in list(store.indexes):
+                store.drop_index(iname)
+            return {'nIndexesWas': before, 'ok': 1.0}
+        if isinstance(which, dict):
+            names = [n for n, info in store.indexes.items()
+                     if bson_cmp(dict(info['key']), which) == 0]
+            if not names:
+                if bson_cmp(which, {'_id': 1}) == 0:
+                    raise CommandError(72, 'cannot drop _id index')
+                raise CommandError(27, "can't find index with key: %s" % fmt_value(which))
+        elif isinstance(which, str):
+            names = [which]
+        elif isinstance(which, list):
+            names = which
+        else:
+            raise CommandError(14, "BSON field 'dropIndexes.index' is the wrong type")
+        for iname in names:
+            if iname == '_id_':
+                raise CommandError(72, 'cannot drop _id index')
+            if iname not in store.indexes:
+                raise CommandError(27, 'index not found with name [%s]' % iname)
+        for iname in names:
+            store.drop_index(iname)
+        return {'nIndexesWas': before, 'ok': 1.0}
+
+    cmd_deleteIndexes = cmd_dropIndexes
+
+    # -- writes ------------------------------------------------------------
+
+    def _write_reply(self, n, errors, extra=None):
+        reply = {'n': n}
+        if extra:
+            reply.update(extra)
+        if errors:
+            reply['writeErrors'] = errors
+        reply['ok'] = 1.0
+        return reply
+
+    def cmd_insert(self, db, cmd, name, conn):
+        self._check_write_concern(cmd)
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        docs = cmd.get('documents')
+        if not isinstance(docs, list):
+            raise CommandError(14, "BSON field 'insert.documents' is missing or has the wrong "
+                                   "type")
+        ordered = cmd.get('ordered', True)
+        n = 0
+        errors = []
+        for i, doc in enumerate(docs):
+            self.opcounters['insert'] += 1
+            try:
+                if not isinstance(doc, dict):
+                    raise CommandError(14, 'documents must be objects')
+                coll._insert(doc)
+                n += 1
+            except Exception as exc:  # one failed write never stops the server
+                errors.append(_write_error_entry(i, exc))
+                if ordered:
+                    break
+        return self._write_reply(n, errors)
+
+    def apply_update(self, coll, spec, update, upsert=False, multi=False, let=None,
+                     array_filters=None):
+        """Apply one update statement.  Returns (matched, modified, upserted_id)
+        where upserted_id is MISSING when nothing was inserted."""
+        if not isinstance(spec, dict):
+            raise CommandError(14, "BSON field 'q' is the wrong type '%s', expected type "
+                                   "'object'" % type_name(spec))
+        if isinstance(update, list):
+            return self._pipeline_update(coll, spec, update, upsert, multi, let)
+        if not isinstance(update, dict):
+            raise CommandError(14, "Update argument must be either an object or an array")
+        if array_filters:
+            raise CommandError(238, 'arrayFilters are not supported by the test server')
+        keys = list(update)
+        if keys and keys[0][:1] == '$':
+            for k in keys:
+                if k not in CLASSIC_UPDATE_OPERATORS:
+                    raise CommandError(9, 'Unknown modifier: %s. Expected a valid update '
+                                          'modifier or pipeline-style update specified as an '
+                                          'array' % k)
+                if not isinstance(update[k], dict):
+                    raise CommandError(9, 'Modifiers operate on fields but we found type %s '
+                                          'instead. For example: {$mod: {<field>: ...}} not '
+                                          '{%s: %s}' % (type_name(update[k]), k,
+                                                        fmt_value(update[k])))
+            _check_update_conflicts(update)
+        else:
+            for k in keys:
+                if k[:1] == '$':
+                    raise CommandError(52, "The dollar ($) prefixed field '%s' in '%s' is not "
+                                           "allowed in the context of an update's replacement "
+                                           "document. Consider using an aggregation pipeline "
+                                           "with $replaceWith." % (k, k))
+            if multi:
+                raise CommandError(9, 'multi update is not supported for replacement-style '
+                                      'update')
+        res = coll._update(spec, update, upsert=upsert, multi=multi)
+        if not res['updatedExisting'] and res['n']:
+            return 1, 0, res['upserted']
+        return res['n'], res['nModified'], MISSING
+
+    def _pipeline_update(self, coll, spec, pipeline, upsert, multi, let):
+        stages = compile_update_pipeline(pipeline)
+        docs = coll._docs()
+        matched = modified = 0
+        for old in list(coll._iter_documents(spec)):
+            matched += 1
+            new = run_update_pipeline(old, stages, let)
+            if '_id' in new and not bson_eq(new['_id'], old['_id']):
+                raise WriteError("Performing an update on the path '_id' would modify the "
+                                 "immutable field '_id'", 66)
+            new = _with_id_first(new, old['_id'])
+            if not _identical(new, old):
+                coll._ensure_uniques(new)
+                docs[id_key(old['_id'])] = new
+                modified += 1
+            if not multi:
+                break
+        if matched:
+            return matched, modified, MISSING
+        if not upsert:
+            # MongoDB parses the pipeline even when nothing matches.
+            check_update_pipeline(stages)
+            return 0, 0, MISSING
+        seed = _upsert_seed(coll, spec)
+        new = run_update_pipeline(seed, stages, let)
+        if '_id' in seed:
+            if '_id' in new and not bson_eq(new['_id'], seed['_id']):
+                raise WriteError("Performing an update on the path '_id' would modify the "
+                                 "immutable field '_id'", 66)
+            new = _with_id_first(new, seed['_id'])
+        elif '_id' not in new:
+            new = _with_id_first(new, ObjectId())
+        coll._insert(new)
+        return 1, 0, new['_id']
+
+    def cmd_update(self, db, cmd, name, conn):
+        self._check_write_concern(cmd)
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        updates = cmd.get('updates')
+        if not isinstance(updates, list):
+            raise CommandError(14, "BSON field 'update.updates' is missing or has the wrong "
+                                   "type")
+        ordered = cmd.get('ordered', True)
+        let = cmd.get('let')
+        n = modified = 0
+        upserted = []
+        errors = []
+        for i, u in enumerate(updates):
+            self.opcounters['update'] += 1
+            try:
+                if not isinstance(u, dict) or 'q' not in u or 'u' not in u:
+                    raise CommandError(40414, "BSON field 'update.updates.q' is missing but a "
+                                              "required field")
+                m, mod, up = self.apply_update(coll, u['q'], u['u'], bool(u.get('upsert')),
+                                               bool(u.get('multi')), let,
+                                               u.get('arrayFilters'))
+            except Exception as exc:  # one failed write never stops the server
+                errors.append(_write_error_entry(i, exc))
+                if ordered:
+                    break
+                continue
+            n += m
+            modified += mod
+            if up is not MISSING:
+                upserted.append({'index': i, '_id': up})
+        extra = {'nModified': modified}
+        if upserted:
+            extra['upserted'] = upserted
+        return self._write_reply(n, errors, extra)
+
+    def cmd_delete(self, db, cmd, name, conn):
+        self._check_write_concern(cmd)
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        deletes = cmd.get('deletes')
+        if not isinstance(deletes, list):
+            raise CommandError(14, "BSON field 'delete.deletes' is missing or has the wrong "
+                                   "type")
+        ordered = cmd.get('ordered', True)
+        n = 0
+        errors = []
+        for i, d in enumerate(deletes):
+            self.opcounters['delete'] += 1
+            try:
+                if not isinstance(d, dict) or not isinstance(d.get('q'), dict):
+                    raise CommandError(40414, "BSON field 'delete.deletes.q' is missing but a "
+                                              "required field")
+                limit = d.get('limit', 0)
+                if not is_number(limit) or _num_value(limit) not in (0, 1):
+                    raise CommandError(9, 'The limit field in delete objects must be 0 or 1. '
+                                          'Got %s' % fmt_value(limit))
+                n += coll.delete_matching(d['q'], _num_value(limit) == 1)
+            except Exception as exc:  # one failed write never stops the server
+                errors.append(_write_error_entry(i, exc))
+                if ordered:
+                    break
+        return self._write_reply(n, errors)
+
+    def cmd_findAndModify(self, db, cmd, name, conn):
+        self._check_write_concern(cmd)
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        query = cmd.get('query') or {}
+        remove = bool(cmd.get('remove'))
+        update = cmd.get('update')
+        if remove == (update is not None):
+            raise CommandError(9, 'Either an update or remove=true must be specified')
+        if remove and cmd.get('new'):
+            raise CommandError(9, 'Cannot specify both new=true and remove=true; \'remove\' '
+                                  'always returns the deleted document')
+        fields = cmd.get('fields')
+        matches = list(coll._iter_documents(query))
+        if cmd.get('sort'):
+            matches = sort_docs(matches, _sort_items(cmd['sort']))
+        old = matches[0] if matches else None
+        if remove:
+            self.opcounters['delete'] += 1
+            if old is not None:
+                del coll._docs()[id_key(old['_id'])]
+            return {'lastErrorObject': {'n': 1 if old is not None else 0},
+                    'value': self._project(coll, old, fields) if old is not None else None,
+                    'ok': 1.0}
+        self.opcounters['update'] += 1
+        if old is not None:
+            spec = dict(query)
+            spec['_id'] = old['_id']
+            self.apply_update(coll, spec, update, False, False, cmd.get('let'),
+                              cmd.get('arrayFilters'))
+            new = coll._docs().get(id_key(old['_id']))
+            value = new if cmd.get('new') else old
+            return {'lastErrorObject': {'n': 1, 'updatedExisting': True},
+                    'value': self._project(coll, value, fields), 'ok': 1.0}
+        if not cmd.get('upsert'):
+            return {'lastErrorObject': {'n': 0, 'updatedExisting': False}, 'value': None,
+                    'ok': 1.0}
+        _, _, upserted = self.apply_update(coll, query, update, True, False, cmd.get('let'),
+                                           cmd.get('arrayFilters'))
+        value = None
+        if cmd.get('new'):
+            value = self._project(coll, coll._docs().get(id_key(upserted)), fields)
+        return {'lastErrorObject': {'n': 1, 'updatedExisting': False, 'upserted': upserted},
+                'value': value, 'ok': 1.0}
+
+    # -- reads -------------------------------------------------------------
+
+    def _project(self, coll, doc, projection):
+        if not projection or doc is None:
+            return doc
+        for k, v in projection.items():
+            if '$' in k or isinstance(v, dict) and any(
+                    op in v for op in ('$slice', '$elemMatch')):
+                return coll._copy_only_fields(doc, dict(projection), dict)
+        spec = {}
+        for k, v in projection.items():
+            if isinstance(v, bool) or is_number(v):
+                spec[k] = 1 if truthy(v) else 0
+            else:
+                spec[k] = v
+        return project(doc, spec)
+
+    def cmd_find(self, db, cmd, name, conn):
+        self.opcounters['query'] += 1
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        flt = cmd.get('filter')
+        if flt is None:
+            flt = {}
+        if not isinstance(flt, dict):
+            raise CommandError(14, "BSON field 'FindCommandRequest.filter' is the wrong type "
+                                   "'%s', expected type 'object'" % type_name(flt))
+        if cmd.get('tailable'):
+            raise CommandError(238, 'tailable cursors are not supported by the test server')
+        skip = _as_int(cmd.get('skip'), 'skip', 0) or 0
+        limit = _as_int(cmd.get('limit'), 'limit', 0) or 0
+        batch = _as_int(cmd.get('batchSize'), 'batchSize', 0)
+        docs = list(coll._iter_documents(flt))
+        sort = cmd.get('sort')
+        if sort:
+            if not isinstance(sort, dict):
+                raise CommandError(14, "BSON field 'FindCommandRequest.sort' is the wrong type")
+            docs = sort_docs(docs, _sort_items(sort))
+        if skip:
+            docs = docs[skip:]
+        if limit:
+            docs = docs[:limit]
+        projection = cmd.get('projection')
+        if projection:
+            docs = [self._project(coll, d, projection) for d in docs]
+        return self.cursor_reply('%s.%s' % (db, coll_name), docs, batch,
+                                 bool(cmd.get('singleBatch')))
+
+    def cmd_count(self, db, cmd, name, conn):
+        self.opcounters['command'] += 1
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        query = cmd.get('query') or {}
+        n = sum(1 for _ in coll._iter_documents(query))
+        skip = _as_int(cmd.get('skip'), 'skip', 0) or 0
+        limit = abs(_as_int(cmd.get('limit'), 'limit') or 0)
+        n = max(0, n - skip)
+        if limit:
+            n = min(n, limit)
+        return {'n': n, 'ok': 1.0}
+
+    def cmd_distinct(self, db, cmd, name, conn):
+        self.opcounters['command'] += 1
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        key = cmd.get('key')
+        if not isinstance(key, str):
+            raise CommandError(14, "BSON field 'distinct.key' is the wrong type")
+        seen = set()
+        values = []
+        for doc in coll._iter_documents(cmd.get('query') or {}):
+            for v in mm_filtering.iter_key_candidates(key, doc):
+                if v is NOTHING:
+                    continue
+                for x in (v if isinstance(v, list) else [v]):
+                    h = hkey(x)
+                    if h not in seen:
+                        seen.add(h)
+                        values.append(x)
+        return {'values': sort_values(values, False), 'ok': 1.0}
+
+    def cmd_aggregate(self, db, cmd, name, conn):
+        self.opcounters['command'] += 1
+        target = cmd['aggregate']
+        pipeline = cmd.get('pipeline')
+        if not isinstance(pipeline, list):
+            raise CommandError(14, "BSON field 'aggregate.pipeline' is missing or has the "
+                                   "wrong type")
+        if cmd.get('explain'):
+            raise CommandError(238, 'explain is not supported by the test server')
+        if not isinstance(cmd.get('cursor'), dict):
+            raise CommandError(9, "The 'cursor' option is required, except for aggregate with "
+                                  "the explain argument")
+        if not isinstance(target, str):
+            raise CommandError(238, 'database-level aggregation is not supported by the test '
+                                    'server')
+        _check_coll_name(db, target)
+        coll = self.coll(db, target)
+        stages = list(pipeline)
+        for st in stages:
+            if not isinstance(st, dict) or len(st) != 1:
+                raise CommandError(40323, 'A pipeline stage specification object must contain '
+                                          'exactly one field.')
+        if stages and '$match' in stages[0]:
+            docs = list(coll._iter_documents(stages[0]['$match']))
+            stages = stages[1:]
+        else:
+            docs = list(coll._docs().values())
+        names = {next(iter(st)) for st in stages}
+        if names & {'$lookup', '$graphLookup', '$facet', '$out'}:
+            docs = copy.deepcopy(docs)
+        if '$merge' in names:
+            raise CommandError(238, '$merge is not supported by the test server')
+        out = list(mm_aggregate.process_pipeline(docs, _DbView(self, db), stages, None))
+        if stages and '$out' in stages[-1]:
+            out = []
+        batch = _as_int(cmd['cursor'].get('batchSize'), 'batchSize', 0)
+        return self.cursor_reply('%s.%s' % (db, target), out, batch)
+
+
+def _same_index_options(a, b):
+    ignore = ('key', 'v', 'ns', 'background', 'name')
+    oa = {k: v for k, v in a.items() if k not in ignore}
+    ob = {k: v for k, v in b.items() if k not in ignore}
+    if set(oa) != set(ob):
+        return False
+    return all(bson_eq(oa[k], ob[k]) for k in oa)
+
+
+# --------------------------------------------------------------------------
+# Wire protocol
+# --------------------------------------------------------------------------
+
+def _recv_exact(sock, n):
+    buf = bytearray(n)
+    view = memoryview(buf)
+    pos = 0
+    while pos < n:
+        got = sock.recv_into(view[pos:], n - pos)
+        if not got:
+            raise EOFError('connection closed')
+        pos += got
+    return bytes(buf)
+
+
+_reply_ids = itertools.count(1)
+
+
+def _encode_reply(doc):
+    try:
+        payload = bson.encode(doc)
+    except Exception as e:  # a reply we cannot encode becomes an error reply
+        payload = bson.encode(error_reply(2, 'cannot encode reply: %s' % e))
+    if len(payload) > MAX_BSON_SIZE + 16 * 1024:
+        payload = bson.encode(error_reply(10334, 'BSONObj size: %d is invalid. Size must be '
+                                                 'between 0 and 16793600(16MB)' % len(payload)))
+    return payload
+
+
+def send_reply(request, doc, query_failure=False):
+    """Answer a request in kind: OP_MSG for OP_MSG, OP_REPLY for OP_QUERY."""
+    reply_id = next(_reply_ids) & 0x7fffffff
+    payload = _encode_reply(doc)
+    if isinstance(request, mockupdb.OpMsg):
+        if request.flags & OP_MSG_MORE_TO_COME:
+            return
+        header = struct.pack('<iiiiIb', 21 + len(payload), reply_id, request.request_id,
+                             mockupdb.OP_MSG, 0, 0)
+    else:
+        flags = 2 if query_failure else 0
+        header = struct.pack('<iiiiiqii', 36 + len(payload), reply_id, request.request_id,
+                             mockupdb.OP_REPLY, flags, 0, 0, 1)
+    request._client.sendall(header + payload)
+
+
+class WireServer(mockupdb.MockupDB):
+    """mockupdb's server with its per-connection loop replaced: requests go
+    straight to one handler (every request is ours, so no matching), are not
+    formatted for the debug log, and run without mockupdb's server lock
+    (the backend has its own)."""
+
+    def __init__(self, backend, port=None, verbose=False):
+        mockupdb.MockupDB.__init__(self, port=port, verbose=False, request_timeout=int(1e6))
+        self._address = ('127.0.0.1', port or 0)
+        self._backend = backend
+        self._bd_verbose = verbose
+        self._conn_ids = itertools.count(1)
+
+    def _server_loop(self, client, client_addr):
+        conn_id = next(self._conn_ids)
+        backend = self._backend
+        backend.connections[conn_id] = client_addr
+        backend.total_connections += 1
+        try:
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        try:
+            while not self._stopped:
+                try:
+                    header = _recv_exact(client, 16)
+                    length, request_id, _, opcode = struct.unpack('<iiii', header)
+                    if length < 16 or length > MAX_MESSAGE_SIZE:
+                        break
+                    body = _recv_exact(client, length - 16)
+                except (OSError, EOFError):
+                    break
+                cls = mockupdb.OPCODES.get(opcode)
+                if cls is None:
+                    self._log_line('connection %d: unsupported opcode %d' % (conn_id, opcode))
+                    break
+                try:
+                    request = cls.unpack(body, client, self, request_id)
+                except Exception as e:  # malformed message: drop the connection
+                    self._log_line('connection %d: bad message: %s' % (conn_id, e))
+                    break
+                self._requests_count += 1
+                try:
+                    self.handle(request, conn_id)
+                except OSError:
+                    break
+        finally:
+            backend.connections.pop(conn_id, None)
+            try:
+                client.close()
+            except OSError:
+                pass
+
+    def _log_line(self, msg):
+        if self._bd_verbose:
+            sys.stderr.write('mongo_server: %s\n' % msg)
+            sys.stderr.flush()
+
+    def handle(self, request, conn_id):
+        if isinstance(request, (mockupdb.OpMsg, mockupdb.Command)):
+            cmd = request.doc
+            if isinstance(request, mockupdb.OpMsg):
+                db = cmd.get('$db') or request.namespace
+            else:
+                db = request.namespace
+                if '$query' in cmd and isinstance(cmd['$query'], dict):
+                    cmd = cmd['$query']
+            started = time.perf_counter()
+            reply = self._backend.run(db, cmd, conn_id)
+            send_reply(request, reply)
+            if self._bd_verbose:
+                name = next(iter(cmd)) if cmd else '?'
+                target = cmd.get(name) if isinstance(cmd.get(name), str) else ''
+                if name == 'getMore':
+                    target = cmd.get('collection', '')
+                status = 'ok' if reply.get('ok') else 'error %s: %s' % (
+                    reply.get('code'), reply.get('errmsg'))
+                extra = ''
+                if reply.get('writeErrors'):
+                    extra = ' writeErrors=%d' % len(reply['writeErrors'])
+                self._log_line('conn%d %s %s.%s %.2fms %s%s' % (
+                    conn_id, name, db, target, (time.perf_counter() - started) * 1000,
+                    status, extra))
+        elif isinstance(request, mockupdb.OpQuery):
+            send_reply(request, {'$err': 'legacy OP_QUERY find is not supported; use the find '
+                                         'command', 'code': 352}, query_failure=True)
+        elif isinstance(request, mockupdb.OpGetMore):
+            reply_id = next(_reply_ids) & 0x7fffffff
+            request._client.sendall(struct.pack('<iiiiiqii', 36, reply_id, request.request_id,
+                                                mockupdb.OP_REPLY, 1, 0, 0, 0))
+        # Legacy OP_INSERT/OP_UPDATE/OP_DELETE/OP_KILL_CURSORS get no reply.
+        return True
+
+    def shutdown(self):
+        """Stop accepting, drop every connection; does not wait for threads."""
+        self._stopped = True
+        try:
+            self._listening_sock.close()
+        except OSError:
+            pass
+        for sock in list(self._server_socks):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description='MongoDB wire-compatible in-memory test server (mockupdb + mongomock).')
+    parser.add_argument('--port', type=int, default=0,
+                        help='TCP port on 127.0.0.1 (default: a free one)')
+    parser.add_argument('--verbose', action='store_true',
+                        help='log one line per command to stderr')
+    args = parser.parse_args(argv)
+
+    # Requests come in with plain dicts rather than OrderedDicts: cheaper to
+    # copy and compare, and dicts keep field order anyway.
+    mockupdb.CODEC_OPTIONS = CodecOptions(document_class=dict)
+    _install_mongomock_fixes()
+
+    # Block the stop signals before any thread starts (threads inherit the
+    # mask), so the main thread can wait for them synchronously.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+
+    backend = Backend(verbose=args.verbose)
+    server = WireServer(backend, port=args.port or None, verbose=args.verbose)
+    try:
+        port = server.run()
+    except OSError as e:
+        sys.stderr.write('mongo_server: cannot listen on 127.0.0.1:%d: %s\n' % (args.port, e))
+        return 1
+
+    # Bucket documents hold many small containers; frequent full collections
+    # would dominate the run time.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(200000, 50, 100)
+
+    sys.stdout.write('%d\n' % port)
+    sys.stdout.flush()
+    if args.verbose:
+        sys.stderr.write('mongo_server: listening on 127.0.0.1:%d\n' % port)
+        sys.stderr.flush()
+
+    signum = signal.sigwait(stop_signals)
+
+    server.shutdown()
+    # Let a command that is running finish its reply, then leave without
+    # waiting for idle connection threads.
+    if backend.lock.acquire(timeout=5):
+        backend.lock.release()
+    if args.verbose:
+        sys.stderr.write('mongo_server: stopped by signal %d\n' % signum)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

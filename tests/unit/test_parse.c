@@ -1,0 +1,937 @@
+/*
+ * Unit tests for the line parsers (include/bucketd/parse.h, src/parse.c): every part of the
+ * line-protocol grammar, each number form and its limits, timestamps and precision, series
+ * keys, Graphite plaintext, and malformed or mutated lines, which must fail cleanly. The
+ * conformance corpus as a whole runs in tests/e2e/test_lp_conformance.py.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucketd/parse.h"
+
+/* A point is several KiB: one static per test process (Criterion forks each test). */
+static struct bd_parser parser;
+static struct bd_point point;
+static const char *errmsg;
+
+static void init_with(enum bd_format format, enum bd_precision precision, size_t max_line) {
+    cr_assert_eq(bd_parser_init(&parser, format, precision, max_line), 0);
+}
+
+static void influx_ns(void) {
+    init_with(BD_FORMAT_INFLUX, BD_PREC_NS, 64 * 1024);
+}
+
+static void graphite(void) {
+    init_with(BD_FORMAT_GRAPHITE, BD_PREC_NS, 64 * 1024);
+}
+
+static void teardown(void) {
+    bd_parser_close(&parser);
+}
+
+TestSuite(parse, .init = influx_ns, .fini = teardown);
+/* Tests that set up their own parsers, with other precisions or limits. */
+TestSuite(parse_setup);
+
+static int parse_n(const char *line, size_t len) {
+    errmsg = NULL;
+    return bd_parse_line(&parser, line, len, &point, &errmsg);
+}
+
+static int parse(const char *line) {
+    return parse_n(line, strlen(line));
+}
+
+static const struct bd_point *ok(const char *line) {
+    int rc = parse(line);
+    cr_assert_eq(rc, BD_PARSE_OK, "\"%s\": rc %d (%s)", line, rc, errmsg ? errmsg : "-");
+    return &point;
+}
+
+static void fails(const char *line, int want_rc, const char *want_msg) {
+    int rc = parse(line);
+    cr_assert_eq(rc, want_rc, "\"%s\": rc %d (%s), want %d", line, rc, errmsg ? errmsg : "-",
+                 want_rc);
+    cr_assert_not_null(errmsg, "\"%s\": no message", line);
+    if (want_msg != NULL) {
+        cr_assert_str_eq(errmsg, want_msg, "\"%s\"", line);
+    }
+}
+
+static bool str_is(struct bd_str s, const char *want) {
+    return s.len == strlen(want) && memcmp(s.ptr, want, s.len) == 0;
+}
+
+#define expect_str(s, want)                                                                    \
+    cr_assert(str_is((s), (want)), "%s is \"%.*s\", want \"%s\"", #s, (int)(s).len, (s).ptr,  \
+              (want))
+
+static const struct bd_field *field(const struct bd_point *pt, const char *key) {
+    for (uint32_t i = 0; i < pt->n_fields; i++) {
+        if (str_is(pt->fields[i].key, key)) {
+            return &pt->fields[i];
+        }
+    }
+    cr_assert_fail("no field \"%s\"", key);
+    return NULL;
+}
+
+static double parse_float(const char *value) {
+    char line[512];
+    snprintf(line, sizeof(line), "m v=%s", value);
+    const struct bd_field *f = field(ok(line), "v");
+    cr_assert_eq(f->kind, BD_VAL_FLOAT, "%s", value);
+    return f->v.f;
+}
+
+static bool same_double(double a, double b) {
+    return memcmp(&a, &b, sizeof(a)) == 0;
+}
+
+/* ---- Line protocol: structure ------------------------------------------------------------ */
+
+Test(parse, full_line) {
+    const struct bd_point *pt = ok("weather,location=us-midwest,season=summer "
+                                   "temperature=82,humidity=71i,ok=t,note=\"warm\" "
+                                   "1465839830100400200");
+    expect_str(pt->name, "weather");
+    cr_assert_eq(pt->n_tags, 2);
+    expect_str(pt->tags[0].key, "location");
+    expect_str(pt->tags[0].value, "us-midwest");
+    expect_str(pt->tags[1].key, "season");
+    expect_str(pt->tags[1].value, "summer");
+    cr_assert_eq(pt->n_fields, 4);
+    expect_str(pt->fields[0].key, "temperature");
+    cr_assert_eq(pt->fields[0].kind, BD_VAL_FLOAT);
+    cr_assert_eq(pt->fields[0].v.f, 82.0);
+    expect_str(pt->fields[1].key, "humidity");
+    cr_assert_eq(pt->fields[1].kind, BD_VAL_INT);
+    cr_assert_eq(pt->fields[1].v.i, 71);
+    cr_assert_eq(pt->fields[2].kind, BD_VAL_BOOL);
+    cr_assert(pt->fields[2].v.b);
+    cr_assert_eq(pt->fields[3].kind, BD_VAL_STRING);
+    expect_str(pt->fields[3].v.s, "warm");
+    cr_assert(pt->has_time);
+    cr_assert_eq(pt->time_ns, 1465839830100400200);
+    expect_str(pt->series_key, "weather,location=us-midwest,season=summer");
+}
+
+Test(parse, no_tags_no_time) {
+    const struct bd_point *pt = ok("cpu value=1");
+    expect_str(pt->name, "cpu");
+    cr_assert_eq(pt->n_tags, 0);
+    cr_assert_eq(pt->n_fields, 1);
+    cr_assert_not(pt->has_time);
+    expect_str(pt->series_key, "cpu");
+}
+
+Test(parse, spaces_between_sections) {
+    const struct bd_point *pt = ok("   cpu,a=1    v=1     42   ");
+    expect_str(pt->name, "cpu");
+    expect_str(pt->series_key, "cpu,a=1");
+    cr_assert_eq(pt->time_ns, 42);
+    pt = ok("cpu v=1 ");
+    cr_assert_not(pt->has_time);
+}
+
+Test(parse, blank_and_comment_lines) {
+    const char *skip[] = {"", "   ", "\r", "  \r", "#", "# a comment", "   # indented comment",
+                          "#comment with \xff bytes\r", "#m v=1 1"};
+    for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++) {
+        cr_assert_eq(parse(skip[i]), BD_PARSE_SKIP, "\"%s\"", skip[i]);
+    }
+    /* Like the reference decoder: control characters are not allowed in comments either. */
+    fails("# tab\there", BD_PARSE_ESYNTAX, NULL);
+    fails("#\r\r", BD_PARSE_ESYNTAX, NULL);
+    /* Only a space indents; a tab is not part of the grammar. */
+    fails("\tcpu v=1", BD_PARSE_ESYNTAX, NULL);
+}
+
+Test(parse, trailing_cr) {
+    const struct bd_point *pt = ok("cpu v=1\r");
+    cr_assert_eq(field(pt, "v")->v.f, 1.0);
+    pt = ok("cpu v=1 7\r");
+    cr_assert_eq(pt->time_ns, 7);
+    ok("cpu v=1 7 \r");
+    /* Only the last '\r' belongs to the line ending. */
+    fails("cpu v=1\r\r", BD_PARSE_ESYNTAX, NULL);
+    fails("cpu v=1\rx", BD_PARSE_ESYNTAX, NULL);
+    fails("cpu,a=b\r v=1", BD_PARSE_ESYNTAX, NULL);
+}
+
+/* ---- Line protocol: names and escapes --------------------------------------------------- */
+
+Test(parse, measurement_escapes) {
+    expect_str(ok("c\\,pu v=1")->name, "c,pu");
+    expect_str(ok("c\\ pu v=1")->name, "c pu");
+    expect_str(ok("cpu=load v=1")->name, "cpu=load");
+    expect_str(ok("c\\=pu v=1")->name, "c\\=pu"); /* '=' needs no escape here */
+    expect_str(ok("c\\pu v=1")->name, "c\\pu");
+    expect_str(ok("\"cpu\" v=1")->name, "\"cpu\"");
+    expect_str(ok("c\\\\ pu v=1")->name, "c\\ pu"); /* literal '\', then escaped ' ' */
+    expect_str(ok("wè,t=x v=1")->name, "wè");
+}
+
+Test(parse, tag_escapes) {
+    const struct bd_point *pt = ok("m,k\\,1=v\\,1,k\\=2=v\\=2,k\\ 3=v\\ 3 f=1");
+    cr_assert_eq(pt->n_tags, 3);
+    expect_str(pt->tags[0].key, "k 3");
+    expect_str(pt->tags[0].value, "v 3");
+    expect_str(pt->tags[1].key, "k,1");
+    expect_str(pt->tags[1].value, "v,1");
+    expect_str(pt->tags[2].key, "k=2");
+    expect_str(pt->tags[2].value, "v=2");
+    pt = ok("m,path=c:\\temp,q=\\\\\\,x f=1");
+    expect_str(pt->tags[0].value, "c:\\temp");
+    expect_str(pt->tags[1].value, "\\\\,x"); /* two literal '\', then an escaped ',' */
+}
+
+Test(parse, field_key_escapes) {
+    const struct bd_point *pt = ok("m va\\,l=1,va\\=l=2,va\\ l=3,va\\l=4");
+    expect_str(pt->fields[0].key, "va,l");
+    expect_str(pt->fields[1].key, "va=l");
+    expect_str(pt->fields[2].key, "va l");
+    expect_str(pt->fields[3].key, "va\\l");
+}
+
+Test(parse, string_values) {
+    const struct bd_point *pt = ok("m a=\"x\\\"y\",b=\"back\\\\slash\",c=\"\\n\\t\\r\","
+                                   "d=\"keep \\, \\a\",e=\"\",f=\"a,b c=d\",g=\"wè\"");
+    expect_str(field(pt, "a")->v.s, "x\"y");
+    expect_str(field(pt, "b")->v.s, "back\\slash");
+    expect_str(field(pt, "c")->v.s, "\n\t\r");
+    expect_str(field(pt, "d")->v.s, "keep \\, \\a");
+    expect_str(field(pt, "e")->v.s, "");
+    expect_str(field(pt, "f")->v.s, "a,b c=d");
+    expect_str(field(pt, "g")->v.s, "wè");
+    cr_assert_eq(field(pt, "a")->kind, BD_VAL_STRING);
+    /* "\\" ends in a backslash, then the closing quote. */
+    expect_str(field(ok("m s=\"test\\\\\" 5"), "s")->v.s, "test\\");
+}
+
+Test(parse, string_spanning_lines) {
+    /* A reader that joins lines passes the newline inside the string. */
+    const struct bd_point *pt = ok("m s=\"one\ntwo\",v=1 9");
+    expect_str(field(pt, "s")->v.s, "one\ntwo");
+    cr_assert_eq(pt->time_ns, 9);
+    /* Cut at the newline, the first part says the string is still open. */
+    int rc = parse("m s=\"one");
+    cr_assert_eq(rc, BD_PARSE_ESYNTAX);
+    cr_assert_eq(errmsg, bd_parse_err_open_string);
+    rc = parse("m s=\"one\\\"");
+    cr_assert_eq(errmsg, bd_parse_err_open_string);
+    /* Outside a string a newline is just a bad character. */
+    fails("m v=1\nm v=2", BD_PARSE_ESYNTAX, NULL);
+    fails("m\n v=1", BD_PARSE_ESYNTAX, NULL);
+}
+
+Test(parse, unescaped_text_goes_to_scratch) {
+    char line[] = "m\\ x,t\\=k=v\\ 1 f\\,k=\"a\\\"b\"";
+    const struct bd_point *pt = ok(line);
+    const char *lo = parser.scratch;
+    const char *hi = parser.scratch + parser.scratch_cap;
+    cr_assert(pt->name.ptr >= lo && pt->name.ptr < hi);
+    cr_assert(pt->tags[0].key.ptr >= lo && pt->tags[0].key.ptr < hi);
+    cr_assert(pt->fields[0].v.s.ptr >= lo && pt->fields[0].v.s.ptr < hi);
+    /* Without escapes the views point into the line itself. */
+    char plain[] = "m,t=v f=\"s\"";
+    pt = ok(plain);
+    cr_assert_eq(pt->name.ptr, plain);
+    cr_assert_eq(pt->tags[0].value.ptr, plain + 4);
+    cr_assert_eq(pt->fields[0].v.s.ptr, plain + 9);
+}
+
+/* ---- Line protocol: values --------------------------------------------------------------- */
+
+Test(parse, integers) {
+    cr_assert_eq(field(ok("m v=123i"), "v")->v.i, 123);
+    cr_assert_eq(field(ok("m v=-123i"), "v")->v.i, -123);
+    cr_assert_eq(field(ok("m v=0i"), "v")->v.i, 0);
+    cr_assert_eq(field(ok("m v=9223372036854775807i"), "v")->v.i, INT64_MAX);
+    cr_assert_eq(field(ok("m v=-9223372036854775808i"), "v")->v.i, INT64_MIN);
+    cr_assert_eq(field(ok("m v=0009223372036854775807i"), "v")->v.i, INT64_MAX);
+    cr_assert_eq(field(ok("m v=1i"), "v")->kind, BD_VAL_INT);
+    fails("m v=9223372036854775808i", BD_PARSE_ERANGE, "integer out of range");
+    fails("m v=-9223372036854775809i", BD_PARSE_ERANGE, "integer out of range");
+    fails("m v=99999999999999999999999i", BD_PARSE_ERANGE, NULL);
+    const char *bad[] = {"m v=1.5i", "m v=-i", "m v=1ii", "m v=9e10i", "m v=--1i", "m v=1-i",
+                         "m v=.i"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fails(bad[i], BD_PARSE_ESYNTAX, "invalid integer");
+    }
+}
+
+Test(parse, unsigned_integers) {
+    cr_assert_eq(field(ok("m v=0u"), "v")->v.u, 0);
+    cr_assert_eq(field(ok("m v=42u"), "v")->kind, BD_VAL_UINT);
+    cr_assert_eq(field(ok("m v=18446744073709551615u"), "v")->v.u, UINT64_MAX);
+    cr_assert_eq(field(ok("m v=00018446744073709551615u"), "v")->v.u, UINT64_MAX);
+    fails("m v=18446744073709551616u", BD_PARSE_ERANGE, "unsigned integer out of range");
+    fails("m v=-1u", BD_PARSE_ESYNTAX, "invalid unsigned integer");
+    fails("m v=-0u", BD_PARSE_ESYNTAX, NULL);
+    fails("m v=1.0u", BD_PARSE_ESYNTAX, NULL);
+    fails("m v=--1u", BD_PARSE_ESYNTAX, NULL);
+}
+
+Test(parse, float_forms) {
+    struct {
+        const char *text;
+        double want;
+    } cases[] = {
+        {"1", 1.0},
+        {"1.", 1.0},
+        {".5", 0.5},
+        {"-.5", -0.5},
+        {"-1.2e+78", -1.2e78},
+        {"1E5", 1e5},
+        {"1e-5", 1e-5},
+        {"1.0e4", 1e4},
+        {"-0", -0.0},
+        {"0.1", 0.1},
+        {"00.25", 0.25},
+        {"12.123", 12.123},
+        {"6.632243e+06", 6632243.0},
+        {"1e22", 1e22},
+        {"1e23", 1e23},
+        {"12e30", 12e30},
+        {"9007199254740993", 9007199254740992.0}, /* 2^53 + 1 rounds to even */
+        {"123456789012345678901234567890", 123456789012345678901234567890.0},
+        {"2.2250738585072011e-308", 2.2250738585072011e-308},
+        {"4.9e-324", 4.9e-324},
+        {"1e-400", 0.0}, /* below the subnormals: 0, as Go's ParseFloat gives */
+        {"1.7976931348623157e308", 1.7976931348623157e308},
+        {"0.000000000000000000000000000001", 1e-30},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        double got = parse_float(cases[i].text);
+        cr_assert(same_double(got, cases[i].want), "%s: got %.17g, want %.17g", cases[i].text,
+                  got, cases[i].want);
+    }
+    /* DBL_MAX written out in full, 309 digits. */
+    char big[400] = "";
+    snprintf(big, sizeof(big), "%.1f", 1.7976931348623157e308);
+    cr_assert(same_double(parse_float(big), 1.7976931348623157e308));
+}
+
+Test(parse, float_errors) {
+    const char *bad[] = {"m v=1.1.1", "m v=-",    "m v=.",   "m v=-.",    "m v=1e",
+                         "m v=1e+",   "m v=--1",  "m v=1a",  "m v=0x10",  "m v=0x1p3",
+                         "m v=-inf",  "m v=-Inf", "m v=1_0", "m v=1.5e5.", "m v=1\"",
+                         "m v=+1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = parse(bad[i]);
+        cr_assert_eq(rc, BD_PARSE_ESYNTAX, "\"%s\": rc %d", bad[i], rc);
+    }
+    /* Words that start no number are no value at all. */
+    fails("m v=NaN", BD_PARSE_ESYNTAX, "invalid field value");
+    fails("m v=inf", BD_PARSE_ESYNTAX, "invalid field value");
+    fails("m v=abc", BD_PARSE_ESYNTAX, "invalid field value");
+    fails("m v=1e309", BD_PARSE_ERANGE, "float out of range");
+    fails("m v=-1e400", BD_PARSE_ERANGE, "float out of range");
+}
+
+/* Fast path and strtod must agree to the bit on every decimal they both read. */
+Test(parse, float_matches_strtod) {
+    uint64_t seed = 0x9e3779b97f4a7c15u;
+    for (int n = 0; n < 200000; n++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        uint64_t r = seed >> 11;
+        char text[96];
+        size_t o = 0;
+        if (r & 1) {
+            text[o++] = '-';
+        }
+        /* Up to 25 digits each side: also past the 19 that fit in the fast path's integer. */
+        int int_digits = (int)((r >> 1) % 26);
+        int frac_digits = (int)((r >> 6) % 26);
+        for (int k = 0; k < int_digits; k++) {
+            seed = seed * 6364136223846793005u + 1442695040888963407u;
+            text[o++] = (char)('0' + (seed >> 33) % 10);
+        }
+        if (frac_digits > 0 || int_digits == 0) {
+            text[o++] = '.';
+            for (int k = 0; k < BD_MAX(frac_digits, 1); k++) {
+                seed = seed * 6364136223846793005u + 1442695040888963407u;
+                text[o++] = (char)('0' + (seed >> 33) % 10);
+            }
+        }
+        if ((r >> 11) & 1) {
+            o += (size_t)snprintf(text + o, sizeof(text) - o, "e%d", (int)((r >> 12) % 80) - 40);
+        }
+        text[o] = '\0';
+        double want = strtod(text, NULL);
+        double got = parse_float(text);
+        cr_assert(same_double(got, want), "%s: got %.17g, strtod %.17g", text, got, want);
+    }
+}
+
+Test(parse, booleans) {
+    const char *yes[] = {"t", "T", "true", "True", "TRUE"};
+    const char *no[] = {"f", "F", "false", "False", "FALSE"};
+    char line[32];
+    for (int i = 0; i < 5; i++) {
+        snprintf(line, sizeof(line), "m v=%s", yes[i]);
+        const struct bd_field *f = field(ok(line), "v");
+        cr_assert_eq(f->kind, BD_VAL_BOOL);
+        cr_assert(f->v.b, "%s", yes[i]);
+        snprintf(line, sizeof(line), "m v=%s", no[i]);
+        f = field(ok(line), "v");
+        cr_assert_eq(f->kind, BD_VAL_BOOL);
+        cr_assert_not(f->v.b, "%s", no[i]);
+    }
+    const char *bad[] = {"m v=tru", "m v=tRUE", "m v=Falsey", "m v=FALSe", "m v=t1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fails(bad[i], BD_PARSE_ESYNTAX, "invalid boolean");
+    }
+}
+
+Test(parse, duplicate_fields_keep_first_place_last_value) {
+    const struct bd_point *pt = ok("m a=1,b=2,a=\"x\",c=3");
+    cr_assert_eq(pt->n_fields, 3);
+    expect_str(pt->fields[0].key, "a");
+    cr_assert_eq(pt->fields[0].kind, BD_VAL_STRING);
+    expect_str(pt->fields[0].v.s, "x");
+    expect_str(pt->fields[1].key, "b");
+    expect_str(pt->fields[2].key, "c");
+}
+
+Test(parse, duplicate_tags_rejected) {
+    fails("cpu,b=2,b=1,c=3 v=1i", BD_PARSE_ESYNTAX, "duplicate tag key");
+    fails("cpu,b=2,c=3,b=1 v=1i", BD_PARSE_ESYNTAX, "duplicate tag key");
+    fails("cpu,b\\ x=2,b\\ x=2 v=1", BD_PARSE_ESYNTAX, "duplicate tag key");
+}
+
+/* ---- Line protocol: timestamps ----------------------------------------------------------- */
+
+Test(parse, timestamps_ns) {
+    cr_assert_eq(ok("m v=1 0")->time_ns, 0);
+    cr_assert_eq(ok("m v=1 -1")->time_ns, -1);
+    cr_assert_eq(ok("m v=1 9223372036854775807")->time_ns, INT64_MAX);
+    cr_assert_eq(ok("m v=1 -9223372036854775808")->time_ns, INT64_MIN);
+    fails("m v=1 9223372036854775808", BD_PARSE_ERANGE, "timestamp out of range");
+    fails("m v=1 -9223372036854775809", BD_PARSE_ERANGE, NULL);
+    const char *bad[] = {"m v=1 -", "m v=1 1-2", "m v=1 --5", "m v=1 12a", "m v=1 -1?",
+                         "m v=1 +5", "m v=1 1.5", "m v=1 x"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fails(bad[i], BD_PARSE_ESYNTAX, "invalid timestamp");
+    }
+    fails("m v=1 9223372036854775807 12", BD_PARSE_ESYNTAX, "unexpected text after timestamp");
+}
+
+Test(parse_setup, precision_scaling) {
+    struct {
+        enum bd_precision prec;
+        const char *line;
+        int64_t want;
+    } cases[] = {
+        {BD_PREC_NS, "m v=1 946730096789012345", 946730096789012345},
+        {BD_PREC_US, "m v=1 946730096789012", 946730096789012000},
+        {BD_PREC_MS, "m v=1 946730096789", 946730096789000000},
+        {BD_PREC_S, "m v=1 946730096", 946730096000000000},
+        {BD_PREC_S, "m v=1 -5", -5000000000},
+        {BD_PREC_S, "m v=1 9223372036", 9223372036000000000},
+        {BD_PREC_S, "m v=1 -9223372036", -9223372036000000000},
+        {BD_PREC_MS, "m v=1 9223372036854", 9223372036854000000},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        init_with(BD_FORMAT_INFLUX, cases[i].prec, 1024);
+        const struct bd_point *pt = ok(cases[i].line);
+        cr_assert(pt->has_time);
+        cr_assert_eq(pt->time_ns, cases[i].want, "%s", cases[i].line);
+        bd_parser_close(&parser);
+    }
+    cr_assert_eq(bd_parse_unit_ns(BD_PREC_US), 1000);
+}
+
+Test(parse_setup, timestamp_overflow_after_scaling) {
+    const struct {
+        enum bd_precision prec;
+        const char *line;
+    } cases[] = {
+        {BD_PREC_S, "m v=1 9223372037"},
+        {BD_PREC_S, "m v=1 -9223372037"},
+        {BD_PREC_MS, "m v=1 9223372036855"},
+        {BD_PREC_US, "m v=1 9223372036854776"},
+        {BD_PREC_US, "m v=1 -9223372036854776"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        init_with(BD_FORMAT_INFLUX, cases[i].prec, 1024);
+        fails(cases[i].line, BD_PARSE_ERANGE, "timestamp out of range");
+        bd_parser_close(&parser);
+    }
+}
+
+/* ---- Line protocol: series key ----------------------------------------------------------- */
+
+static void copy_key(char *dst, size_t cap, struct bd_str key) {
+    cr_assert_lt(key.len, cap);
+    memcpy(dst, key.ptr, key.len);
+    dst[key.len] = '\0';
+}
+
+Test(parse, series_key_is_canonical) {
+    const char *same[] = {
+        "cpu,host=a,region=b,zone=c v=1",
+        "cpu,zone=c,host=a,region=b v=1 5",
+        "cpu,region=b,zone=c,host=a f=\"x\",g=2i",
+        "  cpu,zone=c,region=b,host=a v=1",
+    };
+    char first[128];
+    copy_key(first, sizeof(first), ok(same[0])->series_key);
+    cr_assert_str_eq(first, "cpu,host=a,region=b,zone=c");
+    for (size_t i = 1; i < sizeof(same) / sizeof(same[0]); i++) {
+        char key[128];
+        copy_key(key, sizeof(key), ok(same[i])->series_key);
+        cr_assert_str_eq(key, first, "%s", same[i]);
+    }
+    const struct bd_point *pt = ok("cpu,last=1,first=2 v=1");
+    expect_str(pt->tags[0].key, "first");
+    expect_str(pt->tags[1].key, "last");
+    expect_str(pt->series_key, "cpu,first=2,last=1");
+}
+
+Test(parse, series_key_keeps_escapes) {
+    /* Sorted by the unescaped key; each tag written back escaped. */
+    const struct bd_point *pt = ok("c\\ p\\,u,z\\=k=a\\ b,a\\,k=c\\=d v=1");
+    expect_str(pt->name, "c p,u");
+    expect_str(pt->tags[0].key, "a,k");
+    expect_str(pt->tags[1].key, "z=k");
+    expect_str(pt->series_key, "c\\ p\\,u,a\\,k=c\\=d,z\\=k=a\\ b");
+    /* A literal backslash stays one, so the key reads back to the same tags. */
+    pt = ok("m,b=x\\\\ y,a=\\q v=1");
+    expect_str(pt->tags[1].value, "x\\ y");
+    expect_str(pt->series_key, "m,a=\\q,b=x\\\\ y");
+    /* Different tag sets never share a key. */
+    char k1[64];
+    char k2[64];
+    copy_key(k1, sizeof(k1), ok("m,a=1\\,b\\=2 v=1")->series_key);
+    copy_key(k2, sizeof(k2), ok("m,a=1,b=2 v=1")->series_key);
+    cr_assert_str_neq(k1, k2);
+}
+
+Test(parse, sorted_tags_need_no_copy) {
+    char line[] = "cpu,a=1,b=2 v=1";
+    const struct bd_point *pt = ok(line);
+    cr_assert_eq(pt->series_key.ptr, line);
+    cr_assert_eq(pt->series_key.len, strlen("cpu,a=1,b=2"));
+}
+
+/* ---- Line protocol: limits --------------------------------------------------------------- */
+
+static char *fields_line(unsigned n) {
+    size_t cap = 32 + (size_t)n * 16;
+    char *line = malloc(cap);
+    size_t o = (size_t)snprintf(line, cap, "m ");
+    for (unsigned i = 0; i < n; i++) {
+        o += (size_t)snprintf(line + o, cap - o, "%sf%u=%ui", i ? "," : "", i, i);
+    }
+    return line;
+}
+
+static char *tags_line(unsigned n) {
+    size_t cap = 32 + (size_t)n * 16;
+    char *line = malloc(cap);
+    size_t o = (size_t)snprintf(line, cap, "m");
+    for (unsigned i = 0; i < n; i++) {
+        o += (size_t)snprintf(line + o, cap - o, ",t%u=v%u", i, i);
+    }
+    snprintf(line + o, cap - o, " v=1");
+    return line;
+}
+
+Test(parse, too_many_fields) {
+    char *line = fields_line(BD_PARSE_MAX_FIELDS);
+    const struct bd_point *pt = ok(line);
+    cr_assert_eq(pt->n_fields, BD_PARSE_MAX_FIELDS);
+    cr_assert_eq(pt->fields[BD_PARSE_MAX_FIELDS - 1].v.i, BD_PARSE_MAX_FIELDS - 1);
+    free(line);
+    line = fields_line(BD_PARSE_MAX_FIELDS + 1);
+    fails(line, BD_PARSE_ETOO_MANY_FIELDS, "too many fields");
+    free(line);
+}
+
+Test(parse, too_many_tags) {
+    /* The conformance corpus holds a valid point with 255 tags. */
+    char *line = tags_line(255);
+    const struct bd_point *pt = ok(line);
+    cr_assert_eq(pt->n_tags, 255);
+    free(line);
+    line = tags_line(BD_PARSE_MAX_TAGS);
+    pt = ok(line);
+    cr_assert_eq(pt->n_tags, BD_PARSE_MAX_TAGS);
+    /* Sorted by bytes: t0, t1, t10, t100, ... */
+    expect_str(pt->tags[0].key, "t0");
+    expect_str(pt->tags[1].key, "t1");
+    expect_str(pt->tags[2].key, "t10");
+    expect_str(pt->tags[3].key, "t100");
+    free(line);
+    line = tags_line(BD_PARSE_MAX_TAGS + 1);
+    fails(line, BD_PARSE_ETOO_MANY_TAGS, "too many tags");
+    free(line);
+}
+
+/* Exponents and digit runs too long to track exactly must still give the right value. */
+Test(parse_setup, float_extreme_lengths) {
+    size_t cap = 2 * 1024 * 1024;
+    init_with(BD_FORMAT_INFLUX, BD_PREC_NS, cap);
+    char *line = malloc(cap);
+    /* 10^999999 * 10^-10000000: zero, though the exponents nearly cancel if one is capped. */
+    size_t o = (size_t)snprintf(line, cap, "m v=1");
+    memset(line + o, '0', 999999);
+    o += 999999;
+    snprintf(line + o, cap - o, "e-10000000");
+    cr_assert(same_double(field(ok(line), "v")->v.f, 0.0));
+    /* 0.(1.5 million zeros)1e1500010 = 1e9 */
+    o = (size_t)snprintf(line, cap, "m v=0.");
+    memset(line + o, '0', 1500000);
+    o += 1500000;
+    snprintf(line + o, cap - o, "1e1500010");
+    cr_assert(same_double(field(ok(line), "v")->v.f, 1e9));
+    /* 1 followed by 1.2 million zeros, then e-1200000 = 1 */
+    o = (size_t)snprintf(line, cap, "m v=1");
+    memset(line + o, '0', 1200000);
+    o += 1200000;
+    snprintf(line + o, cap - o, "e-1200000");
+    cr_assert(same_double(field(ok(line), "v")->v.f, 1.0));
+    free(line);
+    bd_parser_close(&parser);
+}
+
+Test(parse_setup, line_too_long) {
+    init_with(BD_FORMAT_INFLUX, BD_PREC_NS, 16);
+    ok("cpu v=1 12345678");
+    ok("cpu v=1 1234567\r");
+    fails("cpu v=1 123456789", BD_PARSE_ESYNTAX, "line too long");
+    bd_parser_close(&parser);
+}
+
+/* The longest line a small parser accepts, full of escapes and unsorted tags, fits scratch. */
+Test(parse_setup, scratch_worst_case) {
+    init_with(BD_FORMAT_INFLUX, BD_PREC_NS, 64);
+    ok("\\ \\ \\ ,z\\ =\\ \\ ,a\\ =\\ \\  s=\"\\\\\\\\\\\\\",v=1.00000000000000000001");
+    cr_assert_eq(field(&point, "v")->v.f, 1.0);
+    bd_parser_close(&parser);
+}
+
+/* ---- Line protocol: malformed lines ------------------------------------------------------ */
+
+Test(parse, malformed_lines) {
+    const char *bad[] = {
+        "cpu",
+        "cpu ",
+        "cpu,",
+        "cpu,,,",
+        "cpu,a",
+        "cpu,a=",
+        "cpu,a= v=1",
+        "cpu,a==b v=1",
+        "cpu,=a v=1",
+        "cpu, a=1 v=1",
+        "cpu,a=1, v=1",
+        "cpu,a=1,,b=2 v=1",
+        "cpu,a=1",
+        "cpu,a=1 ",
+        "cpu v",
+        "cpu v=",
+        "cpu v= ",
+        "cpu v=,w=1",
+        "cpu v=1,",
+        "cpu v=1,,w=2",
+        "cpu =1",
+        "cpu v=1 x",
+        "cpu v=1 1 2",
+        ",a=1 v=1",
+        " ,a=1 v=1",
+        "=",
+        "cpu v=\"abc",
+        "cpu v=\"a\"x",
+        "cpu v=\"a\"\"",
+        "cpu v=1\t2",
+        "cpu\tv=1",
+        "cpu v=1\t",
+        "cpu,a=b\tv=1",
+        "x\x01y v=1",
+        "m x\x01y=1",
+        "m,x\x01y=v v=1",
+        "cpu value=a",
+        "cpu 1434055562000000000i",
+        "cpu \"\\, '= \"\\ v=1.0",
+        "cpu,host=f\\==o,",
+        "cpu,host=serverA\\,,=us-east value=1i",
+        "\\",
+        "m\\",
+        "m v=1 \\",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = parse(bad[i]);
+        cr_assert_lt(rc, 0, "\"%s\" accepted", bad[i]);
+        cr_assert_not_null(errmsg, "\"%s\"", bad[i]);
+    }
+    fails("cpu,a=1", BD_PARSE_ESYNTAX, "missing field set");
+    fails("cpu v=\"abc", BD_PARSE_ESYNTAX, "unterminated string");
+    fails("cpu,a= v=1", BD_PARSE_ESYNTAX, "missing tag value");
+}
+
+Test(parse, nul_bytes_are_characters) {
+    cr_assert_lt(parse_n("m v=1\0", 6), 0);
+    cr_assert_lt(parse_n("m\0 v=1", 6), 0);
+    const struct bd_point *pt = NULL;
+    cr_assert_eq(parse_n("m s=\"a\0b\"", 9), BD_PARSE_OK);
+    pt = &point;
+    cr_assert_eq(field(pt, "s")->v.s.len, 3);
+}
+
+Test(parse, invalid_utf8) {
+    const char *bad[] = {
+        "m\xff v=1",
+        "m,t=\xc3 v=1",
+        "m,t=v f\xc3\x28=1",
+        "m s=\"bad\xff\"",
+        "m s=\"\xc0\xaf\"",         /* overlong '/' */
+        "m s=\"\xed\xa0\x80\"",     /* surrogate */
+        "m s=\"\xf4\x90\x80\x80\"", /* past U+10FFFF */
+        "m s=\"\xe2\x82\"",         /* truncated */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fails(bad[i], BD_PARSE_ESYNTAX, "invalid UTF-8");
+    }
+    const struct bd_point *pt = ok("m\xc3\xa9,\xe2\x82\xac=\xf0\x9f\x98\x80 s=\"\xe6\x97\xa5\"");
+    expect_str(pt->name, "m\xc3\xa9");
+    expect_str(pt->tags[0].value, "\xf0\x9f\x98\x80");
+}
+
+/* Name and tags as "len:bytes" runs, to compare two points after the scratch is reused. */
+static size_t dump_series(const struct bd_point *pt, char *out, size_t cap) {
+    size_t o = 0;
+    struct bd_str parts[1 + 2 * BD_PARSE_MAX_TAGS];
+    size_t n = 0;
+    parts[n++] = pt->name;
+    for (uint32_t i = 0; i < pt->n_tags; i++) {
+        parts[n++] = pt->tags[i].key;
+        parts[n++] = pt->tags[i].value;
+    }
+    for (size_t i = 0; i < n; i++) {
+        o += (size_t)snprintf(out + o, cap - o, "%zu:", parts[i].len);
+        cr_assert_lt(o + parts[i].len, cap);
+        memcpy(out + o, parts[i].ptr, parts[i].len);
+        o += parts[i].len;
+    }
+    return o;
+}
+
+/* Mutated valid lines must never crash, and anything accepted must be well-formed. */
+Test(parse, mutated_lines_fail_cleanly) {
+    const char *seeds[] = {
+        "weather,location=us\\ midwest,season=summer temperature=82,note=\"a\\\"b\" 1465839830",
+        "cpu,b=2,a=1 v=1.5e3,i=-3i,u=4u,t=true,s=\"x\" 123",
+        "m\\,x,k\\==v\\ w f\\ g=\"\\\\\",h=.5 -9",
+    };
+    const char alphabet[] = " ,=\\\"\r\n\t#-.0123456789eEiutfTF\x01\xff\xc3\xa9";
+    uint64_t seed = 42;
+    char buf[256];
+    int accepted = 0;
+    for (int n = 0; n < 100000; n++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        const char *src = seeds[(seed >> 40) % 3];
+        size_t len = strlen(src);
+        memcpy(buf, src, len);
+        for (int m = 0; m < 1 + (int)((seed >> 20) % 4); m++) {
+            seed = seed * 6364136223846793005u + 1442695040888963407u;
+            size_t at = (size_t)(seed >> 33) % (len + 1);
+            char c = alphabet[(seed >> 13) % (sizeof(alphabet) - 1)];
+            switch ((seed >> 8) % 3) {
+            case 0: /* replace */
+                if (at < len) {
+                    buf[at] = c;
+                }
+                break;
+            case 1: /* insert */
+                if (len + 1 < sizeof(buf)) {
+                    memmove(buf + at + 1, buf + at, len - at);
+                    buf[at] = c;
+                    len++;
+                }
+                break;
+            default: /* delete */
+                if (at < len) {
+                    memmove(buf + at, buf + at + 1, len - at - 1);
+                    len--;
+                }
+                break;
+            }
+        }
+        /* A heap copy of exactly len bytes lets ASan catch any read past the line. */
+        char *line = malloc(len + 1);
+        memcpy(line, buf, len);
+        int rc = parse_n(line, len);
+        cr_assert(rc == BD_PARSE_OK || rc == BD_PARSE_SKIP || rc == BD_PARSE_ESYNTAX ||
+                      rc == BD_PARSE_ETOO_MANY_FIELDS || rc == BD_PARSE_ETOO_MANY_TAGS ||
+                      rc == BD_PARSE_ERANGE,
+                  "rc %d", rc);
+        if (rc < 0) {
+            cr_assert_not_null(errmsg);
+        }
+        if (rc == BD_PARSE_OK) {
+            cr_assert_gt(point.name.len, 0);
+            cr_assert_gt(point.n_fields, 0);
+            for (uint32_t i = 1; i < point.n_tags; i++) {
+                struct bd_str a = point.tags[i - 1].key;
+                struct bd_str b = point.tags[i].key;
+                int c = memcmp(a.ptr, b.ptr, BD_MIN(a.len, b.len));
+                cr_assert(c < 0 || (c == 0 && a.len < b.len), "tags out of order");
+            }
+            /* The series key is line protocol itself: read back, it gives the same series. */
+            char want[1024];
+            char got[1024];
+            char again[512];
+            size_t wn = dump_series(&point, want, sizeof(want));
+            cr_assert_lt(point.series_key.len + 8, sizeof(again));
+            memcpy(again, point.series_key.ptr, point.series_key.len);
+            memcpy(again + point.series_key.len, " f=1", 4);
+            cr_assert_eq(parse_n(again, point.series_key.len + 4), BD_PARSE_OK, "%.*s",
+                         (int)(point.series_key.len + 4), again);
+            size_t gn = dump_series(&point, got, sizeof(got));
+            cr_assert(wn == gn && memcmp(want, got, wn) == 0, "%.*s", (int)wn, want);
+            accepted++;
+        }
+        free(line);
+    }
+    /* Enough mutants stay valid for the checks above to mean something. */
+    cr_assert_gt(accepted, 10000, "only %d accepted", accepted);
+}
+
+Test(parse, parser_state_does_not_leak_between_lines) {
+    ok("m\\ x,b=2,a=1 s=\"e\\\"\" 5");
+    const struct bd_point *pt = ok("n v=1");
+    expect_str(pt->name, "n");
+    cr_assert_eq(pt->n_tags, 0);
+    cr_assert_eq(pt->n_fields, 1);
+    cr_assert_not(pt->has_time);
+    expect_str(pt->series_key, "n");
+}
+
+Test(parse_setup, init_checks_arguments) {
+    cr_assert_eq(bd_parser_init(&parser, (enum bd_format)7, BD_PREC_NS, 100), -EINVAL);
+    cr_assert_eq(bd_parser_init(&parser, BD_FORMAT_INFLUX, (enum bd_precision)9, 100), -EINVAL);
+    cr_assert_eq(bd_parser_init(&parser, BD_FORMAT_INFLUX, BD_PREC_NS, 0), -EINVAL);
+    cr_assert_eq(bd_parser_init(&parser, BD_FORMAT_INFLUX, BD_PREC_NS, SIZE_MAX), -EINVAL);
+    bd_parser_close(&parser); /* harmless on a parser that failed to start, and twice */
+    bd_parser_close(&parser);
+}
+
+/* ---- Graphite ---------------------------------------------------------------------------- */
+
+TestSuite(graphite, .init = graphite, .fini = teardown);
+
+Test(graphite, plain) {
+    const struct bd_point *pt = ok("servers.web01.cpu 42.5 1700000000");
+    expect_str(pt->name, "servers.web01.cpu");
+    cr_assert_eq(pt->n_tags, 0);
+    cr_assert_eq(pt->n_fields, 1);
+    expect_str(pt->fields[0].key, "value");
+    cr_assert_eq(pt->fields[0].kind, BD_VAL_FLOAT);
+    cr_assert_eq(pt->fields[0].v.f, 42.5);
+    cr_assert(pt->has_time);
+    cr_assert_eq(pt->time_ns, 1700000000000000000);
+    expect_str(pt->series_key, "servers.web01.cpu");
+}
+
+Test(graphite, values) {
+    cr_assert_eq(ok("a 42 1")->fields[0].v.f, 42.0); /* integers read as floats */
+    cr_assert_eq(ok("a -7 1")->fields[0].v.f, -7.0);
+    cr_assert_eq(ok("a +7 1")->fields[0].v.f, 7.0);
+    cr_assert_eq(ok("a 1e3")->fields[0].v.f, 1000.0);
+    cr_assert_eq(ok("a .25")->fields[0].v.f, 0.25);
+    const char *bad[] = {"a nan 1", "a inf 1", "a -inf", "a 1x 1", "a 0x10 1", "a 1,5 1",
+                         "a - 1", "a 1i 1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fails(bad[i], BD_PARSE_ESYNTAX, "invalid float");
+    }
+    fails("a 1e999 1", BD_PARSE_ERANGE, "float out of range");
+    fails("a", BD_PARSE_ESYNTAX, "missing value");
+    fails("a   ", BD_PARSE_ESYNTAX, "missing value");
+}
+
+Test(graphite, timestamps) {
+    const struct bd_point *pt = ok("a 1 1700000000.5");
+    cr_assert_eq(pt->time_ns, 1700000000500000000);
+    cr_assert_eq(ok("a 1 1700000000.123456789")->time_ns, 1700000000123456789);
+    cr_assert_eq(ok("a 1 1700000000.1234567891")->time_ns, 1700000000123456789);
+    cr_assert_eq(ok("a 1 1700000000.")->time_ns, 1700000000000000000);
+    cr_assert_eq(ok("a 1 0")->time_ns, 0);
+    cr_assert_eq(ok("a 1 -2.5")->time_ns, -2500000000);
+    cr_assert_eq(ok("a 1 9223372036.854775807")->time_ns, INT64_MAX);
+    cr_assert_not(ok("a 1 -1")->has_time);
+    cr_assert_not(ok("a 1")->has_time);
+    cr_assert_not(ok("a 1   ")->has_time);
+    cr_assert(ok("a 1 -1.5")->has_time);
+    fails("a 1 9223372036.854775808", BD_PARSE_ERANGE, "timestamp out of range");
+    fails("a 1 99999999999", BD_PARSE_ERANGE, "timestamp out of range");
+    const char *bad[] = {"a 1 x", "a 1 1.5.5", "a 1 1e9", "a 1 .5", "a 1 -", "a 1 12a"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fails(bad[i], BD_PARSE_ESYNTAX, "invalid timestamp");
+    }
+    fails("a 1 2 3", BD_PARSE_ESYNTAX, "unexpected text after timestamp");
+}
+
+Test(parse_setup, graphite_ignores_precision) {
+    init_with(BD_FORMAT_GRAPHITE, BD_PREC_MS, 1024);
+    cr_assert_eq(ok("a 1 2")->time_ns, 2000000000);
+    bd_parser_close(&parser);
+}
+
+Test(graphite, whitespace_and_skips) {
+    const struct bd_point *pt = ok("\t a.b \t 3 \t 5 \t\r");
+    expect_str(pt->name, "a.b");
+    cr_assert_eq(pt->time_ns, 5000000000);
+    cr_assert_eq(parse(""), BD_PARSE_SKIP);
+    cr_assert_eq(parse(" \t "), BD_PARSE_SKIP);
+    cr_assert_eq(parse("# note"), BD_PARSE_SKIP);
+    fails("a\x01" "b 1", BD_PARSE_ESYNTAX, "invalid character in path");
+    fails("a\xff 1", BD_PARSE_ESYNTAX, "invalid UTF-8");
+}
+
+Test(graphite, tags) {
+    const struct bd_point *pt = ok("disk.used;rack=a1;dc=ams;host=db=1 12 1700000000");
+    expect_str(pt->name, "disk.used");
+    cr_assert_eq(pt->n_tags, 3);
+    expect_str(pt->tags[0].key, "dc");
+    expect_str(pt->tags[0].value, "ams");
+    expect_str(pt->tags[1].key, "host");
+    expect_str(pt->tags[1].value, "db=1");
+    expect_str(pt->tags[2].key, "rack");
+    expect_str(pt->series_key, "disk.used;dc=ams;host=db=1;rack=a1");
+    char k2[64];
+    copy_key(k2, sizeof(k2), ok("disk.used;host=db=1;dc=ams;rack=a1 13")->series_key);
+    cr_assert_str_eq(k2, "disk.used;dc=ams;host=db=1;rack=a1");
+    char line[] = "x;a=1;b=2 1";
+    pt = ok(line);
+    cr_assert_eq(pt->series_key.ptr, line);
+    expect_str(pt->series_key, "x;a=1;b=2");
+}
+
+Test(graphite, bad_tags) {
+    const char *bad[] = {"a; 1", "a;k 1", "a;=v 1", "a;k= 1", "a;k=~v 1", "a;k!=v 1",
+                         "a;k^=v 1", "a;k=v; 1", "a;;k=v 1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fails(bad[i], BD_PARSE_ESYNTAX, "invalid tag");
+    }
+    fails(";k=v 1", BD_PARSE_ESYNTAX, "missing path");
+    fails("a;k=1;k=2 1", BD_PARSE_ESYNTAX, "duplicate tag key");
+}
+
+Test(graphite, too_many_tags) {
+    char line[8192];
+    size_t o = (size_t)snprintf(line, sizeof(line), "m");
+    for (unsigned i = 0; i <= BD_PARSE_MAX_TAGS; i++) {
+        o += (size_t)snprintf(line + o, sizeof(line) - o, ";t%u=v", i);
+    }
+    snprintf(line + o, sizeof(line) - o, " 1");
+    fails(line, BD_PARSE_ETOO_MANY_TAGS, "too many tags");
+}
