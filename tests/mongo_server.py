@@ -1493,10 +1493,6 @@ def project(doc, spec):
     return out[0] if out else {}
 
 
-UPDATE_PIPELINE_STAGES = ('$addFields', '$set', '$project', '$unset', '$replaceRoot',
-                          '$replaceWith')
-
-
 def compile_update_pipeline(pipeline):
     stages = []
     for stage in pipeline:
@@ -2057,8 +2053,17 @@ def _as_int(v, field, minimum=None):
 
 
 def _upsert_seed(coll, spec):
-    """The document an upsert starts from: the equality fields of the filter."""
-    seed = coll._discard_operators(coll._expand_dots(dict(spec)))[0]
+    """The document an upsert starts from: the equality fields of the filter
+    (including those inside a top-level $and)."""
+    flat = {}
+    for k, v in spec.items():
+        if k == '$and' and isinstance(v, list):
+            for clause in v:
+                if isinstance(clause, dict):
+                    flat.update((ck, cv) for ck, cv in clause.items() if ck[:1] != '$')
+        else:
+            flat[k] = v
+    seed = coll._discard_operators(coll._expand_dots(flat))[0]
     if not isinstance(seed, dict):
         return {}
     return dict(seed)

@@ -132,7 +132,6 @@ Test(config, shipped_file_loads) {
     cr_assert_eq(cfg.listeners[2].proto, BD_PROTO_TCP);
     cr_assert_eq(port_of(&cfg.listeners[2].addr), 2003);
     cr_assert_eq(cfg.listeners[2].format, BD_FORMAT_GRAPHITE);
-    cr_assert_eq(cfg.listeners[2].precision, BD_PREC_S);
 
     cr_assert_eq(cfg.sink, BD_SINK_MONGODB);
     cr_assert_str_eq(cfg.mongodb.uri, "mongodb://127.0.0.1:27017/");
