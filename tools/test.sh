@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, build and run every bucketd test: the whole suite once plain and once under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and the ring stress test under
-# ThreadSanitizer. This is the command CI runs (.ci/run). Build trees: build/, build-asan/,
+# AddressSanitizer + UndefinedBehaviorSanitizer, and the ring stress test and the end-to-end
+# tests (the daemon's threads) under ThreadSanitizer. This is the command CI runs (.ci/run). Build trees: build/, build-asan/,
 # build-tsan/ under the repository root.
 #
 #   bash tools/test.sh            # everything
@@ -35,6 +35,9 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
     run_ctest build-asan "ASan+UBSan build: unit, end-to-end and stress tests"
 
   configure_build build-tsan -DBD_TSAN=ON
-  TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan "TSan build: ring stress test" -L stress
+  # The daemon's two threads (ingest loop, flusher) and the rings, under TSan: the stress test
+  # and the end-to-end tests, which run the TSan-built daemon.
+  TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan "TSan build: ring stress and end-to-end tests" \
+    -L "stress|e2e"
 fi
 echo "all test runs passed"
