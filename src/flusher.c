@@ -28,6 +28,7 @@
 
 #include "bucketd/bucket.h"
 #include "bucketd/log.h"
+#include "bucketd/mongo.h"
 
 /* Buckets whose page/count this process remembers per sensor (newest kept). */
 #define BUCKET_CACHE 8
@@ -107,33 +108,6 @@ void bd_flusher_install_driver_log(void) {
     mongoc_log_set_handler(driver_log, NULL);
 }
 
-/* Short driver timeouts unless the URI sets its own: a dead server must not stall a flush
- * for the driver's 30 s default. */
-static void default_uri_option(mongoc_uri_t *uri, const char *key, int32_t value) {
-    if (!mongoc_uri_has_option(uri, key)) {
-        mongoc_uri_set_option_as_int32(uri, key, value);
-    }
-}
-
-static int make_write_concern(const char *s, mongoc_write_concern_t **out, struct bd_err *err) {
-    mongoc_write_concern_t *wc = mongoc_write_concern_new();
-    if (strcmp(s, "majority") == 0) {
-        mongoc_write_concern_set_wmajority(wc, 0);
-    } else {
-        char *end = NULL;
-        errno = 0;
-        long w = strtol(s, &end, 10);
-        if (errno != 0 || end == s || *end != '\0' || w < 1 || w > 1000) {
-            mongoc_write_concern_destroy(wc);
-            return bd_err_set(err, -EINVAL, "mongodb.write_concern: '%s' is not 1, majority or N",
-                              s);
-        }
-        mongoc_write_concern_set_w(wc, (int32_t)w);
-    }
-    *out = wc;
-    return 0;
-}
-
 int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
                    struct bd_sensor_table *table, struct bd_stats *stats, struct bd_err *err) {
     int rc = 0;
@@ -160,15 +134,12 @@ int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
         goto out;
     }
     if (cfg->sink == BD_SINK_MONGODB) {
-        f->uri = mongoc_uri_new_with_error(cfg->mongodb.uri, &berr);
+        f->uri = bd_mongo_uri_new(cfg->mongodb.uri, err);
         if (f->uri == NULL) {
-            rc = bd_err_set(err, -EINVAL, "mongodb.uri: %s", berr.message);
+            rc = -EINVAL;
             goto out;
         }
-        default_uri_option(f->uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, 2000);
-        default_uri_option(f->uri, MONGOC_URI_CONNECTTIMEOUTMS, 2000);
-        default_uri_option(f->uri, MONGOC_URI_SOCKETTIMEOUTMS, 10000);
-        rc = make_write_concern(cfg->mongodb.write_concern, &f->wc, err);
+        rc = bd_mongo_write_concern_new(cfg->mongodb.write_concern, &f->wc, err);
         if (rc < 0) {
             goto out;
         }
