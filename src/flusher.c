@@ -12,9 +12,9 @@
  * deltas are retried after a backoff and nothing new is drained in between, which keeps each
  * bucket's updates in order and memory bounded by the rings.
  *
- * Page accounting: each sensor keeps, in flusher_state, the page and reading count of its most
- * recent buckets as this process wrote them; a page that reaches buckets.max_readings moves
- * new readings to the next page.
+ * Page accounting: each sensor keeps, in flusher_state, the page and reading count of every
+ * bucket it still has open (inside the late/future window) as this process wrote them; a page
+ * that reaches buckets.max_readings moves new readings to the next page.
  */
 #include "bucketd/flusher.h"
 
@@ -30,18 +30,20 @@
 #include "bucketd/log.h"
 #include "bucketd/mongo.h"
 
-/* Buckets whose page/count this process remembers per sensor (newest kept). */
-#define BUCKET_CACHE 8
-
 struct bucket_state {
     int64_t start_ms;
     uint32_t page;
     uint32_t count; /* readings in the page, as written or pending */
 };
 
+/*
+ * The buckets of one sensor that can still receive readings: those within buckets.max_late
+ * of now, up to buckets.max_future ahead. Entries for buckets that fell out of the window are
+ * reused, so the array only grows to the number of buckets a sensor really keeps open.
+ */
 struct sensor_state {
-    struct bucket_state b[BUCKET_CACHE];
-    uint32_t n;
+    uint32_t n, cap;
+    struct bucket_state b[];
 };
 
 /* Open-addressing index of this flush's deltas by (sensor, start, page). */
@@ -202,26 +204,52 @@ void bd_flusher_wake(struct bd_flusher *f) {
 
 /* ---- bucket pages --------------------------------------------------------------------- */
 
-static struct bucket_state *bucket_state(struct bd_sensor *s, int64_t start_ms) {
+static struct bucket_state *bucket_state(struct bd_flusher *f, struct bd_sensor *s,
+                                         int64_t start_ms, int64_t now_ms) {
     struct sensor_state *ss = s->flusher_state;
-    if (ss == NULL) {
-        ss = calloc(1, sizeof(*ss));
-        if (ss == NULL) {
-            return NULL;
-        }
-        s->flusher_state = ss;
-    }
-    uint32_t oldest = 0;
-    for (uint32_t i = 0; i < ss->n; i++) {
+    const int64_t span = (int64_t)f->cfg->buckets.span_ms;
+    /* A bucket ending before this can no longer receive readings. */
+    const int64_t closed_before = now_ms - (int64_t)f->cfg->buckets.max_late_ms - span;
+    uint32_t oldest = 0, reuse = UINT32_MAX;
+    for (uint32_t i = 0; ss != NULL && i < ss->n; i++) {
         if (ss->b[i].start_ms == start_ms) {
             return &ss->b[i];
+        }
+        if (ss->b[i].start_ms + span < closed_before && reuse == UINT32_MAX) {
+            reuse = i;
         }
         if (ss->b[i].start_ms < ss->b[oldest].start_ms) {
             oldest = i;
         }
     }
-    /* Not remembered: a new bucket for this process. Evict the oldest when full. */
-    struct bucket_state *b = ss->n < BUCKET_CACHE ? &ss->b[ss->n++] : &ss->b[oldest];
+    struct bucket_state *b = NULL;
+    if (reuse != UINT32_MAX) {
+        b = &ss->b[reuse];
+    } else if (ss == NULL || ss->n == ss->cap) {
+        /* The window holds at most max_late/span + max_future/span + 2 buckets; past that
+         * (a clock jump) the oldest is forgotten rather than growing without bound. */
+        uint64_t limit = (f->cfg->buckets.max_late_ms + f->cfg->buckets.max_future_ms) /
+                             f->cfg->buckets.span_ms + 3;
+        uint32_t cap = ss == NULL ? 2 : ss->cap * 2;
+        if (ss != NULL && ss->cap >= limit) {
+            b = &ss->b[oldest];
+        } else {
+            cap = (uint32_t)BD_MIN((uint64_t)cap, limit);
+            struct sensor_state *grown = realloc(ss, sizeof(*ss) + cap * sizeof(ss->b[0]));
+            if (grown == NULL) {
+                return NULL;
+            }
+            if (ss == NULL) {
+                grown->n = 0;
+            }
+            grown->cap = cap;
+            ss = grown;
+            s->flusher_state = ss;
+            b = &ss->b[ss->n++];
+        }
+    } else {
+        b = &ss->b[ss->n++];
+    }
     b->start_ms = start_ms;
     b->page = 0;
     b->count = 0;
@@ -328,13 +356,14 @@ static uint64_t drain(struct bd_flusher *f) {
     struct bd_sensor *s;
     const uint64_t span = f->cfg->buckets.span_ms;
     const uint32_t cap = f->cfg->buckets.max_readings;
+    const int64_t now_ms = bd_now_ns() / BD_NS_PER_MS;
 
     while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
         int64_t ts;
         uint32_t nv, cells;
         while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
             int64_t start = bd_bucket_start_ms(ts, span);
-            struct bucket_state *b = bucket_state(s, start);
+            struct bucket_state *b = bucket_state(f, s, start, now_ms);
             if (b == NULL) {
                 break;
             }

@@ -140,6 +140,30 @@ class EndToEnd(bdtest.E2ECase):
         for key, n in per_bucket.items():
             self.assertEqual(pages.get(key), -(-n // cap), "pages of %s (%d readings)" % (key, n))
 
+    def test_page_caps_hold_across_many_open_buckets(self):
+        """20 hours of buckets written, then all revisited: every page keeps its cap."""
+        uri, client, db = self.new_database("e2e_many_buckets")
+        cap = 10
+        d = self.daemon(uri, db, max_readings=cap)
+        now = time.time_ns()
+        span = 20 * 3600 * sr.NS_PER_S
+        readings = sr.make_readings(sensors=2, per_sensor=600, seed=31,
+                                    start_ns=now - span - 60 * sr.NS_PER_S, span_ns=span)
+        # Half of every bucket first; the other half after those pages were flushed, so each
+        # of the ~20 buckets per sensor is reopened after its newer neighbours.
+        first, second = sr.split_late(sr.shuffle(readings, seed=32), fraction=0.5, seed=32)
+        d.start()
+        sr.send(first, udp=d.addr("udp"), tcp=d.addr("tcp"), lines_per_datagram=8,
+                late=second, late_delay=4 * FLUSH_S)
+        time.sleep(SETTLE_S)
+        stats = d.stop()
+        self.assertStat(stats, "readings_flushed", len(readings), d)
+        docs = self.documents(client, db)
+        self.assertGreaterEqual(len({bdtest.dt_ms(doc["bucket_start"]) for doc in docs}), 20)
+        self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, cap, strict_pages=True),
+                              "invariants", d)
+        self.assertNoProblems(bdtest.check_readings(docs, readings, SPAN_S), "readings", d)
+
     def test_tcp_backpressure_does_not_drop(self):
         """Tiny rings: TCP stops reading instead of dropping; every reading arrives."""
         uri, client, db = self.new_database("e2e_backpressure")
