@@ -1,0 +1,1583 @@
+/*
+ * bucketd-inspect: reads the bucket documents bucketd wrote (README "Document schema") for
+ * operators after an incident and for the tests.
+ *
+ *   buckets  prints one sensor's bucket pages in a time range, as extended JSON (one document
+ *            per line) or as a table of hourly figures combined over the pages of each bucket;
+ *   verify   scans the collection (or one sensor) and reports every document that breaks an
+ *            invariant of the schema, one line per problem.
+ *
+ * It connects exactly as the daemon does: the same URI defaults (bd_mongo_uri_new), the same
+ * config file and keys, error API 2. Single-threaded; one mongoc client, owned by main().
+ *
+ * verify streams: documents come sorted by {sensor_id, bucket_start} (the order of the
+ * daemon's index, so a real MongoDB walks the index instead of sorting), in batches, and only
+ * the page list of the bucket being read is kept, so memory stays flat however big the
+ * collection is.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mongoc/mongoc.h>
+
+#include "bucketd/bucket.h"
+#include "bucketd/common.h"
+#include "bucketd/config.h"
+#include "bucketd/mongo.h"
+
+/* Documents per reply: pages hold up to max_readings readings, so keep batches modest. */
+#define BATCH_SIZE 64
+/* Relative tolerance for sum and avg: the daemon adds per flush, in another order. */
+#define SUM_REL_TOL 1e-9
+/* Reading-level problems of one kind listed per document; the rest are counted in one line. */
+#define LIST_PER_KIND 5
+
+#define EXIT_PROBLEMS 1
+#define EXIT_USAGE 2
+
+static const char usage[] =
+    "usage: bucketd-inspect [CONNECTION] buckets --sensor ID [--from T] [--to T]\n"
+    "                       [--span DURATION] [--json|--table]\n"
+    "       bucketd-inspect [CONNECTION] verify [--sensor ID] [--max-readings N]\n"
+    "                       [--span DURATION]\n"
+    "       bucketd-inspect --help | --version\n"
+    "\n"
+    "Reads the bucket documents bucketd stores in MongoDB.\n"
+    "\n"
+    "CONNECTION (explicit options override the file; defaults as the daemon's):\n"
+    "  -c, --config FILE     bucketd's YAML config: mongodb.uri, .database, .collection,\n"
+    "                        buckets.max_readings and buckets.span\n"
+    "      --uri URI         default mongodb://127.0.0.1:27017/ (bucketd's timeouts apply\n"
+    "                        unless the URI sets its own)\n"
+    "      --database NAME   default telemetry\n"
+    "      --collection NAME default buckets\n"
+    "\n"
+    "buckets: the pages of one sensor's buckets that hold readings from [--from, --to),\n"
+    "sorted by bucket_start then page. T is RFC 3339 (2025-01-15T14:00:00Z) or unix seconds.\n"
+    "  --json                one relaxed extended JSON document per line (default)\n"
+    "  --table               one row per bucket: pages, count, and per field min, max and avg\n"
+    "                        combined over its pages (min of mins, max of maxes,\n"
+    "                        sum of sums / sum of counts)\n"
+    "  --span DURATION       bucket span, to find the bucket holding --from (default 1h)\n"
+    "\n"
+    "verify: checks every document's invariants (id, field types, alignment, count, page\n"
+    "cap, reading order and range, summaries) and prints one line per problem:\n"
+    "  <_id>: <what is wrong> (expected X, found Y)\n"
+    "then 'verified D documents, R readings: P problems'. Gaps in a bucket's page numbers and\n"
+    "short pages followed by another page are warnings (a rejected update leaves them); they\n"
+    "do not count as problems. Beyond the first 5 reading-level problems of one kind in a\n"
+    "document, the rest are counted in one line.\n"
+    "  --sensor ID           only this sensor\n"
+    "  --max-readings N      page cap (default 3600, or buckets.max_readings)\n"
+    "  --span DURATION       bucket span: 1h, 15m, ... (default 1h, or buckets.span)\n"
+    "\n"
+    "Exit status: 0 fine, 1 verify found problems, 2 bad usage, bad config or MongoDB\n"
+    "unreachable.\n";
+
+/* ---------------------------------------------------------------------------------------- */
+/* Numbers, times and type names                                                            */
+
+/* A stored numeric value in its own kind: int32/int64 as is_int, double otherwise. */
+struct num {
+    bool is_int;
+    union {
+        double f;
+        int64_t i;
+    } v;
+};
+
+static bool num_get(const bson_iter_t *it, struct num *out) {
+    switch (bson_iter_type(it)) {
+    case BSON_TYPE_DOUBLE:
+        out->is_int = false;
+        out->v.f = bson_iter_double(it);
+        return true;
+    case BSON_TYPE_INT32:
+        out->is_int = true;
+        out->v.i = bson_iter_int32(it);
+        return true;
+    case BSON_TYPE_INT64:
+        out->is_int = true;
+        out->v.i = bson_iter_int64(it);
+        return true;
+    default:
+        return false;
+    }
+}
+
+static double num_as_double(const struct num *n) {
+    return n->is_int ? (double)n->v.i : n->v.f;
+}
+
+/*
+ * -1, 0 or 1 as MongoDB compares numbers; 2 when a NaN makes them unordered. Mixed kinds go
+ * through long double, which holds every int64 exactly (64-bit mantissa on x86-64, binary128
+ * on aarch64), so 2^53 + 1 and 2^53 stay apart.
+ */
+static int num_cmp(const struct num *a, const struct num *b) {
+    if (a->is_int && b->is_int) {
+        return (a->v.i > b->v.i) - (a->v.i < b->v.i);
+    }
+    long double x = a->is_int ? (long double)a->v.i : (long double)a->v.f;
+    long double y = b->is_int ? (long double)b->v.i : (long double)b->v.f;
+    if (x < y) {
+        return -1;
+    }
+    if (x > y) {
+        return 1;
+    }
+    return x == y ? 0 : 2;
+}
+
+/* The shortest of 15, 16 or 17 significant digits that reads back as the same double. */
+static void fmt_double(double v, char *buf, size_t cap) {
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (!isfinite(v) || strtod(buf, NULL) == v) {
+            break;
+        }
+    }
+}
+
+static void fmt_num(const struct num *n, char *buf, size_t cap) {
+    if (n->is_int) {
+        snprintf(buf, cap, "%" PRId64, n->v.i);
+    } else {
+        fmt_double(n->v.f, buf, cap);
+    }
+}
+
+/* RFC 3339 in UTC, with milliseconds only when there are some. */
+static void fmt_time(int64_t ms, char *buf, size_t cap) {
+    int64_t s = bd_floor_div(ms, 1000);
+    int frac = (int)(ms - s * 1000);
+    time_t t = (time_t)s;
+    struct tm tm;
+    size_t n = 0;
+    if (gmtime_r(&t, &tm) != NULL) {
+        n = strftime(buf, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    }
+    if (n == 0) {
+        snprintf(buf, cap, "%" PRId64 " ms", ms);
+        return;
+    }
+    if (frac != 0) {
+        snprintf(buf + n, cap - n, ".%03dZ", frac);
+    } else {
+        snprintf(buf + n, cap - n, "Z");
+    }
+}
+
+/* Days since 1970-01-01 of a proleptic Gregorian date (no time_t range or TZ involved). */
+static int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+    y -= m <= 2;
+    int64_t era = bd_floor_div(y, 400);
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static bool read_digits(const char **p, int n, int *out) {
+    int v = 0;
+    for (int i = 0; i < n; i++) {
+        char c = (*p)[i];
+        if (c < '0' || c > '9') {
+            return false;
+        }
+        v = v * 10 + (c - '0');
+    }
+    *p += n;
+    *out = v;
+    return true;
+}
+
+static bool parse_i64(const char *s, int64_t *out) {
+    if (*s == '\0' || (*s != '-' && (*s < '0' || *s > '9'))) {
+        return false;
+    }
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || *end != '\0') {
+        return false;
+    }
+    *out = (int64_t)v;
+    return true;
+}
+
+/*
+ * Unix seconds ("1736949600") or RFC 3339 ("2025-01-15T14:00:00Z", with optional fraction and
+ * a Z or +hh:mm offset). Fractions finer than a millisecond are truncated, as BSON dates are.
+ */
+static int parse_time(const char *s, int64_t *out_ms) {
+    int64_t secs = 0;
+    if (parse_i64(s, &secs)) {
+        if (secs > INT64_MAX / 1000 || secs < INT64_MIN / 1000) {
+            return -ERANGE;
+        }
+        *out_ms = secs * 1000;
+        return 0;
+    }
+    static const int mdays[12] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    const char *p = s;
+    int y, mo, d, h, mi, sec, ms = 0, off_min = 0;
+    if (!read_digits(&p, 4, &y) || *p++ != '-' || !read_digits(&p, 2, &mo) || *p++ != '-' ||
+        !read_digits(&p, 2, &d) || (*p != 'T' && *p != 't' && *p != ' ')) {
+        return -EINVAL;
+    }
+    p++;
+    if (!read_digits(&p, 2, &h) || *p++ != ':' || !read_digits(&p, 2, &mi) || *p++ != ':' ||
+        !read_digits(&p, 2, &sec)) {
+        return -EINVAL;
+    }
+    if (*p == '.') {
+        p++;
+        if (*p < '0' || *p > '9') {
+            return -EINVAL;
+        }
+        for (int scale = 100; *p >= '0' && *p <= '9'; p++, scale /= 10) {
+            ms += (*p - '0') * scale;
+        }
+    }
+    if (*p == 'Z' || *p == 'z') {
+        p++;
+    } else if (*p == '+' || *p == '-') {
+        int sign = *p++ == '-' ? -1 : 1;
+        int oh, om;
+        if (!read_digits(&p, 2, &oh) || *p++ != ':' || !read_digits(&p, 2, &om) || oh > 23 ||
+            om > 59) {
+            return -EINVAL;
+        }
+        off_min = sign * (oh * 60 + om);
+    } else {
+        return -EINVAL;
+    }
+    bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (*p != '\0' || mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] ||
+        (mo == 2 && d == 29 && !leap) || h > 23 || mi > 59 || sec > 60) {
+        return -EINVAL;
+    }
+    int64_t t = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec - off_min * 60;
+    *out_ms = t * 1000 + ms;
+    return 0;
+}
+
+static const char *type_name(bson_type_t t) {
+    switch (t) {
+    case BSON_TYPE_DOUBLE:
+        return "double";
+    case BSON_TYPE_UTF8:
+        return "string";
+    case BSON_TYPE_DOCUMENT:
+        return "document";
+    case BSON_TYPE_ARRAY:
+        return "array";
+    case BSON_TYPE_BINARY:
+        return "binary";
+    case BSON_TYPE_OID:
+        return "objectId";
+    case BSON_TYPE_BOOL:
+        return "bool";
+    case BSON_TYPE_DATE_TIME:
+        return "date";
+    case BSON_TYPE_NULL:
+        return "null";
+    case BSON_TYPE_INT32:
+        return "int32";
+    case BSON_TYPE_TIMESTAMP:
+        return "timestamp";
+    case BSON_TYPE_INT64:
+        return "int64";
+    case BSON_TYPE_DECIMAL128:
+        return "decimal128";
+    default:
+        return "another BSON type";
+    }
+}
+
+/* Type masks for field checks; every type checked for is below 32. */
+#define T_BIT(t) (UINT32_C(1) << (t))
+#define T_INT (T_BIT(BSON_TYPE_INT32) | T_BIT(BSON_TYPE_INT64))
+#define T_NUM (T_INT | T_BIT(BSON_TYPE_DOUBLE))
+
+static bool type_in(bson_type_t t, uint32_t mask) {
+    return (unsigned)t < 32 && (mask & T_BIT(t)) != 0;
+}
+
+/* A value as relaxed extended JSON (malloc'd), for messages; NULL on OOM. */
+static char *value_json(const bson_iter_t *it) {
+    bson_t tmp = BSON_INITIALIZER;
+    char *json = NULL;
+    if (bson_append_iter(&tmp, "v", 1, it)) {
+        char *doc = bson_as_relaxed_extended_json(&tmp, NULL);
+        /* The document reads '{ "v" : VALUE }': keep VALUE. */
+        if (doc != NULL && strlen(doc) > 10) {
+            size_t len = strlen(doc) - 10;
+            json = bson_malloc(len + 1);
+            memcpy(json, doc + 8, len);
+            json[len] = '\0';
+        }
+        bson_free(doc);
+    }
+    bson_destroy(&tmp);
+    return json;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Options and connection                                                                   */
+
+enum command { CMD_NONE = 0, CMD_BUCKETS, CMD_VERIFY };
+
+enum opt_id {
+    OPT_CONFIG,
+    OPT_URI,
+    OPT_DATABASE,
+    OPT_COLLECTION,
+    OPT_SENSOR,
+    OPT_FROM,
+    OPT_TO,
+    OPT_JSON,
+    OPT_TABLE,
+    OPT_MAX_READINGS,
+    OPT_SPAN,
+    OPT_HELP,
+    OPT_VERSION,
+    N_OPTS
+};
+
+#define FOR_ANY 0u
+#define FOR_BUCKETS (1u << CMD_BUCKETS)
+#define FOR_VERIFY (1u << CMD_VERIFY)
+
+static const struct opt_def {
+    const char *name;
+    const char *alias; /* short form or NULL */
+    bool has_value;
+    unsigned cmds; /* commands that take it; FOR_ANY: every one */
+} opt_defs[N_OPTS] = {
+    [OPT_CONFIG] = {"--config", "-c", true, FOR_ANY},
+    [OPT_URI] = {"--uri", NULL, true, FOR_ANY},
+    [OPT_DATABASE] = {"--database", NULL, true, FOR_ANY},
+    [OPT_COLLECTION] = {"--collection", NULL, true, FOR_ANY},
+    [OPT_SENSOR] = {"--sensor", NULL, true, FOR_BUCKETS | FOR_VERIFY},
+    [OPT_FROM] = {"--from", NULL, true, FOR_BUCKETS},
+    [OPT_TO] = {"--to", NULL, true, FOR_BUCKETS},
+    [OPT_JSON] = {"--json", NULL, false, FOR_BUCKETS},
+    [OPT_TABLE] = {"--table", NULL, false, FOR_BUCKETS},
+    [OPT_MAX_READINGS] = {"--max-readings", NULL, true, FOR_VERIFY},
+    [OPT_SPAN] = {"--span", NULL, true, FOR_BUCKETS | FOR_VERIFY},
+    [OPT_HELP] = {"--help", "-h", false, FOR_ANY},
+    [OPT_VERSION] = {"--version", NULL, false, FOR_ANY},
+};
+
+struct options {
+    enum command cmd;
+    const char *value[N_OPTS]; /* last value given, NULL if the option was not given */
+    bool given[N_OPTS];
+    int64_t from_ms, to_ms;
+    bool table;
+};
+
+/* What the command runs with, after the config file and the options are merged. */
+struct settings {
+    const char *uri;
+    const char *database;
+    const char *collection;
+    uint64_t span_ms;
+    uint32_t max_readings;
+};
+
+static int bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int bad_usage(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("bucketd-inspect: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\nTry 'bucketd-inspect --help'.\n", stderr);
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+static int find_opt(const char *a, const char **inline_val) {
+    *inline_val = NULL;
+    for (int k = 0; k < N_OPTS; k++) {
+        const struct opt_def *d = &opt_defs[k];
+        size_t nl = strlen(d->name);
+        if (strcmp(a, d->name) == 0 || (d->alias != NULL && strcmp(a, d->alias) == 0)) {
+            return k;
+        }
+        if (d->has_value && strncmp(a, d->name, nl) == 0 && a[nl] == '=') {
+            *inline_val = a + nl + 1;
+            return k;
+        }
+    }
+    return -1;
+}
+
+/* 0 to run, -1 to exit 0 at once (--help, --version), or EXIT_USAGE (already reported). */
+static int parse_args(int argc, char **argv, struct options *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (a[0] != '-' || a[1] == '\0') {
+            if (o->cmd != CMD_NONE) {
+                return bad_usage("unexpected argument '%s'", a);
+            }
+            if (strcmp(a, "buckets") == 0) {
+                o->cmd = CMD_BUCKETS;
+            } else if (strcmp(a, "verify") == 0) {
+                o->cmd = CMD_VERIFY;
+            } else {
+                return bad_usage("unknown command '%s' (buckets or verify)", a);
+            }
+            continue;
+        }
+        const char *val = NULL;
+        int k = find_opt(a, &val);
+        if (k < 0) {
+            return bad_usage("unknown option '%s'", a);
+        }
+        if (k == OPT_HELP) {
+            fputs(usage, stdout);
+            return -1;
+        }
+        if (k == OPT_VERSION) {
+            printf("bucketd-inspect %s\n", BD_VERSION);
+            return -1;
+        }
+        if (opt_defs[k].has_value && val == NULL) {
+            if (i + 1 == argc) {
+                return bad_usage("option '%s' needs a value", a);
+            }
+            val = argv[++i];
+        }
+        o->given[k] = true;
+        o->value[k] = val;
+    }
+    if (o->cmd == CMD_NONE) {
+        return bad_usage("no command given (buckets or verify)");
+    }
+    for (int k = 0; k < N_OPTS; k++) {
+        if (o->given[k] && opt_defs[k].cmds != FOR_ANY && !(opt_defs[k].cmds & (1u << o->cmd))) {
+            return bad_usage("option '%s' does not apply to '%s'", opt_defs[k].name,
+                             o->cmd == CMD_BUCKETS ? "buckets" : "verify");
+        }
+    }
+    if (o->cmd == CMD_BUCKETS && !o->given[OPT_SENSOR]) {
+        return bad_usage("buckets needs --sensor ID");
+    }
+    if (o->given[OPT_JSON] && o->given[OPT_TABLE]) {
+        return bad_usage("--json and --table exclude each other");
+    }
+    o->table = o->given[OPT_TABLE];
+    if (o->given[OPT_FROM] && parse_time(o->value[OPT_FROM], &o->from_ms) < 0) {
+        return bad_usage("--from: '%s' is not RFC 3339 or unix seconds", o->value[OPT_FROM]);
+    }
+    if (o->given[OPT_TO] && parse_time(o->value[OPT_TO], &o->to_ms) < 0) {
+        return bad_usage("--to: '%s' is not RFC 3339 or unix seconds", o->value[OPT_TO]);
+    }
+    return 0;
+}
+
+/* The config file (or the daemon's defaults), then the explicit options over it. */
+static int resolve_settings(const struct options *o, struct bd_config *cfg, struct settings *s,
+                            struct bd_err *err) {
+    if (o->given[OPT_CONFIG]) {
+        int rc = bd_config_load(cfg, o->value[OPT_CONFIG], err);
+        if (rc < 0) {
+            return rc;
+        }
+    } else {
+        bd_config_defaults(cfg);
+    }
+    s->uri = o->given[OPT_URI] ? o->value[OPT_URI] : cfg->mongodb.uri;
+    s->database = o->given[OPT_DATABASE] ? o->value[OPT_DATABASE] : cfg->mongodb.database;
+    s->collection =
+        o->given[OPT_COLLECTION] ? o->value[OPT_COLLECTION] : cfg->mongodb.collection;
+    s->span_ms = cfg->buckets.span_ms;
+    s->max_readings = cfg->buckets.max_readings;
+    if (o->given[OPT_SPAN]) {
+        uint64_t span = 0;
+        /* The daemon's rule: buckets tile every day the same way. */
+        if (bd_parse_duration_ms(o->value[OPT_SPAN], &span) < 0 || span == 0 ||
+            (UINT64_C(86400000) % span) != 0) {
+            return bd_err_set(err, -EINVAL, "--span: '%s' is not a duration that divides a day",
+                              o->value[OPT_SPAN]);
+        }
+        s->span_ms = span;
+    }
+    if (o->given[OPT_MAX_READINGS]) {
+        int64_t n = 0;
+        if (!parse_i64(o->value[OPT_MAX_READINGS], &n) || n < 1 || n > UINT32_MAX) {
+            return bd_err_set(err, -EINVAL, "--max-readings: '%s' is not a number >= 1",
+                              o->value[OPT_MAX_READINGS]);
+        }
+        s->max_readings = (uint32_t)n;
+    }
+    if (*s->database == '\0' || *s->collection == '\0') {
+        return bd_err_set(err, -EINVAL, "the database and collection names must not be empty");
+    }
+    return 0;
+}
+
+struct conn {
+    mongoc_uri_t *uri;
+    mongoc_client_t *client;
+    mongoc_collection_t *coll;
+};
+
+static int conn_open(struct conn *c, const struct settings *s, struct bd_err *err) {
+    bson_error_t berr;
+    c->uri = bd_mongo_uri_new(s->uri, err);
+    if (c->uri == NULL) {
+        return -EINVAL;
+    }
+    c->client = mongoc_client_new_from_uri_with_error(c->uri, &berr);
+    if (c->client == NULL) {
+        return bd_err_set(err, -EINVAL, "mongodb.uri: %s", berr.message);
+    }
+    mongoc_client_set_error_api(c->client, MONGOC_ERROR_API_VERSION_2);
+    /* Setting it over one from the URI would only log a driver error. */
+    if (mongoc_uri_get_appname(c->uri) == NULL) {
+        mongoc_client_set_appname(c->client, "bucketd-inspect");
+    }
+    c->coll = mongoc_client_get_collection(c->client, s->database, s->collection);
+    return 0;
+}
+
+static void conn_close(struct conn *c) {
+    mongoc_collection_destroy(c->coll);
+    mongoc_client_destroy(c->client);
+    mongoc_uri_destroy(c->uri);
+}
+
+/* After mongoc_cursor_next() returned false: 0 at the end, or -EIO with the reason. */
+static int cursor_status(mongoc_cursor_t *cursor, const struct settings *s, struct bd_err *err) {
+    bson_error_t berr;
+    if (!mongoc_cursor_error(cursor, &berr)) {
+        return 0;
+    }
+    if (berr.domain == MONGOC_ERROR_SERVER_SELECTION || berr.domain == MONGOC_ERROR_STREAM) {
+        return bd_err_set(err, -EIO, "cannot reach MongoDB: %s", berr.message);
+    }
+    return bd_err_set(err, -EIO, "reading %s.%s failed: %s", s->database, s->collection,
+                      berr.message);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* buckets                                                                                  */
+
+/* {sensor_id: ID, bucket_start: {$gte: from's bucket, $lt: to}}: equality, then range. */
+static void buckets_filter(const struct options *o, const struct settings *s, bson_t *filter) {
+    bson_t range;
+    bson_init(filter);
+    BSON_APPEND_UTF8(filter, "sensor_id", o->value[OPT_SENSOR]);
+    if (o->given[OPT_FROM] || o->given[OPT_TO]) {
+        BSON_APPEND_DOCUMENT_BEGIN(filter, "bucket_start", &range);
+        if (o->given[OPT_FROM]) {
+            /* The bucket holding --from starts before it. */
+            int64_t span = (int64_t)s->span_ms;
+            BSON_APPEND_DATE_TIME(&range, "$gte", bd_floor_div(o->from_ms, span) * span);
+        }
+        if (o->given[OPT_TO]) {
+            BSON_APPEND_DATE_TIME(&range, "$lt", o->to_ms);
+        }
+        bson_append_document_end(filter, &range);
+    }
+}
+
+/* One bucket (all its pages) of the table: per field, the figures combined over pages. */
+struct tab_field {
+    bool has_min, has_max;
+    struct num min, max;
+    double sum;
+    int64_t count;
+};
+
+struct tab_row {
+    int64_t start_ms;
+    int64_t pages;
+    int64_t count;
+    struct tab_field *fields; /* indexed like struct table.names */
+    size_t n_fields;
+};
+
+struct table {
+    struct tab_row *rows;
+    size_t n_rows, cap_rows;
+    char **names; /* every summary field seen, in order of appearance, sorted before printing */
+    size_t n_names, cap_names;
+};
+
+static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) {
+        return 0;
+    }
+    size_t n = *cap ? *cap * 2 : 16;
+    while (n < need) {
+        n *= 2;
+    }
+    void *p = realloc(*buf, n * elem);
+    if (p == NULL) {
+        return -ENOMEM;
+    }
+    *buf = p;
+    *cap = n;
+    return 0;
+}
+
+static int table_field_index(struct table *t, const char *name, size_t *out) {
+    for (size_t i = 0; i < t->n_names; i++) {
+        if (strcmp(t->names[i], name) == 0) {
+            *out = i;
+            return 0;
+        }
+    }
+    char *copy = strdup(name);
+    if (copy == NULL || grow((void **)&t->names, &t->cap_names, t->n_names + 1,
+                             sizeof(*t->names)) < 0) {
+        free(copy);
+        return -ENOMEM;
+    }
+    t->names[t->n_names] = copy;
+    *out = t->n_names++;
+    return 0;
+}
+
+/* Folds one field summary of a page into the row. Malformed parts are skipped: verify's job. */
+static void table_fold(struct tab_field *f, bson_iter_t *summary) {
+    bson_iter_t it;
+    struct num n;
+    if (bson_iter_recurse(summary, &it) && bson_iter_find(&it, "min") && num_get(&it, &n) &&
+        (!f->has_min || num_cmp(&n, &f->min) < 0)) {
+        f->min = n;
+        f->has_min = true;
+    }
+    if (bson_iter_recurse(summary, &it) && bson_iter_find(&it, "max") && num_get(&it, &n) &&
+        (!f->has_max || num_cmp(&n, &f->max) > 0)) {
+        f->max = n;
+        f->has_max = true;
+    }
+    if (bson_iter_recurse(summary, &it) && bson_iter_find(&it, "sum") && num_get(&it, &n)) {
+        f->sum += num_as_double(&n);
+    }
+    if (bson_iter_recurse(summary, &it) && bson_iter_find(&it, "count") &&
+        type_in(bson_iter_type(&it), T_INT)) {
+        f->count += bson_iter_as_int64(&it);
+    }
+}
+
+static int table_add(struct table *t, const bson_t *doc) {
+    bson_iter_t it, sum;
+    if (!bson_iter_init_find(&it, doc, "bucket_start") || !BSON_ITER_HOLDS_DATE_TIME(&it)) {
+        return 0;
+    }
+    int64_t start = bson_iter_date_time(&it);
+    struct tab_row *row = t->n_rows > 0 ? &t->rows[t->n_rows - 1] : NULL;
+    if (row == NULL || row->start_ms != start) {
+        if (grow((void **)&t->rows, &t->cap_rows, t->n_rows + 1, sizeof(*t->rows)) < 0) {
+            return -ENOMEM;
+        }
+        row = &t->rows[t->n_rows++];
+        memset(row, 0, sizeof(*row));
+        row->start_ms = start;
+    }
+    row->pages++;
+    if (bson_iter_init_find(&it, doc, "count") && type_in(bson_iter_type(&it), T_INT)) {
+        row->count += bson_iter_as_int64(&it);
+    }
+    if (!bson_iter_init_find(&it, doc, "summary") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+        !bson_iter_recurse(&it, &sum)) {
+        return 0;
+    }
+    while (bson_iter_next(&sum)) {
+        size_t idx = 0;
+        if (!BSON_ITER_HOLDS_DOCUMENT(&sum) || table_field_index(t, bson_iter_key(&sum), &idx)) {
+            continue;
+        }
+        if (idx >= row->n_fields) {
+            struct tab_field *p = realloc(row->fields, (idx + 1) * sizeof(*p));
+            if (p == NULL) {
+                return -ENOMEM;
+            }
+            memset(p + row->n_fields, 0, (idx + 1 - row->n_fields) * sizeof(*p));
+            row->fields = p;
+            row->n_fields = idx + 1;
+        }
+        table_fold(&row->fields[idx], &sum);
+    }
+    return 0;
+}
+
+static int cmp_names(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Text of one cell; row NULL means the header. Columns: start, pages, count, then per field
+ * (in names order) min, max, avg. */
+static void table_cell(const struct table *t, const size_t *order, const struct tab_row *row,
+                       size_t col, char *buf, size_t cap) {
+    static const char *const fixed[] = {"bucket_start", "pages", "count"};
+    static const char *const stat[] = {"min", "max", "avg"};
+    if (row == NULL) {
+        if (col < 3) {
+            snprintf(buf, cap, "%s", fixed[col]);
+        } else {
+            snprintf(buf, cap, "%s.%s", t->names[order[(col - 3) / 3]], stat[(col - 3) % 3]);
+        }
+        return;
+    }
+    if (col == 0) {
+        fmt_time(row->start_ms, buf, cap);
+        return;
+    }
+    if (col < 3) {
+        snprintf(buf, cap, "%" PRId64, col == 1 ? row->pages : row->count);
+        return;
+    }
+    size_t idx = order[(col - 3) / 3];
+    const struct tab_field *f = idx < row->n_fields ? &row->fields[idx] : NULL;
+    snprintf(buf, cap, "-");
+    if (f == NULL) {
+        return;
+    }
+    switch ((col - 3) % 3) {
+    case 0:
+        if (f->has_min) {
+            fmt_num(&f->min, buf, cap);
+        }
+        break;
+    case 1:
+        if (f->has_max) {
+            fmt_num(&f->max, buf, cap);
+        }
+        break;
+    default:
+        /* Twelve digits: a combined avg is a figure to read, and the sums it comes from carry
+         * rounding noise in the last digits. */
+        if (f->count > 0) {
+            snprintf(buf, cap, "%.12g", f->sum / (double)f->count);
+        }
+        break;
+    }
+}
+
+static int table_print(struct table *t) {
+    int rc = 0;
+    size_t *order = NULL;
+    size_t *width = NULL;
+    char cell[256];
+    size_t n_cols = 3 + 3 * t->n_names;
+
+    /* Columns sorted by field name, rows by time (the query's order); fields keep their index
+     * into every row's array through order[]. */
+    char **sorted = malloc((t->n_names + 1) * sizeof(*sorted));
+    order = malloc((t->n_names + 1) * sizeof(*order));
+    width = calloc(n_cols, sizeof(*width));
+    if (sorted == NULL || order == NULL || width == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    memcpy(sorted, t->names, t->n_names * sizeof(*sorted));
+    qsort(sorted, t->n_names, sizeof(*sorted), cmp_names);
+    for (size_t i = 0; i < t->n_names; i++) {
+        for (size_t j = 0; j < t->n_names; j++) {
+            if (t->names[j] == sorted[i]) {
+                order[i] = j;
+            }
+        }
+    }
+    for (size_t r = 0; r <= t->n_rows; r++) {
+        for (size_t c = 0; c < n_cols; c++) {
+            table_cell(t, order, r == 0 ? NULL : &t->rows[r - 1], c, cell, sizeof(cell));
+            width[c] = BD_MAX(width[c], strlen(cell));
+        }
+    }
+    for (size_t r = 0; r <= t->n_rows; r++) {
+        for (size_t c = 0; c < n_cols; c++) {
+            table_cell(t, order, r == 0 ? NULL : &t->rows[r - 1], c, cell, sizeof(cell));
+            /* Times read left to right, numbers line up on their last digit. */
+            printf(c == 0 ? "%-*s" : "  %*s", (int)width[c], cell);
+        }
+        putchar('\n');
+    }
+out:
+    free(sorted);
+    free(order);
+    free(width);
+    return rc;
+}
+
+static void table_close(struct table *t) {
+    for (size_t i = 0; i < t->n_rows; i++) {
+        free(t->rows[i].fields);
+    }
+    for (size_t i = 0; i < t->n_names; i++) {
+        free(t->names[i]);
+    }
+    free(t->rows);
+    free(t->names);
+}
+
+static int cmd_buckets(struct conn *c, const struct options *o, const struct settings *s,
+                       struct bd_err *err) {
+    int rc = 0;
+    bson_t filter, opts, sort, proj;
+    mongoc_cursor_t *cursor = NULL;
+    struct table table = {0};
+    const bson_t *doc;
+
+    buckets_filter(o, s, &filter);
+    bson_init(&opts);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+    BSON_APPEND_INT32(&sort, "bucket_start", 1);
+    BSON_APPEND_INT32(&sort, "page", 1);
+    bson_append_document_end(&opts, &sort);
+    if (o->table) {
+        /* The table needs the summaries only; readings are most of a document's bytes. */
+        BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
+        BSON_APPEND_INT32(&proj, "bucket_start", 1);
+        BSON_APPEND_INT32(&proj, "page", 1);
+        BSON_APPEND_INT32(&proj, "count", 1);
+        BSON_APPEND_INT32(&proj, "summary", 1);
+        bson_append_document_end(&opts, &proj);
+    }
+    BSON_APPEND_INT32(&opts, "batchSize", BATCH_SIZE);
+    /* Sorting by page after the index's bucket_start order may spill on a long range. */
+    BSON_APPEND_BOOL(&opts, "allowDiskUse", true);
+
+    cursor = mongoc_collection_find_with_opts(c->coll, &filter, &opts, NULL);
+    while (mongoc_cursor_next(cursor, &doc)) {
+        if (o->table) {
+            rc = table_add(&table, doc);
+            if (rc < 0) {
+                bd_err_set(err, rc, "out of memory");
+                goto out;
+            }
+            continue;
+        }
+        char *json = bson_as_relaxed_extended_json(doc, NULL);
+        if (json == NULL) {
+            rc = bd_err_set(err, -EINVAL, "a document could not be printed as JSON");
+            goto out;
+        }
+        fputs(json, stdout);
+        putchar('\n');
+        bson_free(json);
+    }
+    rc = cursor_status(cursor, s, err);
+    if (rc < 0) {
+        goto out;
+    }
+    if (o->table) {
+        rc = table_print(&table);
+        if (rc < 0) {
+            bd_err_set(err, rc, "out of memory");
+        }
+    }
+out:
+    mongoc_cursor_destroy(cursor);
+    table_close(&table);
+    bson_destroy(&opts);
+    bson_destroy(&filter);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* verify                                                                                   */
+
+/* What the readings of the document being checked give for one field. */
+struct field_acc {
+    const char *name; /* points into the current document */
+    int64_t n_num;    /* numeric readings */
+    struct num min, max;
+    double sum, comp; /* Neumaier-compensated sum: the reference the daemon's sum is held to */
+    double sum_abs;   /* sum of |value|: the scale rounding errors of any order are bounded by */
+    bool has_summary;
+};
+
+struct page_info {
+    int64_t page;
+    int64_t n_readings;
+    char *id;
+    bson_t *meta; /* NULL if the page has none (reported already) */
+};
+
+/* The bucket being read: documents come sorted by {sensor_id, bucket_start}, so all pages of
+ * one bucket arrive together (in no particular page order) and only this much is kept across
+ * documents. */
+struct group {
+    bool active;
+    char *sensor_id;
+    int64_t start_ms;
+    struct page_info *pages;
+    size_t n_pages, cap_pages;
+};
+
+/* Reading-level problem kinds, each listed LIST_PER_KIND times per document at most. */
+enum rkind { RK_SHAPE, RK_TS, RK_ORDER, RK_RANGE, RK_VALUE, N_RKINDS };
+
+static const char *const rkind_what[N_RKINDS] = {
+    "readings that are not documents",
+    "readings without a date ts",
+    "readings out of time order",
+    "readings outside the bucket",
+    "reading values of a type that is not stored",
+};
+
+struct verifier {
+    const struct settings *s;
+    uint64_t documents, readings, problems, warnings;
+    struct field_acc *acc; /* per field of the document being checked */
+    size_t n_acc, cap_acc;
+    uint64_t rk_count[N_RKINDS]; /* reading-level problems of the document being checked */
+    struct group g;
+};
+
+static void vsay(const char *id, const char *tag, const char *fmt, va_list ap) {
+    printf("%s: %s", id, tag);
+    vprintf(fmt, ap);
+    putchar('\n');
+}
+
+static void problem(struct verifier *v, const char *id, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void warning(struct verifier *v, const char *id, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void reading_problem(struct verifier *v, const char *id, enum rkind k, const char *fmt,
+                            ...) __attribute__((format(printf, 4, 5)));
+
+static void problem(struct verifier *v, const char *id, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsay(id, "", fmt, ap);
+    va_end(ap);
+    v->problems++;
+}
+
+static void warning(struct verifier *v, const char *id, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsay(id, "warning: ", fmt, ap);
+    va_end(ap);
+    v->warnings++;
+}
+
+/*
+ * A problem with one reading: always counted, printed only for the first few of its kind in
+ * a document, so one shifted bucket does not bury everything else under thousands of lines.
+ */
+static void reading_problem(struct verifier *v, const char *id, enum rkind k, const char *fmt,
+                            ...) {
+    v->problems++;
+    if (++v->rk_count[k] > LIST_PER_KIND) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsay(id, "", fmt, ap);
+    va_end(ap);
+}
+
+/* Looks key up in doc; reports it missing or of the wrong type (path names it in messages). */
+static bool want(struct verifier *v, const char *id, const bson_t *doc, const char *key,
+                 const char *path, uint32_t types, const char *expected, bson_iter_t *it) {
+    if (!bson_iter_init_find(it, doc, key)) {
+        problem(v, id, "%s is missing (expected %s, found nothing)", path, expected);
+        return false;
+    }
+    if (!type_in(bson_iter_type(it), types)) {
+        problem(v, id, "%s has the wrong type (expected %s, found %s)", path, expected,
+                type_name(bson_iter_type(it)));
+        return false;
+    }
+    return true;
+}
+
+static bool sub_document(const bson_iter_t *it, bson_t *out) {
+    uint32_t len = 0;
+    const uint8_t *data = NULL;
+    if (BSON_ITER_HOLDS_DOCUMENT(it)) {
+        bson_iter_document(it, &len, &data);
+    }
+    return data != NULL && bson_init_static(out, data, len);
+}
+
+static struct field_acc *find_acc(struct verifier *v, const char *name) {
+    for (size_t i = 0; i < v->n_acc; i++) {
+        if (strcmp(v->acc[i].name, name) == 0) {
+            return &v->acc[i];
+        }
+    }
+    return NULL;
+}
+
+static struct field_acc *get_acc(struct verifier *v, const char *name) {
+    struct field_acc *a = find_acc(v, name);
+    if (a != NULL) {
+        return a;
+    }
+    if (grow((void **)&v->acc, &v->cap_acc, v->n_acc + 1, sizeof(*v->acc)) < 0) {
+        return NULL;
+    }
+    a = &v->acc[v->n_acc++];
+    memset(a, 0, sizeof(*a));
+    a->name = name;
+    return a;
+}
+
+static void acc_add(struct field_acc *a, const struct num *n) {
+    double x = num_as_double(n);
+    if (a->n_num == 0 || num_cmp(n, &a->min) < 0) {
+        a->min = *n;
+    }
+    if (a->n_num == 0 || num_cmp(n, &a->max) > 0) {
+        a->max = *n;
+    }
+    double t = a->sum + x;
+    if (fabs(a->sum) >= fabs(x)) {
+        a->comp += (a->sum - t) + x;
+    } else {
+        a->comp += (x - t) + a->sum;
+    }
+    a->sum = t;
+    a->sum_abs += fabs(x);
+    a->n_num++;
+}
+
+/*
+ * found is within SUM_REL_TOL of want_v, relative to the larger of |want_v| and scale. The
+ * scale (sum of |values|, or that over count for avg) bounds the rounding error of a sum taken
+ * in any order, so a sum that cancels to nearly zero is not held to an impossible precision.
+ */
+static bool close_enough(double found, double want_v, double scale) {
+    double tol = SUM_REL_TOL * BD_MAX(fabs(want_v), scale);
+    return fabs(found - want_v) <= tol;
+}
+
+/*
+ * Checks the readings array: shape, ts order and range [lo_ms, hi_ms], value types; fills the
+ * field accumulators and *n. -ENOMEM only.
+ */
+static int check_readings(struct verifier *v, const char *id, bson_iter_t *arr, bool has_range,
+                          int64_t lo_ms, int64_t hi_ms, int64_t *n) {
+    char a[64], b[64], c[64];
+    bool has_prev = false;
+    int64_t prev = 0;
+    int64_t i = 0;
+    for (; bson_iter_next(arr); i++) {
+        bson_t r;
+        bson_iter_t it;
+        if (!sub_document(arr, &r)) {
+            reading_problem(v, id, RK_SHAPE,
+                            "readings[%" PRId64 "] has the wrong type (expected document, "
+                            "found %s)",
+                            i, type_name(bson_iter_type(arr)));
+            continue;
+        }
+        if (!bson_iter_init_find(&it, &r, "ts")) {
+            reading_problem(v, id, RK_TS,
+                            "readings[%" PRId64 "].ts is missing (expected date, found nothing)",
+                            i);
+        } else if (!BSON_ITER_HOLDS_DATE_TIME(&it)) {
+            reading_problem(v, id, RK_TS,
+                            "readings[%" PRId64 "].ts has the wrong type (expected date, "
+                            "found %s)",
+                            i, type_name(bson_iter_type(&it)));
+        } else {
+            int64_t ts = bson_iter_date_time(&it);
+            if (has_prev && ts < prev) {
+                fmt_time(prev, a, sizeof(a));
+                fmt_time(ts, b, sizeof(b));
+                reading_problem(v, id, RK_ORDER,
+                                "readings[%" PRId64 "] is out of time order (expected ts >= "
+                                "%s, found %s)",
+                                i, a, b);
+            }
+            has_prev = true;
+            prev = ts;
+            if (has_range && (ts < lo_ms || ts > hi_ms)) {
+                fmt_time(lo_ms, a, sizeof(a));
+                fmt_time(hi_ms, b, sizeof(b));
+                fmt_time(ts, c, sizeof(c));
+                reading_problem(v, id, RK_RANGE,
+                                "readings[%" PRId64 "].ts is outside the bucket (expected %s .. "
+                                "%s, found %s)",
+                                i, a, b, c);
+            }
+        }
+        bson_iter_init(&it, &r);
+        while (bson_iter_next(&it)) {
+            const char *key = bson_iter_key(&it);
+            struct num num;
+            if (strcmp(key, "ts") == 0) {
+                continue;
+            }
+            bool numeric = num_get(&it, &num);
+            if (!numeric && !BSON_ITER_HOLDS_BOOL(&it)) {
+                reading_problem(v, id, RK_VALUE,
+                                "readings[%" PRId64 "].%s has a type bucketd does not store "
+                                "(expected double, int32, int64 or bool, found %s)",
+                                i, key, type_name(bson_iter_type(&it)));
+                continue;
+            }
+            /* Booleans get an accumulator too (with no numeric readings), so that a summary
+             * of a bool-only field is told apart from one of a field no reading has. */
+            struct field_acc *f = get_acc(v, key);
+            if (f == NULL) {
+                return -ENOMEM;
+            }
+            if (numeric) {
+                acc_add(f, &num);
+            }
+        }
+    }
+    *n = i;
+    return 0;
+}
+
+/* summary.<f> against what the readings give for f. */
+static void check_field_summary(struct verifier *v, const char *id, const char *field,
+                                const struct field_acc *f, const bson_t *sd) {
+    char path[512], a[64], b[64];
+    bson_iter_t it;
+    struct num n;
+    double want_sum = f->sum + f->comp;
+    double want_avg = want_sum / (double)f->n_num;
+
+    snprintf(path, sizeof(path), "summary.%s.count", field);
+    if (want(v, id, sd, "count", path, T_INT, "int64", &it) &&
+        bson_iter_as_int64(&it) != f->n_num) {
+        problem(v, id, "%s is wrong (expected %" PRId64 ", found %" PRId64 ")", path, f->n_num,
+                bson_iter_as_int64(&it));
+    }
+    snprintf(path, sizeof(path), "summary.%s.min", field);
+    if (want(v, id, sd, "min", path, T_NUM, "a number", &it) && num_get(&it, &n) &&
+        num_cmp(&n, &f->min) != 0) {
+        fmt_num(&f->min, a, sizeof(a));
+        fmt_num(&n, b, sizeof(b));
+        problem(v, id, "%s is wrong (expected %s, found %s)", path, a, b);
+    }
+    snprintf(path, sizeof(path), "summary.%s.max", field);
+    if (want(v, id, sd, "max", path, T_NUM, "a number", &it) && num_get(&it, &n) &&
+        num_cmp(&n, &f->max) != 0) {
+        fmt_num(&f->max, a, sizeof(a));
+        fmt_num(&n, b, sizeof(b));
+        problem(v, id, "%s is wrong (expected %s, found %s)", path, a, b);
+    }
+    snprintf(path, sizeof(path), "summary.%s.sum", field);
+    if (want(v, id, sd, "sum", path, T_NUM, "a number", &it) && num_get(&it, &n) &&
+        !close_enough(num_as_double(&n), want_sum, f->sum_abs)) {
+        fmt_double(want_sum, a, sizeof(a));
+        fmt_num(&n, b, sizeof(b));
+        problem(v, id, "%s is wrong (expected %s, found %s)", path, a, b);
+    }
+    snprintf(path, sizeof(path), "summary.%s.avg", field);
+    if (want(v, id, sd, "avg", path, T_NUM, "a number", &it) && num_get(&it, &n) &&
+        !close_enough(num_as_double(&n), want_avg, f->sum_abs / (double)f->n_num)) {
+        fmt_double(want_avg, a, sizeof(a));
+        fmt_num(&n, b, sizeof(b));
+        problem(v, id, "%s is wrong (expected %s, found %s)", path, a, b);
+    }
+}
+
+static void check_summary(struct verifier *v, const char *id, const bson_t *summary) {
+    bson_iter_t it;
+    bson_t sd;
+    if (!bson_iter_init(&it, summary)) {
+        return;
+    }
+    while (bson_iter_next(&it)) {
+        const char *k = bson_iter_key(&it);
+        struct field_acc *f = find_acc(v, k);
+        if (f == NULL || f->n_num == 0) {
+            problem(v, id,
+                    "summary.%s summarises a field without numeric readings (expected no "
+                    "summary, found one)",
+                    k);
+            continue;
+        }
+        f->has_summary = true;
+        if (!sub_document(&it, &sd)) {
+            problem(v, id, "summary.%s has the wrong type (expected document, found %s)", k,
+                    type_name(bson_iter_type(&it)));
+            continue;
+        }
+        check_field_summary(v, id, k, f, &sd);
+    }
+    for (size_t i = 0; i < v->n_acc; i++) {
+        const struct field_acc *f = &v->acc[i];
+        if (f->n_num > 0 && !f->has_summary) {
+            problem(v, id,
+                    "summary.%s is missing (expected a summary of %" PRId64
+                    " numeric readings, found nothing)",
+                    f->name, f->n_num);
+        }
+    }
+}
+
+static void group_free(struct group *g) {
+    for (size_t i = 0; i < g->n_pages; i++) {
+        bson_free(g->pages[i].id);
+        if (g->pages[i].meta != NULL) {
+            bson_destroy(g->pages[i].meta);
+        }
+    }
+    bson_free(g->pages);
+    bson_free(g->sensor_id);
+    memset(g, 0, sizeof(*g));
+}
+
+static int cmp_page(const void *a, const void *b) {
+    const struct page_info *x = a, *y = b;
+    return (x->page > y->page) - (x->page < y->page);
+}
+
+/*
+ * The pages of one bucket, all read. They describe one sensor, so they carry the same meta;
+ * the lowest page is the reference. One code path writes meta, from the sensor's series key,
+ * so equal means byte-equal.
+ *
+ * They are numbered 0..k without gaps and every page but the last is full.
+ * Breaking either is a warning, not a problem: the daemon moves on to page p + 1 when it
+ * builds page p's update, so when MongoDB rejects that update for good (quarantined: logged,
+ * counted in updates_quarantined, dropped) page p stays short, or never exists, while page
+ * p + 1 fills. The readings are lost and counted; every document left is still consistent.
+ */
+static void group_finish(struct verifier *v) {
+    struct group *g = &v->g;
+    if (!g->active) {
+        return;
+    }
+    qsort(g->pages, g->n_pages, sizeof(*g->pages), cmp_page);
+    const struct page_info *ref = NULL;
+    for (size_t i = 0; i < g->n_pages; i++) {
+        const struct page_info *p = &g->pages[i];
+        if (p->meta == NULL) {
+            continue;
+        }
+        if (ref == NULL) {
+            ref = p;
+        } else if (!bson_equal(ref->meta, p->meta)) {
+            char *want_json = bson_as_relaxed_extended_json(ref->meta, NULL);
+            char *found_json = bson_as_relaxed_extended_json(p->meta, NULL);
+            problem(v, p->id,
+                    "meta differs from that of %s, a page of the same bucket (expected %s, "
+                    "found %s)",
+                    ref->id, want_json, found_json);
+            bson_free(want_json);
+            bson_free(found_json);
+        }
+    }
+    int64_t last = g->pages[g->n_pages - 1].page;
+    int64_t next = 0;
+    for (size_t i = 0; i < g->n_pages; i++) {
+        const struct page_info *p = &g->pages[i];
+        /* A repeated page number needs a second _id, and that one was reported already. */
+        if (p->page < next) {
+            continue;
+        }
+        if (p->page > next) {
+            warning(v, p->id,
+                    "pages of this bucket are not numbered 0..k (expected page %" PRId64
+                    ", found page %" PRId64 ")",
+                    next, p->page);
+        }
+        next = p->page == INT64_MAX ? INT64_MAX : p->page + 1;
+        if (p->page != last && p->n_readings < (int64_t)v->s->max_readings) {
+            warning(v, p->id,
+                    "page is not full but a later page exists (expected %" PRIu32
+                    " readings, found %" PRId64 ")",
+                    v->s->max_readings, p->n_readings);
+        }
+    }
+    group_free(g);
+}
+
+/* Adds a page to the bucket being read (finishing the previous bucket first). */
+static void group_add(struct verifier *v, const char *id, const char *sensor_id,
+                      int64_t start_ms, int64_t page, int64_t n_readings, const bson_t *meta) {
+    struct group *g = &v->g;
+    if (g->active && (strcmp(g->sensor_id, sensor_id) != 0 || g->start_ms != start_ms)) {
+        group_finish(v);
+    }
+    if (!g->active) {
+        g->active = true;
+        g->sensor_id = bson_strdup(sensor_id);
+        g->start_ms = start_ms;
+    }
+    if (g->n_pages == g->cap_pages) {
+        g->cap_pages = g->cap_pages ? 2 * g->cap_pages : 8;
+        g->pages = bson_realloc(g->pages, g->cap_pages * sizeof(*g->pages));
+    }
+    g->pages[g->n_pages++] = (struct page_info){page, n_readings, bson_strdup(id),
+                                                meta != NULL ? bson_copy(meta) : NULL};
+}
+
+static void fmt_span(uint64_t ms, char *buf, size_t cap) {
+    if (ms % 3600000 == 0) {
+        snprintf(buf, cap, "%" PRIu64 "h", ms / 3600000);
+    } else if (ms % 60000 == 0) {
+        snprintf(buf, cap, "%" PRIu64 "m", ms / 60000);
+    } else if (ms % 1000 == 0) {
+        snprintf(buf, cap, "%" PRIu64 "s", ms / 1000);
+    } else {
+        snprintf(buf, cap, "%" PRIu64 "ms", ms);
+    }
+}
+
+/* Every invariant of one document; the bucket-wide ones through group_add. -ENOMEM only. */
+static int check_document(struct verifier *v, const bson_t *doc) {
+    int rc = 0;
+    char *id = NULL;
+    char *want_id = NULL;
+    char a[64], b[64], span_text[32];
+    bson_iter_t it, readings_it;
+    bson_t meta, summary;
+    const char *sensor_id = NULL;
+    bool id_is_string = false, has_meta = false, has_start = false, has_end = false;
+    bool has_page = false, has_count = false, has_readings = false, has_summary = false;
+    int64_t start = 0, end = 0, page = 0, count = 0, n = 0;
+    const int64_t span = (int64_t)v->s->span_ms;
+
+    v->documents++;
+    v->n_acc = 0;
+    memset(v->rk_count, 0, sizeof(v->rk_count));
+
+    if (bson_iter_init_find(&it, doc, "_id") && BSON_ITER_HOLDS_UTF8(&it)) {
+        id = bson_strdup(bson_iter_utf8(&it, NULL));
+        id_is_string = true;
+    } else if (bson_iter_init_find(&it, doc, "_id")) {
+        id = value_json(&it);
+        if (id == NULL) {
+            id = bson_strdup("(unprintable _id)");
+        }
+        problem(v, id, "_id has the wrong type (expected string, found %s)",
+                type_name(bson_iter_type(&it)));
+    } else {
+        id = bson_strdup("(no _id)");
+        problem(v, id, "_id is missing (expected string, found nothing)");
+    }
+
+    if (want(v, id, doc, "sensor_id", "sensor_id", T_BIT(BSON_TYPE_UTF8), "string", &it)) {
+        sensor_id = bson_iter_utf8(&it, NULL);
+    }
+    if (want(v, id, doc, "meta", "meta", T_BIT(BSON_TYPE_DOCUMENT), "document", &it) &&
+        sub_document(&it, &meta)) {
+        has_meta = true;
+        want(v, id, &meta, "measurement", "meta.measurement", T_BIT(BSON_TYPE_UTF8), "string",
+             &it);
+        want(v, id, &meta, "tags", "meta.tags", T_BIT(BSON_TYPE_DOCUMENT), "document", &it);
+    }
+    if (want(v, id, doc, "bucket_start", "bucket_start", T_BIT(BSON_TYPE_DATE_TIME), "date",
+             &it)) {
+        has_start = true;
+        start = bson_iter_date_time(&it);
+    }
+    if (want(v, id, doc, "bucket_end", "bucket_end", T_BIT(BSON_TYPE_DATE_TIME), "date", &it)) {
+        has_end = true;
+        end = bson_iter_date_time(&it);
+    }
+    if (want(v, id, doc, "page", "page", T_INT, "int32 or int64", &it)) {
+        page = bson_iter_as_int64(&it);
+        has_page = page >= 0;
+        if (!has_page) {
+            problem(v, id, "page is negative (expected a number >= 0, found %" PRId64 ")", page);
+        }
+    }
+    if (want(v, id, doc, "count", "count", T_INT, "int64", &it)) {
+        has_count = true;
+        count = bson_iter_as_int64(&it);
+    }
+    if (want(v, id, doc, "readings", "readings", T_BIT(BSON_TYPE_ARRAY), "array",
+             &readings_it)) {
+        has_readings = true;
+    }
+    if (want(v, id, doc, "summary", "summary", T_BIT(BSON_TYPE_DOCUMENT), "document", &it) &&
+        sub_document(&it, &summary)) {
+        has_summary = true;
+    }
+
+    if (sensor_id != NULL && has_start && has_page && id_is_string) {
+        /* The format of bd_bucket_id(). */
+        want_id = bson_strdup_printf("%s|%" PRId64 "|%" PRId64, sensor_id,
+                                     bd_floor_div(start, 1000), page);
+        if (strcmp(id, want_id) != 0) {
+            problem(v, id,
+                    "_id does not match sensor_id, bucket_start and page (expected %s, "
+                    "found %s)",
+                    want_id, id);
+        }
+    }
+    if (has_start && bd_floor_div(start, span) * span != start) {
+        fmt_span(v->s->span_ms, span_text, sizeof(span_text));
+        fmt_time(bd_floor_div(start, span) * span, a, sizeof(a));
+        fmt_time(start, b, sizeof(b));
+        problem(v, id, "bucket_start is not aligned to the %s span (expected %s, found %s)",
+                span_text, a, b);
+    }
+    int64_t want_end = 0;
+    /* A date near the end of int64's range has no bucket_end: report it, do not overflow. */
+    bool end_ok = !__builtin_add_overflow(start, span - 1, &want_end);
+    if (has_start && has_end && (!end_ok || end != want_end)) {
+        if (end_ok) {
+            fmt_time(want_end, a, sizeof(a));
+        } else {
+            snprintf(a, sizeof(a), "a date past the BSON range");
+        }
+        fmt_time(end, b, sizeof(b));
+        problem(v, id, "bucket_end is not bucket_start + span - 1 ms (expected %s, found %s)", a,
+                b);
+    }
+
+    if (has_readings) {
+        bson_iter_t arr;
+        if (bson_iter_recurse(&readings_it, &arr)) {
+            rc = check_readings(v, id, &arr, has_start && has_end, start, end, &n);
+            if (rc < 0) {
+                goto out;
+            }
+        }
+        for (int k = 0; k < N_RKINDS; k++) {
+            if (v->rk_count[k] > LIST_PER_KIND) {
+                printf("%s: %" PRIu64 " more %s (not listed)\n", id,
+                       v->rk_count[k] - LIST_PER_KIND, rkind_what[k]);
+            }
+        }
+        v->readings += (uint64_t)n;
+        if (has_count && count != n) {
+            problem(v, id,
+                    "count does not match the number of readings (expected %" PRId64
+                    ", found %" PRId64 ")",
+                    n, count);
+        }
+        if (n > (int64_t)v->s->max_readings) {
+            problem(v, id,
+                    "page holds more readings than max_readings (expected at most %" PRIu32
+                    ", found %" PRId64 ")",
+                    v->s->max_readings, n);
+        }
+        if (n == 0) {
+            /* Every upsert the daemon sends adds at least one reading. */
+            problem(v, id, "page holds no readings (expected at least 1, found 0)");
+        }
+        if (has_summary) {
+            check_summary(v, id, &summary);
+        }
+    }
+
+    if (sensor_id != NULL && has_start && has_page) {
+        group_add(v, id, sensor_id, start, page, n, has_meta ? &meta : NULL);
+    }
+out:
+    bson_free(want_id);
+    bson_free(id);
+    return rc;
+}
+
+static int cmd_verify(struct conn *c, const struct options *o, const struct settings *s,
+                      struct verifier *v, struct bd_err *err) {
+    int rc = 0;
+    bson_t filter, opts, sort;
+    const bson_t *doc;
+
+    bson_init(&filter);
+    if (o->given[OPT_SENSOR]) {
+        BSON_APPEND_UTF8(&filter, "sensor_id", o->value[OPT_SENSOR]);
+    }
+    bson_init(&opts);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+    BSON_APPEND_INT32(&sort, "sensor_id", 1);
+    BSON_APPEND_INT32(&sort, "bucket_start", 1);
+    bson_append_document_end(&opts, &sort);
+    BSON_APPEND_INT32(&opts, "batchSize", BATCH_SIZE);
+    /* Without the daemon's index the server must sort the whole collection itself. */
+    BSON_APPEND_BOOL(&opts, "allowDiskUse", true);
+
+    mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c->coll, &filter, &opts, NULL);
+    while (mongoc_cursor_next(cursor, &doc)) {
+        rc = check_document(v, doc);
+        if (rc < 0) {
+            bd_err_set(err, rc, "out of memory");
+            goto out;
+        }
+    }
+    rc = cursor_status(cursor, s, err);
+    if (rc < 0) {
+        goto out;
+    }
+    group_finish(v);
+out:
+    mongoc_cursor_destroy(cursor);
+    bson_destroy(&opts);
+    bson_destroy(&filter);
+    return rc;
+}
+
+static void verifier_close(struct verifier *v) {
+    /* A bucket still open here was cut short by an error: free it unchecked. */
+    group_free(&v->g);
+    free(v->acc);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Main                                                                                     */
+
+int main(int argc, char **argv) {
+    static struct bd_config cfg;
+    struct options o = {0};
+    struct settings s = {0};
+    struct conn c = {0};
+    struct verifier v = {0};
+    struct bd_err err = {0};
+    int status = 0;
+
+    int rc = parse_args(argc, argv, &o);
+    if (rc != 0) {
+        return rc < 0 ? 0 : rc;
+    }
+    if (resolve_settings(&o, &cfg, &s, &err) < 0) {
+        fprintf(stderr, "bucketd-inspect: %s\n", err.msg);
+        return EXIT_USAGE;
+    }
+    v.s = &s;
+
+    mongoc_init();
+    rc = conn_open(&c, &s, &err);
+    if (rc == 0) {
+        rc = o.cmd == CMD_BUCKETS ? cmd_buckets(&c, &o, &s, &err) : cmd_verify(&c, &o, &s, &v,
+                                                                              &err);
+    }
+    if (rc < 0) {
+        fflush(stdout);
+        fprintf(stderr, "bucketd-inspect: %s\n", err.msg);
+        status = EXIT_USAGE;
+        goto out;
+    }
+    if (o.cmd == CMD_VERIFY) {
+        printf("verified %" PRIu64 " documents, %" PRIu64 " readings: %" PRIu64 " problems",
+               v.documents, v.readings, v.problems);
+        if (v.warnings > 0) {
+            printf(", %" PRIu64 " warnings", v.warnings);
+        }
+        putchar('\n');
+        status = v.problems > 0 ? EXIT_PROBLEMS : 0;
+    }
+out:
+    verifier_close(&v);
+    conn_close(&c);
+    mongoc_cleanup();
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "bucketd-inspect: writing stdout failed\n");
+        status = EXIT_USAGE;
+    }
+    return status;
+}
