@@ -38,24 +38,29 @@ mkdir -p "$CACHE" "$ROOT"
 # a warning for every file.
 chmod 0777 "$CACHE" 2>/dev/null || true
 
-# The package lists may be missing on a fresh machine.
-if ! apt-cache show --no-all-versions rsyslog-mongodb >/dev/null 2>&1 ||
-   ! apt-cache show --no-all-versions syslog-ng-mod-mongodb >/dev/null 2>&1; then
-    [ "$(id -u)" = 0 ] || die "apt lists are missing; run 'apt-get update' as root"
-    log "apt-get update"
-    apt-get update -qq
-fi
-
 is_installed() {
     [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true)" = installed ]
+}
+
+# Candidate "version architecture" of each package we may fetch, from one
+# apt-cache call (each call reads the whole package list: about a second).
+declare -A CANDIDATE=()
+load_candidates() {
+    local pkg="" ver="" line
+    while IFS= read -r line; do
+        case "$line" in
+            "Package: "*) pkg=${line#Package: } ;;
+            "Version: "*) ver=${line#Version: } ;;
+            "Architecture: "*) [ -n "$pkg" ] && CANDIDATE[$pkg]="$ver ${line#Architecture: }" ;;
+        esac
+    done < <(apt-cache show --no-all-versions "$@" 2>/dev/null || true)
 }
 
 # The .deb file name apt-get download gives the candidate of PKG.
 deb_name() {
     local pkg=$1 ver arch
-    ver=$(apt-cache show --no-all-versions "$pkg" | sed -n 's/^Version: //p' | head -n1)
-    arch=$(apt-cache show --no-all-versions "$pkg" | sed -n 's/^Architecture: //p' | head -n1)
-    [ -n "$ver" ] && [ -n "$arch" ] || die "no candidate for package $pkg"
+    read -r ver arch <<<"${CANDIDATE[$pkg]:-}"
+    if [ -z "$ver" ] || [ -z "$arch" ]; then die "no candidate for package $pkg"; fi
     printf '%s_%s_%s.deb' "$pkg" "${ver//:/%3a}" "$arch"
 }
 
@@ -91,9 +96,9 @@ extract() {
     printf '%s\n' "$want" >"$stamp"
 }
 
-# Library packages the daemons depend on directly (first alternative of each
-# dependency; virtual names and non-library helpers such as lsb-base are left
-# out: nothing here runs init scripts).
+# Library packages the given packages depend on directly (every alternative
+# that is a real package; virtual names, and helpers such as lsb-base that
+# only init scripts use, are left out: nothing here runs init scripts).
 lib_deps() {
     apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks \
         --no-replaces --no-enhances "$@" 2>/dev/null |
@@ -125,16 +130,29 @@ for peer in "${PEERS[@]}"; do
     all_pkgs="$all_pkgs ${PEER_PKGS[$peer]}"
 done
 # shellcheck disable=SC2086
+load_candidates $all_pkgs
+if [ ${#CANDIDATE[@]} -lt 4 ]; then
+    # The package lists are missing or stale on a fresh machine.
+    [ "$(id -u)" = 0 ] || die "no candidates for $all_pkgs; run 'apt-get update' as root"
+    log "apt-get update"
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    load_candidates $all_pkgs
+    [ ${#CANDIDATE[@]} -ge 4 ] || die "Debian does not offer all of:$all_pkgs"
+fi
+# shellcheck disable=SC2086
 missing=$(missing_libs $all_pkgs)
 
 if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ] && [ "${PEERS_NO_APT_INSTALL:-0}" != 1 ]; then
-        log "installing libraries: $(echo $missing)"
+        log "installing libraries: ${missing//$'\n'/ }"
         # shellcheck disable=SC2086
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
             $missing >/dev/null
     else
-        log "unpacking libraries privately: $(echo $missing)"
+        log "unpacking libraries privately: ${missing//$'\n'/ }"
+        # shellcheck disable=SC2086
+        load_candidates $missing
         debs=()
         for p in $missing; do
             debs+=("$(fetch "$p")")
@@ -159,13 +177,16 @@ S=$ROOT/syslog-ng
 rsyslogd=$R/usr/sbin/rsyslogd
 rsyslog_moddir=$R/usr/lib/$multiarch/rsyslog
 syslog_ng=$S/usr/sbin/syslog-ng
-syslog_ng_moddir=$(dirname "$(find "$S/usr/lib" -name 'libafmongodb.so' | head -n1)")
-syslog_ng_libdir=$(dirname "$(find "$S/usr/lib" -name 'libsyslog-ng*.so*' | head -n1)")
+mongo_mod=$(find "$S/usr/lib" -name 'libafmongodb.so' | head -n1)
+core_lib=$(find "$S/usr/lib" -name 'libsyslog-ng-*.so.*' | head -n1)
+[ -n "$mongo_mod" ] || die "syslog-ng's mongodb module (libafmongodb.so) not found in $S"
+[ -n "$core_lib" ] || die "libsyslog-ng not found in $S"
+syslog_ng_moddir=$(dirname "$mongo_mod")
+syslog_ng_libdir=$(dirname "$core_lib")
 [ -x "$rsyslogd" ] || die "rsyslogd not found in $R"
 [ -f "$rsyslog_moddir/ommongodb.so" ] || die "ommongodb.so not found in $rsyslog_moddir"
 [ -f "$rsyslog_moddir/imudp.so" ] || die "imudp.so not found in $rsyslog_moddir"
 [ -x "$syslog_ng" ] || die "syslog-ng not found in $S"
-[ -n "$syslog_ng_moddir" ] && [ -d "$syslog_ng_moddir" ] || die "syslog-ng mongodb module not found"
 
 ld_path=$syslog_ng_libdir
 if [ -d "$ROOT/libs" ]; then
