@@ -113,6 +113,8 @@ static const char usage[] =
     "  --seed S              PRNG seed (default 1): same options and seed, same lines\n"
     "  --counts-file PATH    write \"sensor_id<TAB>count\" per sensor that was sent readings,\n"
     "                        sensor_id being the series key bucketd derives\n"
+    "  --record PATH         append every byte the kernel accepted to PATH (the exact lines\n"
+    "                        sent, for checks that a peer stored them intact)\n"
     "  --quiet               no progress or warnings on stderr\n"
     "  --help                this text\n"
     "\n"
@@ -152,6 +154,7 @@ struct options {
     bool has_time_base;
     int64_t time_base;
     const char *counts_file;
+    const char *record;
     bool quiet;
 };
 
@@ -180,6 +183,7 @@ enum opt_id {
     OPT_MALFORMED,
     OPT_SEED,
     OPT_COUNTS_FILE,
+    OPT_RECORD,
     OPT_QUIET,
     OPT_HELP,
 };
@@ -209,6 +213,7 @@ static const struct option long_options[] = {
     {"malformed", required_argument, NULL, OPT_MALFORMED},
     {"seed", required_argument, NULL, OPT_SEED},
     {"counts-file", required_argument, NULL, OPT_COUNTS_FILE},
+    {"record", required_argument, NULL, OPT_RECORD},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
@@ -397,6 +402,9 @@ static int parse_args(int argc, char **argv, struct options *o) {
             break;
         case OPT_COUNTS_FILE:
             o->counts_file = v;
+            break;
+        case OPT_RECORD:
+            o->record = v;
             break;
         case OPT_QUIET:
             o->quiet = true;
@@ -700,6 +708,7 @@ struct sim {
 
     struct counters st;
     int fatal_errno; /* set when sending cannot go on */
+    FILE *record;    /* --record: a copy of what was sent */
 };
 
 /*
@@ -741,6 +750,9 @@ static int format_sensor(const struct options *o, uint64_t g, bool sorted, char 
 }
 
 static void sim_close(struct sim *s) {
+    if (s->record != NULL) {
+        fclose(s->record);
+    }
     free(s->heads);
     free(s->head_len);
     free(s->last_ts);
@@ -1178,6 +1190,9 @@ static void udp_account(struct sim *s, uint32_t d) {
     }
     s->st.datagrams++;
     s->st.bytes += u->iov[d].iov_len;
+    if (s->record != NULL) {
+        fwrite(u->iov[d].iov_base, 1, u->iov[d].iov_len, s->record);
+    }
 }
 
 /*
@@ -1284,6 +1299,9 @@ static void tcp_send(struct sim *s, size_t len, uint32_t n_sent) {
         account(s, &s->sent[i]);
     }
     s->st.bytes += off;
+    if (s->record != NULL) {
+        fwrite(t->chunk, 1, off, s->record);
+    }
     if (off < len) {
         s->st.send_errors++;
         s->fatal_errno = e;
@@ -1452,6 +1470,10 @@ int main(int argc, char **argv) {
     if (sim_init(&s, &o, &err) != 0) {
         status = err.code == -EINVAL ? 2 : 1;
         fprintf(stderr, "bucketd-sim: %s\n", err.msg);
+        goto out;
+    }
+    if (o.record != NULL && (s.record = fopen(o.record, "w")) == NULL) {
+        fprintf(stderr, "bucketd-sim: --record %s: %s\n", o.record, strerror(errno));
         goto out;
     }
     if (sim_connect(&s, &err) != 0) {

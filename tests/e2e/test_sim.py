@@ -337,6 +337,19 @@ class SimSends(unittest.TestCase):
         self.assertEqual(sorted(r.seq for r in readings), list(range(5000)))
         self.assertTrue(all(r.time % 1000 == 0 for r in readings), "us precision")
 
+    def test_record_holds_exactly_what_was_sent(self):
+        rec = os.path.join(self.tmp, "record")
+        summary, dgs = self.udp_run("--count", 2000, "--rate", 20000, "--per-datagram", 4,
+                                    "--malformed", 0.02, "--record", rec)
+        with open(rec, "rb") as f:
+            recorded = f.read()
+        self.assertEqual(len(recorded), summary["bytes"])
+        self.assertEqual(recorded, b"".join(dgs), "UDP: the datagrams, in order")
+        rec_tcp = os.path.join(self.tmp, "record-tcp")
+        summary, streams = self.tcp_run("--count", 2000, "--rate", 20000, "--record", rec_tcp)
+        with open(rec_tcp, "rb") as f:
+            self.assertEqual(f.read(), b"".join(streams), "TCP: the stream")
+
     def test_same_seed_same_bytes(self):
         args = ("--count", 3000, "--sensors", 17, "--seq", "--time-base", TIME_BASE,
                 "--spread", 7200, "--late", 0.05, "--dup-ts", 0.05, "--out-of-order", 0.05,
