@@ -5,9 +5,9 @@
  * the flusher thread alone; the mutex/condition variable pair is the doorbell from the other
  * threads (wake, stop). The mongoc client is popped from the pool once and used only here.
  *
- * Per flush: pop every dirty sensor, move its readings out of the ring into deltas keyed by
- * (sensor, bucket start, page), then send the deltas in unordered bulks of at most
- * flush.max_updates upserts. A delta leaves the pending set when MongoDB acknowledged it or
+ * Whenever woken (the interval, or a ring past its high-water mark): pop every dirty sensor and
+ * move its readings out of the ring into deltas keyed by (sensor, bucket start, page). Once per
+ * flush.interval: send the deltas in unordered bulks of at most flush.max_updates upserts. A delta leaves the pending set when MongoDB acknowledged it or
  * rejected it for good (quarantined, counted, logged); on a transient error the remaining
  * deltas are retried after a backoff and nothing new is drained in between, which keeps each
  * bucket's updates in order and memory bounded by the rings.
@@ -29,6 +29,9 @@
 #include "bucketd/bucket.h"
 #include "bucketd/log.h"
 #include "bucketd/mongo.h"
+
+/* Readings the deltas may hold before they are written ahead of the interval (~50 MB). */
+#define MAX_QUEUED (UINT64_C(1) << 20)
 
 struct bucket_state {
     int64_t start_ms;
@@ -82,6 +85,8 @@ struct bd_flusher {
     struct delta_slot *slots;
     uint32_t slot_mask;
 
+    uint64_t queued;   /* readings in the deltas */
+    int64_t send_at;   /* monotonic ns of the next scheduled write */
     uint32_t attempt;  /* consecutive failed bulk writes */
     int64_t retry_at;  /* monotonic ns of the next attempt, 0 = none */
     uint64_t rng;      /* xorshift state for jitter */
@@ -328,6 +333,7 @@ static struct bd_delta *delta_get(struct bd_flusher *f, struct bd_sensor *s, int
 }
 
 static void clear_deltas(struct bd_flusher *f) {
+    f->queued = 0;
     for (uint32_t i = 0; i < f->n_deltas; i++) {
         bd_delta_reset(&f->deltas[i]);
     }
@@ -640,18 +646,8 @@ out:
     return all;
 }
 
-/* One flush: drain if nothing is pending, then write. */
-static void flush_once(struct bd_flusher *f) {
-    if (f->n_deltas == 0) {
-        uint64_t moved = drain(f);
-        if (f->drained != NULL) {
-            f->drained(f->drained_arg);
-        }
-        if (moved == 0) {
-            return;
-        }
-        BD_STAT_ADD(f->stats, flushes, 1);
-    }
+/* Write what the deltas hold: one bulk per flush.max_updates deltas. */
+static void write_pending(struct bd_flusher *f) {
     if (f->cfg->sink == BD_SINK_BLACKHOLE) {
         for (uint32_t i = 0; i < f->n_deltas; i++) {
             BD_STAT_ADD(f->stats, readings_flushed, f->deltas[i].n_readings);
@@ -668,6 +664,40 @@ static void flush_once(struct bd_flusher *f) {
         clear_deltas(f);
     } else {
         schedule_retry(f);
+    }
+}
+
+/*
+ * One step of the flusher. Draining and writing are separate: a ring past its high-water mark
+ * wakes the flusher to move readings into the deltas (freeing the ring), but the write waits
+ * for the interval, so each bucket still gets one update per flush.interval however small the
+ * rings are. The deltas are bounded: a full bulk (flush.max_updates) or MAX_QUEUED readings
+ * are written at once. While a failed write waits for its retry nothing is drained, so the
+ * batch being retried never changes and the rings are the buffer.
+ */
+static void flush_step(struct bd_flusher *f, int64_t now, bool stopping) {
+    int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
+    if (f->retry_at != 0) {
+        if (now >= f->retry_at) {
+            write_pending(f);
+        }
+        return;
+    }
+    f->queued += drain(f);
+    if (f->drained != NULL) {
+        f->drained(f->drained_arg);
+    }
+    if (f->n_deltas == 0) {
+        if (now >= f->send_at) {
+            f->send_at = now + interval_ns;
+        }
+        return;
+    }
+    if (stopping || now >= f->send_at || f->n_deltas >= f->cfg->flush.max_updates ||
+        f->queued >= MAX_QUEUED) {
+        BD_STAT_ADD(f->stats, flushes, 1);
+        write_pending(f);
+        f->send_at = now + interval_ns;
     }
 }
 
@@ -703,9 +733,10 @@ static void *flusher_main(void *arg) {
     if (f->cfg->sink == BD_SINK_MONGODB && ensure_client(f)) {
         ensure_indexes(f);
     }
+    f->send_at = bd_mono_ns() + interval_ns;
     for (;;) {
         int64_t now = bd_mono_ns();
-        int64_t wait_ns = f->retry_at ? f->retry_at - now : interval_ns;
+        int64_t wait_ns = (f->retry_at ? f->retry_at : f->send_at) - now;
         bool stopping;
         pthread_mutex_lock(&f->mu);
         if (!f->stop && !f->wake_pending && wait_ns > 0) {
@@ -721,9 +752,7 @@ static void *flusher_main(void *arg) {
         }
         pthread_mutex_unlock(&f->mu);
 
-        if (f->retry_at == 0 || bd_mono_ns() >= f->retry_at) {
-            flush_once(f);
-        }
+        flush_step(f, bd_mono_ns(), stopping);
         if (!stopping) {
             continue;
         }

@@ -1,7 +1,8 @@
 /*
- * The flusher: its own thread that drains dirty sensors' rings every flush.interval (or early
- * when a ring crosses its high-water mark), folds the readings into per-bucket deltas and
- * writes them with one unordered bulk of upserts per flush through a pooled mongoc client.
+ * The flusher: its own thread that drains dirty sensors' rings (every flush.interval, and early
+ * when a ring crosses its high-water mark), folds the readings into per-bucket deltas and,
+ * once per flush.interval, writes them with one unordered bulk of upserts through a pooled
+ * mongoc client: one update per bucket page per interval, whatever the ring size.
  * Transient MongoDB failures keep the batch and retry it with exponential backoff and full
  * jitter; while a batch is pending no new readings are drained, so the rings are the bounded
  * buffer and overflow is counted at ingest.
