@@ -1,0 +1,1461 @@
+#!/usr/bin/python3
+# -*- coding: utf-8 -*-
+"""The benchmark suite proper; bench/run.sh builds the programs and runs this.
+
+    /usr/bin/python3 bench/suite.py --repo DIR --build DIR --work DIR [--quick] [--out FILE]
+
+Runs every figure of DESIGN.md section 7 against binaries in --build, prints one
+markdown report (machine and conditions, the table, notes) to stdout and, with
+--out, writes the same text to that file.  Progress goes to stderr.
+
+Every process it starts gets its own process group and a pid file under
+WORK/pids/; stop_all() (on success, failure, SIGINT or SIGTERM) signals each
+group, waits, and kills what is left, and run.sh's trap sweeps the pid files
+again should this script itself be killed.  A figure that cannot be measured
+prints "not run: <why>" in its row; no number in the report is anything but a
+measurement of this run.
+"""
+
+import argparse
+import calendar
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import random
+import re
+import select
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+PYTHON = '/usr/bin/python3'
+MIB = 1024 * 1024
+
+
+def log(msg):
+    sys.stderr.write('bench: %s\n' % msg)
+    sys.stderr.flush()
+
+
+class BenchError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+
+class Procs(object):
+    """Children of the suite, each in its own process group, each with a pid file."""
+
+    def __init__(self, piddir):
+        self.piddir = piddir
+        os.makedirs(piddir, exist_ok=True)
+        self.live = {}
+
+    def spawn(self, name, cmd, stdout=subprocess.DEVNULL, stderr=None, env=None, cwd=None):
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                             env=env, cwd=cwd, start_new_session=True, close_fds=True)
+        with open(os.path.join(self.piddir, str(p.pid)), 'w') as f:
+            f.write(name + '\n')
+        self.live[p.pid] = (name, p)
+        return p
+
+    def _forget(self, p):
+        self.live.pop(p.pid, None)
+        try:
+            os.unlink(os.path.join(self.piddir, str(p.pid)))
+        except FileNotFoundError:
+            pass
+
+    def wait(self, p, timeout):
+        """Wait for a child to exit on its own; kill its group if it overruns."""
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop(p, timeout=2)
+            raise BenchError('%s did not finish within %.0fs' % (self.name(p), timeout))
+        self._signal_group(p, signal.SIGKILL)  # leftovers of a finished leader, if any
+        self._forget(p)
+        return rc
+
+    def name(self, p):
+        return self.live.get(p.pid, ('process %d' % p.pid,))[0]
+
+    def _signal_group(self, p, sig):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, p, sig=signal.SIGTERM, timeout=30.0):
+        """Signal a child's group, wait for the child, SIGKILL the group on timeout."""
+        if p.poll() is None:
+            self._signal_group(p, sig)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal_group(p, signal.SIGKILL)
+                p.wait()
+        self._signal_group(p, signal.SIGKILL)
+        self._forget(p)
+        return p.returncode
+
+    def stop_all(self):
+        for _, p in list(self.live.values()):
+            if p.poll() is None:
+                self._signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for _, p in list(self.live.values()):
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            self._signal_group(p, signal.SIGKILL)
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._forget(p)
+
+
+def read_json_line(p, timeout, what):
+    """The next JSON line a child writes to its stdout pipe (e.g. a ready line)."""
+    deadline = time.monotonic() + timeout
+    buf = b''
+    fd = p.stdout.fileno()
+    while True:
+        nl = buf.find(b'\n')
+        if nl >= 0:
+            line = buf[:nl].strip()
+            buf = buf[nl + 1:]
+            if not line:
+                continue
+            try:
+                return json.loads(line.decode())
+            except ValueError:
+                return {'raw': line.decode('utf-8', 'replace')}
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BenchError('%s: no output within %.0fs' % (what, timeout))
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise BenchError('%s exited (status %s) before printing its ready line'
+                             % (what, p.wait()))
+        buf += chunk
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith('{'):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel and process facts
+# ---------------------------------------------------------------------------------------------
+
+def free_port(kind='tcp'):
+    st = socket.SOCK_STREAM if kind == 'tcp' else socket.SOCK_DGRAM
+    with socket.socket(socket.AF_INET, st) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def read_snmp_udp():
+    """The Udp: counters of /proc/net/snmp as a dict."""
+    with open('/proc/net/snmp') as f:
+        rows = [l.split() for l in f if l.startswith('Udp:')]
+    return dict(zip(rows[0][1:], (int(v) for v in rows[1][1:])))
+
+
+def udp_rx_queue(port):
+    """Bytes waiting in the receive queue of the UDP socket bound to port (None: no socket)."""
+    total = None
+    for path in ('/proc/net/udp', '/proc/net/udp6'):
+        try:
+            with open(path) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if int(parts[1].rsplit(':', 1)[1], 16) == port:
+                        total = (total or 0) + int(parts[4].split(':')[1], 16)
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def wait_rx_drained(port, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        q = udp_rx_queue(port)
+        if not q:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def tcp_rx_queue(port):
+    """Bytes not yet read by the application on the TCP sockets whose local port is port."""
+    total = 0
+    for path in ('/proc/net/tcp', '/proc/net/tcp6'):
+        try:
+            with open(path) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if int(parts[1].rsplit(':', 1)[1], 16) == port:
+                        total += int(parts[4].split(':')[1], 16)
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def wait_tcp_drained(port, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tcp_rx_queue(port) == 0:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process (all its threads) so far."""
+    return cpu_seconds_path('/proc/%d/stat' % pid)
+
+
+def thread_cpu(pid):
+    """{tid: CPU seconds} of every thread of a process."""
+    out = {}
+    for tid in os.listdir('/proc/%d/task' % pid):
+        try:
+            out[int(tid)] = cpu_seconds_path('/proc/%d/task/%s/stat' % (pid, tid))
+        except OSError:
+            pass
+    return out
+
+
+def cpu_seconds_path(path):
+    with open(path) as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def thread_load(pid, before, seconds):
+    """Busy share of one core per thread since `before`, main thread first, as text."""
+    now = thread_cpu(pid)
+    parts = []
+    for tid in sorted(now, key=lambda t: (t != pid, -(now[t] - before.get(t, 0.0)))):
+        share = (now[tid] - before.get(tid, 0.0)) / seconds
+        if tid == pid or share >= 0.01:
+            parts.append('%s %.0f%%' % ('main/ingest' if tid == pid else 'thread', 100 * share))
+    return ', '.join(parts)
+
+
+def ring_for(per_sensor_rate, fields):
+    """The ring_size (power of two, at least the default 256) whose early-flush mark, half the
+    ring, holds one second of a sensor's readings (a reading takes 1 + fields cells)."""
+    ring = 256
+    while ring < 2 * (1 + fields) * per_sensor_rate:
+        ring *= 2
+    return ring
+
+
+def proc_status(pid):
+    out = {}
+    with open('/proc/%d/status' % pid) as f:
+        for line in f:
+            k, _, v = line.partition(':')
+            if k in ('VmHWM', 'VmRSS', 'VmPeak', 'VmSize'):
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def parse_stats(text):
+    stats = None
+    for line in text.splitlines():
+        i = line.find('stats: ')
+        if i < 0:
+            continue
+        cur = {}
+        for tok in line[i + 7:].split():
+            k, eq, v = tok.partition('=')
+            if eq and v.isdigit():
+                cur[k] = int(v)
+        if cur:
+            stats = cur
+    return stats
+
+
+def daemon_drops(st):
+    """Every counted loss of the daemon's: drop_* reasons, truncation, receive errors."""
+    out = {k: v for k, v in st.items() if k.startswith('drop_') and v}
+    for k in ('udp_truncated', 'udp_recv_errors', 'readings_lost', 'readings_quarantined'):
+        if st.get(k):
+            out[k] = st[k]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The daemon
+# ---------------------------------------------------------------------------------------------
+
+def yaml_str(s):
+    return '"%s"' % str(s).replace('\\', '\\\\').replace('"', '\\"')
+
+
+class Bucketd(object):
+    """One bucketd with a generated config; start() waits for 'ready', stop() returns stats."""
+
+    def __init__(self, ctx, name, listeners, sink='blackhole', uri=None, database=None,
+                 flush='1s', ring_size=None, max_sensors=None):
+        self.ctx = ctx
+        self.name = name
+        self.listeners = listeners  # [(proto, port, format)]
+        self.dir = os.path.join(ctx.work, name)
+        os.makedirs(os.path.join(self.dir, 'spool'), exist_ok=True)
+        self.cfg_path = os.path.join(self.dir, 'bucketd.yaml')
+        self.log_path = os.path.join(self.dir, 'bucketd.log')
+        lines = ['writer_id: bench', 'listeners:']
+        for proto, port, fmt in listeners:
+            lines += ['  - proto: %s' % proto, '    bind: "127.0.0.1:%d"' % port,
+                      '    format: %s' % fmt]
+        lines.append('sink: %s' % sink)
+        if sink == 'mongodb':
+            lines += ['mongodb:', '  uri: %s' % yaml_str(uri), '  database: %s' % database,
+                      '  collection: buckets']
+        lines += ['flush:', '  interval: %s' % flush, '  stop_timeout: 60s',
+                  'spool:', '  dir: %s' % yaml_str(os.path.join(self.dir, 'spool')),
+                  'metrics:', '  bind: ""', 'log:', '  level: info']
+        limits = []
+        if ring_size:
+            limits.append('  ring_size: %d' % ring_size)
+        if max_sensors:
+            limits.append('  max_sensors: %d' % max_sensors)
+        if limits:
+            lines += ['limits:'] + limits
+        self.config_text = '\n'.join(lines) + '\n'
+        self.proc = None
+        self.stop_s = None
+
+    def log(self):
+        try:
+            with open(self.log_path, 'rb') as f:
+                return f.read().decode('utf-8', 'replace')
+        except FileNotFoundError:
+            return ''
+
+    def start(self, timeout=30.0):
+        with open(self.cfg_path, 'w') as f:
+            f.write(self.config_text)
+        with open(self.log_path, 'wb') as logf:
+            self.proc = self.ctx.procs.spawn('bucketd ' + self.name,
+                                             [self.ctx.bin('bucketd'), '-c', self.cfg_path],
+                                             stdout=logf, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if re.search(r'\bready\b', self.log()):
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        tail = '\n'.join(self.log().splitlines()[-5:])
+        self.ctx.procs.stop(self.proc, timeout=5)
+        raise BenchError('bucketd (%s) did not become ready: %s' % (self.name, tail))
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def stop(self, timeout=120.0):
+        t0 = time.monotonic()
+        rc = self.ctx.procs.stop(self.proc, timeout=timeout)
+        self.stop_s = time.monotonic() - t0
+        st = parse_stats(self.log())
+        if rc != 0 or st is None:
+            tail = '\n'.join(self.log().splitlines()[-5:])
+            raise BenchError('bucketd (%s) exited with %s%s: %s' % (
+                self.name, rc, '' if st else ' and no stats line', tail))
+        return st
+
+
+# ---------------------------------------------------------------------------------------------
+# Load, receivers, stand-in
+# ---------------------------------------------------------------------------------------------
+
+class Load(object):
+    """A bucketd-sim workload (everything but target, rate and length)."""
+
+    def __init__(self, sensors=1000, fields=3, per_datagram=1, max_datagram=None,
+                 fmt='influx', seed=1, extra=()):
+        self.sensors = sensors
+        self.fields = fields
+        self.per_datagram = per_datagram
+        self.max_datagram = max_datagram
+        self.fmt = fmt
+        self.seed = seed
+        self.extra = list(extra)
+
+    def args(self, port, proto='udp', rate=0, duration=None, count=None, host='127.0.0.1'):
+        a = ['--target', '%s:%d' % (host, port), '--proto', proto,
+             '--sensors', str(self.sensors), '--fields', str(self.fields),
+             '--rate', str(int(rate)), '--format', self.fmt, '--seed', str(self.seed)]
+        if proto == 'udp':
+            a += ['--per-datagram', str(self.per_datagram)]
+            if self.max_datagram:
+                a += ['--max-datagram', str(self.max_datagram)]
+        if duration is not None:
+            a += ['--duration', '%g' % duration]
+        if count is not None:
+            a += ['--count', str(int(count))]
+        return a + self.extra
+
+    def describe(self):
+        s = '%d sensors, %d fields, %s' % (self.sensors, self.fields, self.fmt)
+        if self.per_datagram > 1:
+            s += ', %d readings/datagram (max %s B)' % (self.per_datagram, self.max_datagram)
+        return s
+
+
+def start_sim(ctx, args, name='bucketd-sim'):
+    return ctx.procs.spawn(name, [ctx.bin('bucketd-sim')] + args, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+
+
+def finish_sim(ctx, p, timeout):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        ctx.procs.stop(p, timeout=2)
+        raise BenchError('bucketd-sim did not finish within %.0fs' % timeout)
+    ctx.procs.wait(p, 5)
+    res = last_json(out.decode('utf-8', 'replace'))
+    if p.returncode != 0 or res is None or 'readings' not in res:
+        raise BenchError('bucketd-sim failed (status %s): %s' % (
+            p.returncode, (err or out).decode('utf-8', 'replace').strip()[-300:]))
+    return res
+
+
+def run_sim(ctx, args, timeout):
+    return finish_sim(ctx, start_sim(ctx, args), timeout)
+
+
+class Sink(object):
+    """bench_udp_sink on a port; stop() returns its totals."""
+
+    def __init__(self, ctx, port):
+        self.ctx = ctx
+        self.proc = ctx.procs.spawn('udp_sink', [ctx.bin('bench_udp_sink'), '--bind',
+                                                 '127.0.0.1:%d' % port], stdout=subprocess.PIPE)
+        self.ready = read_json_line(self.proc, 10, 'bench_udp_sink')
+
+    def stop(self):
+        self.ctx.procs.stop(self.proc, timeout=10)
+        res = last_json(self.proc.stdout.read().decode())
+        self.proc.stdout.close()
+        if res is None:
+            raise BenchError('bench_udp_sink printed no totals')
+        return res
+
+
+class StandIn(object):
+    """tests/mongo_server.py, the MongoDB stand-in."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.errlog = open(os.path.join(ctx.work, 'mongo_server.log'), 'wb')
+        self.proc = ctx.procs.spawn('mongo_server', [PYTHON, os.path.join(
+            ctx.repo, 'tests', 'mongo_server.py')], stdout=subprocess.PIPE, stderr=self.errlog)
+        deadline = time.monotonic() + 30
+        line = b''
+        while not line.endswith(b'\n'):
+            if time.monotonic() > deadline:
+                raise BenchError('mongo_server.py did not print its port')
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if r:
+                chunk = os.read(self.proc.stdout.fileno(), 64)
+                if not chunk:
+                    raise BenchError('mongo_server.py exited with %s' % self.proc.wait())
+                line += chunk
+        self.port = int(line.strip())
+        self.uri = 'mongodb://127.0.0.1:%d/' % self.port
+
+    def client(self):
+        import pymongo
+        return pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=10000)
+
+    def stop(self):
+        self.ctx.procs.stop(self.proc, timeout=20)
+        self.proc.stdout.close()
+        self.errlog.close()
+
+
+class Proxy(object):
+    """bench/count_proxy.py in front of a server."""
+
+    def __init__(self, ctx, target_port):
+        self.ctx = ctx
+        self.proc = ctx.procs.spawn('count_proxy', [
+            PYTHON, os.path.join(ctx.repo, 'bench', 'count_proxy.py'),
+            '--target', '127.0.0.1:%d' % target_port, '--writes'], stdout=subprocess.PIPE)
+        self.port = read_json_line(self.proc, 10, 'count_proxy.py')['port']
+
+    def stop(self):
+        self.ctx.procs.stop(self.proc, timeout=20)
+        res = last_json(self.proc.stdout.read().decode())
+        self.proc.stdout.close()
+        if res is None:
+            raise BenchError('count_proxy.py printed no totals')
+        return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------
+
+def si(v, unit=''):
+    if v is None:
+        return 'n/a'
+    a = abs(v)
+    for div, suf in ((1e9, ' G'), (1e6, ' M'), (1e3, ' k')):
+        if a >= div:
+            return '%.3g%s%s' % (v / div, suf, unit)
+    return '%.3g %s' % (v, unit) if unit else '%.3g' % v
+
+
+def mib(v):
+    return '%.1f MiB' % (v / MIB)
+
+
+def pct(x):
+    """Three significant digits; a share under 1 never shows as 100%."""
+    text = '%.3g' % (100.0 * x)
+    if x < 1.0 and float(text) >= 100.0:
+        text = '99.9'
+    return text + '%'
+
+
+
+def met_ge(value, target):
+    if value is None:
+        return 'n/a'
+    if value >= target:
+        return 'yes'
+    return 'no (%s of target)' % pct(value / target)
+
+
+def met_le(value, limit):
+    if value is None:
+        return 'n/a'
+    if value <= limit:
+        return 'yes'
+    return 'no (%s of the limit)' % pct(value / limit)
+
+
+class Row(object):
+    def __init__(self, figure, bucketd='', baseline='', ratio='', target='', met=''):
+        self.cells = [figure, bucketd, baseline, ratio, target, met]
+
+
+def not_run(figure, why, target=''):
+    why = ' '.join(str(why).split())
+    if len(why) > 160:
+        why = why[:157] + '...'
+    return Row(figure, 'not run: %s' % why.replace('|', '/'), '', '', target, 'n/a')
+
+
+# ---------------------------------------------------------------------------------------------
+# The suite
+# ---------------------------------------------------------------------------------------------
+
+class Suite(object):
+
+    def __init__(self, args):
+        self.repo = os.path.abspath(args.repo)
+        self.build = os.path.abspath(args.build)
+        self.work = os.path.abspath(args.work)
+        self.quick = args.quick
+        self.only = set(args.only.split(',')) if args.only else None
+        self.procs = Procs(os.path.join(self.work, 'pids'))
+        self.rows = []
+        self.notes = []
+        self.conditions = []
+        self.zero_loss_1 = None
+        self.standin = None
+        self.t_start = time.monotonic()
+        q = self.quick
+        self.step_s = 1.0 if q else 4.0
+        self.search_steps = 3 if q else 6
+        self.udp_sensors = 1000
+        self.wamp_sensors = 20 if q else 100
+        self.fields = 3
+
+    def bin(self, name):
+        return os.path.join(self.build, name)
+
+    def note(self, text):
+        self.notes.append(text)
+        log(text)
+
+    def want(self, key):
+        return self.only is None or key in self.only
+
+    def have_sim(self):
+        if not os.access(self.bin('bucketd-sim'), os.X_OK):
+            raise BenchError('%s is missing (tools/bucketd-sim.c not built)' % self.bin(
+                'bucketd-sim'))
+
+    # -- 1. parser ------------------------------------------------------------------------
+    def fig_parser(self):
+        args = [self.bin('bench_bench_parse')]
+        if self.quick:
+            args += ['--lines', '50000', '--runs', '3', '--min-time', '0.15']
+        p = self.procs.spawn('bench_parse', args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate(timeout=300)
+        self.procs.wait(p, 5)
+        if p.returncode != 0:
+            raise BenchError('bench_parse failed: %s' % err.decode().strip()[-200:])
+        for line in out.decode().splitlines():
+            r = json.loads(line)
+            ratio = r['ratio']
+            self.rows.append(Row(
+                '1. parser, %s (lines/s, 1 core; %d lines, avg %.0f B)' % (
+                    r['format'], r['lines'], r['avg_line_bytes']),
+                '%s (%.0f ns/line)' % (si(r['parse_lines_per_s']), r['ns_per_line']),
+                'memchr split %s' % si(r['memchr_lines_per_s']),
+                pct(ratio), '>= 25% of memchr', met_ge(ratio, 0.25)))
+        self.conditions.append('parser: best of %s runs per format, each >= %s s of whole '
+                               'passes over the buffer' % (
+                                   '3' if self.quick else '7', '0.15' if self.quick else '0.3'))
+
+    # -- 2. UDP ---------------------------------------------------------------------------
+    def udp_trial(self, receiver, load, rate):
+        port = free_port('udp')
+        if receiver == 'sink':
+            rx = Sink(self, port)
+        else:
+            rx = Bucketd(self, 'udp-%d' % port, [('udp', port, load.fmt)]).start()
+        try:
+            k0 = read_snmp_udp()
+            res = run_sim(self, load.args(port, rate=rate, duration=self.step_s),
+                          self.step_s + 60)
+            drained = wait_rx_drained(port)
+            k1 = read_snmp_udp()
+        finally:
+            got = rx.stop()
+        kernel = {k: k1.get(k, 0) - k0.get(k, 0) for k in ('RcvbufErrors', 'InErrors')}
+        sent = res['readings']
+        if receiver == 'sink':
+            received = got['lines']
+            drops = {'truncated': got['truncated']} if got['truncated'] else {}
+        else:
+            received = got.get('readings_accepted', 0)
+            drops = daemon_drops(got)
+        lossless = (not any(kernel.values()) and not drops and received == sent and drained)
+        t = {'rate': rate, 'sent': sent, 'sent_per_s': res['readings_per_s'],
+             'elapsed_s': res['elapsed_s'], 'received': received, 'kernel': kernel,
+             'drops': drops, 'lossless': lossless, 'datagrams': res.get('datagrams')}
+        log('  %s rate=%s: sent %d (%s/s) received %d kernel %s drops %s -> %s' % (
+            receiver, si(rate) if rate else 'flat-out', sent, si(t['sent_per_s']), received,
+            kernel, drops or '{}', 'zero loss' if lossless else 'LOSS'))
+        return t
+
+    def udp_search(self, receiver, load):
+        """Highest zero-loss rate: flat out first, then bisect on --rate."""
+        trials = [self.udp_trial(receiver, load, 0)]
+        best = trials[0] if trials[0]['lossless'] else None
+        if best is not None:
+            # Lossless flat out: the sender is the limit, and its pace varies from run to run
+            # on a shared machine; a couple more flat-out runs find its best.
+            for _ in range(1 if self.quick else 2):
+                t = self.udp_trial(receiver, load, 0)
+                trials.append(t)
+                if t['lossless'] and t['sent_per_s'] > best['sent_per_s']:
+                    best = t
+        else:
+            # The receiver's own pace under overload bounds what it can take without loss (a
+            # little above it: overload itself costs), and just below it is a good first guess.
+            recv_rate = trials[0]['received'] / max(trials[0]['elapsed_s'], 1e-9)
+            hi = min(trials[0]['sent_per_s'], recv_rate * 1.3)
+            lo = 0.0
+            guess = min(hi * 0.9, recv_rate * 0.95)
+            for _ in range(self.search_steps - 1):
+                t = self.udp_trial(receiver, load, guess)
+                trials.append(t)
+                if t['lossless']:
+                    lo = guess
+                    if best is None or t['sent_per_s'] > best['sent_per_s']:
+                        best = t
+                else:
+                    hi = guess
+                guess = (lo + hi) / 2 if lo > 0 else guess * 0.6
+        return best, trials
+
+    def describe_search(self, name, best, trials):
+        steps = ', '.join('%s%s' % (si(t['sent_per_s']), '' if t['lossless'] else ' (loss)')
+                          for t in trials)
+        first_loss = next((t for t in trials if not t['lossless']), None)
+        why = ''
+        if first_loss is not None:
+            parts = ['%s=%d' % kv for kv in first_loss['kernel'].items() if kv[1]]
+            parts += ['%s=%d' % kv for kv in first_loss['drops'].items()]
+            if first_loss['received'] != first_loss['sent']:
+                parts.append('received %d of %d' % (first_loss['received'], first_loss['sent']))
+            why = '; loss at flat out: %s' % ', '.join(parts) if trials[0] is first_loss else \
+                '; first loss: %s' % ', '.join(parts)
+        self.note('%s: tried %s%s' % (name, steps, why))
+
+    def fig_udp(self):
+        self.have_sim()
+        cases = [
+            ('2a. UDP -> blackhole, 1 reading/datagram (readings/s, zero loss)',
+             Load(self.udp_sensors, self.fields), 'single'),
+            ('2b. UDP -> blackhole, packed (readings/s, zero loss)',
+             Load(self.udp_sensors, self.fields, per_datagram=400, max_datagram=60000),
+             'packed'),
+        ]
+        for figure, load, kind in cases:
+            try:
+                log('%s: kernel ceiling (bench_udp_sink)' % kind)
+                sbest, strials = self.udp_search('sink', load)
+                log('%s: bucketd' % kind)
+                bbest, btrials = self.udp_search('bucketd', load)
+            except BenchError as e:
+                self.rows.append(not_run(figure, e))
+                continue
+            self.describe_search('%s sink' % kind, sbest, strials)
+            self.describe_search('%s bucketd' % kind, bbest, btrials)
+            bval = bbest['sent_per_s'] if bbest else None
+            sval = sbest['sent_per_s'] if sbest else None
+            bcell = si(bval) if bbest else 'no zero-loss rate found (lowest tried %s)' % si(
+                min(t['sent_per_s'] for t in btrials))
+            bcell += flat_label(btrials)
+
+            scell = 'bench_udp_sink %s' % (si(sval) if sbest else 'no zero-loss rate found')
+            ratio = bval / sval if bval and sval else None
+            flat = flat_label(strials)
+            if kind == 'single':
+                self.zero_loss_1 = bval
+                self.rows.append(Row(figure + ' [%s]' % load.describe(), bcell,
+                                     scell + flat, pct(ratio) if ratio else 'n/a',
+                                     '>= 90% of sink', met_ge(ratio, 0.9)
+                                     if ratio is not None else 'no'))
+            else:
+                self.rows.append(Row(figure + ' [%s]' % load.describe(), bcell,
+                                     scell + flat, pct(ratio) if ratio else 'n/a',
+                                     '>= 3 M readings/s', met_ge(bval or 0, 3e6)))
+        self.conditions.append(
+            'UDP search: %g s per step, up to %d steps (flat out, then bisection on --rate); '
+            'zero loss = no kernel RcvbufErrors/InErrors, no drop_*/udp_truncated, '
+            'received == sent; each step a fresh receiver' % (self.step_s, self.search_steps))
+
+    # -- 3. TCP ---------------------------------------------------------------------------
+    def fig_tcp(self):
+        self.have_sim()
+        conns = 3
+        dur = 1.5 if self.quick else 5.0
+        port = free_port('tcp')
+        d = Bucketd(self, 'tcp', [('tcp', port, 'influx')]).start()
+        try:
+            load = Load(self.udp_sensors, self.fields, extra=['--connections', str(conns)])
+            t0 = time.monotonic()
+            res = run_sim(self, load.args(port, proto='tcp', duration=dur), dur + 60)
+            # The sender is done when its last write is in the kernel; the daemon is done when
+            # it has read every byte of it.
+            drained = wait_tcp_drained(port)
+            t1 = time.monotonic()
+        finally:
+            st = d.stop()
+        sent = res['readings']
+        accepted = st.get('readings_accepted', 0)
+        rate = accepted / (t1 - t0)
+        ok = accepted == sent and not daemon_drops(st) and drained
+        self.rows.append(Row(
+            '3. TCP -> blackhole, flat out, %d connections (lines/s) [%s]' % (
+                conns, load.describe()),
+            si(rate) + ('' if ok else ' (accepted %d of %d sent, drops %s)' % (
+                accepted, sent, daemon_drops(st))), '', '', '', ''))
+        self.note('TCP: %d connections for %g s: %d lines sent (sender %s/s), %d accepted; rate '
+                  '= accepted / (sender start -> daemon socket queues empty, %.2f s)' % (
+                      conns, dur, sent, si(res['readings_per_s']), accepted, t1 - t0))
+
+    # -- 4. memory ------------------------------------------------------------------------
+    def memory_at(self, sensors, per_sensor=3):
+        port = free_port('tcp')
+        d = Bucketd(self, 'mem-%d' % sensors, [('tcp', port, 'influx')]).start()
+        try:
+            idle = proc_status(d.pid)
+            load = Load(sensors, self.fields)
+            res = run_sim(self, load.args(port, proto='tcp', count=sensors * per_sensor), 120)
+            wait_tcp_drained(port)
+            time.sleep(1.5)  # at least one flush after the last reading
+            peak = proc_status(d.pid)
+        finally:
+            st = d.stop()
+        if st.get('readings_accepted') != res['readings'] or daemon_drops(st):
+            raise BenchError('%d sensors: accepted %s of %d, drops %s' % (
+                sensors, st.get('readings_accepted'), res['readings'], daemon_drops(st)))
+        return idle, peak, res
+
+    def fig_memory(self):
+        self.have_sim()
+        big = 10000 if self.quick else 100000
+        for sensors in (1000, big):
+            figure = '4. memory, %s active sensors (peak RSS, VmHWM)' % si(sensors)
+            try:
+                idle, peak, res = self.memory_at(sensors)
+            except BenchError as e:
+                self.rows.append(not_run(figure, e))
+                continue
+            hwm = peak['VmHWM']
+            per = (hwm - idle['VmHWM']) / sensors
+            if sensors >= 100000:
+                target, met = '<= 64 MiB', met_le(hwm, 64 * MIB)
+            else:
+                target, met = '', ''
+            self.rows.append(Row(figure, '%s (%.0f B/sensor above idle)' % (mib(hwm), per),
+                                 'idle after start %s' % mib(idle['VmHWM']),
+                                 '%.1fx' % (hwm / idle['VmHWM']), target, met))
+        self.conditions.append('memory: blackhole sink, default limits (ring_size 256, '
+                               'max_sensors 100000), 3 readings per sensor over TCP, '
+                               'VmHWM read 1.5 s after the last reading')
+
+    # -- 5/6. into the stand-in ------------------------------------------------------------
+    def get_standin(self):
+        if self.standin is None:
+            self.standin = StandIn(self)
+        return self.standin
+
+    def fig_wamp(self, ring_size, label):
+        """Updates per reading and bytes per reading, through the counting proxy."""
+        self.have_sim()
+        si_ = self.get_standin()
+        sensors = self.wamp_sensors
+        per_sensor = 100
+        dur = 3.0 if self.quick else 12.0
+        proxy = Proxy(self, si_.port)
+        port = free_port('udp')
+        db = 'bench_wamp_%d' % port
+        d = None
+        try:
+            d = Bucketd(self, 'wamp-%d' % port, [('udp', port, 'influx')], sink='mongodb',
+                        uri='mongodb://127.0.0.1:%d/' % proxy.port, database=db,
+                        ring_size=ring_size).start()
+            load = Load(sensors, self.fields, seed=7)
+            res = run_sim(self, load.args(port, rate=sensors * per_sensor, duration=dur),
+                          dur + 60)
+            wait_rx_drained(port)
+            st = d.stop()
+            d = None
+        finally:
+            if d is not None:
+                d.stop()
+            px = proxy.stop()
+        flushed = st.get('readings_flushed', 0)
+        updates = st.get('updates_sent', 0)
+        if not flushed or not updates:
+            raise BenchError('nothing flushed (stats %s)' % st)
+        drops = daemon_drops(st)
+        lossy = st.get('readings_accepted') != res['readings'] or drops or \
+            flushed != st.get('readings_accepted')
+        rpu = flushed / updates
+        steady = steady_state(px.get('writes', []))
+        wire = px['c2s_bytes'] / flushed
+        in_bytes = res['bytes'] / res['readings']
+        extra = '' if not lossy else ' [LOSS: sent %d accepted %s flushed %d %s]' % (
+            res['readings'], st.get('readings_accepted'), flushed, drops)
+        return {'sensors': sensors, 'rate': sensors * per_sensor, 'dur': dur, 'rpu': rpu,
+                'ideal': res['readings_per_s'] / sensors * 1.0,
+                'upr': updates / flushed, 'steady': steady, 'wire': wire, 'in_bytes': in_bytes,
+                'px': px, 'st': st, 'extra': extra, 'label': label, 'ring': ring_size}
+
+    def fig_into_standin(self):
+        results = []
+        for ring, label in ((None, 'default ring_size 256'), (1024, 'ring_size 1024')):
+            figure = '6. updates per reading, %s' % label
+            try:
+                r = self.fig_wamp(ring, label)
+                # The figure only means something at the rate asked for; a sender starved of
+                # CPU by a noisy neighbour gets one more chance.
+                if r['ideal'] < 99.0 and not self.quick:
+                    self.note('into the stand-in (%s): the sender delivered %.1f readings/s per '
+                              'sensor instead of 100; measured again' % (label, r['ideal']))
+                    r2 = self.fig_wamp(ring, label)
+                    r = r2 if r2['ideal'] > r['ideal'] else r
+                results.append(r)
+            except (BenchError, OSError) as e:
+                self.rows.append(not_run(figure, e, '>= 100 readings/update'))
+        for r in results:
+            steady = (r['steady'] or {}).get('rpu')
+            whole = ('%.2f readings/update over the whole run (%.4f updates/reading)' % (
+                r['rpu'], r['upr']))
+            if steady is not None:
+                cell = ('%.2f readings/update in steady state (flushes 2..n-1 of %d); %s, which '
+                        'includes the partial first and last flush%s' % (
+                            steady, r['steady']['flushes'], whole, r['extra']))
+                value = steady
+            else:
+                cell = whole + r['extra']
+                value = r['rpu']
+            # The sender paces with a token bucket and may deliver a little less than 100/s per
+            # sensor; then one update per sensor per flush carries that little less.
+            ideal = r['ideal']
+            met = met_ge(value, 100.0)
+            if met != 'yes' and ideal < 100.0 and value >= 0.99 * ideal:
+                met += ('; that is one update per sensor per flush at the %.2f readings/s per '
+                        'sensor the sender delivered' % ideal)
+            elif met == 'yes' and r['rpu'] < 100.0:
+                met = 'yes in steady state; whole run %s of target' % pct(r['rpu'] / 100.0)
+            self.rows.append(Row(
+                '6. readings per MongoDB update, 1 s flushes, %d sensors x 100 readings/s, %s'
+                % (r['sensors'], r['label']), cell,
+                'one update per sensor per flush at the measured send rate: %.2f readings/update'
+                % ideal, pct(value / ideal) + ' of that', '>= 100 readings/update', met))
+            px = r['px']
+            self.note('into the stand-in (%s): %d readings flushed in %d updates, %d bulk '
+                      'writes; %d bytes client->server in %d messages, %d server->client; '
+                      '%d flushes seen on the wire' % (
+                          r['label'], r['st']['readings_flushed'], r['st']['updates_sent'],
+                          r['st'].get('bulk_writes', 0), px['c2s_bytes'], px['c2s_messages'],
+                          px['s2c_bytes'], (r['steady'] or {}).get('flushes', 0)))
+        if results:
+            r = results[-1]
+            self.rows.append(Row(
+                '6. bytes on the wire per reading, client->server (%s)' % r['label'],
+                '%.1f B/reading (all traffic incl. handshakes)' % r['wire'],
+                'line protocol sent to bucketd: %.1f B/reading' % r['in_bytes'],
+                '%.2fx' % (r['wire'] / r['in_bytes']), '', ''))
+        self.conditions.append(
+            'into the stand-in: tests/mongo_server.py (Python, ~thousands of upserts/s), '
+            'write concern 1, 1 s flushes, %d readings/s offered over UDP, bytes counted by '
+            'bench/count_proxy.py between bucketd and the stand-in' % (self.wamp_sensors * 100))
+
+    def latency_run(self, rate, markers):
+        """Markers sent into a running load; the time until each is visible in a find."""
+        si_ = self.get_standin()
+        sensors = 100
+        ring = ring_for(rate / sensors, self.fields)
+        port = free_port('udp')
+        db = 'bench_latency_%d' % port
+        dur = markers * 0.4 + 3
+        d = Bucketd(self, 'latency-%d' % port, [('udp', port, 'influx')], sink='mongodb',
+                    uri=si_.uri, database=db, ring_size=ring).start()
+        cpu0 = cpu_seconds(si_.proc.pid)
+        threads0 = thread_cpu(d.pid)
+        t_run0 = time.monotonic()
+        sim = None
+        lat = []
+        try:
+            load = Load(sensors, self.fields, seed=11)
+            sim = start_sim(self, load.args(port, rate=rate, duration=dur))
+            client = si_.client()
+            coll = client[db]['buckets']
+            coll.find_one({'_id': 'warm-up'})
+            time.sleep(1.2)  # past the first flush of the load
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            rnd = random.Random(5)
+            pending = {}
+            next_send = time.monotonic()
+            sent = 0
+            deadline = time.monotonic() + dur + 20
+            while (sent < markers or pending) and time.monotonic() < deadline:
+                now = time.monotonic()
+                if sent < markers and now >= next_send:
+                    # A new sensor per marker: its bucket's _id is known in advance, and the
+                    # stand-in finds an _id without scanning.
+                    ts_ns = time.time_ns()
+                    sensor = 'bench_marker,m=%d' % sent
+                    doc_id = '%s|%d|0' % (sensor, ts_ns // 10**9 // 3600 * 3600)
+                    line = '%s seq=%di %d\n' % (sensor, sent, ts_ns)
+                    t_sent = time.monotonic()
+                    sock.sendto(line.encode(), ('127.0.0.1', port))
+                    pending[doc_id] = t_sent
+                    sent += 1
+                    # Irregular spacing, so markers land at every phase of the flush cycle.
+                    next_send = t_sent + rnd.uniform(0.2, 0.45)
+                for doc_id, t_sent in list(pending.items()):
+                    if coll.find_one({'_id': doc_id}, {'_id': 1}) is not None:
+                        lat.append(time.monotonic() - t_sent)
+                        del pending[doc_id]
+                time.sleep(0.003)
+            sock.close()
+            client.close()
+            res = finish_sim(self, sim, dur + 60)
+            sim = None
+            db_cpu = (cpu_seconds(si_.proc.pid) - cpu0) / (time.monotonic() - t_run0)
+            daemon_cpu = thread_load(d.pid, threads0, time.monotonic() - t_run0)
+        finally:
+            if sim is not None:
+                self.procs.stop(sim, timeout=5)
+            st = d.stop()
+        if len(lat) < markers:
+            raise BenchError('only %d of %d markers became visible' % (len(lat), markers))
+        absorbed = (st.get('readings_flushed') == st.get('readings_accepted')
+                    and not daemon_drops(st) and d.stop_s < 5.0)
+        self.note('flush latency at %s readings/s offered (%s/s sent, %d sensors, ring_size %d): '
+                  'accepted %s, flushed %s in %s updates, drops %s, stand-in CPU %.0f%% of a '
+                  'core, bucketd threads (share of a core) %s, bucketd stop %.1f s; latencies in '
+                  'ms, in order: %s' % (
+                      si(rate), si(res['readings_per_s']), sensors, ring,
+                      st.get('readings_accepted'), st.get('readings_flushed'),
+                      st.get('updates_sent'), daemon_drops(st) or 'none', 100 * db_cpu,
+                      daemon_cpu, d.stop_s, ' '.join('%.0f' % (x * 1e3) for x in lat)))
+        lat.sort()
+        p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
+        return {'median': statistics.median(lat), 'p99': p99, 'n': len(lat),
+                'sent_rate': res['readings_per_s'], 'absorbed': absorbed}
+
+    def fig_latency(self):
+        self.have_sim()
+        if importlib.util.find_spec('pymongo') is None:
+            raise BenchError('pymongo is not importable by %s' % PYTHON)
+        markers = 5 if self.quick else 20
+        light_rate = 5000
+        if self.zero_loss_1:
+            rate = self.zero_loss_1 / 2
+            what = 'half the zero-loss rate of 2a'
+        else:
+            rate = 50000
+            what = 'a fixed load (2a did not run)'
+        runs = [] if self.quick else [('light', light_rate)]
+        runs.append(('loaded', rate))
+        out = {}
+        for name, r in runs:
+            out[name] = self.latency_run(r, markers)
+        m = out['loaded']
+        cell = 'median %.0f ms, p99 %.0f ms (%d markers) at %s readings/s' % (
+            m['median'] * 1e3, m['p99'] * 1e3, m['n'], si(m['sent_rate']))
+        if not m['absorbed']:
+            cell += ' (the stand-in did not keep up: see notes)'
+        base = ''
+        ratio = ''
+        if 'light' in out:
+            b = out['light']
+            base = 'same at %s readings/s: median %.0f ms, p99 %.0f ms' % (
+                si(b['sent_rate']), b['median'] * 1e3, b['p99'] * 1e3)
+            ratio = '%.2fx (median)' % (m['median'] / b['median'])
+        self.rows.append(Row(
+            '5. flush latency into the stand-in, marker sent -> visible in find (1 s flushes, '
+            '100 sensors; load = %s)' % what, cell, base, ratio, '', ''))
+        self.conditions.append(
+            'flush latency: 1 s flushes, %d markers per run (p99 of %d is their maximum), each '
+            'a reading of a new sensor sent by UDP while bucketd-sim loads 100 sensors; found by '
+            'find_one({_id}) polled every ~3 ms; the stand-in absorbs this load because bucketd '
+            'sends it one upsert per sensor per flush; its Python update cost is part of the '
+            'latency' % (markers, markers))
+
+    # -- 7. peers ---------------------------------------------------------------------------
+    def peer_load(self):
+        """The one load every contender gets: a burst of UDP readings with unique seq fields."""
+        # 140k messages: the peers' result check reads every stored message back, and the
+        # stand-in cannot return much more than that in one cursor reply (16 MB).
+        count = 140000
+        rate = 200000
+        sensors = 100
+        cmd = ('%s --target 127.0.0.1:{PORT} --proto udp --sensors %d --fields %d --seq '
+               '--rate %d --count %d --seed 3 --record {SENT} --quiet' % (
+                   self.bin('bucketd-sim'), sensors, self.fields, rate, count))
+        return cmd, sensors, rate, count
+
+    def run_peer(self, peer, cmd):
+        script = os.path.join(self.repo, 'bench', 'peers', 'run_peer.sh')
+        errpath = os.path.join(self.work, 'peer-%s.log' % peer)
+        with open(errpath, 'wb') as err:
+            p = self.procs.spawn('run_peer %s' % peer, ['bash', script, peer, '--load-cmd', cmd],
+                                 stdout=subprocess.PIPE, stderr=err)
+            try:
+                out, _ = p.communicate(timeout=900)
+            except subprocess.TimeoutExpired:
+                self.procs.stop(p, timeout=10)
+                raise BenchError('run_peer.sh %s did not finish within 900 s' % peer)
+        self.procs.wait(p, 5)
+        res = last_json(out.decode('utf-8', 'replace'))
+        if p.returncode != 0 or res is None or 'stored_per_s' not in res:
+            with open(errpath, 'rb') as f:
+                tail = f.read().decode('utf-8', 'replace').strip().splitlines()[-1:]
+            raise BenchError('run_peer.sh %s failed (status %s): %s' % (
+                peer, p.returncode, tail[0] if tail else 'no output'))
+        return res
+
+    def bucketd_like_peer(self, cmd, sensors, rate):
+        """bucketd under the peers' load, measured the way run_peer.py measures a peer: a fresh
+        stand-in, elapsed from the start of the load to the last write the stand-in counted
+        (serverStatus opcounters polled every 50 ms, drained after 2 s without writes)."""
+        import pymongo
+        import threading
+        standin = StandIn(self)
+        d = None
+        try:
+            port = free_port('udp')
+            db = 'bench_peers_bucketd'
+            # Tuned like the peers' queues: each sensor's ring holds a flush interval's worth
+            # of its readings below the early-flush mark (1 + fields cells per reading).
+            ring = ring_for(rate / sensors, self.fields + 1)  # + 1: the seq field
+            d = Bucketd(self, 'peers-bucketd', [('udp', port, 'influx')], sink='mongodb',
+                        uri=standin.uri, database=db, ring_size=ring).start()
+            client = standin.client()
+            deadline = time.monotonic() + 20
+            while 'indexes ready' not in d.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+            def writes():
+                oc = client.admin.command('serverStatus').get('opcounters') or {}
+                return int(oc.get('insert', 0)) + int(oc.get('update', 0))
+
+            state = {'value': writes(), 'changed': time.monotonic()}
+            writes0 = state['value']
+            stop = threading.Event()
+
+            def watch():
+                while not stop.wait(0.05):
+                    try:
+                        v = writes()
+                    except pymongo.errors.PyMongoError:
+                        continue
+                    if v != state['value']:
+                        state['value'] = v
+                        state['changed'] = time.monotonic()
+
+            th = threading.Thread(target=watch, daemon=True)
+            th.start()
+            sent_path = os.path.join(self.work, 'peers-bucketd-sent-%d.txt' % port)
+            t0 = time.monotonic()
+            load = self.procs.spawn('peer load', [
+                'bash', '-c', cmd.replace('{PORT}', str(port)).replace('{SENT}', sent_path)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = load.communicate(timeout=300)
+            self.procs.wait(load, 5)
+            t_load_end = time.monotonic()
+            summary = last_json(out.decode('utf-8', 'replace'))
+            if load.returncode != 0 or not summary:
+                raise BenchError('load command failed: %s' % err.decode()[-200:])
+            while time.monotonic() - max(state['changed'], t_load_end) < 2.0:
+                time.sleep(0.1)
+                if time.monotonic() - t_load_end > 600:
+                    break
+            stop.set()
+            th.join()
+            elapsed = state['changed'] - t0
+            n_writes = state['value'] - writes0
+            st = d.stop()
+            d = None
+            # Intact: a stored reading equal to a line the simulator recorded as sent (sensor
+            # id, timestamp to the millisecond, every field with its value and type), each
+            # line counted once; the peers' text is compared verbatim the same way.
+            sent_lines = parse_recorded(sent_path)
+            seen = set()
+            stored = intact = 0
+            coll = client[db]['buckets']
+            for doc in coll.find({}, {'sensor_id': 1, 'readings': 1}).batch_size(20):
+                for r in doc.get('readings', []):
+                    stored += 1
+                    seq = r.get('seq')
+                    want = sent_lines.get(seq) if isinstance(seq, int) else None
+                    if want is None or seq in seen:
+                        continue
+                    key, ts_ms, fields = want
+                    got = {k: v for k, v in r.items() if k != 'ts'}
+                    if doc.get('sensor_id') == key and dt_ms(r.get('ts')) == ts_ms and \
+                            same_values(got, fields):
+                        seen.add(seq)
+                        intact += 1
+            client.close()
+        finally:
+            if d is not None:
+                d.stop()
+            standin.stop()
+        sent = summary['readings']
+        return {'peer': 'bucketd', 'sent': sent, 'stored': stored, 'intact': intact,
+                'elapsed_s': elapsed, 'stored_per_s': stored / elapsed if elapsed > 0 else None,
+                'intact_per_s': intact / elapsed if elapsed > 0 else None,
+                'writes': n_writes, 'writes_per_reading': n_writes / sent if sent else None,
+                'ring': ring, 'stats': st, 'load_s': t_load_end - t0}
+
+    def fig_peers(self):
+        figure = '7. peers: readings/s stored intact'
+        script = os.path.join(self.repo, 'bench', 'peers', 'run_peer.sh')
+        if not os.access(script, os.R_OK):
+            self.rows.append(not_run(figure, 'bench/peers/run_peer.sh is not there',
+                                     '>= 10x each peer'))
+            return
+        self.have_sim()
+        cmd, sensors, rate, count = self.peer_load()
+        shown = cmd.replace(self.build + '/', '')
+        # bucketd finishes such a burst within about a flush interval, so where the load starts
+        # in its flush cycle matters: three runs, the median counts. They are spread before,
+        # between and after the peers' runs so that all see the same spells of machine noise.
+        bruns = []
+        presults = {}
+
+        def bucketd_run():
+            b = self.bucketd_like_peer(cmd, sensors, rate)
+            bruns.append(b)
+            self.note('peers, bucketd run %d: sent %d, stored %d, intact %d in %.2f s (load '
+                      '%.2f s) = %s/s, %d stand-in writes; ring_size %d; drops %s' % (
+                          len(bruns), b['sent'], b['stored'], b['intact'], b['elapsed_s'],
+                          b['load_s'], si(b['intact_per_s']), b['writes'], b['ring'],
+                          daemon_drops(b['stats']) or 'none'))
+
+        try:
+            bucketd_run()
+            for peer in ('rsyslog', 'syslog-ng'):
+                try:
+                    presults[peer] = self.run_peer(peer, cmd)
+                except (BenchError, OSError) as e:
+                    presults[peer] = e
+                bucketd_run()
+        except (BenchError, OSError, ImportError) as e:
+            self.rows.append(not_run('7. peers: bucketd into the stand-in', e,
+                                     '>= 10x each peer'))
+            return
+        b = sorted(bruns, key=lambda x: x['intact_per_s'] or 0)[len(bruns) // 2]
+        bval = b['intact_per_s']
+        for peer in ('rsyslog', 'syslog-ng'):
+            row = '7. peers: %s vs bucketd, readings/s stored intact' % peer
+            r = presults[peer]
+            if isinstance(r, Exception):
+                self.rows.append(not_run(row, r, '>= 10x'))
+                continue
+            pval = r['intact'] / r['elapsed_s'] if r.get('elapsed_s') else None
+            ratio = bval / pval if bval and pval else None
+            self.rows.append(Row(
+                row, '%s (median of %d; %d of %d intact; %.4f writes/reading)' % (
+                    si(bval), len(bruns), b['intact'], b['sent'], b['writes_per_reading']),
+                '%s %s (%d of %d intact, %s; %.3f writes/reading)' % (
+                    peer, si(pval), r['intact'], r['sent'], r.get('intact_method'),
+                    r['writes_per_reading']),
+                '%.1fx' % ratio if ratio else 'n/a', '>= 10x',
+                met_ge(ratio, 10.0) if ratio is not None else 'n/a'))
+            self.note('peers, %s: sent %s, stored %s, intact %s (%s) in %s s, udp_drops %s, '
+                      'peer CPU %s%%, stand-in CPU %s%%; tuning: %s' % (
+                          peer, r.get('sent'), r.get('stored_lines'), r.get('intact'),
+                          r.get('intact_method'), r.get('elapsed_s'), r.get('udp_drops'),
+                          r.get('peer_cpu_pct'), r.get('db_cpu_pct'), r.get('tuning')))
+        self.conditions.append(
+            'peers: the same load for all three, `%s`, into a fresh stand-in each; readings/s '
+            '= intact readings (equal to a recorded sent line) / (load start -> last write the '
+            'stand-in counted); bucketd '
+            'tuned like the peers\' queues (ring_size %d holds 1 s of a sensor\'s readings)'
+            % (shown, b['ring']))
+
+    # -- driver ---------------------------------------------------------------------------
+    def run(self):
+        figs = [('parser', self.fig_parser), ('udp', self.fig_udp), ('tcp', self.fig_tcp),
+                ('memory', self.fig_memory), ('latency', self.fig_latency),
+                ('standin', self.fig_into_standin), ('peers', self.fig_peers)]
+        names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
+                 'memory': '4. memory', 'latency': '5. flush latency',
+                 'standin': '6. into the stand-in', 'peers': '7. peers'}
+        for key, fn in figs:
+            if not self.want(key):
+                continue
+            if key == 'peers' and self.quick:
+                self.rows.append(Row('7. peers', 'not run: --quick', '', '', '', 'n/a'))
+                continue
+            t0 = time.monotonic()
+            log('--- %s' % names[key])
+            try:
+                fn()
+            except (BenchError, OSError, ImportError, subprocess.SubprocessError) as e:
+                log('%s failed: %s' % (names[key], e))
+                self.rows.append(not_run(names[key], e))
+            log('--- %s: %.1f s' % (names[key], time.monotonic() - t0))
+        if self.standin is not None:
+            self.standin.stop()
+            self.standin = None
+
+
+def flat_label(trials):
+    """What the flat-out steps of a search say about the limit."""
+    flat = [t for t in trials if not t['rate']]
+    if all(t['lossless'] for t in flat):
+        return ' (sender-bound: lossless at every flat-out step)'
+    if flat[0]['lossless']:
+        return ' (lossless flat out, lost at a faster flat-out step)'
+    return ''
+
+
+def dt_ms(dt):
+    """Milliseconds since the epoch of a BSON date as pymongo gives it (naive UTC)."""
+    if not isinstance(dt, datetime.datetime):
+        return None
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return calendar.timegm(dt.timetuple()) * 1000 + dt.microsecond // 1000
+
+
+def parse_recorded(path):
+    """{seq: (series key, timestamp ms, {field: value})} of the line-protocol lines a
+    bucketd-sim --record file holds (simple lines: no escapes, no strings)."""
+    out = {}
+    with open(path, 'rb') as f:
+        for raw in f:
+            parts = raw.decode('utf-8', 'replace').split()
+            if len(parts) != 3:
+                continue
+            head, fields, ts = parts
+            name, _, tags = head.partition(',')
+            key = ','.join([name] + sorted(tags.split(','))) if tags else name
+            values = {}
+            for kv in fields.split(','):
+                k, _, v = kv.partition('=')
+                values[k] = int(v[:-1]) if v.endswith('i') else float(v)
+            seq = values.get('seq')
+            if isinstance(seq, int):
+                out[seq] = (key, int(ts) // 1000000, values)
+    return out
+
+
+def same_values(got, want):
+    """Equal field sets and values, integers stored as integers and floats as floats (pymongo
+    gives int64 as bson.int64.Int64, a subclass of int)."""
+    if set(got) != set(want):
+        return False
+    for k, v in want.items():
+        g = got[k]
+        if isinstance(v, int):
+            if not isinstance(g, int) or isinstance(g, bool) or g != v:
+                return False
+        elif not isinstance(g, float) or g != v:
+            return False
+    return True
+
+
+def steady_state(writes, max_updates=1000):
+    """Group the bulk writes seen on the wire into flushes and sum the flushes between the
+    first and the last, which the start and the stop of the load cut short. A flush is one bulk
+    write, or several when it had more than flush.max_updates updates: a write carrying exactly
+    max_updates is continued by the next one."""
+    writes = [w for w in writes if w.get('updates')]
+    if not writes:
+        return None
+    flushes = []
+    cont = False
+    for w in writes:
+        if not cont:
+            flushes.append({'updates': 0, 'readings': 0, 'bytes': 0})
+        f = flushes[-1]
+        f['updates'] += w['updates']
+        f['readings'] += w['readings']
+        f['bytes'] += w['bytes']
+        cont = w['updates'] == max_updates
+    mid = flushes[1:-1]
+    if not mid:
+        return {'flushes': len(flushes), 'rpu': None}
+    u = sum(f['updates'] for f in mid)
+    r = sum(f['readings'] for f in mid)
+    return {'flushes': len(flushes), 'rpu': r / u if u else None,
+            'bytes_per_reading': sum(f['bytes'] for f in mid) / r if r else None}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+def sh(cmd, cwd=None):
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ''
+
+
+def machine_header(suite, args):
+    cpu = 'unknown'
+    with open('/proc/cpuinfo') as f:
+        for line in f:
+            if line.startswith('model name'):
+                cpu = line.split(':', 1)[1].strip()
+                break
+    with open('/proc/sys/net/core/rmem_max') as f:
+        rmem = int(f.read())
+    load = os.getloadavg()
+    commit = args.commit or sh(['git', 'rev-parse', '--short', 'HEAD'], cwd=suite.repo) or '?'
+    dirty = args.dirty
+    cc = sh(['cc', '--version']).splitlines()
+    lines = [
+        '# bucketd benchmarks%s' % (' (--quick)' if suite.quick else ''),
+        '',
+        '- machine: %s, %d cores, kernel %s, net.core.rmem_max %d (%s)' % (
+            cpu, os.cpu_count(), platform.release(), rmem, mib(rmem)),
+        '- date: %s; commit %s%s (taken when the build started)' % (
+            args.date, commit, ' plus uncommitted changes to tracked files' if dirty else ''),
+        '- build: Release (%s), %s' % (os.path.relpath(suite.build, suite.repo),
+                                       cc[0] if cc else 'cc'),
+        '- conditions: shared machine, load average at start %.2f %.2f %.2f; %s; all traffic '
+        'on loopback; ratios compare against baselines measured in this run' % (
+            load[0], load[1], load[2],
+            'private network namespace (kernel UDP counters are ours alone)'
+            if args.netns else 'host network namespace (kernel UDP counters are shared)'),
+    ]
+    for c in suite.conditions:
+        lines.append('- %s' % c)
+    return lines
+
+
+def render(suite, args):
+    out = machine_header(suite, args)
+    out += ['', '| figure | bucketd | baseline | ratio | target | met? |',
+            '| --- | --- | --- | --- | --- | --- |']
+    for r in suite.rows:
+        out.append('| ' + ' | '.join(c.replace('|', '/') for c in r.cells) + ' |')
+    if suite.notes:
+        out += ['', 'Notes (measurements behind the rows):', '']
+        out += ['- %s' % n for n in suite.notes]
+    out += ['', 'Suite time: %.0f s.' % (time.monotonic() - suite.t_start)]
+    return '\n'.join(out) + '\n'
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--repo', required=True)
+    ap.add_argument('--build', required=True)
+    ap.add_argument('--work', required=True)
+    ap.add_argument('--quick', action='store_true')
+    ap.add_argument('--out', default='')
+    ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
+                    'standin,peers')
+    ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
+    ap.add_argument('--netns', action='store_true', help='running in a private netns')
+    ap.add_argument('--commit', default='', help='short commit of the measured code')
+    ap.add_argument('--dirty', action='store_true', help='tracked files had changes')
+    args = ap.parse_args()
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt('signal %d' % signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    suite = Suite(args)
+    try:
+        suite.run()
+    except KeyboardInterrupt:
+        log('interrupted; stopping every process started')
+        suite.procs.stop_all()
+        return 130
+    finally:
+        suite.procs.stop_all()
+    text = render(suite, args)
+    sys.stdout.write(text)
+    if args.out:
+        with open(args.out, 'w') as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
