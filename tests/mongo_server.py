@@ -77,6 +77,7 @@ SERVER_VERSION = '6.0.0'
 VERSION_ARRAY = [6, 0, 0, 0]
 MAX_WIRE_VERSION = 17
 MAX_BSON_SIZE = 16 * 1024 * 1024
+BATCH_HEADROOM = 64 * 1024
 MAX_MESSAGE_SIZE = 48000000
 MAX_WRITE_BATCH = 100000
 SESSION_TIMEOUT_MINUTES = 30
@@ -2211,8 +2212,11 @@ class Backend(object):
         size = 0
         while pos < end and (batch_size is None or len(out) < batch_size):
             raw = RawBSONDocument(bson.encode(docs[pos]))
-            n = len(raw.raw)
-            if out and size + n > MAX_BSON_SIZE:
+            # An array element also carries its type byte and its index as a C string.
+            n = len(raw.raw) + len(str(len(out))) + 2
+            # The batch travels inside a reply document that must itself stay under the BSON
+            # limit, so leave room for the envelope, as mongod does.
+            if out and size + n > MAX_BSON_SIZE - BATCH_HEADROOM:
                 break
             out.append(raw)
             size += n

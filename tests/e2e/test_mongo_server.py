@@ -157,6 +157,12 @@ class CrudTest(unittest.TestCase):
         self.coll = db['crud_%s' % self._testMethodName]
         self.coll.drop()
 
+    def test_batches_stay_under_the_reply_limit(self):
+        # 40 000 small documents (~22 MB of BSON with array overhead) read in one cursor: each
+        # reply must fit the 16 MB limit, so the server has to split where mongod would.
+        self.coll.insert_many([{'_id': i, 's': 'x' * 500} for i in range(40000)])
+        self.assertEqual(sum(1 for _ in self.coll.find({}, batch_size=0)), 40000)
+
     def test_insert_find_get_more(self):
         self.coll.insert_many([{'_id': i, 'x': i % 7, 'big': Int64(1 << 40)} for i in range(250)])
         docs = list(self.coll.find().sort('_id', 1))
