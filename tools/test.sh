@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up, build and run every bucketd test: the whole suite once plain and once under
 # AddressSanitizer + UndefinedBehaviorSanitizer, and the ring stress test and the end-to-end
-# tests (the daemon's threads) under ThreadSanitizer. This is the command CI runs (.ci/run). Build trees: build/, build-asan/,
+# tests (the daemon's threads) under ThreadSanitizer, then each parser's libFuzzer target for
+# 60 seconds. This is the command CI runs (.ci/run). Build trees: build/, build-asan/,
 # build-tsan/ under the repository root.
 #
 #   bash tools/test.sh            # everything
@@ -39,5 +40,9 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
   # and the end-to-end tests, which run the TSan-built daemon.
   TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan "TSan build: ring stress and end-to-end tests" \
     -L "stress|e2e"
+
+  # libFuzzer on each parser for 60 s (clang, ASan+UBSan); any finding fails the run.
+  echo "== fuzzing the parsers"
+  bash tests/fuzz/run.sh "${BD_FUZZ_SECONDS:-60}"
 fi
 echo "all test runs passed"

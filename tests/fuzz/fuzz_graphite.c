@@ -2,8 +2,10 @@
  * libFuzzer target for the Graphite plaintext parser (src/parse.c, BD_FORMAT_GRAPHITE).
  *
  * Input: the low two bits of the first byte pick the listener precision (which Graphite must
- * ignore); the rest is a stream split on '\n' as the daemon splits it. Each line is copied into
- * a heap block of exactly its length, so AddressSanitizer reports any read past its end.
+ * ignore), and its bit 2 a line limit of SMALL_MAX_LINE bytes instead of 64 KiB, so that the
+ * limit itself and a scratch buffer filled to its size are reached too. The rest is a stream
+ * split on '\n' as the daemon splits it. Each line is copied into a heap block of exactly its
+ * length, so AddressSanitizer reports any read past its end.
  *
  * For every line: the result must not change when the same line is parsed again, nor under
  * another precision. For every accepted point: the invariants in check_point(); the series key
@@ -27,7 +29,9 @@
 #include "bucketd/parse.h"
 
 #define FUZZ_MAX_LINE (64 * 1024)
+#define SMALL_MAX_LINE 256
 #define N_PREC 4
+#define N_LIMITS 2
 
 _Static_assert(BD_PREC_NS == 0 && BD_PREC_S == N_PREC - 1, "precision from the first byte");
 
@@ -77,7 +81,8 @@ static bool buf_eq(const struct buf *a, const struct buf *b) {
 /* ---------------------------------------------------------------------------------------- */
 /* Global state                                                                             */
 
-static struct bd_parser parsers[N_PREC];
+/* parsers[limit][precision]: limit 0 takes lines of up to FUZZ_MAX_LINE, 1 SMALL_MAX_LINE. */
+static struct bd_parser parsers[N_LIMITS][N_PREC];
 static struct bd_point *pt_main;  /* the point under test */
 static struct bd_point *pt_other; /* the same line parsed again, another way */
 static struct buf snap_main, snap_other, canon;
@@ -85,10 +90,13 @@ static struct buf snap_main, snap_other, canon;
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    for (int i = 0; i < N_PREC; i++) {
-        if (bd_parser_init(&parsers[i], BD_FORMAT_GRAPHITE, (enum bd_precision)i,
-                           FUZZ_MAX_LINE)) {
-            abort();
+    for (int l = 0; l < N_LIMITS; l++) {
+        for (int i = 0; i < N_PREC; i++) {
+            size_t max_line = l == 0 ? FUZZ_MAX_LINE : SMALL_MAX_LINE;
+            if (bd_parser_init(&parsers[l][i], BD_FORMAT_GRAPHITE, (enum bd_precision)i,
+                               max_line)) {
+                abort();
+            }
         }
     }
     pt_main = malloc(sizeof(*pt_main));
@@ -313,8 +321,21 @@ static char *exact_copy(const char *s, size_t n) {
     return copy;
 }
 
-static void check_line(enum bd_precision prec, const char *data, size_t n) {
-    struct bd_parser *p = &parsers[prec];
+/* Blank (spaces, tabs, the '\r' of a "\r\n") or a comment: exactly the lines skipped. */
+static bool blank_or_comment(const char *s, size_t n) {
+    if (n > 0 && s[n - 1] == '\r') {
+        n--;
+    }
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\t')) {
+        i++;
+    }
+    return i == n || s[i] == '#';
+}
+
+/* Parses one line every way described at the top, with the parsers of one line limit (set). */
+static void check_line(struct bd_parser *set, enum bd_precision prec, const char *data, size_t n) {
+    struct bd_parser *p = &set[prec];
     char *line = exact_copy(data, n);
 
     const char *err = NULL;
@@ -322,6 +343,7 @@ static void check_line(enum bd_precision prec, const char *data, size_t n) {
     CHECK(rc == BD_PARSE_OK || rc == BD_PARSE_SKIP ||
           (rc <= BD_PARSE_ESYNTAX && rc >= BD_PARSE_ERANGE));
     CHECK(rc >= 0 || (err != NULL && err[0] != '\0'));
+    CHECK((rc == BD_PARSE_SKIP) == (n <= p->max_line && blank_or_comment(line, n)));
     /* Graphite has no fields to count. */
     CHECK(rc != BD_PARSE_ETOO_MANY_FIELDS);
     if (rc == BD_PARSE_OK) {
@@ -334,7 +356,7 @@ static void check_line(enum bd_precision prec, const char *data, size_t n) {
 
     /* Again, on the same parser, and on one of another precision: the same answer. */
     for (int k = 0; k < 2; k++) {
-        struct bd_parser *q = k == 0 ? p : &parsers[(prec + 1) % N_PREC];
+        struct bd_parser *q = k == 0 ? p : &set[(prec + 1) % N_PREC];
         const char *err2 = NULL;
         int rc2 = bd_parse_line(q, line, n, pt_other, &err2);
         CHECK(rc2 == rc && (rc >= 0 || strcmp(err2, err) == 0));
@@ -345,7 +367,7 @@ static void check_line(enum bd_precision prec, const char *data, size_t n) {
     }
 
     /* The canonical text of an accepted point reads back as the same point. */
-    if (rc == BD_PARSE_OK && canon.len <= FUZZ_MAX_LINE) {
+    if (rc == BD_PARSE_OK && canon.len <= p->max_line) {
         char *again = exact_copy(canon.ptr, canon.len);
         const char *err3 = NULL;
         int rc3 = bd_parse_line(p, again, canon.len, pt_other, &err3);
@@ -367,13 +389,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     enum bd_precision prec = (enum bd_precision)(data[0] & (N_PREC - 1));
+    struct bd_parser *set = parsers[(data[0] >> 2) & 1];
     const char *s = (const char *)data + 1;
     size_t n = size - 1;
 
     for (size_t pos = 0; pos < n;) {
         const char *nl = memchr(s + pos, '\n', n - pos);
         size_t eol = nl != NULL ? (size_t)(nl - s) : n;
-        check_line(prec, s + pos, eol - pos);
+        check_line(set, prec, s + pos, eol - pos);
         pos = eol + 1;
     }
     return 0;

@@ -2,10 +2,12 @@
  * libFuzzer target for the line-protocol parser (src/parse.c, BD_FORMAT_INFLUX) and for the JSON
  * printer of bucketd-parse (tools/bucketd-parse.c), which is compiled into this file.
  *
- * Input: the low two bits of the first byte pick the listener precision (ns, us, ms, s); the
- * rest is a stream split on '\n' as the daemon splits it. A line that ends inside a string value
- * is also tried joined with the lines after it, as bucketd-parse joins them. Each line is copied
- * into a heap block of exactly its length, so AddressSanitizer reports any read past its end.
+ * Input: the low two bits of the first byte pick the listener precision (ns, us, ms, s), and its
+ * bit 2 a line limit of SMALL_MAX_LINE bytes instead of 64 KiB, so that the limit itself and a
+ * scratch buffer filled to its size are reached too. The rest is a stream split on '\n' as the
+ * daemon splits it; a line that ends inside a string value is also tried joined with the lines
+ * after it, as bucketd-parse joins them. Each line is copied into a heap block of exactly its
+ * length, so AddressSanitizer reports any read past its end.
  *
  * For every line: the result must not change when the same line is parsed again, nor (timestamps
  * aside) under another precision. For every accepted point: the invariants in check_point(); the
@@ -38,7 +40,9 @@
 #undef main
 
 #define FUZZ_MAX_LINE (64 * 1024)
+#define SMALL_MAX_LINE 256
 #define N_PREC 4
+#define N_LIMITS 2
 /* Far above what one point of FUZZ_MAX_LINE bytes can print (at most 6 bytes per input byte). */
 #define JSON_CAP (2 * 1024 * 1024)
 
@@ -90,7 +94,8 @@ static bool buf_eq(const struct buf *a, const struct buf *b) {
 /* ---------------------------------------------------------------------------------------- */
 /* Global state                                                                             */
 
-static struct bd_parser parsers[N_PREC];
+/* parsers[limit][precision]: limit 0 takes lines of up to FUZZ_MAX_LINE, 1 SMALL_MAX_LINE. */
+static struct bd_parser parsers[N_LIMITS][N_PREC];
 static struct bd_point *pt_main;  /* the point under test */
 static struct bd_point *pt_other; /* the same line parsed again, another way */
 static struct buf snap_main, snap_other, canon;
@@ -100,9 +105,12 @@ static FILE *json_out;
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    for (int i = 0; i < N_PREC; i++) {
-        if (bd_parser_init(&parsers[i], BD_FORMAT_INFLUX, (enum bd_precision)i, FUZZ_MAX_LINE)) {
-            abort();
+    for (int l = 0; l < N_LIMITS; l++) {
+        for (int i = 0; i < N_PREC; i++) {
+            size_t max_line = l == 0 ? FUZZ_MAX_LINE : SMALL_MAX_LINE;
+            if (bd_parser_init(&parsers[l][i], BD_FORMAT_INFLUX, (enum bd_precision)i, max_line)) {
+                abort();
+            }
         }
     }
     pt_main = malloc(sizeof(*pt_main));
@@ -611,9 +619,26 @@ static char *exact_copy(const char *s, size_t n) {
     return copy;
 }
 
-/* Parses one line (or joined entry) every way described at the top; returns the first result. */
-static int check_entry(enum bd_precision prec, const char *data, size_t n, const char **errmsg) {
-    struct bd_parser *p = &parsers[prec];
+/* Nothing but spaces (and the '\r' of a "\r\n"), or a comment: the lines that may be skipped. */
+static bool blank_or_comment(const char *s, size_t n, bool *blank) {
+    if (n > 0 && s[n - 1] == '\r') {
+        n--;
+    }
+    size_t i = 0;
+    while (i < n && s[i] == ' ') {
+        i++;
+    }
+    *blank = i == n;
+    return i == n || s[i] == '#';
+}
+
+/*
+ * Parses one line (or joined entry) every way described at the top, with the parsers of one line
+ * limit (set, indexed by precision); returns the first result.
+ */
+static int check_entry(struct bd_parser *set, enum bd_precision prec, const char *data, size_t n,
+                       const char **errmsg) {
+    struct bd_parser *p = &set[prec];
     int64_t unit = bd_parse_unit_ns(prec);
     char *line = exact_copy(data, n);
 
@@ -622,6 +647,11 @@ static int check_entry(enum bd_precision prec, const char *data, size_t n, const
     CHECK(rc == BD_PARSE_OK || rc == BD_PARSE_SKIP ||
           (rc <= BD_PARSE_ESYNTAX && rc >= BD_PARSE_ERANGE));
     CHECK(rc >= 0 || (err != NULL && err[0] != '\0'));
+    /* Only blank lines and comments are skipped, and blank ones always (a comment may fail). */
+    bool blank = false;
+    bool skippable = blank_or_comment(line, n, &blank);
+    CHECK(rc != BD_PARSE_SKIP || skippable);
+    CHECK(!blank || n > p->max_line || rc == BD_PARSE_SKIP);
     size_t key_len = 0;
     if (rc == BD_PARSE_OK) {
         check_point(pt_main, line, n, p);
@@ -649,7 +679,7 @@ static int check_entry(enum bd_precision prec, const char *data, size_t n, const
      */
     if (prec != BD_PREC_NS) {
         const char *err3 = NULL;
-        int rc3 = bd_parse_line(&parsers[BD_PREC_NS], line, n, pt_other, &err3);
+        int rc3 = bd_parse_line(&set[BD_PREC_NS], line, n, pt_other, &err3);
         int64_t scaled = 0;
         bool overflow = rc3 == BD_PARSE_OK && pt_other->has_time &&
                         __builtin_mul_overflow(pt_other->time_ns, unit, &scaled);
@@ -668,7 +698,7 @@ static int check_entry(enum bd_precision prec, const char *data, size_t n, const
     }
 
     /* The canonical text of an accepted point reads back as the same point. */
-    if (rc == BD_PARSE_OK && canon.len <= FUZZ_MAX_LINE) {
+    if (rc == BD_PARSE_OK && canon.len <= p->max_line) {
         char *again = exact_copy(canon.ptr, canon.len);
         const char *err4 = NULL;
         int rc4 = bd_parse_line(p, again, canon.len, pt_other, &err4);
@@ -693,6 +723,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     enum bd_precision prec = (enum bd_precision)(data[0] & (N_PREC - 1));
+    struct bd_parser *set = parsers[(data[0] >> 2) & 1];
     const char *s = (const char *)data + 1;
     size_t n = size - 1;
 
@@ -700,17 +731,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const char *nl = memchr(s + pos, '\n', n - pos);
         size_t eol = nl != NULL ? (size_t)(nl - s) : n;
         const char *err = NULL;
-        int rc = check_entry(prec, s + pos, eol - pos, &err);
+        int rc = check_entry(set, prec, s + pos, eol - pos, &err);
 
-        /* bucketd-parse: a string still open at the end of the line goes on with the next. */
+        /*
+         * bucketd-parse: a string still open at the end of the line goes on with the next. An
+         * entry past the line limit fails with another message, which ends the loop.
+         */
         size_t end = eol;
         while (rc < 0 && err == bd_parse_err_open_string && end < n) {
             nl = memchr(s + end + 1, '\n', n - end - 1);
             end = nl != NULL ? (size_t)(nl - s) : n;
-            if (end - pos > FUZZ_MAX_LINE) {
-                break;
-            }
-            rc = check_entry(prec, s + pos, end - pos, &err);
+            rc = check_entry(set, prec, s + pos, end - pos, &err);
         }
         pos = eol + 1;
     }
