@@ -161,18 +161,20 @@ def shuffle(readings, seed=1):
 
 
 def split_late(readings, fraction=0.05, seed=1):
-    """Pick about `fraction` of the readings of the oldest hour to send last.
+    """Pick about `fraction` of the readings older than the newest hour to send last.
 
-    Returns (main, late): `late` holds readings from the earliest hour present, to be sent
-    after the newer ones have been flushed, so they land in an older, already written bucket.
+    Returns (main, late): `late` holds readings from the hours before the newest one present,
+    to be sent after the newer ones have been flushed, so they land in older, already written
+    buckets. (Not only the oldest hour: how much of it the readings cover depends on the
+    minute the test runs.)
     """
     if not readings or fraction <= 0:
         return list(readings), []
-    first_hour = min(r.ts_ns for r in readings) // HOUR_NS
+    last_hour = max(r.ts_ns for r in readings) // HOUR_NS
     rnd = random.Random(seed)
     main, late = [], []
     for r in readings:
-        if r.ts_ns // HOUR_NS == first_hour and rnd.random() < fraction:
+        if r.ts_ns // HOUR_NS < last_hour and rnd.random() < fraction:
             late.append(r)
         else:
             main.append(r)
