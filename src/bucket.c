@@ -13,6 +13,12 @@
  *            sum / count;
  *   3. $unset _n.
  *
+ * Idempotency: the filter is {_id, "w.<writer_id>": {$not: {$gte: seq}}} and stage 1 sets
+ * "w.<writer_id>" to seq, the writer's flush sequence (writer.h). Sent again after an ambiguous
+ * failure, the update finds no matching document; the upsert then inserts an _id that exists
+ * and MongoDB answers duplicate key (11000): "already applied". Each writer id has its own
+ * entry in w, so several daemons can append to one bucket.
+ *
  * Every value that comes from the network is wrapped in $literal so that a string starting
  * with '$' is never read as a field path. Field keys were checked by the sensor table (no '.',
  * no leading '$', not "ts"), so they are safe inside dotted paths.
@@ -119,22 +125,8 @@ static bool num_less(const struct bd_num *a, const struct bd_num *b) {
     return num_as_double(a) < num_as_double(b);
 }
 
-int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_value *vals,
-                 uint32_t n) {
-    if (grow((void **)&d->readings, &d->cap_readings, d->n_readings + 1, sizeof(*d->readings)) <
-            0 ||
-        grow((void **)&d->values, &d->cap_values, d->n_values + n, sizeof(*d->values)) < 0) {
-        return -ENOMEM;
-    }
-    struct bd_delta_reading *r = &d->readings[d->n_readings];
-    r->ts_ns = ts_ns;
-    r->seq = d->n_readings;
-    r->first = d->n_values;
-    r->n = n;
-    memcpy(&d->values[d->n_values], vals, n * sizeof(*vals));
-    d->n_readings++;
-    d->n_values += n;
-
+/* Fold one reading's numeric values into the delta's summaries. */
+static int fold(struct bd_delta *d, const struct bd_reading_value *vals, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         struct bd_num num;
         if (!to_num(&vals[i], &num)) {
@@ -167,6 +159,44 @@ int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_valu
         }
         fs->sum += num_as_double(&num);
         fs->count++;
+    }
+    return 0;
+}
+
+int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_value *vals,
+                 uint32_t n) {
+    if (grow((void **)&d->readings, &d->cap_readings, d->n_readings + 1, sizeof(*d->readings)) <
+            0 ||
+        grow((void **)&d->values, &d->cap_values, d->n_values + n, sizeof(*d->values)) < 0) {
+        return -ENOMEM;
+    }
+    struct bd_delta_reading *r = &d->readings[d->n_readings];
+    r->ts_ns = ts_ns;
+    r->seq = d->n_readings;
+    r->first = d->n_values;
+    r->n = n;
+    memcpy(&d->values[d->n_values], vals, n * sizeof(*vals));
+    d->n_readings++;
+    d->n_values += n;
+    return fold(d, vals, n);
+}
+
+int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst) {
+    BD_ASSERT(keep < src->n_readings);
+    for (uint32_t i = keep; i < src->n_readings; i++) {
+        const struct bd_delta_reading *r = &src->readings[i];
+        if (bd_delta_add(dst, r->ts_ns, &src->values[r->first], r->n) < 0) {
+            return -ENOMEM;
+        }
+    }
+    src->n_values = src->readings[keep].first;
+    src->n_readings = keep;
+    src->n_summaries = 0;
+    for (uint32_t i = 0; i < keep; i++) {
+        const struct bd_delta_reading *r = &src->readings[i];
+        /* Re-folding needs no new memory: it only revisits fields already summarised. */
+        int rc = fold(src, &src->values[r->first], r->n);
+        BD_ASSERT(rc == 0);
     }
     return 0;
 }
@@ -291,8 +321,8 @@ static void append_literal_utf8(bson_t *parent, const char *key, const char *val
     bson_append_document_end(parent, &lit);
 }
 
-void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, bson_t *selector,
-                           bson_t *update) {
+void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writer_key,
+                           uint64_t seq, bson_t *selector, bson_t *update) {
     struct bd_sensor *s = d->sensor;
     char id[1024];
     char key[320];
@@ -309,8 +339,14 @@ void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, bson_t *selecto
     if (bd_bucket_id(id, sizeof(id), s->id, d->start_ms, d->page) < 0) {
         id[sizeof(id) - 1] = '\0';
     }
+    bson_t cond, not_cond;
     bson_init(selector);
     BSON_APPEND_UTF8(selector, "_id", id);
+    BSON_APPEND_DOCUMENT_BEGIN(selector, writer_key, &cond);
+    BSON_APPEND_DOCUMENT_BEGIN(&cond, "$not", &not_cond);
+    BSON_APPEND_INT64(&not_cond, "$gte", (int64_t)seq);
+    bson_append_document_end(&cond, &not_cond);
+    bson_append_document_end(selector, &cond);
 
     bson_init(update);
     /* Stage 1. */
@@ -347,6 +383,7 @@ void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, bson_t *selecto
     BSON_APPEND_DATE_TIME(&set, "bucket_start", d->start_ms);
     BSON_APPEND_DATE_TIME(&set, "bucket_end", d->start_ms + (int64_t)span_ms - 1);
     BSON_APPEND_INT32(&set, "page", (int32_t)d->page);
+    BSON_APPEND_INT64(&set, writer_key, (int64_t)seq);
     append_add(&set, "count", "count", true, d->n_readings, 0);
     for (uint32_t i = 0; i < d->n_summaries; i++) {
         const struct bd_field_summary *fs = &d->summaries[i];

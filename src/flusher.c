@@ -13,8 +13,20 @@
  * bucket's updates in order and memory bounded by the rings.
  *
  * Page accounting: each sensor keeps, in flusher_state, the page and reading count of every
- * bucket it still has open (inside the late/future window) as this process wrote them; a page
- * that reaches buckets.max_readings moves new readings to the next page.
+ * bucket it still has open (inside the late/future window); a page that reaches
+ * buckets.max_readings moves new readings to the next page. A bucket that an earlier run may
+ * have written (it starts before the look-up horizon: now + max_future at start-up, or the
+ * newest bucket the writer state remembers) is "unknown": its readings collect in one delta
+ * with page BD_PAGE_UNKNOWN, and before the batch is first sent one query per chunk of
+ * flush.max_updates such deltas reads the existing pages and counts, and the delta is split
+ * over the right pages.
+ *
+ * Exactly once: each batch takes one number from the writer sequence (writer.h) and every
+ * update carries it (bucket.c). A retry re-sends the same updates with the same number, so an
+ * update MongoDB applied before the reply was lost comes back as duplicate key (11000),
+ * counted as already applied. An 11000 on an update that was never sent ambiguously cannot be
+ * our own echo: it is another writer's insert racing ours (retried) or, if it persists, a
+ * second daemon using this writer_id (counted in writer_conflicts, quarantined, logged).
  */
 #include "bucketd/flusher.h"
 
@@ -29,14 +41,29 @@
 #include "bucketd/bucket.h"
 #include "bucketd/log.h"
 #include "bucketd/mongo.h"
+#include "bucketd/writer.h"
 
 /* Readings the deltas may hold before they are written ahead of the interval (~50 MB). */
 #define MAX_QUEUED (UINT64_C(1) << 20)
+
+/* Page of a delta whose bucket's existing pages are not known yet. */
+#define BD_PAGE_UNKNOWN UINT32_MAX
+
+/* Definitive duplicate-key answers an update may get before it counts as a writer conflict. */
+#define MAX_DUP_REFUSALS 3
 
 struct bucket_state {
     int64_t start_ms;
     uint32_t page;
     uint32_t count; /* readings in the page, as written or pending */
+    bool known;     /* page and count include what earlier runs wrote */
+};
+
+/* Per pending delta: where it stands with MongoDB. */
+struct delta_meta {
+    bool done;          /* acknowledged, already applied or quarantined */
+    bool maybe_applied; /* an attempt ended without a definitive answer */
+    uint8_t dup_refusals;
 };
 
 /*
@@ -80,7 +107,7 @@ struct bd_flusher {
     bool indexes_ok;
 
     struct bd_delta *deltas; /* pending deltas [0, n_deltas); buffers reused */
-    bool *done;              /* per delta: acknowledged or quarantined */
+    struct delta_meta *meta; /* per delta */
     uint32_t n_deltas, cap_deltas;
     struct delta_slot *slots;
     uint32_t slot_mask;
@@ -90,8 +117,17 @@ struct bd_flusher {
     uint32_t attempt;  /* consecutive failed bulk writes */
     int64_t retry_at;  /* monotonic ns of the next attempt, 0 = none */
     uint64_t rng;      /* xorshift state for jitter */
+    bool clean_stop;   /* the thread ended through its stop path */
     struct bd_ratelimit fail_log;
     struct bd_ratelimit quarantine_log;
+
+    struct bd_writer *writer;  /* NULL with the blackhole sink */
+    char writer_key[160];      /* "w.<writer_id>" */
+    bool seq_known;            /* the sequence is past every number in the documents */
+    bool have_seq;             /* batch_seq belongs to the pending batch */
+    uint64_t batch_seq;
+    int64_t learn_horizon_ms;  /* buckets starting at or before this may hold earlier pages */
+    int64_t batch_max_start_ms;
 };
 
 static void driver_log(mongoc_log_level_t level, const char *domain, const char *message,
@@ -113,6 +149,40 @@ static void driver_log(mongoc_log_level_t level, const char *domain, const char 
 
 void bd_flusher_install_driver_log(void) {
     mongoc_log_set_handler(driver_log, NULL);
+}
+
+static void report_previous_run(const struct bd_flusher *f) {
+    const struct bd_writer_prev *p = bd_writer_previous(f->writer);
+    if (!p->found) {
+        bd_info("no writer state in %s: the flush sequence of writer %s will be read from the "
+                "bucket documents before the first write",
+                f->cfg->spool.dir, f->cfg->writer_id);
+    } else if (!p->clean) {
+        char when[64] = "never";
+        if (p->last_ack_ms > 0) {
+            time_t t = (time_t)(p->last_ack_ms / 1000);
+            struct tm tm;
+            gmtime_r(&t, &tm);
+            strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+        }
+        bd_warn("the previous run of writer %s did not stop cleanly (killed or crashed): "
+                "readings it accepted after its last acknowledged write (%s) and before it "
+                "ended were lost; nothing it wrote will be written twice",
+                p->writer_id, when);
+    }
+}
+
+static int open_writer(struct bd_flusher *f, struct bd_err *err) {
+    int rc = bd_writer_open(&f->writer, f->cfg->spool.dir, f->cfg->writer_id, err);
+    if (rc < 0) {
+        return rc;
+    }
+    snprintf(f->writer_key, sizeof(f->writer_key), BD_WRITER_KEY_PREFIX "%s", f->cfg->writer_id);
+    f->seq_known = bd_writer_previous(f->writer)->found;
+    int64_t horizon = bd_now_ns() / BD_NS_PER_MS + (int64_t)f->cfg->buckets.max_future_ms;
+    f->learn_horizon_ms = BD_MAX(horizon, bd_writer_max_bucket_start(f->writer));
+    report_previous_run(f);
+    return 0;
 }
 
 int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
@@ -157,6 +227,10 @@ int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
         }
         mongoc_client_pool_set_error_api(f->pool, MONGOC_ERROR_API_VERSION_2);
         mongoc_client_pool_set_appname(f->pool, "bucketd");
+        rc = open_writer(f, err);
+        if (rc < 0) {
+            goto out;
+        }
     }
     *out = f;
     f = NULL;
@@ -185,8 +259,9 @@ void bd_flusher_free(struct bd_flusher *f) {
         bd_delta_close(&f->deltas[i]);
     }
     free(f->deltas);
-    free(f->done);
+    free(f->meta);
     free(f->slots);
+    bd_writer_close(f->writer, f->clean_stop);
     if (f->table != NULL) {
         bd_sensor_table_foreach(f->table, release_sensor_state, NULL);
     }
@@ -258,6 +333,7 @@ static struct bucket_state *bucket_state(struct bd_flusher *f, struct bd_sensor 
     b->start_ms = start_ms;
     b->page = 0;
     b->count = 0;
+    b->known = f->writer == NULL || start_ms > f->learn_horizon_ms;
     return b;
 }
 
@@ -307,11 +383,11 @@ static struct bd_delta *delta_get(struct bd_flusher *f, struct bd_sensor *s, int
         }
         memset(nd + f->cap_deltas, 0, (size_t)(cap - f->cap_deltas) * sizeof(*nd));
         f->deltas = nd;
-        bool *done = realloc(f->done, cap * sizeof(*done));
-        if (done == NULL) {
+        struct delta_meta *meta = realloc(f->meta, cap * sizeof(*meta));
+        if (meta == NULL) {
             return NULL;
         }
-        f->done = done;
+        f->meta = meta;
         f->cap_deltas = cap;
     }
     struct bd_delta *d = &f->deltas[f->n_deltas];
@@ -324,7 +400,7 @@ static struct bd_delta *delta_get(struct bd_flusher *f, struct bd_sensor *s, int
     d->cap_values = keep.cap_values;
     d->summaries = keep.summaries;
     d->cap_summaries = keep.cap_summaries;
-    f->done[f->n_deltas] = false;
+    f->meta[f->n_deltas] = (struct delta_meta){0};
     f->slots[j].idx_plus1 = ++f->n_deltas;
     if (f->n_deltas * 2 > f->slot_mask && rebuild_slots(f, f->slot_mask * 2 + 1) < 0) {
         return NULL;
@@ -344,7 +420,7 @@ static void clear_deltas(struct bd_flusher *f) {
 static uint64_t pending_readings(const struct bd_flusher *f) {
     uint64_t n = 0;
     for (uint32_t i = 0; i < f->n_deltas; i++) {
-        if (!f->done[i]) {
+        if (!f->meta[i].done) {
             n += f->deltas[i].n_readings;
         }
     }
@@ -373,11 +449,11 @@ static uint64_t drain(struct bd_flusher *f) {
             if (b == NULL) {
                 break;
             }
-            if (b->count >= cap) {
+            if (b->known && b->count >= cap) {
                 b->page++;
                 b->count = 0;
             }
-            struct bd_delta *d = delta_get(f, s, start, b->page);
+            struct bd_delta *d = delta_get(f, s, start, b->known ? b->page : BD_PAGE_UNKNOWN);
             if (d == NULL || bd_delta_add(d, ts, vals, nv) < 0) {
                 bd_error("flusher: out of memory; readings stay in the ring of %s", s->id);
                 break;
@@ -512,17 +588,38 @@ static bool handle_write_errors(struct bd_flusher *f, const bson_t *reply, const
             continue;
         }
         failed[index] = true;
-        if (transient_code(code)) {
+        struct delta_meta *m = &f->meta[ops[index]];
+        struct bd_delta *d = &f->deltas[ops[index]];
+        if (code == 11000 && m->maybe_applied) {
+            /* The filter refused our own sequence number: an earlier attempt got through. */
+            m->done = true;
+            BD_STAT_ADD(f->stats, updates_already_applied, 1);
+            BD_STAT_ADD(f->stats, readings_flushed, d->n_readings);
+            continue;
+        }
+        if (code == 11000 && ++m->dup_refusals < MAX_DUP_REFUSALS) {
+            /* Another writer's upsert created the document between our match and our insert;
+             * the next attempt finds it and updates it. */
             retry = true;
             continue;
         }
-        struct bd_delta *d = &f->deltas[ops[index]];
-        f->done[ops[index]] = true;
+        if (code != 11000 && transient_code(code)) {
+            retry = true;
+            continue;
+        }
+        m->done = true;
         BD_STAT_ADD(f->stats, updates_quarantined, 1);
         BD_STAT_ADD(f->stats, readings_quarantined, d->n_readings);
-        if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
-            char id[1024];
-            bd_bucket_id(id, sizeof(id), d->sensor->id, d->start_ms, d->page);
+        char id[1024];
+        bd_bucket_id(id, sizeof(id), d->sensor->id, d->start_ms, d->page);
+        if (code == 11000) {
+            /* Always logged: this is a configuration error, not bad data. */
+            BD_STAT_ADD(f->stats, writer_conflicts, 1);
+            bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, "
+                     "which this daemon never sent: another daemon is using writer_id %s; give "
+                     "each daemon its own (%u readings not written)",
+                     id, f->batch_seq, f->cfg->writer_id, f->cfg->writer_id, d->n_readings);
+        } else if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
             bd_error("MongoDB rejected the update of bucket %s (%u readings dropped): code %" PRId64
                      ": %s",
                      id, d->n_readings, code, msg);
@@ -552,7 +649,8 @@ static bool send_chunk(struct bd_flusher *f, uint32_t *ops, uint32_t n_ops, bool
     BSON_APPEND_BOOL(&upsert_opts, "upsert", true);
     for (uint32_t i = 0; i < n_ops; i++) {
         struct bd_delta *d = &f->deltas[ops[i]];
-        bd_delta_build_update(d, f->cfg->buckets.span_ms, &selector, &update);
+        bd_delta_build_update(d, f->cfg->buckets.span_ms, f->writer_key, f->batch_seq, &selector,
+                              &update);
         if (!mongoc_bulk_operation_update_one_with_opts(bulk, &selector, &update, &upsert_opts,
                                                         &berr)) {
             /* The driver refused the document itself: it can never succeed. */
@@ -569,7 +667,7 @@ static bool send_chunk(struct bd_flusher *f, uint32_t *ops, uint32_t n_ops, bool
     BD_STAT_ADD(f->stats, updates_sent, n_ops);
     if (ok) {
         for (uint32_t i = 0; i < n_ops; i++) {
-            f->done[ops[i]] = true;
+            f->meta[ops[i]].done = true;
             BD_STAT_ADD(f->stats, readings_flushed, f->deltas[ops[i]].n_readings);
         }
     } else {
@@ -579,17 +677,20 @@ static bool send_chunk(struct bd_flusher *f, uint32_t *ops, uint32_t n_ops, bool
         bool net = berr.domain == MONGOC_ERROR_STREAM ||
                    berr.domain == MONGOC_ERROR_SERVER_SELECTION ||
                    mongoc_error_has_label(&reply, "RetryableWriteError");
-        if (!has_write_errors || wc_error || net) {
-            /* Network, server selection, write concern or a command-level failure: nothing is
-             * known to have been applied, so the whole chunk stays pending. */
-            for (uint32_t i = 0; i < n_ops; i++) {
-                failed[i] = !f->done[ops[i]];
-            }
-            retry = true;
-        }
+        /* Network, server selection, write concern or a command-level failure: an update with
+         * no error of its own may or may not have been applied. It stays pending and is marked,
+         * so that the duplicate-key answer to its retry counts as applied. */
+        bool ambiguous = !has_write_errors || wc_error || net;
         for (uint32_t i = 0; i < n_ops; i++) {
-            if (!failed[i]) {
-                f->done[ops[i]] = true;
+            struct delta_meta *m = &f->meta[ops[i]];
+            if (m->done || failed[i]) {
+                continue;
+            }
+            if (ambiguous) {
+                m->maybe_applied = true;
+                retry = true;
+            } else {
+                m->done = true;
                 BD_STAT_ADD(f->stats, readings_flushed, f->deltas[ops[i]].n_readings);
             }
         }
@@ -605,6 +706,305 @@ static bool send_chunk(struct bd_flusher *f, uint32_t *ops, uint32_t n_ops, bool
     bson_destroy(&reply);
     mongoc_bulk_operation_destroy(bulk);
     return settled;
+}
+
+/* ---- what earlier runs wrote ------------------------------------------------------------ */
+
+/* This writer's sequence number in a bucket document, 0 if it has none. */
+static uint64_t doc_writer_seq(const struct bd_flusher *f, const bson_t *doc) {
+    bson_iter_t it, child;
+    if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, f->writer_key, &child) &&
+        BSON_ITER_HOLDS_NUMBER(&child)) {
+        int64_t v = bson_iter_as_int64(&child);
+        return v > 0 ? (uint64_t)v : 0;
+    }
+    return 0;
+}
+
+/* what: "MongoDB page look-up", ...: the step before a batch's first write that failed. */
+static void log_lookup_failure(struct bd_flusher *f, const char *what, const char *msg) {
+    if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
+        bd_error("%s failed (%s); keeping %" PRIu64 " readings and retrying with backoff", what,
+                 msg, pending_readings(f));
+    }
+}
+
+/* Raise the sequence above a number found in the collection; false if it cannot be saved. */
+static bool raise_sequence(struct bd_flusher *f, uint64_t seen) {
+    struct bd_err err = {0};
+    if (bd_writer_raise(f->writer, seen, &err) < 0) {
+        log_lookup_failure(f, "saving the flush sequence", err.msg);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * Without a writer state on disk (first start, or the spool directory was lost) the sequence
+ * must continue above the highest number this writer id left in the collection, or the filter
+ * would refuse its first updates. One query, once, sorted on w.<writer_id>: a collection scan
+ * on a large collection, which is why the number is normally kept on disk.
+ */
+static bool recover_sequence(struct bd_flusher *f) {
+    if (f->seq_known) {
+        return true;
+    }
+    bson_t filter, cond, opts, sort, proj;
+    const bson_t *doc;
+    bson_error_t berr;
+    uint64_t seen = 0;
+    bson_init(&filter);
+    BSON_APPEND_DOCUMENT_BEGIN(&filter, f->writer_key, &cond);
+    BSON_APPEND_BOOL(&cond, "$exists", true);
+    bson_append_document_end(&filter, &cond);
+    bson_init(&opts);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+    BSON_APPEND_INT32(&sort, f->writer_key, -1);
+    bson_append_document_end(&opts, &sort);
+    BSON_APPEND_INT64(&opts, "limit", 1);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
+    BSON_APPEND_INT32(&proj, f->writer_key, 1);
+    bson_append_document_end(&opts, &proj);
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(f->coll, &filter, &opts, NULL);
+    while (mongoc_cursor_next(cur, &doc)) {
+        seen = BD_MAX(seen, doc_writer_seq(f, doc));
+    }
+    bool ok = !mongoc_cursor_error(cur, &berr);
+    mongoc_cursor_destroy(cur);
+    bson_destroy(&opts);
+    bson_destroy(&filter);
+    if (!ok) {
+        log_lookup_failure(f, "MongoDB sequence look-up", berr.message);
+        return false;
+    }
+    if (!raise_sequence(f, seen)) {
+        return false;
+    }
+    f->seq_known = true;
+    bd_info("writer %s: flush sequence continues above %" PRIu64 " (highest in %s.%s)",
+            f->cfg->writer_id, seen, f->cfg->mongodb.database, f->cfg->mongodb.collection);
+    return true;
+}
+
+/* One unknown delta and the last page its bucket already has in MongoDB. */
+struct learn_item {
+    const char *sensor_id;
+    int64_t start_ms;
+    uint32_t delta;
+    uint32_t page;
+    uint32_t count; /* UINT32_MAX: no page found */
+};
+
+static int cmp_learn_key(const struct learn_item *x, const char *sensor_id, int64_t start_ms) {
+    if (x->start_ms != start_ms) {
+        return x->start_ms < start_ms ? -1 : 1;
+    }
+    return strcmp(x->sensor_id, sensor_id);
+}
+
+static int cmp_learn(const void *a, const void *b) {
+    const struct learn_item *y = b;
+    return cmp_learn_key(a, y->sensor_id, y->start_ms);
+}
+
+static struct learn_item *find_item(struct learn_item *items, uint32_t n, const char *sensor_id,
+                                    int64_t start_ms) {
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        int c = cmp_learn_key(&items[mid], sensor_id, start_ms);
+        if (c == 0) {
+            return &items[mid];
+        }
+        if (c < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * Put an unknown delta's readings on the right pages, given the last existing page and its
+ * count: what still fits stays on that page, the rest fills the next ones (arrival order).
+ */
+static bool repage(struct bd_flusher *f, uint32_t di, uint32_t page, uint32_t count,
+                   int64_t now_ms) {
+    const uint32_t cap = f->cfg->buckets.max_readings;
+    struct bd_sensor *s = f->deltas[di].sensor;
+    const int64_t start = f->deltas[di].start_ms;
+    struct bucket_state *b = bucket_state(f, s, start, now_ms);
+    if (b == NULL) {
+        return false;
+    }
+    if (count >= cap) {
+        page++;
+        count = 0;
+    }
+    f->deltas[di].page = page;
+    while (count + f->deltas[di].n_readings > cap) {
+        struct bd_delta *next = delta_get(f, s, start, page + 1);
+        if (next == NULL) {
+            return false;
+        }
+        uint32_t ni = (uint32_t)(next - f->deltas);
+        if (bd_delta_split(&f->deltas[di], cap - count, next) < 0) {
+            bd_delta_reset(next);
+            f->meta[ni].done = true; /* empty: nothing to send */
+            return false;
+        }
+        di = ni;
+        page++;
+        count = 0;
+    }
+    b->page = page;
+    b->count = count + f->deltas[di].n_readings;
+    b->known = true;
+    return true;
+}
+
+/* {$or: [{sensor_id, bucket_start}, ...]} for the items, with the fields page look-up needs. */
+static mongoc_cursor_t *query_pages(struct bd_flusher *f, const struct learn_item *items,
+                                    uint32_t n) {
+    bson_t filter, or, clause, opts, proj;
+    char idx[16];
+    const char *key;
+    bson_init(&filter);
+    BSON_APPEND_ARRAY_BEGIN(&filter, "$or", &or);
+    for (uint32_t i = 0; i < n; i++) {
+        bson_uint32_to_string(i, &key, idx, sizeof(idx));
+        BSON_APPEND_DOCUMENT_BEGIN(&or, key, &clause);
+        BSON_APPEND_UTF8(&clause, "sensor_id", items[i].sensor_id);
+        BSON_APPEND_DATE_TIME(&clause, "bucket_start", items[i].start_ms);
+        bson_append_document_end(&or, &clause);
+    }
+    bson_append_array_end(&filter, &or);
+    bson_init(&opts);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
+    BSON_APPEND_INT32(&proj, "sensor_id", 1);
+    BSON_APPEND_INT32(&proj, "bucket_start", 1);
+    BSON_APPEND_INT32(&proj, "page", 1);
+    BSON_APPEND_INT32(&proj, "count", 1);
+    BSON_APPEND_INT32(&proj, f->writer_key, 1);
+    bson_append_document_end(&opts, &proj);
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(f->coll, &filter, &opts, NULL);
+    bson_destroy(&opts);
+    bson_destroy(&filter);
+    return cur;
+}
+
+/* Fold one returned page into its item: the highest page wins. */
+static uint64_t note_page(const struct bd_flusher *f, struct learn_item *items, uint32_t n,
+                          const bson_t *doc) {
+    bson_iter_t it;
+    const char *sensor_id = NULL;
+    int64_t start = 0, page = -1, count = 0;
+    if (!bson_iter_init(&it, doc)) {
+        return 0;
+    }
+    while (bson_iter_next(&it)) {
+        const char *k = bson_iter_key(&it);
+        if (strcmp(k, "sensor_id") == 0 && BSON_ITER_HOLDS_UTF8(&it)) {
+            sensor_id = bson_iter_utf8(&it, NULL);
+        } else if (strcmp(k, "bucket_start") == 0 && BSON_ITER_HOLDS_DATE_TIME(&it)) {
+            start = bson_iter_date_time(&it);
+        } else if (strcmp(k, "page") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
+            page = bson_iter_as_int64(&it);
+        } else if (strcmp(k, "count") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
+            count = bson_iter_as_int64(&it);
+        }
+    }
+    struct learn_item *item =
+        sensor_id == NULL ? NULL : find_item(items, n, sensor_id, start);
+    if (item != NULL && page >= 0 && page < BD_PAGE_UNKNOWN &&
+        (item->count == UINT32_MAX || (uint32_t)page > item->page ||
+         ((uint32_t)page == item->page && (uint64_t)count > item->count))) {
+        item->page = (uint32_t)page;
+        item->count = count < 0 ? 0 : (uint32_t)BD_MIN(count, (int64_t)UINT32_MAX - 1);
+    }
+    return doc_writer_seq(f, doc);
+}
+
+/* Look up one chunk of unknown deltas and put them on their pages. */
+static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t n,
+                        uint64_t *max_seq) {
+    const bson_t *doc;
+    bson_error_t berr;
+    qsort(items, n, sizeof(*items), cmp_learn);
+    mongoc_cursor_t *cur = query_pages(f, items, n);
+    BD_STAT_ADD(f->stats, page_lookups, 1);
+    while (mongoc_cursor_next(cur, &doc)) {
+        *max_seq = BD_MAX(*max_seq, note_page(f, items, n, doc));
+    }
+    bool ok = !mongoc_cursor_error(cur, &berr);
+    mongoc_cursor_destroy(cur);
+    if (!ok) {
+        log_lookup_failure(f, "MongoDB page look-up", berr.message);
+        return false;
+    }
+    int64_t now_ms = bd_now_ns() / BD_NS_PER_MS;
+    for (uint32_t i = 0; i < n; i++) {
+        bool none = items[i].count == UINT32_MAX;
+        if (!repage(f, items[i].delta, none ? 0 : items[i].page, none ? 0 : items[i].count,
+                    now_ms)) {
+            f->deltas[items[i].delta].page = BD_PAGE_UNKNOWN;
+            bd_error("flusher: out of memory while placing readings on pages; retrying");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Learn the pages of every unknown delta: one query per flush.max_updates of them. */
+static bool learn_pages(struct bd_flusher *f) {
+    const uint32_t max = f->cfg->flush.max_updates;
+    struct learn_item *items = malloc((size_t)max * sizeof(*items));
+    uint64_t max_seq = 0;
+    bool ok = items != NULL;
+    uint32_t next = 0;
+    while (ok) {
+        uint32_t n = 0;
+        /* Deltas added by splits are appended with known pages, so one pass suffices. */
+        for (; next < f->n_deltas && n < max; next++) {
+            if (!f->meta[next].done && f->deltas[next].page == BD_PAGE_UNKNOWN) {
+                const struct bd_delta *d = &f->deltas[next];
+                items[n++] = (struct learn_item){.sensor_id = d->sensor->id,
+                                                 .start_ms = d->start_ms,
+                                                 .delta = next,
+                                                 .count = UINT32_MAX};
+            }
+        }
+        if (n == 0) {
+            break;
+        }
+        ok = learn_chunk(f, items, n, &max_seq);
+    }
+    free(items);
+    /* Pages changed under the index. */
+    if (rebuild_slots(f, f->slot_mask) < 0) {
+        ok = false;
+    }
+    /* A number above ours here means the state on disk is behind the collection. */
+    return ok && raise_sequence(f, max_seq);
+}
+
+/* Before a batch's first attempt: the sequence and the pages must be right. */
+static bool prepare_batch(struct bd_flusher *f) {
+    struct bd_err err = {0};
+    if (!recover_sequence(f) || !learn_pages(f)) {
+        return false;
+    }
+    if (bd_writer_next(f->writer, &f->batch_seq, &err) < 0) {
+        log_lookup_failure(f, "saving the flush sequence", err.msg);
+        return false;
+    }
+    f->batch_max_start_ms = INT64_MIN;
+    for (uint32_t i = 0; i < f->n_deltas; i++) {
+        f->batch_max_start_ms = BD_MAX(f->batch_max_start_ms, f->deltas[i].start_ms);
+    }
+    f->have_seq = true;
+    return true;
 }
 
 /* Write every pending delta; true when none is left pending. */
@@ -623,8 +1023,12 @@ static bool send_pending(struct bd_flusher *f) {
     }
     ensure_indexes(f);
     uint32_t n = 0;
+    if (!f->have_seq && !prepare_batch(f)) {
+        all = false;
+        goto out;
+    }
     for (uint32_t i = 0; i < f->n_deltas; i++) {
-        if (f->done[i]) {
+        if (f->meta[i].done) {
             continue;
         }
         ops[n++] = i;
@@ -661,6 +1065,8 @@ static void write_pending(struct bd_flusher *f) {
         }
         f->attempt = 0;
         f->retry_at = 0;
+        f->have_seq = false;
+        bd_writer_acked(f->writer, bd_now_ns() / BD_NS_PER_MS, f->batch_max_start_ms);
         clear_deltas(f);
     } else {
         schedule_retry(f);
@@ -778,6 +1184,7 @@ static void *flusher_main(void *arg) {
             }
         }
     }
+    f->clean_stop = true;
     if (f->client != NULL) {
         mongoc_collection_destroy(f->coll);
         mongoc_client_pool_push(f->pool, f->client);

@@ -68,11 +68,22 @@ int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_valu
                  uint32_t n);
 
 /*
- * Build the upsert for this delta: *selector = {_id}, *update = the update pipeline (see
- * bucket.c for the document it maintains). Sorts the delta's readings by time. Both bson_t
- * are initialised by this call; the caller destroys them.
+ * Move the readings after the first `keep` (arrival order) into dst, which must be initialised
+ * (it may already hold readings), and recompute src's summaries. For a bucket page that
+ * fills up: keep is what still fits. -ENOMEM leaves src whole (dst may hold copies; reset it).
  */
-void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, bson_t *selector,
-                           bson_t *update);
+int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst);
+
+/* Dotted path of a writer's sequence in a bucket document: "w.<writer_id>". */
+#define BD_WRITER_KEY_PREFIX "w."
+
+/*
+ * Build the upsert for this delta: *selector = {_id, <writer_key>: {$not: {$gte: seq}}},
+ * *update = the update pipeline (see bucket.c for the document it maintains), which also sets
+ * <writer_key> to seq. Sorts the delta's readings by time. Both bson_t are initialised by this
+ * call; the caller destroys them.
+ */
+void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writer_key,
+                           uint64_t seq, bson_t *selector, bson_t *update);
 
 #endif

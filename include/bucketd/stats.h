@@ -17,6 +17,9 @@
     X(udp_bytes, "UDP payload bytes received")                                            \
     X(udp_truncated, "UDP datagrams dropped because they were truncated")                  \
     X(udp_recv_errors, "UDP receive errors reported by libuv")                            \
+    X(udp_socket_drops, "datagrams the kernel dropped on bucketd's UDP sockets (/proc/net/udp)") \
+    X(udp_kernel_rcvbuf_errors, "host-wide UDP receive-buffer drops since start (/proc/net/snmp)") \
+    X(udp_kernel_in_errors, "host-wide UDP InErrors since start (/proc/net/snmp)")           \
     X(tcp_connections, "TCP connections accepted")                                        \
     X(tcp_rejected, "TCP connections refused (max_connections)")                           \
     X(tcp_bytes, "TCP payload bytes received")                                            \
@@ -43,6 +46,9 @@
     X(bulk_retries, "bulk writes retried after a transient error")                         \
     X(updates_quarantined, "bucket updates rejected by MongoDB and dropped")               \
     X(readings_quarantined, "readings inside quarantined updates")                         \
+    X(updates_already_applied, "bucket updates MongoDB had already applied (a retried write)") \
+    X(writer_conflicts, "updates refused: a bucket holds a newer sequence of this writer_id")  \
+    X(page_lookups, "queries learning the pages of buckets written before this start")       \
     X(readings_lost, "readings given up at shutdown because MongoDB stayed unreachable")
 
 struct bd_stats {

@@ -129,10 +129,17 @@ Test(bucket, update_document_shape) {
     cr_assert_eq(bd_delta_add(&d, (start + 10) * MS + 5, c, 1), 0);
 
     bson_t sel, upd;
-    bd_delta_build_update(&d, 3600000, &sel, &upd);
+    bd_delta_build_update(&d, 3600000, "w.gw-1", 42, &sel, &upd);
     bson_iter_t it;
     cr_assert(find(&sel, "_id", &it));
     cr_assert_str_eq(bson_iter_utf8(&it, NULL), "weather,loc=$home,room=kitchen|1736949600|1");
+    /* Idempotency: the filter skips documents this writer already brought to seq 42. The
+     * writer key is one top-level name containing a dot, so look it up without descending. */
+    cr_assert(bson_iter_init_find(&it, &sel, "w.gw-1"));
+    bson_iter_t cond;
+    cr_assert(bson_iter_recurse(&it, &cond) && bson_iter_find_descendant(&cond, "$not.$gte", &it));
+    cr_assert(BSON_ITER_HOLDS_INT64(&it) && bson_iter_int64(&it) == 42);
+    cr_assert_eq(bson_count_keys(&sel), 2);
 
     /* New readings sorted by time, ties in arrival order. */
     cr_assert(find(&upd, "0.$set._n.$literal.0.ts", &it));
@@ -164,6 +171,10 @@ Test(bucket, update_document_shape) {
     cr_assert(bson_iter_init(&it, &upd) && bson_iter_find_descendant(&it, "0.$set", &it));
     bson_iter_recurse(&it, &set);
     cr_assert(bson_iter_find(&set, "summary.n.count"));
+    cr_assert(bson_iter_init(&it, &upd) && bson_iter_find_descendant(&it, "0.$set", &it));
+    bson_iter_recurse(&it, &set);
+    cr_assert(bson_iter_find(&set, "w.gw-1"));
+    cr_assert(BSON_ITER_HOLDS_INT64(&set) && bson_iter_int64(&set) == 42);
 
     /* Stage 2 merges and averages, stage 3 drops the scratch field. */
     cr_assert(find(&upd, "1.$set.readings.$cond.0.$gte.0", &it));
@@ -191,4 +202,42 @@ Test(bucket, reset_keeps_buffers) {
     cr_assert_eq(bd_delta_add(&d, 0, a, 1), 0);
     cr_assert_eq(d.readings, buf);
     bd_delta_close(&d);
+}
+
+Test(bucket, split_moves_the_tail_and_recomputes_summaries) {
+    struct bd_delta d, tail;
+    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&tail, &sensor, 0, 1);
+    /* Values 5,1,9,3,7 arriving in that order; field "n" only on the last two. */
+    const double temps[] = {5, 1, 9, 3, 7};
+    for (int i = 0; i < 5; i++) {
+        struct bd_reading_value v[] = {fv(0, temps[i]), iv(1, i)};
+        cr_assert_eq(bd_delta_add(&d, (int64_t)(10 - i) * MS, v, i >= 3 ? 2 : 1), 0);
+    }
+    cr_assert_eq(bd_delta_split(&d, 2, &tail), 0);
+
+    cr_assert_eq(d.n_readings, 2);
+    cr_assert_eq(d.n_values, 2);
+    cr_assert_eq(d.n_summaries, 1, "field n only occurs in the moved readings");
+    cr_assert_eq(d.summaries[0].min.v.f, 1.0);
+    cr_assert_eq(d.summaries[0].max.v.f, 5.0);
+    cr_assert_eq(d.summaries[0].sum, 6.0);
+    cr_assert_eq(d.summaries[0].count, 2);
+
+    cr_assert_eq(tail.n_readings, 3);
+    cr_assert_eq(tail.n_values, 5);
+    cr_assert_eq(tail.readings[0].ts_ns, 8 * MS, "the tail keeps arrival order");
+    cr_assert_eq(tail.summaries[0].min.v.f, 3.0);
+    cr_assert_eq(tail.summaries[0].max.v.f, 9.0);
+    cr_assert_eq(tail.summaries[0].sum, 19.0);
+    cr_assert_eq(tail.summaries[1].count, 2);
+    cr_assert_eq(tail.summaries[1].min.v.i, 3);
+
+    /* The kept part still takes new readings after the split. */
+    struct bd_reading_value v[] = {fv(0, 0.5)};
+    cr_assert_eq(bd_delta_add(&d, 0, v, 1), 0);
+    cr_assert_eq(d.readings[2].first, 2);
+    cr_assert_eq(d.summaries[0].min.v.f, 0.5);
+    bd_delta_close(&d);
+    bd_delta_close(&tail);
 }

@@ -1,0 +1,78 @@
+/*
+ * This daemon's identity as a MongoDB writer: the per-writer flush sequence that makes bucket
+ * updates idempotent, kept under spool.dir so that it survives restarts and wall-clock jumps.
+ *
+ * Every bulk write carries one sequence number N, and each of its updates only applies to a
+ * document whose "w.<writer_id>" is below N (bucket.c). Re-sending the same update after an
+ * ambiguous failure is then a no-op. That only holds if N never repeats, so numbers are handed
+ * out from a block reserved on disk (fsync'ed) before any of them is used: a crash skips the
+ * rest of the block instead of reusing it.
+ *
+ * Files in spool.dir:
+ *   writer.lock   flock()ed while the daemon runs: a second daemon on the same directory is
+ *                 refused at start-up;
+ *   writer.state  text, replaced atomically (write, fsync, rename):
+ *                   bucketd-writer 1
+ *                   writer_id <id>
+ *                   reserved <first sequence not yet handed out by any run>
+ *                   max_bucket_start_ms <newest bucket start written>
+ *                   last_ack_ms <wall-clock ms of the last acknowledged bulk write>
+ *                   clean <1 if the last run stopped through its stop path>
+ *
+ * Flusher thread only after bd_writer_open.
+ */
+#ifndef BUCKETD_WRITER_H
+#define BUCKETD_WRITER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bucketd/common.h"
+
+/* Sequence numbers reserved on disk at a time: one fsync per this many bulk writes. */
+#define BD_WRITER_BLOCK UINT64_C(4096)
+
+struct bd_writer;
+
+/* What writer.state held when the daemon started (all 0 when there was none). */
+struct bd_writer_prev {
+    bool found;               /* a readable state file existed */
+    bool clean;               /* the previous run stopped cleanly */
+    uint64_t reserved;        /* sequences below this may have been used */
+    int64_t max_bucket_start_ms;
+    int64_t last_ack_ms;
+    char writer_id[128];      /* "" if none */
+};
+
+/*
+ * Create spool.dir if missing, lock it, read the previous state and persist a first block.
+ * Errors (another daemon holds the lock, directory not writable) are fatal to start-up and
+ * name the path.
+ */
+int bd_writer_open(struct bd_writer **out, const char *dir, const char *writer_id,
+                   struct bd_err *err);
+const struct bd_writer_prev *bd_writer_previous(const struct bd_writer *w);
+
+/*
+ * The next sequence number (strictly increasing). Persists a new block first when the current
+ * one is used up; -EIO etc. if that fails (the caller must not write without a number).
+ */
+int bd_writer_next(struct bd_writer *w, uint64_t *seq, struct bd_err *err);
+
+/* A bucket holds sequence `seen` of this writer id: later numbers must be above it. */
+int bd_writer_raise(struct bd_writer *w, uint64_t seen, struct bd_err *err);
+
+/*
+ * A bulk write was acknowledged at wall time now_ms, covering buckets up to max_start_ms.
+ * Rewrites the state file without fsync (it only feeds the restart report and the page
+ * look-up horizon; the reservation was already synced).
+ */
+void bd_writer_acked(struct bd_writer *w, int64_t now_ms, int64_t max_start_ms);
+
+/* Largest bucket start this writer id has written, across runs. */
+int64_t bd_writer_max_bucket_start(const struct bd_writer *w);
+
+/* Record a clean (or not) stop, sync, unlock and free. NULL is a no-op. */
+void bd_writer_close(struct bd_writer *w, bool clean);
+
+#endif
