@@ -25,6 +25,7 @@
 #include <yaml.h>
 
 #include "bucketd/log.h"
+#include "bucketd/mongo.h"
 #include "bucketd/parse.h"
 
 #define MS_PER_S UINT64_C(1000)
@@ -143,6 +144,9 @@ static const struct key_def schema[] = {
     {.path = "mongodb.write_concern", .type = T_STRING, CFG(mongodb.write_concern), .min = 1,
      .max = 16, .def = "1", .check = check_write_concern, .flags = KF_RELOAD,
      .help = "1, majority or a number of nodes; 0 is refused"},
+    {.path = "mongodb.wtimeout", .type = T_DURATION, CFG(mongodb.wtimeout_ms), .min = 0,
+     .max = 10 * MS_PER_M, .def = "5s", .flags = KF_RELOAD,
+     .help = "how long the server may wait for write_concern; expiry is retried; 0 = no limit"},
     {.path = "buckets.span", .type = T_DURATION, CFG(buckets.span_ms), .min = MS_PER_M,
      .max = MS_PER_DAY, .def = "1h", .check = check_span,
      .help = "time covered by one bucket document"},
@@ -449,8 +453,13 @@ static const char *check_writer_id(const char *s, uint64_t unused) {
 }
 
 static const char *check_uri(const char *s, uint64_t unused) {
+    /* Config loading runs on one thread (start-up, --check-config), so one buffer is enough. */
+    static struct bd_err uri_err;
     if (strncmp(s, "mongodb://", 10) != 0 && strncmp(s, "mongodb+srv://", 14) != 0) {
         return "must start with mongodb:// or mongodb+srv://";
+    }
+    if (bd_mongo_uri_check(s, &uri_err) < 0) {
+        return uri_err.msg;
     }
     return NULL;
 }

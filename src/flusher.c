@@ -216,7 +216,8 @@ int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
             rc = -EINVAL;
             goto out;
         }
-        rc = bd_mongo_write_concern_new(cfg->mongodb.write_concern, &f->wc, err);
+        rc = bd_mongo_write_concern_new(cfg->mongodb.write_concern, cfg->mongodb.wtimeout_ms,
+                                        &f->wc, err);
         if (rc < 0) {
             goto out;
         }

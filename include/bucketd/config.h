@@ -45,6 +45,7 @@ struct bd_config {
         char database[128];
         char collection[128];
         char write_concern[64]; /* "1", "majority" or a number >= 1; "0" is refused */
+        uint64_t wtimeout_ms;   /* write concern timeout, default 5s; 0 = none */
     } mongodb;
 
     struct {

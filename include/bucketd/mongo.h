@@ -16,7 +16,16 @@
  */
 mongoc_uri_t *bd_mongo_uri_new(const char *uri, struct bd_err *err);
 
-/* "1", "majority" or N >= 1; "0" and anything else is -EINVAL. */
-int bd_mongo_write_concern_new(const char *s, mongoc_write_concern_t **out, struct bd_err *err);
+/* The same checks without keeping the result, for config validation: syntax, options, and
+ * that TLS files named in it (tlsCAFile, tlsCertificateKeyFile, tlsCRLFile) are readable. */
+int bd_mongo_uri_check(const char *uri, struct bd_err *err);
+
+/*
+ * "1", "majority" or N >= 1; "0" and anything else is -EINVAL. wtimeout_ms > 0 bounds how long
+ * the server waits for the replication it asks for (an expiry is a write-concern error, which
+ * the flusher retries).
+ */
+int bd_mongo_write_concern_new(const char *s, uint64_t wtimeout_ms, mongoc_write_concern_t **out,
+                               struct bd_err *err);
 
 #endif

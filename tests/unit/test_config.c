@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bucketd/config.h"
+#include "bucketd/mongo.h"
 #include "bucketd/log.h"
 
 #define SHIPPED BD_SOURCE_DIR "/config/bucketd.yaml"
@@ -486,6 +487,59 @@ Test(config, write_concern) {
     cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
     expect_ok(LISTENER "mongodb:\n  write_concern: 3\n", &cfg);
     cr_assert_str_eq(cfg.mongodb.write_concern, "3");
+}
+
+Test(config, write_concern_timeout) {
+    struct bd_config cfg;
+    expect_ok(LISTENER "mongodb:\n  wtimeout: 2500ms\n", &cfg);
+    cr_assert_eq(cfg.mongodb.wtimeout_ms, 2500);
+    expect_ok(LISTENER "mongodb:\n  wtimeout: 0\n", &cfg);
+    cr_assert_eq(cfg.mongodb.wtimeout_ms, 0, "0 = no limit");
+    expect_fail(LISTENER "mongodb:\n  wtimeout: 11m\n", "5:13", "mongodb.wtimeout", "out of range (0 to 10m)");
+    /* The write concern built from it carries the timeout. */
+    mongoc_write_concern_t *wc = NULL;
+    cr_assert_eq(bd_mongo_write_concern_new("majority", 2500, &wc, NULL), 0);
+    cr_assert(mongoc_write_concern_get_wmajority(wc));
+    cr_assert_eq(mongoc_write_concern_get_wtimeout_int64(wc), 2500);
+    mongoc_write_concern_destroy(wc);
+    cr_assert_eq(bd_mongo_write_concern_new("2", 0, &wc, NULL), 0);
+    cr_assert_eq(mongoc_write_concern_get_w(wc), 2);
+    cr_assert_eq(mongoc_write_concern_get_wtimeout_int64(wc), 0);
+    mongoc_write_concern_destroy(wc);
+}
+
+/* TLS and authentication go through the URI; files it names are checked at load time. */
+Test(config, uri_tls_and_auth) {
+    struct bd_config cfg;
+    char yaml[1024], ca[400];
+    snprintf(ca, sizeof(ca), "%s/ca.pem", tmpdir);
+    write_file(ca, "not really a certificate, but readable\n");
+    snprintf(yaml, sizeof(yaml),
+             LISTENER "mongodb:\n  uri: \"mongodb://bucketd:s%%40cret@db1:27017,db2:27017/"
+                      "?replicaSet=rs0&authSource=admin&tls=true&tlsCAFile=%s\"\n",
+             ca);
+    expect_ok(yaml, &cfg);
+    struct bd_err err = {0};
+    mongoc_uri_t *uri = bd_mongo_uri_new(cfg.mongodb.uri, &err);
+    cr_assert_not_null(uri, "%s", err.msg);
+    cr_assert_str_eq(mongoc_uri_get_username(uri), "bucketd");
+    cr_assert_str_eq(mongoc_uri_get_password(uri), "s@cret");
+    cr_assert_str_eq(mongoc_uri_get_auth_source(uri), "admin");
+    cr_assert(mongoc_uri_get_tls(uri));
+    cr_assert_str_eq(mongoc_uri_get_option_as_utf8(uri, MONGOC_URI_TLSCAFILE, NULL), ca);
+    /* bucketd's timeouts apply where the URI sets none, and the URI wins where it does. */
+    cr_assert_eq(mongoc_uri_get_option_as_int32(uri, MONGOC_URI_SOCKETTIMEOUTMS, 0), 10000);
+    mongoc_uri_destroy(uri);
+    uri = bd_mongo_uri_new("mongodb://h/?socketTimeoutMS=1234", &err);
+    cr_assert_eq(mongoc_uri_get_option_as_int32(uri, MONGOC_URI_SOCKETTIMEOUTMS, 0), 1234);
+    mongoc_uri_destroy(uri);
+
+    expect_fail(LISTENER "mongodb:\n  uri: \"mongodb://db1/?tls=true&tlsCAFile=/nonexistent/ca.pem\"\n",
+                "5:8", "mongodb.uri", "tlsCAFile '/nonexistent/ca.pem': No such file or directory");
+    expect_fail(LISTENER "mongodb:\n  uri: \"mongodb://db1/?tlsCertificateKeyFile=/nonexistent/k.pem\"\n",
+                "5:8", "mongodb.uri", "tlsCertificateKeyFile '/nonexistent/k.pem'");
+    expect_fail(LISTENER "mongodb:\n  uri: \"mongodb://db1:99999/\"\n", "5:8", "mongodb.uri", "");
+    expect_fail(LISTENER "mongodb:\n  uri: \"mongodb://u:p@@db1/\"\n", "5:8", "mongodb.uri", "");
 }
 
 Test(config, span_must_divide_a_day) {
