@@ -1,11 +1,16 @@
 /*
  * Listeners: UDP (libuv recvmmsg into a preallocated slab) and TCP (newline framing per
  * connection). Everything here runs on the ingest thread, which owns the uv loop; each line is
- * parsed with the listener's parser and handed to the sensor table.
+ * parsed with the listener's parser and handed to the sensor table. With a UDP listener the
+ * ingest thread also reads the kernel's UDP drop counters from /proc, once a second and once
+ * more at stop, into the stats (see the end of this file).
  */
 #ifndef BUCKETD_INGEST_H
 #define BUCKETD_INGEST_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "bucketd/config.h"
@@ -56,5 +61,44 @@ uint32_t bd_ingest_connections(const struct bd_ingest *in);
 uint32_t bd_ingest_paused(const struct bd_ingest *in);
 /* Bound port of listener idx (0-based, cfg order), useful with "host:0"; or a negative errno. */
 int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx);
+
+/*
+ * Kernel UDP counters. Datagrams the kernel drops never reach us, so only the kernel can count
+ * them: udp_socket_drops is the "drops" column of /proc/net/udp and /proc/net/udp6 for our own
+ * sockets (found by the inode of their descriptors), udp_kernel_rcvbuf_errors and
+ * udp_kernel_in_errors the growth of the host's Udp RcvbufErrors and InErrors in /proc/net/snmp
+ * since bd_ingest_new(). They are read on a 1 s timer and once more by bd_ingest_stop() before
+ * the sockets close, and added as deltas, so the stats stay monotonic. If /proc cannot be read,
+ * one warning is logged and they stay at 0. The parsers below are pure functions over /proc
+ * text, public so that tests can feed them samples.
+ */
+
+/* The host's UDP counters that count receive drops. */
+struct bd_udp_snmp {
+    uint64_t in_errors;     /* Udp: InErrors (includes the RcvbufErrors) */
+    uint64_t rcvbuf_errors; /* Udp: RcvbufErrors (socket receive buffer full) */
+};
+
+/*
+ * Reads the "Udp:" header line and the "Udp:" value line after it out of /proc/net/snmp text
+ * (columns are found by name). 0, or -EINVAL if either counter is missing or malformed.
+ */
+int bd_ingest_parse_snmp(const char *text, size_t len, struct bd_udp_snmp *out);
+
+/* A socket to look up in /proc/net/udp{,6}. */
+struct bd_udp_sock {
+    uint64_t inode; /* st_ino of the socket's descriptor, as the "inode" column shows it */
+    uint64_t drops; /* out: its "drops" column, when found */
+    bool found;     /* out: set when a line with this inode was seen */
+};
+
+/*
+ * Scans /proc/net/udp or /proc/net/udp6 text, whole lines only (the header line and malformed
+ * lines are skipped), and fills drops and found of every entry of socks whose inode a line
+ * names. Returns how many lines matched. Entries not named are left as they were, so one
+ * array can go through both files and through a file read in pieces.
+ */
+size_t bd_ingest_parse_udp_drops(const char *text, size_t len, struct bd_udp_sock *socks,
+                                 size_t n);
 
 #endif

@@ -664,3 +664,168 @@ Test(ingest, abort_gives_up_on_a_paused_connection_and_counts_it) {
     cr_assert_eq(uv_loop_close(&f->loop), 0);
     free(f);
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Kernel UDP counters                                                                      */
+
+/* /proc/net/snmp as Linux 6.x prints it (other protocols shortened). */
+static const char snmp_sample[] =
+    "Ip: Forwarding DefaultTTL InReceives InHdrErrors\n"
+    "Ip: 1 64 123456 0\n"
+    "Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors "
+    "IgnoredMulti MemErrors\n"
+    "Udp: 17858128 46006 428512 18332646 428510 0 2 0 0\n"
+    "UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors "
+    "InCsumErrors IgnoredMulti MemErrors\n"
+    "UdpLite: 0 0 7 0 7 0 0 0 0\n";
+
+Test(ingest, parse_snmp_reads_udp_columns_by_name) {
+    struct bd_udp_snmp s = {0};
+    cr_assert_eq(bd_ingest_parse_snmp(snmp_sample, strlen(snmp_sample), &s), 0);
+    cr_expect_eq(s.in_errors, 428512);
+    cr_expect_eq(s.rcvbuf_errors, 428510);
+
+    /* Another column order (an older or newer kernel): found by name, not by place. */
+    const char *moved = "Udp: RcvbufErrors InDatagrams InErrors\nUdp: 5 99 18446744073709551615\n";
+    cr_assert_eq(bd_ingest_parse_snmp(moved, strlen(moved), &s), 0);
+    cr_expect_eq(s.rcvbuf_errors, 5);
+    cr_expect_eq(s.in_errors, UINT64_MAX);
+}
+
+Test(ingest, parse_snmp_rejects_what_it_cannot_read) {
+    static const char *const bad[] = {
+        "",
+        "Ip: Forwarding\nIp: 1\n",
+        /* The header alone; the values of UdpLite do not stand in for Udp's. */
+        "Udp: InErrors RcvbufErrors\nUdpLite: 1 2\n",
+        /* A column missing, a value missing, a value that is not a counter, an overflow. */
+        "Udp: InDatagrams InErrors\nUdp: 1 2\n",
+        "Udp: InErrors RcvbufErrors\nUdp: 1\n",
+        "Udp: InErrors RcvbufErrors\nUdp: 1 -2\n",
+        "Udp: InErrors RcvbufErrors\nUdp: 1 18446744073709551616\n",
+    };
+    for (size_t i = 0; i < BD_ARRAY_LEN(bad); i++) {
+        struct bd_udp_snmp s = {0};
+        cr_expect_eq(bd_ingest_parse_snmp(bad[i], strlen(bad[i]), &s), -EINVAL, "%s", bad[i]);
+    }
+}
+
+/* /proc/net/udp and /proc/net/udp6 lines as the kernel prints them. */
+static const char udp_sample[] =
+    "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+    "timeout inode ref pointer drops            \n"
+    "  245: 00000000:0044 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        "
+    "0 16623 2 0000000000000000 0        \n"
+    "  790: 0100007F:1F99 00000000:0000 07 00000000:00034000 00:00000000 00000000     0        "
+    "0 981234 2 0000000000000000 4711     \n"
+    "  791: garbage line with too few columns\n"
+    "  792: 0100007F:1F9A 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        "
+    "0 notanumber 2 0000000000000000 3\n";
+static const char udp6_sample[] =
+    "  sl  local_address                         remote_address                        st "
+    "tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n"
+    "  790: 00000000000000000000000001000000:1F99 00000000000000000000000000000000:0000 07 "
+    "00000000:00000000 00:00000000 00000000     0        0 981299 2 0000000000000000 12\n";
+
+Test(ingest, parse_udp_drops_finds_sockets_by_inode) {
+    struct bd_udp_sock socks[3] = {{981234, 0, false}, {981299, 0, false}, {5, 77, false}};
+    cr_expect_eq(bd_ingest_parse_udp_drops(udp_sample, strlen(udp_sample), socks, 3), 1);
+    cr_expect_eq(bd_ingest_parse_udp_drops(udp6_sample, strlen(udp6_sample), socks, 3), 1);
+    cr_expect(socks[0].found);
+    cr_expect_eq(socks[0].drops, 4711);
+    cr_expect(socks[1].found);
+    cr_expect_eq(socks[1].drops, 12);
+    /* Not listed: left alone. */
+    cr_expect(!socks[2].found);
+    cr_expect_eq(socks[2].drops, 77);
+
+    /* Read in pieces, as the daemon reads a long file: whole lines go through one at a time. */
+    struct bd_udp_sock again = {981234, 0, false};
+    const char *p = udp_sample;
+    const char *end = udp_sample + strlen(udp_sample);
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = nl != NULL ? (size_t)(nl - p) + 1 : (size_t)(end - p);
+        bd_ingest_parse_udp_drops(p, len, &again, 1);
+        p += len;
+    }
+    cr_expect(again.found);
+    cr_expect_eq(again.drops, 4711);
+    /* The last line without its '\n' still counts. */
+    struct bd_udp_sock last = {981299, 0, false};
+    cr_expect_eq(bd_ingest_parse_udp_drops(udp6_sample, strlen(udp6_sample) - 1, &last, 1), 1);
+    cr_expect_eq(last.drops, 12);
+}
+
+static bool proc_readable(void) {
+    return access("/proc/net/udp", R_OK) == 0 && access("/proc/net/snmp", R_OK) == 0;
+}
+
+/* 200 datagrams of 1 KiB, each full of valid short lines. */
+static void send_burst(int port) {
+    char dgram[1020];
+    for (size_t o = 0; o + 6 <= sizeof(dgram); o += 6) {
+        memcpy(dgram + o, "m v=1\n", 6);
+    }
+    for (int k = 0; k < 200; k++) {
+        udp_send(AF_INET, port, dgram, sizeof(dgram));
+    }
+}
+
+/*
+ * A listener with the smallest receive buffer the kernel grants (a few KiB) is sent far more
+ * than that while the loop is not running: the kernel must drop most of it, and say so.
+ */
+static int overflow_tiny_socket(struct fx *f) {
+    uint32_t i = fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    f->cfg.listeners[i].rcvbuf = 1024;
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+    cr_assert(port > 0);
+    send_burst(port);
+    return port;
+}
+
+Test(ingest, kernel_drops_are_read_at_stop) {
+    if (!proc_readable()) {
+        cr_skip_test("/proc/net is not readable here");
+    }
+    struct fx *f = fx_new();
+    overflow_tiny_socket(f);
+    /* No loop turn, so no timer: only the reading bd_ingest_stop makes can see the drops. */
+    bd_ingest_stop(f->in, NULL, NULL);
+    uint64_t drops = STAT(f, udp_socket_drops);
+    cr_expect_gt(drops, 0);
+    cr_expect_leq(drops, 200);
+    /* Host-wide counters include ours (and maybe other processes' drops). */
+    cr_expect_geq(STAT(f, udp_kernel_rcvbuf_errors), drops);
+    cr_expect_geq(STAT(f, udp_kernel_in_errors), STAT(f, udp_kernel_rcvbuf_errors));
+    fx_finish(f);
+}
+
+Test(ingest, kernel_drops_are_read_on_a_timer_and_only_grow) {
+    if (!proc_readable()) {
+        cr_skip_test("/proc/net is not readable here");
+    }
+    struct fx *f = fx_new();
+    int port = overflow_tiny_socket(f);
+    RUN_UNTIL(f, STAT(f, udp_socket_drops) > 0);
+    uint64_t first = STAT(f, udp_socket_drops);
+    /* Another burst: its drops are added to the first ones. */
+    send_burst(port);
+    RUN_UNTIL(f, STAT(f, udp_socket_drops) > first);
+    cr_expect_geq(STAT(f, udp_kernel_rcvbuf_errors), STAT(f, udp_socket_drops));
+    cr_expect_eq(STAT(f, drop_parse_error) + STAT(f, drop_line_too_long), 0);
+    fx_finish(f);
+}
+
+Test(ingest, no_udp_listener_reads_no_kernel_counters) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    bd_ingest_stop(f->in, NULL, NULL);
+    cr_expect_eq(STAT(f, udp_socket_drops), 0);
+    cr_expect_eq(STAT(f, udp_kernel_rcvbuf_errors), 0);
+    cr_expect_eq(STAT(f, udp_kernel_in_errors), 0);
+    fx_finish(f);
+}
