@@ -6,7 +6,10 @@
  * call: views point into the caller's line, and only text that has to differ from the input is
  * written into the parser's scratch buffer (names and strings that carried escapes, a series
  * key whose tags arrived unsorted, the rare float that needs strtod). bd_parser_init sizes that
- * buffer once from max_line; each call starts writing it from the beginning again.
+ * buffer once from max_line; each call starts writing it from the beginning again. Plain
+ * influx lines (ASCII, no escapes or strings: nearly all of them) take a fast path that maps the
+ * separators of the whole line at once; the general parser decides every other line and every
+ * error (see "Plain lines" below).
  *
  * Line protocol accept/reject decisions and values follow the InfluxDB conformance corpus
  * (../shared/corpus/line-protocol/, produced by the v2 Go decoder), corners included:
@@ -28,6 +31,7 @@
  * the listener has, -1 meaning none. Lines starting with '#' are skipped as comments.
  */
 #include "bucketd/parse.h"
+#include "parse_int.h"
 
 #include <errno.h>
 #include <float.h>
@@ -36,6 +40,13 @@
 #include <string.h>
 
 #include "bucketd/common.h"
+
+/* The plain-line scanner uses SSE2 where the compiler has it (every x86-64) and portable word
+ * arithmetic elsewhere; BD_PARSE_PORTABLE forces the latter, to test it on x86. */
+#if defined(__SSE2__) && !defined(BD_PARSE_PORTABLE)
+#include <emmintrin.h>
+#define PLAIN_SSE2 1
+#endif
 
 const char bd_parse_err_open_string[] = "unterminated string";
 
@@ -229,15 +240,73 @@ static bool utf8_valid(const char *str, size_t n) {
 /* ---------------------------------------------------------------------------------------- */
 /* Numbers                                                                                  */
 
+/* Eight bytes as a little-endian word, whatever the host's byte order. */
+static uint64_t load_le64(const char *s) {
+    uint64_t w;
+    memcpy(&w, s, sizeof(w));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    return w;
+}
+
+#define BYTES(c) (UINT64_C(0x0101010101010101) * (c))
+
+/* 0x80 in every byte of w equal to c, 0 elsewhere (exact: no carry crosses bytes). */
+static uint64_t bytes_eq(uint64_t w, unsigned char c) {
+    uint64_t x = w ^ BYTES(c);
+    return ~(((x & BYTES(0x7f)) + BYTES(0x7f)) | x) & BYTES(0x80);
+}
+
+/*
+ * Eight ASCII digits at once (SWAR), w holding them as load_le64() does: false unless all
+ * eight are digits. A timestamp's 19 digits take three of these instead of 19 loop turns.
+ */
+static bool digits8(uint64_t w, uint32_t *out) {
+    uint64_t x = w - BYTES('0');
+    /* Every byte is 0..9 exactly when neither it nor it plus 6 reaches 16; a byte below '0'
+     * wraps (borrowing from the byte above, which is then judged too) and fails the same way. */
+    if (((x | (x + BYTES(6))) & BYTES(0xf0)) != 0) {
+        return false;
+    }
+    /* Pairs, then quads, then all eight: the first byte is the most significant digit. */
+    x = (x * 10 + (x >> 8)) & UINT64_C(0x00ff00ff00ff00ff);
+    x = (x * 100 + (x >> 16)) & UINT64_C(0x0000ffff0000ffff);
+    *out = (uint32_t)(x * 10000 + (x >> 32));
+    return true;
+}
+
+/* The first k (1..8) characters of w moved to its end behind leading '0's, for digits8(). */
+static uint64_t align_digits(uint64_t w, size_t k) {
+    return k == 8 ? w : (w << (8 * (8 - k))) | (BYTES('0') >> (8 * k));
+}
+
 /*
  * Decimal digits to a uint64_t, as Go's ParseUint reads them: at least one, nothing else. Up to
- * 19 digits cannot overflow, so only longer runs (rare: leading zeros or garbage) are checked.
+ * 19 digits cannot overflow: from 8 on they go eight at a time, the odd ones first (with the
+ * load starting at the first digit, so nothing past the token is read). Longer runs (rare:
+ * leading zeros or garbage) take the careful loop.
  */
 static enum num_rc read_u64(const char *s, size_t n, uint64_t *out) {
     if (n == 0) {
         return NUM_SYNTAX;
     }
     uint64_t v = 0;
+    if (n >= 8 && n <= 19) {
+        size_t i = n % 8;
+        uint32_t d8 = 0;
+        if (i != 0 && !digits8(align_digits(load_le64(s), i), &d8)) {
+            return NUM_SYNTAX;
+        }
+        for (v = d8; i < n; i += 8) {
+            if (!digits8(load_le64(s + i), &d8)) {
+                return NUM_SYNTAX;
+            }
+            v = v * 100000000 + d8;
+        }
+        *out = v;
+        return NUM_OK;
+    }
     bool big = false;
     for (size_t i = 0; i < n; i++) {
         unsigned d = (unsigned char)s[i] - '0';
@@ -281,12 +350,12 @@ static const double pow10_exact[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1
 
 /*
  * Decimal float: [sign] (digits [. digits] | . digits) [(e|E) [sign] digits]. The sign may be
- * '+' only where plus_ok (Graphite). Most values have few digits and a small exponent; then the
- * digits form an integer below 2^53 and one multiplication or division by an exact power of ten
- * rounds once, which gives the correctly rounded double (Clinger's fast path). Anything else is
- * handed to strtod, copied into tmp (n + 1 bytes) because the token is not NUL-terminated.
+ * '+' only where plus_ok (Graphite). Values with few digits and a small exponent are integers
+ * below 2^53 times an exact power of ten, and one multiplication or division rounds once, which
+ * gives the correctly rounded double (Clinger's fast path). Anything else is handed to strtod,
+ * copied into tmp (n + 1 bytes) because the token is not NUL-terminated.
  */
-static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, double *out) {
+static enum num_rc read_f64_any(const char *s, size_t n, bool plus_ok, char *tmp, double *out) {
     /* Past this the value is 0 or infinite anyway; keeping exp10 within it avoids overflow. */
     const int exp_cap = 1000000;
     size_t i = 0;
@@ -400,6 +469,49 @@ static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, do
     return NUM_OK;
 }
 
+#if FLT_EVAL_METHOD == 0
+/*
+ * The shape nearly every sensor sends, [-]digits[.digits] with at most 19 digits and no
+ * exponent, read in one pass. The digits form an integer m and the value is m / 10^k with k the
+ * number of decimals; when m <= 2^53 and k <= 22 both are exact doubles and the one division
+ * rounds correctly (Clinger's fast path). False for anything else, which read_f64_any decides.
+ */
+static bool read_f64_short(const char *s, size_t n, double *out) {
+    bool neg = n > 0 && s[0] == '-';
+    size_t i = neg;
+    uint64_t mant = 0;
+    /* More than 19 digits may wrap mant; the count below rejects those before it is used. */
+    for (unsigned d; i < n && (d = (unsigned char)s[i] - '0') <= 9; i++) {
+        mant = mant * 10 + d;
+    }
+    size_t digits = i - neg;
+    size_t decimals = 0;
+    if (i < n && s[i] == '.') {
+        size_t start = ++i;
+        for (unsigned d; i < n && (d = (unsigned char)s[i] - '0') <= 9; i++) {
+            mant = mant * 10 + d;
+        }
+        decimals = i - start;
+        digits += decimals;
+    }
+    if (i != n || digits == 0 || digits > 19 || decimals > 22 || mant > MANT_EXACT) {
+        return false;
+    }
+    double v = (double)mant / pow10_exact[decimals];
+    *out = neg ? -v : v;
+    return true;
+}
+#endif
+
+static enum num_rc read_f64(const char *s, size_t n, bool plus_ok, char *tmp, double *out) {
+#if FLT_EVAL_METHOD == 0
+    if (read_f64_short(s, n, out)) {
+        return NUM_OK;
+    }
+#endif
+    return read_f64_any(s, n, plus_ok, tmp, out);
+}
+
 static const int64_t ns_per_unit[] = {
     [BD_PREC_NS] = 1,
     [BD_PREC_US] = 1000,
@@ -431,7 +543,11 @@ struct raw_span {
     size_t len;
 };
 
+/* Keys are never empty and nearly always differ in their first byte: memcmp only if not. */
 static int str_cmp(struct bd_str a, struct bd_str b) {
+    if (a.len > 0 && b.len > 0 && a.ptr[0] != b.ptr[0]) {
+        return (unsigned char)a.ptr[0] - (unsigned char)b.ptr[0];
+    }
     int c = memcmp(a.ptr, b.ptr, BD_MIN(a.len, b.len));
     if (c != 0) {
         return c;
@@ -440,14 +556,20 @@ static int str_cmp(struct bd_str a, struct bd_str b) {
 }
 
 static bool str_eq(struct bd_str a, struct bd_str b) {
-    return a.len == b.len && memcmp(a.ptr, b.ptr, a.len) == 0;
+    return a.len == b.len &&
+           (a.len == 0 || (a.ptr[0] == b.ptr[0] && memcmp(a.ptr, b.ptr, a.len) == 0));
 }
 
 /*
  * Sorts the tags by key (insertion sort: there are few, and senders mostly sort them already)
- * and rejects a repeated key. raw moves along with the tags.
+ * and rejects a repeated key. raw moves along with the tags. in_order says every key was
+ * already greater than the one before it: then they are sorted and distinct, nothing to do.
  */
-static int sort_tags(struct bd_point *pt, struct raw_span *raw, const char **errmsg) {
+static int sort_tags(struct bd_point *pt, struct raw_span *raw, bool in_order,
+                     const char **errmsg) {
+    if (in_order) {
+        return 0;
+    }
     for (uint32_t i = 1; i < pt->n_tags; i++) {
         struct bd_tag t = pt->tags[i];
         struct raw_span r = raw[i];
@@ -500,16 +622,26 @@ static struct bd_str build_series_key(struct scratch *sc, const char *name, size
     return (struct bd_str){dst, len};
 }
 
-/* Stores a field; a key seen before on this line keeps its slot and takes the new value. */
-static struct bd_field *field_slot(struct bd_point *pt, struct bd_str key) {
-    for (uint32_t i = 0; i < pt->n_fields; i++) {
-        if (str_eq(pt->fields[i].key, key)) {
-            return &pt->fields[i];
+/*
+ * Stores a field; a key seen before on this line keeps its slot and takes the new value. seen
+ * (zero at the start of a line) has one bit per hash of the keys stored so far: a key whose bit
+ * is clear cannot be a repeat, so the search, a loop of unpredictable length, is rarely run.
+ */
+static struct bd_field *field_slot(struct bd_point *pt, struct bd_str key, uint64_t *seen) {
+    unsigned char first = (unsigned char)key.ptr[0];
+    unsigned char last = (unsigned char)key.ptr[key.len - 1];
+    uint64_t bit = UINT64_C(1) << ((key.len * 7 + first + last * 3) % 64);
+    if ((*seen & bit) != 0) {
+        for (uint32_t i = 0; i < pt->n_fields; i++) {
+            if (str_eq(pt->fields[i].key, key)) {
+                return &pt->fields[i];
+            }
         }
     }
     if (pt->n_fields == BD_PARSE_MAX_FIELDS) {
         return NULL;
     }
+    *seen |= bit;
     struct bd_field *f = &pt->fields[pt->n_fields++];
     f->key = key;
     return f;
@@ -517,6 +649,54 @@ static struct bd_field *field_slot(struct bd_point *pt, struct bd_str key) {
 
 /* ---------------------------------------------------------------------------------------- */
 /* InfluxDB line protocol                                                                   */
+
+/* A boolean or number field value, v[0, len) up to its separator; 0 or a bd_parse_status. */
+static int read_scalar(struct scratch *sc, const char *v, size_t len, struct bd_field *f,
+                       const char **errmsg) {
+    unsigned char c = len > 0 ? (unsigned char)v[0] : 0;
+    if (c == 't' || c == 'T' || c == 'f' || c == 'F') {
+        static const char *const words[] = {"t", "T", "true", "True", "TRUE",
+                                            "f", "F", "false", "False", "FALSE"};
+        for (size_t k = 0; k < BD_ARRAY_LEN(words); k++) {
+            if (strlen(words[k]) == len && memcmp(words[k], v, len) == 0) {
+                f->kind = BD_VAL_BOOL;
+                f->v.b = k < 5;
+                return 0;
+            }
+        }
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid boolean");
+    }
+    if (c != '-' && c != '.' && !is_digit(c)) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid field value");
+    }
+    enum num_rc rc;
+    if (v[len - 1] == 'i') {
+        f->kind = BD_VAL_INT;
+        rc = read_i64(v, len - 1, &f->v.i);
+        if (rc != NUM_OK) {
+            return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "integer out of range")
+                                   : fail(errmsg, BD_PARSE_ESYNTAX, "invalid integer");
+        }
+    } else if (v[len - 1] == 'u') {
+        f->kind = BD_VAL_UINT;
+        rc = read_u64(v, len - 1, &f->v.u);
+        if (rc != NUM_OK) {
+            return rc == NUM_RANGE
+                       ? fail(errmsg, BD_PARSE_ERANGE, "unsigned integer out of range")
+                       : fail(errmsg, BD_PARSE_ESYNTAX, "invalid unsigned integer");
+        }
+    } else {
+        f->kind = BD_VAL_FLOAT;
+        /* The copy for strtod goes past everything kept so far and is not kept itself. */
+        BD_ASSERT(len + 1 <= sc->cap - sc->used);
+        rc = read_f64(v, len, false, sc->buf + sc->used, &f->v.f);
+        if (rc != NUM_OK) {
+            return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "float out of range")
+                                   : fail(errmsg, BD_PARSE_ESYNTAX, "invalid float");
+        }
+    }
+    return 0;
+}
 
 /* Reads the value of a field starting at s[*pi] and moves *pi past it; 0 or a bd_parse_status. */
 static int read_field_value(struct scratch *sc, const char *s, size_t *pi, size_t n,
@@ -565,50 +745,23 @@ static int read_field_value(struct scratch *sc, const char *s, size_t *pi, size_
     while (i < n && (char_class[(unsigned char)s[i]] & CLASS_VALUE) != 0) {
         i++;
     }
-    const char *v = s + start;
-    size_t len = i - start;
     *pi = i;
-    if (c == 't' || c == 'T' || c == 'f' || c == 'F') {
-        static const char *const words[] = {"t", "T", "true", "True", "TRUE",
-                                            "f", "F", "false", "False", "FALSE"};
-        for (size_t k = 0; k < BD_ARRAY_LEN(words); k++) {
-            if (strlen(words[k]) == len && memcmp(words[k], v, len) == 0) {
-                f->kind = BD_VAL_BOOL;
-                f->v.b = k < 5;
-                return 0;
-            }
-        }
-        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid boolean");
+    return read_scalar(sc, s + start, i - start, f, errmsg);
+}
+
+/* A timestamp token in the listener's precision into pt; 0 or a bd_parse_status. */
+static int read_influx_time(const struct bd_parser *p, const char *s, size_t n,
+                            struct bd_point *pt, const char **errmsg) {
+    int64_t t = 0;
+    enum num_rc rc = read_i64(s, n, &t);
+    if (rc == NUM_SYNTAX) {
+        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid timestamp");
     }
-    if (c != '-' && c != '.' && !is_digit(c)) {
-        return fail(errmsg, BD_PARSE_ESYNTAX, "invalid field value");
+    if (rc == NUM_RANGE || t > max_in_unit[p->precision] || t < min_in_unit[p->precision]) {
+        return fail(errmsg, BD_PARSE_ERANGE, "timestamp out of range");
     }
-    enum num_rc rc;
-    if (v[len - 1] == 'i') {
-        f->kind = BD_VAL_INT;
-        rc = read_i64(v, len - 1, &f->v.i);
-        if (rc != NUM_OK) {
-            return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "integer out of range")
-                                   : fail(errmsg, BD_PARSE_ESYNTAX, "invalid integer");
-        }
-    } else if (v[len - 1] == 'u') {
-        f->kind = BD_VAL_UINT;
-        rc = read_u64(v, len - 1, &f->v.u);
-        if (rc != NUM_OK) {
-            return rc == NUM_RANGE
-                       ? fail(errmsg, BD_PARSE_ERANGE, "unsigned integer out of range")
-                       : fail(errmsg, BD_PARSE_ESYNTAX, "invalid unsigned integer");
-        }
-    } else {
-        f->kind = BD_VAL_FLOAT;
-        /* The copy for strtod goes past everything kept so far and is not kept itself. */
-        BD_ASSERT(len + 1 <= sc->cap - sc->used);
-        rc = read_f64(v, len, false, sc->buf + sc->used, &f->v.f);
-        if (rc != NUM_OK) {
-            return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "float out of range")
-                                   : fail(errmsg, BD_PARSE_ESYNTAX, "invalid float");
-        }
-    }
+    pt->has_time = true;
+    pt->time_ns = t * ns_per_unit[p->precision];
     return 0;
 }
 
@@ -699,6 +852,7 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
 
     /* Field set. */
     pt->n_fields = 0;
+    uint64_t seen = 0;
     for (;;) {
         if (i == n) {
             return fail(errmsg, BD_PARSE_ESYNTAX, "missing field set");
@@ -722,7 +876,7 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
         if (rc < 0) {
             return rc;
         }
-        struct bd_field *slot = field_slot(pt, f.key);
+        struct bd_field *slot = field_slot(pt, f.key, &seen);
         if (slot == NULL) {
             return fail(errmsg, BD_PARSE_ETOO_MANY_FIELDS, "too many fields");
         }
@@ -749,13 +903,9 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
         if (i == ts || (i < n && s[i] != ' ')) {
             return fail(errmsg, BD_PARSE_ESYNTAX, "invalid timestamp");
         }
-        int64_t t = 0;
-        enum num_rc rc = read_i64(s + ts, i - ts, &t);
-        if (rc == NUM_SYNTAX) {
-            return fail(errmsg, BD_PARSE_ESYNTAX, "invalid timestamp");
-        }
-        if (rc == NUM_RANGE || t > max_in_unit[p->precision] || t < min_in_unit[p->precision]) {
-            return fail(errmsg, BD_PARSE_ERANGE, "timestamp out of range");
+        int rc = read_influx_time(p, s + ts, i - ts, pt, errmsg);
+        if (rc < 0) {
+            return rc;
         }
         while (i < n && s[i] == ' ') {
             i++;
@@ -763,15 +913,251 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
         if (i < n) {
             return fail(errmsg, BD_PARSE_ESYNTAX, "unexpected text after timestamp");
         }
-        pt->has_time = true;
-        pt->time_ns = t * ns_per_unit[p->precision];
     }
 
-    int rc = sort_tags(pt, raw, errmsg);
+    int rc = sort_tags(pt, raw, in_order, errmsg);
     if (rc < 0) {
         return rc;
     }
     pt->series_key = build_series_key(&sc, name, name_len, raw, pt->n_tags, ',', in_order);
+    return BD_PARSE_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Plain lines: the fast path                                                               */
+
+/*
+ * Nearly every line is plain: ASCII without control characters, backslashes or double quotes,
+ * so it has no escapes, no string values and nothing to check as UTF-8. In such a line the
+ * separators alone give the structure. plain_map_line() finds them for the whole line at once,
+ * 16 bytes per step with SSE2 or 8 with portable word arithmetic, into bitmaps that the parser
+ * walks with count-trailing-zeros instead of classifying byte after byte. Anything else goes
+ * to the general parser above, and so does every plain line the fast parser does not accept:
+ * the general parser alone decides errors and their messages, so the fast path only has to be
+ * right about the lines it accepts (the fuzzers compare the two on every input).
+ */
+#define PLAIN_MAX_LINE 1024
+#define PLAIN_WORDS (PLAIN_MAX_LINE / 64)
+/* Internal result of parse_influx_plain(): the general parser must decide this line. */
+#define PLAIN_MISS 2
+
+#ifdef PLAIN_SSE2
+#define PLAIN_CHUNK 16
+
+/*
+ * Bit k set where p[k] is a separator (' ', ',' or '='); *odd gets a bit for every byte that
+ * keeps the line from being plain.
+ */
+static unsigned map_chunk(const char *p, unsigned *odd) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m128i sep = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')),
+                                            _mm_cmpeq_epi8(x, _mm_set1_epi8(','))),
+                               _mm_cmpeq_epi8(x, _mm_set1_epi8('=')));
+    /* x + 1 below 0x21 as a signed byte: a control character, DEL, or 0x80 and up. */
+    __m128i bad = _mm_cmplt_epi8(_mm_add_epi8(x, _mm_set1_epi8(1)), _mm_set1_epi8(0x21));
+    bad = _mm_or_si128(bad, _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('"')),
+                                         _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'))));
+    *odd |= (unsigned)_mm_movemask_epi8(bad);
+    return (unsigned)_mm_movemask_epi8(sep);
+}
+#else
+#define PLAIN_CHUNK 8
+
+/* The 0x80 bits of m's bytes as 8 bits, byte 0 lowest. */
+static unsigned high_bits(uint64_t m) {
+    return (unsigned)(((m >> 7) * UINT64_C(0x0102040810204080)) >> 56);
+}
+
+/* As the SSE2 version, 8 bytes at a time. */
+static unsigned map_chunk(const char *p, unsigned *odd) {
+    uint64_t w = load_le64(p);
+    /* Below 0x20 once the top bit is cleared, or the top bit set. */
+    uint64_t low = ~((w & BYTES(0x7f)) + BYTES(0x60)) & BYTES(0x80);
+    uint64_t bad = low | (w & BYTES(0x80)) | bytes_eq(w, 0x7f) | bytes_eq(w, '"') |
+                   bytes_eq(w, '\\');
+    *odd |= bad != 0;
+    return high_bits(bytes_eq(w, ' ') | bytes_eq(w, ',') | bytes_eq(w, '='));
+}
+#endif
+
+/*
+ * The field values sensors send most, read without a loop: [-] and at most 8 characters of
+ * digits with at most one '.', or [-] and at most 8 digits before an 'i' or 'u' suffix. The 8
+ * bytes after the sign are loaded at once (room, the bytes readable from v, must allow it) and
+ * those past the value shifted out; the '.' is squeezed out of the word, and one division by an
+ * exact power of ten rounds the float correctly (Clinger's fast path, as in read_f64_short).
+ * False for anything else, which read_scalar() decides.
+ */
+static bool plain_number(const char *v, size_t len, size_t room, struct bd_field *f) {
+    bool neg = v[0] == '-';
+    char last = v[len - 1];
+    bool integer = last == 'i' || last == 'u';
+    size_t k = len - neg - integer;
+    if (k == 0 || k > 8 || room - neg < 8 || (neg && last == 'u')) {
+        return false;
+    }
+    uint64_t w = load_le64(v + neg);
+    uint64_t dot = bytes_eq(w, '.') & (k == 8 ? ~UINT64_C(0) : (UINT64_C(1) << (8 * k)) - 1);
+    size_t decimals = 0;
+    if (dot != 0) {
+        size_t at = (size_t)__builtin_ctzll(dot) / 8;
+        uint64_t below = (UINT64_C(1) << (8 * at)) - 1;
+        w = (w & below) | ((w >> 8) & ~below);
+        decimals = --k - at;
+        if (integer || k == 0) {
+            return false;
+        }
+    }
+    uint32_t d = 0;
+    if (!digits8(align_digits(w, k), &d)) {
+        return false;
+    }
+    if (last == 'i') {
+        f->kind = BD_VAL_INT;
+        f->v.i = neg ? -(int64_t)d : (int64_t)d;
+    } else if (last == 'u') {
+        f->kind = BD_VAL_UINT;
+        f->v.u = d;
+    } else {
+#if FLT_EVAL_METHOD == 0
+        double x = (double)d / pow10_exact[decimals];
+        f->kind = BD_VAL_FLOAT;
+        f->v.f = neg ? -x : x;
+#else
+        return false;
+#endif
+    }
+    return true;
+}
+
+/*
+ * Sets map's bit k where s[k] is a separator, for a line of at most PLAIN_MAX_LINE bytes; false
+ * if the line is not plain. Nothing past the line is read and no bit is set at or past its end:
+ * the last partial chunk is the line's last full chunk shifted, and a line shorter than one
+ * chunk goes through a copy padded with a letter. A chunk never straddles two words.
+ */
+static bool plain_map_line(const char *s, size_t n, uint64_t *map) {
+    unsigned odd = 0;
+    size_t i = 0;
+    memset(map, 0, (n + 63) / 64 * sizeof(*map));
+    for (; n - i >= PLAIN_CHUNK; i += PLAIN_CHUNK) {
+        map[i / 64] |= (uint64_t)map_chunk(s + i, &odd) << (i % 64);
+    }
+    if (i < n && n >= PLAIN_CHUNK) {
+        /* The last chunk of the line again, overlapping bytes already mapped (and plain). */
+        uint64_t last = map_chunk(s + n - PLAIN_CHUNK, &odd) >> (i + PLAIN_CHUNK - n);
+        map[i / 64] |= last << (i % 64);
+    } else if (i < n) {
+        char tail[PLAIN_CHUNK];
+        memset(tail, 'a', sizeof(tail));
+        memcpy(tail, s, n);
+        map[0] = map_chunk(tail, &odd);
+    }
+    return odd == 0;
+}
+
+/* Walks the separators of a mapped line in order. */
+struct seps {
+    const uint64_t *map;
+    size_t words;
+    size_t w;      /* the word being consumed */
+    uint64_t bits; /* its separators not yet returned */
+};
+
+/* The position of the next separator, or n once there is none. */
+static size_t next_sep(struct seps *c, size_t n) {
+    while (c->bits == 0) {
+        if (++c->w >= c->words) {
+            return n;
+        }
+        c->bits = c->map[c->w];
+    }
+    size_t at = c->w * 64 + (size_t)__builtin_ctzll(c->bits);
+    c->bits &= c->bits - 1;
+    return at;
+}
+
+/*
+ * The general parser's grammar for a plain line that starts with its measurement: single
+ * spaces between the sections and none at the end (anything else is legal but rare, and left
+ * to the general parser). BD_PARSE_OK, or PLAIN_MISS wherever the general parser must decide.
+ * Separators come in order, so each token ends at the next one: a measurement may hold '=',
+ * nothing else may hold a separator of the wrong kind.
+ */
+static int parse_influx_plain(struct bd_parser *p, const char *s, size_t n, struct bd_point *pt,
+                              const uint64_t *map) {
+    struct scratch sc = {p->scratch, p->scratch_cap, 0};
+    struct raw_span raw[BD_PARSE_MAX_TAGS];
+    struct seps c = {map, (n + 63) / 64, 0, map[0]};
+
+    size_t i = next_sep(&c, n);
+    while (i < n && s[i] == '=') {
+        i = next_sep(&c, n);
+    }
+    if (i == 0 || i == n) {
+        return PLAIN_MISS;
+    }
+    pt->name = (struct bd_str){s, i};
+    pt->n_tags = 0;
+    bool in_order = true;
+    while (s[i] == ',') {
+        size_t ke = next_sep(&c, n);
+        size_t ve = next_sep(&c, n);
+        if (ke == i + 1 || ve == n || s[ke] != '=' || ve == ke + 1 ||
+            pt->n_tags == BD_PARSE_MAX_TAGS) {
+            return PLAIN_MISS;
+        }
+        struct bd_tag *t = &pt->tags[pt->n_tags];
+        t->key = (struct bd_str){s + i + 1, ke - i - 1};
+        t->value = (struct bd_str){s + ke + 1, ve - ke - 1};
+        raw[pt->n_tags] = (struct raw_span){s + i + 1, ve - i - 1};
+        if (pt->n_tags > 0 && str_cmp(pt->tags[pt->n_tags - 1].key, t->key) >= 0) {
+            in_order = false;
+        }
+        pt->n_tags++;
+        i = ve;
+    }
+    if (s[i] != ' ') {
+        return PLAIN_MISS;
+    }
+
+    /* Fields: i is the separator before each key. */
+    pt->n_fields = 0;
+    uint64_t seen = 0;
+    do {
+        size_t ke = next_sep(&c, n);
+        size_t ve = next_sep(&c, n);
+        if (ke == n || s[ke] != '=' || ke == i + 1 || (ve < n && s[ve] == '=')) {
+            return PLAIN_MISS;
+        }
+        struct bd_field f;
+        f.key = (struct bd_str){s + i + 1, ke - i - 1};
+        const char *v = s + ke + 1;
+        size_t len = ve - ke - 1;
+        if (len == 0 ||
+            (!plain_number(v, len, n - ke - 1, &f) && read_scalar(&sc, v, len, &f, NULL) != 0)) {
+            return PLAIN_MISS;
+        }
+        struct bd_field *slot = field_slot(pt, f.key, &seen);
+        if (slot == NULL) {
+            return PLAIN_MISS;
+        }
+        *slot = f;
+        i = ve;
+    } while (i < n && s[i] == ',');
+
+    pt->has_time = false;
+    if (i < n) {
+        /* A space, and the timestamp runs to the end of the line. */
+        if (next_sep(&c, n) != n || read_influx_time(p, s + i + 1, n - i - 1, pt, NULL) != 0) {
+            return PLAIN_MISS;
+        }
+    }
+
+    if (sort_tags(pt, raw, in_order, NULL) < 0) {
+        return PLAIN_MISS;
+    }
+    pt->series_key = build_series_key(&sc, s, pt->name.len, raw, pt->n_tags, ',', in_order);
     return BD_PARSE_OK;
 }
 
@@ -957,7 +1343,7 @@ static int parse_graphite(struct bd_parser *p, const char *s, size_t n, struct b
         }
     }
 
-    int rc2 = sort_tags(pt, raw, errmsg);
+    int rc2 = sort_tags(pt, raw, in_order, errmsg);
     if (rc2 < 0) {
         return rc2;
     }
@@ -1005,8 +1391,8 @@ void bd_parser_close(struct bd_parser *p) {
     p->scratch_cap = 0;
 }
 
-int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
-                  const char **errmsg) {
+static int parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
+                      const char **errmsg, bool fast) {
     if (len > p->max_line) {
         return fail(errmsg, BD_PARSE_ESYNTAX, "line too long");
     }
@@ -1017,5 +1403,24 @@ int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_p
     if (p->format == BD_FORMAT_GRAPHITE) {
         return parse_graphite(p, line, len, pt, errmsg);
     }
+    if (fast && len > 0 && len <= PLAIN_MAX_LINE && line[0] != ' ' && line[0] != '#') {
+        uint64_t map[PLAIN_WORDS];
+        if (plain_map_line(line, len, map)) {
+            int rc = parse_influx_plain(p, line, len, pt, map);
+            if (rc != PLAIN_MISS) {
+                return rc;
+            }
+        }
+    }
     return parse_influx(p, line, len, pt, errmsg);
+}
+
+int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
+                  const char **errmsg) {
+    return parse_line(p, line, len, pt, errmsg, true);
+}
+
+int bd_parse_line_general(struct bd_parser *p, const char *line, size_t len,
+                          struct bd_point *pt, const char **errmsg) {
+    return parse_line(p, line, len, pt, errmsg, false);
 }

@@ -281,13 +281,26 @@ static struct bd_sensor *lookup(struct bd_sensor_table *t, const struct bd_str *
     return NULL;
 }
 
-/* Index of a field name in the sensor's dictionary, appending it if new; -1 on a counted
- * drop. The append publishes the name (release) before any reading using it is pushed. */
-static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_str *key) {
+/* Whether field name i is key (not NUL-terminated; strncmp stops at the name's own end). */
+static bool field_is(const struct bd_sensor *s, uint32_t i, const struct bd_str *key) {
+    const char *name = s->field_names[i];
+    return strncmp(name, key->ptr, key->len) == 0 && name[key->len] == '\0';
+}
+
+/*
+ * Index of a field name in the sensor's dictionary, appending it if new; -1 on a counted drop.
+ * A sensor sends its fields in the same order every time, so the name at the field's position
+ * in the line (hint) is tried first and the search is the exception. The append publishes the
+ * name (release) before any reading using it is pushed.
+ */
+static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_str *key,
+                       uint32_t hint) {
     uint32_t n = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
+    if (hint < n && field_is(s, hint, key)) {
+        return (int)hint;
+    }
     for (uint32_t i = 0; i < n; i++) {
-        if (strncmp(s->field_names[i], key->ptr, key->len) == 0 &&
-            s->field_names[i][key->len] == '\0') {
+        if (field_is(s, i, key)) {
             return (int)i;
         }
     }
@@ -365,7 +378,7 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
         if (f->kind == BD_VAL_STRING) {
             continue;
         }
-        int idx = field_index(t, s, &f->key);
+        int idx = field_index(t, s, &f->key, n - 1);
         if (idx < 0) {
             return -EINVAL;
         }

@@ -9,8 +9,9 @@
  * after it, as bucketd-parse joins them. Each line is copied into a heap block of exactly its
  * length, so AddressSanitizer reports any read past its end.
  *
- * For every line: the result must not change when the same line is parsed again, nor (timestamps
- * aside) under another precision. For every accepted point: the invariants in check_point(); the
+ * For every line: the result must not change when the same line is parsed again, nor when the
+ * general parser alone reads it (without the fast path for plain lines), nor (timestamps aside)
+ * under another precision. For every accepted point: the invariants in check_point(); the
  * series key must be the escaped name and sorted tags; the point written back as canonical line
  * protocol must parse to the same point; and the JSON that bucketd-parse prints for it must read
  * back to the same values. A broken invariant prints what failed and traps, which libFuzzer
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../src/parse_int.h"
 #include "bucketd/parse.h"
 #include "fuzz_common.h"
 
@@ -581,6 +583,15 @@ static int check_entry(struct bd_parser *set, enum bd_precision prec, const char
     const char *err2 = NULL;
     int rc2 = bd_parse_line(p, line, n, pt_other, &err2);
     CHECK(rc2 == rc && (rc >= 0 || err2 == err));
+    if (rc == BD_PARSE_OK) {
+        snapshot(&snap_other, pt_other);
+        CHECK(buf_eq(&snap_main, &snap_other));
+    }
+
+    /* The general parser alone: the fast path for plain lines must not change any answer. */
+    const char *errg = NULL;
+    int rcg = bd_parse_line_general(p, line, n, pt_other, &errg);
+    CHECK(rcg == rc && (rc >= 0 || errg == err));
     if (rc == BD_PARSE_OK) {
         snapshot(&snap_other, pt_other);
         CHECK(buf_eq(&snap_main, &snap_other));

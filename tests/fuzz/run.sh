@@ -77,8 +77,10 @@ cflags=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer
         -Wall -Wextra -Wshadow -Wno-unused-parameter -I "$root/include")
 
 echo "== building fuzz targets with $(clang --version | head -n1)"
+# src/config.c checks mongodb.uri with libmongoc (src/mongo.c).
+read -r -a mongoc <<<"$(pkg-config --cflags --libs libmongoc-1.0)"
 clang "${cflags[@]}" -o "$out/fuzz_influx" tests/fuzz/fuzz_influx.c \
-  src/parse.c src/common.c src/config.c src/log.c -lyaml -lm
+  src/parse.c src/common.c src/config.c src/log.c src/mongo.c "${mongoc[@]}" -lyaml -lm
 clang "${cflags[@]}" -o "$out/fuzz_graphite" tests/fuzz/fuzz_graphite.c \
   src/parse.c src/common.c -lm
 

@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "bucketd/parse.h"
+/* bd_parse_line_general(): the general parser alone, to compare the fast path with. */
+#include "../../src/parse_int.h"
 
 /* A point is several KiB: one static per test process (Criterion forks each test). */
 static struct bd_parser parser;
@@ -82,16 +84,63 @@ static const struct bd_field *field(const struct bd_point *pt, const char *key) 
     return NULL;
 }
 
-static double parse_float(const char *value) {
-    char line[512];
-    snprintf(line, sizeof(line), "m v=%s", value);
-    const struct bd_field *f = field(ok(line), "v");
-    cr_assert_eq(f->kind, BD_VAL_FLOAT, "%s", value);
-    return f->v.f;
-}
-
 static bool same_double(double a, double b) {
     return memcmp(&a, &b, sizeof(a)) == 0;
+}
+
+/* Same kind and value (the key is not compared: it points into a line since overwritten). */
+static bool same_value(const struct bd_field *a, const struct bd_field *b) {
+    if (a->kind != b->kind) {
+        return false;
+    }
+    switch (a->kind) {
+    case BD_VAL_FLOAT:
+        return same_double(a->v.f, b->v.f);
+    case BD_VAL_INT:
+        return a->v.i == b->v.i;
+    case BD_VAL_UINT:
+        return a->v.u == b->v.u;
+    case BD_VAL_BOOL:
+        return a->v.b == b->v.b;
+    default:
+        return a->v.s.len == b->v.s.len && memcmp(a->v.s.ptr, b->v.s.ptr, a->v.s.len) == 0;
+    }
+}
+
+/*
+ * A field value read every way the parser can read it: last on its line (where fewer than 8
+ * bytes may follow it), before a timestamp (where plain lines load it 8 bytes at once), between
+ * other fields, and by the general parser alone. All must give the same field, which is
+ * returned; rc is the common result.
+ */
+static int parse_value(const char *value, struct bd_field *out) {
+    static const char *const forms[] = {"m v=%s", "m v=%s 1", "m,t=1 a=1i,v=%s,b=t 1"};
+    char line[512];
+    int rc0 = 0;
+    for (size_t i = 0; i < 2 * BD_ARRAY_LEN(forms); i++) {
+        snprintf(line, sizeof(line), forms[i % BD_ARRAY_LEN(forms)], value);
+        errmsg = NULL;
+        int rc = i < BD_ARRAY_LEN(forms)
+                     ? bd_parse_line(&parser, line, strlen(line), &point, &errmsg)
+                     : bd_parse_line_general(&parser, line, strlen(line), &point, &errmsg);
+        if (i == 0) {
+            rc0 = rc;
+        }
+        cr_assert_eq(rc, rc0, "\"%s\": rc %d, first %d", line, rc, rc0);
+        if (rc == BD_PARSE_OK) {
+            const struct bd_field *f = field(&point, "v");
+            cr_assert(i == 0 || same_value(f, out), "\"%s\" read differently", line);
+            *out = *f;
+        }
+    }
+    return rc0;
+}
+
+static double parse_float(const char *value) {
+    struct bd_field f;
+    cr_assert_eq(parse_value(value, &f), BD_PARSE_OK, "%s", value);
+    cr_assert_eq(f.kind, BD_VAL_FLOAT, "%s", value);
+    return f.v.f;
 }
 
 /* ---- Line protocol: structure ------------------------------------------------------------ */
@@ -369,6 +418,191 @@ Test(parse, float_matches_strtod) {
         double got = parse_float(text);
         cr_assert(same_double(got, want), "%s: got %.17g, strtod %.17g", text, got, want);
     }
+}
+
+/* Where the fast paths end: 2^53, 10^22, 8 characters, 19 digits; each as strtod reads it. */
+Test(parse, float_fast_path_boundaries_match_strtod) {
+    static const char *const cases[] = {
+        "9007199254740992", "9007199254740993", "9007199254740993.0", "9007199254740991.5",
+        "-9007199254740993", "900719925474099.3", "1e22", "1e23", "1e-22", "1e-23",
+        "9007199254740992e22", "9007199254740992e-22", "9007199254740993e-22", "12345e-22",
+        "1.5e-23", "4.5e22", "123456789012345678e22", "1e308", "1.7976931348623157e308",
+        "4.9e-324", "5e-324", "2.4703282292062328e-324", "2.2250738585072014e-308",
+        "2.2250738585072011e-308", "1e-320", "1.", ".5", "-.5", "-0", "-0.0", "0", "0.0",
+        "-0.", "-.0", "99999999", "9999999.9", ".9999999", "-.1234567", "12345678",
+        "1234567.8", "0.1234567", "1.2345678", "-99999999", "999999999", "99999999.9",
+        "0.30000000000000004", "1.00000000000000011102230246251565404236316680908203125",
+        "1.00000000000000011102230246251565404236316680908203124", "1234567890123456789",
+        "12345678901234567890", "0.0000000000000000000000001", "3.141592653589793238462643",
+        "00000000000000000000000001", "1.0000000000000000000000000000000000000000000000001",
+    };
+    for (size_t i = 0; i < BD_ARRAY_LEN(cases); i++) {
+        double want = strtod(cases[i], NULL);
+        double got = parse_float(cases[i]);
+        cr_assert(same_double(got, want), "%s: got %.17g, strtod %.17g", cases[i], got, want);
+    }
+}
+
+/* Short values, the ones the 8-byte path reads, against strtod in every position. */
+Test(parse, short_floats_match_strtod) {
+    uint64_t seed = 7;
+    for (int n = 0; n < 100000; n++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        uint64_t r = seed >> 11;
+        char text[16];
+        size_t o = 0;
+        if (r & 1) {
+            text[o++] = '-';
+        }
+        size_t digits = 1 + (size_t)((r >> 1) % 9); /* 9: one past what the path takes */
+        size_t dot = (size_t)((r >> 5) % (digits + 2)); /* past the end: no dot */
+        for (size_t k = 0; k < digits; k++) {
+            if (k == dot) {
+                text[o++] = '.';
+            }
+            text[o++] = (char)('0' + (r >> (9 + 3 * k)) % 10);
+        }
+        if (dot == digits) {
+            text[o++] = '.';
+        }
+        text[o] = '\0';
+        double want = strtod(text, NULL);
+        double got = parse_float(text);
+        cr_assert(same_double(got, want), "%s: got %.17g, strtod %.17g", text, got, want);
+    }
+}
+
+Test(parse, integers_match_strtoll_in_every_position) {
+    uint64_t seed = 11;
+    for (int n = 0; n < 50000; n++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        uint64_t r = seed >> 8;
+        char text[40];
+        bool neg = r & 1;
+        bool unsig = !neg && (r & 2);
+        /* Up to 19 digits: 18 always fit an int64, 19 a uint64. */
+        int digits = 1 + (int)((r >> 2) % (unsig ? 19 : 18));
+        uint64_t v = (seed * 0x2545f4914f6cdd1du) % 10000000000000000000u;
+        snprintf(text, sizeof(text), "%s%0*llu%c", neg ? "-" : "", digits,
+                 (unsigned long long)(v % (digits >= 19 ? 10000000000000000000u
+                                                        : (uint64_t)pow(10, digits))),
+                 unsig ? 'u' : 'i');
+        struct bd_field f;
+        cr_assert_eq(parse_value(text, &f), BD_PARSE_OK, "%s", text);
+        text[strlen(text) - 1] = '\0';
+        if (unsig) {
+            cr_assert_eq(f.kind, BD_VAL_UINT);
+            cr_assert_eq(f.v.u, strtoull(text, NULL, 10), "%s", text);
+        } else {
+            cr_assert_eq(f.kind, BD_VAL_INT);
+            cr_assert_eq(f.v.i, strtoll(text, NULL, 10), "%s", text);
+        }
+    }
+    /* Shapes the 8-byte path must leave to the general one. */
+    static const char *const bad[] = {"-5u", "1.5i", ".i", "-i", "+5i", "5ii", "1-2i", "0x1i"};
+    for (size_t i = 0; i < BD_ARRAY_LEN(bad); i++) {
+        struct bd_field f;
+        cr_assert_lt(parse_value(bad[i], &f), 0, "%s", bad[i]);
+    }
+}
+
+/* Everything a point says, as text, to compare two parses of the same line. */
+static size_t describe(const struct bd_point *pt, char *out, size_t cap) {
+    size_t o = (size_t)snprintf(out, cap, "%.*s|%.*s|", (int)pt->name.len, pt->name.ptr,
+                                (int)pt->series_key.len, pt->series_key.ptr);
+    for (uint32_t i = 0; i < pt->n_tags && o < cap; i++) {
+        o += (size_t)snprintf(out + o, cap - o, "%.*s=%.*s;", (int)pt->tags[i].key.len,
+                              pt->tags[i].key.ptr, (int)pt->tags[i].value.len,
+                              pt->tags[i].value.ptr);
+    }
+    for (uint32_t i = 0; i < pt->n_fields && o < cap; i++) {
+        const struct bd_field *f = &pt->fields[i];
+        uint64_t bits = 0;
+        memcpy(&bits, &f->v, sizeof(bits));
+        o += (size_t)snprintf(out + o, cap - o, "%.*s:%d:%llx;", (int)f->key.len, f->key.ptr,
+                              (int)f->kind,
+                              f->kind == BD_VAL_BOOL ? (unsigned long long)f->v.b
+                                                     : (unsigned long long)bits);
+    }
+    if (o < cap) {
+        o += (size_t)snprintf(out + o, cap - o, "|%d:%lld", pt->has_time,
+                              pt->has_time ? (long long)pt->time_ns : 0LL);
+    }
+    return BD_MIN(o, cap);
+}
+
+static const char *pick(uint64_t *seed, const char *const *from, size_t n) {
+    *seed = *seed * 6364136223846793005u + 1442695040888963407u;
+    return from[(*seed >> 33) % n];
+}
+
+#define PICK(seed, arr) pick(seed, arr, BD_ARRAY_LEN(arr))
+
+/* A plain line as senders write them, sometimes with one slip (see below). */
+static size_t random_plain_line(uint64_t *seed, char *line, size_t cap) {
+    static const char *const names[] = {"m", "cpu", "a=b", "disk_io", "x.y"};
+    static const char *const keys[] = {"k", "host", "site", "a", "b", "zone", "f0", "v"};
+    static const char *const values[] = {
+        "1", "-2", "3.5", ".5", "1.", "-0", "12345678", "123456789", "1e3", "7i", "8u", "-9i",
+        "t", "true", "F", "x", "-1.25", "0x10", "+1", "99999999.9", "1.5i", "-5u", "", "-",
+        "12.5 ", "4.2e-3", "-.1234567", "1234567.8"};
+    static const char *const times[] = {"", "", " 1", " -1", " 1765432101234567890",
+                                        " 17654321012345678901", " x", " 12 ", "  5", " 1,2"};
+    static const char *const spaces[] = {" ", " ", " ", "  "};
+    static const char slips[] = " ,=.-i9";
+    size_t o = (size_t)snprintf(line, cap, "%s", PICK(seed, names));
+    int n_tags = (int)((*seed >> 20) % 5);
+    for (int k = 0; k < n_tags; k++) {
+        o += (size_t)snprintf(line + o, cap - o, ",%s=%s", PICK(seed, keys), PICK(seed, keys));
+    }
+    o += (size_t)snprintf(line + o, cap - o, "%s", PICK(seed, spaces));
+    int n_fields = 1 + (int)((*seed >> 24) % 5);
+    for (int k = 0; k < n_fields; k++) {
+        o += (size_t)snprintf(line + o, cap - o, "%s%s=%s", k == 0 ? "" : ",",
+                              PICK(seed, keys), PICK(seed, values));
+    }
+    o += (size_t)snprintf(line + o, cap - o, "%s", PICK(seed, times));
+    *seed = *seed * 6364136223846793005u + 1442695040888963407u;
+    if ((*seed >> 40) % 3 == 0 && o > 0) {
+        line[(*seed >> 8) % o] = slips[(*seed >> 50) % (sizeof(slips) - 1)];
+    }
+    return BD_MIN(o, cap - 1);
+}
+
+/*
+ * bd_parse_line must give what the general parser alone gives, to the message, on plain lines
+ * with the slips that make the fast path step aside: double and trailing spaces, empty keys and
+ * values, '=' ending a tag value or inside a measurement, repeated keys, words, long numbers.
+ */
+Test(parse, fast_path_agrees_with_general_parser) {
+    struct bd_point *other = malloc(sizeof(*other));
+    cr_assert_not_null(other);
+    uint64_t seed = 99;
+    int accepted = 0;
+    char line[512];
+    char a[2048];
+    char b[2048];
+    for (int n = 0; n < 200000; n++) {
+        size_t len = random_plain_line(&seed, line, sizeof(line));
+        const char *e1 = NULL;
+        const char *e2 = NULL;
+        int rc1 = bd_parse_line(&parser, line, len, &point, &e1);
+        int rc2 = bd_parse_line_general(&parser, line, len, other, &e2);
+        cr_assert_eq(rc1, rc2, "\"%.*s\": %d vs general %d", (int)len, line, rc1, rc2);
+        cr_assert(rc1 >= 0 || e1 == e2, "\"%.*s\": \"%s\" vs \"%s\"", (int)len, line, e1, e2);
+        if (rc1 == BD_PARSE_OK) {
+            /* The general parse reused the scratch buffer: parse again before comparing. */
+            cr_assert_eq(bd_parse_line(&parser, line, len, &point, &e1), BD_PARSE_OK);
+            size_t an = describe(&point, a, sizeof(a));
+            cr_assert_eq(bd_parse_line_general(&parser, line, len, other, &e2), BD_PARSE_OK);
+            size_t bn = describe(other, b, sizeof(b));
+            cr_assert(an == bn && memcmp(a, b, an) == 0, "\"%.*s\":\n%.*s\nvs general\n%.*s",
+                      (int)len, line, (int)an, a, (int)bn, b);
+            accepted++;
+        }
+    }
+    free(other);
+    cr_assert_gt(accepted, 20000, "only %d accepted", accepted);
 }
 
 Test(parse, booleans) {
