@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bdtest  # noqa: E402
+import fault_proxy  # noqa: E402  (tests/fault_proxy.py)
 
 SIM = os.environ.get("BUCKETD_SIM_BIN") or os.path.join(bdtest.REPO, "build", "bucketd-sim")
 INSPECT = (os.environ.get("BUCKETD_INSPECT_BIN") or
@@ -295,6 +296,170 @@ class Writers(ExactlyOnceCase):
         self.assertEqual(st["readings_quarantined"] + st["readings_flushed"], 1000)
         seqs = stored_seqs(self.documents(client, db))
         self.assertEqual(sorted(s for s, n in seqs.items() if n > 1), [])
+
+
+class ErrorClasses(ExactlyOnceCase):
+
+    def test_a_rejected_update_is_quarantined_and_the_batch_goes_on(self):
+        """An update MongoDB rejects for good (here: the stored page has a string count) is
+        dropped, counted and logged with its bucket id; the other buckets of the same bulk
+        writes are stored."""
+        import datetime
+        import socket
+        uri, client, db = self.new_database()
+        now_s = int(time.time())
+        start_s = now_s - now_s % SPAN_S
+        bad_id = "q,s=bad|%d|0" % start_s
+        client[db]["buckets"].insert_one({
+            "_id": bad_id, "sensor_id": "q,s=bad", "page": 0, "count": "not a number",
+            "bucket_start": datetime.datetime.fromtimestamp(start_s, datetime.timezone.utc)})
+        d = self.new_daemon(uri, db, "d", max_readings=1000).start()
+        lines = []
+        for i in range(50):
+            ts = (now_s * 1000 + i) * 1_000_000
+            for sensor in ("bad", "good1", "good2"):
+                lines.append("q,s=%s v=%d,seq=%di %d" % (sensor, i, len(lines), ts))
+        with socket.create_connection(d.addr("tcp")) as sock:
+            sock.sendall(("\n".join(lines) + "\n").encode())
+        def good_stored():
+            return sum(doc.get("count", 0) for doc in
+                       client[db]["buckets"].find({"_id": {"$ne": bad_id}}, {"count": 1}))
+        self.assertTrue(bdtest.wait_for(lambda: good_stored() >= 100, 30), d.log())
+        st = d.stop()
+        self.assertStat(st, "readings_flushed", 100, d)
+        self.assertStat(st, "readings_quarantined", 50, d)
+        self.assertGreaterEqual(st["updates_quarantined"], 1)
+        self.assertStat(st, "writer_conflicts", 0, d)
+        self.assertTrue(any(bad_id in l and "rejected" in l for l in d.log_lines(max_priority=3)),
+                        d.log())
+        docs = [doc for doc in self.documents(client, db) if doc["_id"] != bad_id]
+        self.assertEqual(sorted(r["seq"] for doc in docs for r in doc["readings"]),
+                         sorted(i for i, l in enumerate(lines) if "s=bad" not in l))
+        self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, 1000), "invariants")
+
+
+# ---------------------------------------------------------------------------------------------
+# Network faults (through tests/fault_proxy.py)
+# ---------------------------------------------------------------------------------------------
+
+class Faults(ExactlyOnceCase):
+    """The daemon talks to MongoDB through the fault proxy; a load runs while a fault is on."""
+
+    SOCKET_TIMEOUT_MS = 1000
+
+    def setUp(self):
+        super().setUp()
+        uri = self.mongo_uri()
+        self.proxy = fault_proxy.FaultProxy(*mongo_hostport(uri))
+        self.proxy.start()
+        self.addCleanup(self.proxy.stop)
+        # Same credentials and options as the server's URI, through the proxy. Short timeouts
+        # so that a stall is noticed quickly; directConnection so the driver stays on the proxy.
+        parts = urllib.parse.urlsplit(uri)
+        auth = parts.netloc.rpartition("@")[0]
+        netloc = ("%s@" % auth if auth else "") + "127.0.0.1:%d" % self.proxy.port
+        self.proxied_uri = with_uri_options(
+            urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")),
+            directConnection="true", socketTimeoutMS=self.SOCKET_TIMEOUT_MS,
+            connectTimeoutMS=1000, serverSelectionTimeoutMS=1000)
+
+    def start_daemon(self, db, name="d", **kw):
+        return self.new_daemon(self.proxied_uri, db, name, **kw).start()
+
+    def run_with_fault(self, apply_fault, n=6000, rate=3000, wait_writes=2, **daemon_kw):
+        """Load the daemon, call apply_fault() once some writes went through, and wait until
+        everything is stored. Returns (daemon stats, proxy stats, database, client, load)."""
+        uri, client, db = self.new_database()
+        d = self.start_daemon(db, **daemon_kw)
+        load = Load(d.addr("tcp"), 0, n, rate)
+        self.assertTrue(bdtest.wait_for(
+            lambda: self.proxy.stats()["writes_forwarded"] >= wait_writes, 30),
+            "no write reached the proxy\n" + d.log())
+        apply_fault()
+        rc, summary, err = load.finish()
+        self.assertEqual(rc, 0, err)
+        self.proxy.set_fault("pass")
+        stored = self.wait_all_stored(client, db, n, timeout=90)
+        self.assertEqual(stored, n, d.log())
+        st = d.stop()
+        self.assertStat(st, "readings_flushed", n, d)
+        self.assertStat(st, "writer_conflicts", 0, d)
+        self.assertStat(st, "updates_quarantined", 0, d)
+        self.assertExactlyOnce(uri, client, db, load.seqs(), (d,))
+        return st, self.proxy.stats(), db, client, load
+
+    def test_reply_lost_after_the_write_was_applied(self):
+        """The ambiguous failure: the update reached the server, its reply did not."""
+        st, ps, *_ = self.run_with_fault(
+            lambda: self.proxy.set_fault("drop_reply", writes_only=True, count=3))
+        self.assertEqual(ps["replies_dropped"], 3)
+        self.assertGreater(st["bulk_retries"], 0)
+        self.assertGreater(st["updates_already_applied"], 0,
+                           "a retry found updates the lost replies had applied")
+
+    def test_slow_replies(self):
+        def fault():
+            self.proxy.set_fault("delay", seconds=0.4, writes_only=True)
+            time.sleep(1.5)
+        st, ps, *_ = self.run_with_fault(fault)
+        self.assertGreater(ps["replies_delayed"], 0)
+
+    def test_reply_later_than_the_socket_timeout(self):
+        """The driver gives up; the write is applied anyway; the retry must not apply it twice."""
+        st, ps, *_ = self.run_with_fault(lambda: self.proxy.set_fault(
+            "delay", seconds=self.SOCKET_TIMEOUT_MS / 1000 * 2, writes_only=True, count=2))
+        self.assertGreater(st["bulk_retries"], 0)
+        self.assertGreater(st["updates_already_applied"], 0)
+
+    def test_stall_longer_than_the_socket_timeout(self):
+        def fault():
+            self.proxy.set_fault("stall")
+            time.sleep(self.SOCKET_TIMEOUT_MS / 1000 * 3)
+        st, ps, *_ = self.run_with_fault(fault)
+        self.assertGreater(st["bulk_retries"], 0)
+
+    def test_connections_refused_and_reset(self):
+        def fault():
+            self.proxy.set_fault("refuse")
+            time.sleep(1.5)
+            self.proxy.set_fault("pass")
+            time.sleep(0.5)
+            self.proxy.set_fault("reset")
+            time.sleep(1.0)
+            self.proxy.set_fault("unlisten")
+            time.sleep(1.0)
+        st, ps, *_ = self.run_with_fault(fault)
+        self.assertGreater(st["bulk_retries"], 0)
+        self.assertGreater(ps["connections_refused"] + ps["connections_reset"], 0)
+
+    def test_sigkill_while_a_write_is_in_flight(self):
+        """SIGKILL after the bulk reached the server, before its reply: the restart neither
+        re-sends it nor has its sequence refused."""
+        uri, client, db = self.new_database()
+        spool = os.path.join(self.workdir, "spool")
+        d1 = self.start_daemon(db, "d1", spool=spool)
+        load = Load(d1.addr("tcp"), 0, 20000, 2000)
+        self.assertTrue(bdtest.wait_for(
+            lambda: self.proxy.stats()["writes_forwarded"] >= 3, 30), d1.log())
+        self.proxy.set_fault("delay", seconds=5.0, writes_only=True)
+        before = self.proxy.stats()["writes_forwarded"]
+        self.assertTrue(bdtest.wait_for(
+            lambda: self.proxy.stats()["writes_forwarded"] > before, 30), d1.log())
+        time.sleep(0.3)  # the server has applied it; the reply waits in the proxy
+        d1.kill()
+        load.finish()
+        self.proxy.set_fault("pass")
+        sent_before = stored_seqs(self.documents(client, db))
+
+        d2 = self.start_daemon(db, "d2", spool=spool)
+        self.assertTrue(any("did not stop cleanly" in l for l in d2.log_lines(max_priority=4)),
+                        d2.log())
+        l2 = self.run_load(d2.addr("tcp"), 100000, 3000, 3000)
+        self.wait_all_stored(client, db, sum(sent_before.values()) + 3000)
+        st = d2.stop()
+        self.assertStat(st, "writer_conflicts", 0, d2)
+        self.assertStat(st, "readings_flushed", 3000, d2)
+        self.assertExactlyOnce(uri, client, db, set(sent_before) | l2.seqs(), (d1, d2))
 
 
 if __name__ == "__main__":
