@@ -2,6 +2,7 @@
  * bucketd entry point: parses the command line, loads the configuration and hands over to
  * bd_daemon_run(). No daemon logic lives here.
  */
+#include <mongoc/mongoc.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -57,6 +58,9 @@ int main(int argc, char **argv) {
     }
 
     static struct bd_config cfg;
+    /* Validating mongodb.uri goes through libmongoc, whose own log line would repeat our error
+     * in another format; the daemon routes the driver's log into ours once it runs. */
+    mongoc_log_set_handler(NULL, NULL);
     struct bd_err err = {0};
     if (bd_config_load(&cfg, path, &err) < 0) {
         fprintf(stderr, "bucketd: %s\n", err.msg);
