@@ -215,6 +215,9 @@ int bd_daemon_run(const struct bd_config *cfg) {
 out:
     bd_ingest_free(d->ingest);
     if (loop_open) {
+        /* A failed start leaves handles closing (a listener that could not bind): let their
+         * close callbacks run. Nothing is active here, so this returns at once otherwise. */
+        uv_run(&d->loop, UV_RUN_DEFAULT);
         int rc = uv_loop_close(&d->loop);
         BD_ASSERT(rc == 0); /* every handle was closed */
     }

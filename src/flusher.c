@@ -117,7 +117,7 @@ struct bd_flusher {
     uint32_t attempt;  /* consecutive failed bulk writes */
     int64_t retry_at;  /* monotonic ns of the next attempt, 0 = none */
     uint64_t rng;      /* xorshift state for jitter */
-    bool clean_stop;   /* the thread ended through its stop path */
+    bool clean_stop;   /* not started, or the thread ended through its stop path */
     struct bd_ratelimit fail_log;
     struct bd_ratelimit quarantine_log;
 
@@ -200,6 +200,7 @@ int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     f->rng = (uint64_t)bd_now_ns() | 1;
+    f->clean_stop = true; /* a daemon that fails before the thread starts accepted nothing */
     f->fail_log.interval_ns = 10 * BD_NS_PER_S;
     f->fail_log.burst = 1;
     f->quarantine_log.interval_ns = 10 * BD_NS_PER_S;
@@ -1202,8 +1203,10 @@ int bd_flusher_start(struct bd_flusher *f, struct bd_err *err) {
     pthread_cond_destroy(&f->cv);
     pthread_cond_init(&f->cv, &attr);
     pthread_condattr_destroy(&attr);
+    f->clean_stop = false;
     int rc = pthread_create(&f->thread, NULL, flusher_main, f);
     if (rc != 0) {
+        f->clean_stop = true;
         return bd_err_set(err, -rc, "flusher: cannot start thread: %s", strerror(rc));
     }
     f->started = true;

@@ -246,6 +246,24 @@ class Restarts(ExactlyOnceCase):
         d1.stop()
 
 
+    def test_a_failed_start_is_not_reported_as_an_unclean_stop(self):
+        import socket
+        uri, client, db = self.new_database()
+        spool = os.path.join(self.workdir, "spool")
+        busy = socket.socket()
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        self.addCleanup(busy.close)
+        d1 = self.new_daemon(uri, db, "d1", spool=spool)
+        d1.config["listeners"][0]["bind"] = "127.0.0.1:%d" % busy.getsockname()[1]
+        with self.assertRaises(bdtest.DaemonError):
+            d1.start()
+        self.assertEqual(d1.returncode, 1)
+        d2 = self.new_daemon(uri, db, "d2", spool=spool).start()
+        d2.stop()
+        self.assertFalse([l for l in d2.log_lines() if "did not stop cleanly" in l], d2.log())
+
+
 class Writers(ExactlyOnceCase):
 
     def test_two_writer_ids_into_the_same_buckets(self):
