@@ -1160,6 +1160,44 @@ Test(graphite, bad_tags) {
     fails("a;k=1;k=2 1", BD_PARSE_ESYNTAX, "duplicate tag key");
 }
 
+/* Printable ASCII lines take memchr to find their tokens; the others the byte loop. Both read
+ * the same point out of the same text. */
+Test(graphite, printable_and_other_lines_agree) {
+    const char *lines[] = {"servers.web01.cpu 42.5 1700000000",
+                           "disk.used;rack=a1;dc=ams;host=db=1 12 1700000000.25",
+                           "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p;k=v -0.125e2 1700000001",
+                           "x 1", "x;a=1 2 3"};
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        char key[256], name[256], tabbed[256];
+        const struct bd_point *pt = ok(lines[i]);
+        double v = pt->fields[0].v.f;
+        int64_t t = pt->time_ns;
+        bool has = pt->has_time;
+        copy_key(key, sizeof(key), pt->series_key);
+        copy_key(name, sizeof(name), pt->name);
+        /* A tab before the value: legal, not printable. */
+        snprintf(tabbed, sizeof(tabbed), "%s", lines[i]);
+        *strchr(tabbed, ' ') = '\t';
+        pt = ok(tabbed);
+        expect_str(pt->name, name);
+        expect_str(pt->series_key, key);
+        cr_assert_eq(pt->fields[0].v.f, v, "%s", lines[i]);
+        cr_assert_eq(pt->has_time, has);
+        cr_assert_eq(pt->time_ns, t);
+    }
+    /* Non-ASCII names are checked as UTF-8 and kept. */
+    const struct bd_point *pt = ok("temp;city=z\xc3\xbcrich 3 4");
+    expect_str(pt->tags[0].value, "z\xc3\xbcrich");
+    fails("a\x7f" "b 1", BD_PARSE_ESYNTAX, "invalid character in path");
+    fails("a.very.long.path\x1f.beyond.eight.bytes 1", BD_PARSE_ESYNTAX,
+          "invalid character in path");
+    /* 19 digits never overflow while read; 20 and more are out of range, not wrapped. */
+    fails("a 1 9999999999999999999", BD_PARSE_ERANGE, "timestamp out of range");
+    fails("a 1 18446744073709551616", BD_PARSE_ERANGE, "timestamp out of range");
+    fails("a 1 184467440737095516160000", BD_PARSE_ERANGE, "timestamp out of range");
+    cr_assert_eq(ok("a 1 0000000000000000000000001")->time_ns, 1000000000);
+}
+
 Test(graphite, too_many_tags) {
     char line[8192];
     size_t o = (size_t)snprintf(line, sizeof(line), "m");
