@@ -120,6 +120,7 @@ struct bd_flusher {
     bool clean_stop;   /* not started, or the thread ended through its stop path */
     struct bd_ratelimit fail_log;
     struct bd_ratelimit quarantine_log;
+    struct bd_ratelimit conflict_log;
 
     struct bd_writer *writer;  /* NULL with the blackhole sink */
     char writer_key[160];      /* "w.<writer_id>" */
@@ -205,6 +206,8 @@ int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
     f->fail_log.burst = 1;
     f->quarantine_log.interval_ns = 10 * BD_NS_PER_S;
     f->quarantine_log.burst = 5;
+    f->conflict_log.interval_ns = 10 * BD_NS_PER_S;
+    f->conflict_log.burst = 3;
     f->slot_mask = 1024 - 1;
     f->slots = calloc(f->slot_mask + 1, sizeof(*f->slots));
     if (f->slots == NULL) {
@@ -615,12 +618,14 @@ static bool handle_write_errors(struct bd_flusher *f, const bson_t *reply, const
         char id[1024];
         bd_bucket_id(id, sizeof(id), d->sensor->id, d->start_ms, d->page);
         if (code == 11000) {
-            /* Always logged: this is a configuration error, not bad data. */
+            /* A configuration error, not bad data: its own limiter, so bad input cannot hide it. */
             BD_STAT_ADD(f->stats, writer_conflicts, 1);
-            bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, "
-                     "which this daemon never sent: another daemon is using writer_id %s; give "
-                     "each daemon its own (%u readings not written)",
-                     id, f->batch_seq, f->cfg->writer_id, f->cfg->writer_id, d->n_readings);
+            if (bd_ratelimit_ok(&f->conflict_log, bd_mono_ns())) {
+                bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, "
+                         "which this daemon never sent: another daemon is using writer_id %s; "
+                         "give each daemon its own (%u readings not written)",
+                         id, f->batch_seq, f->cfg->writer_id, f->cfg->writer_id, d->n_readings);
+            }
         } else if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
             bd_error("MongoDB rejected the update of bucket %s (%u readings dropped): code %" PRId64
                      ": %s",
