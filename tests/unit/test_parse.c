@@ -385,11 +385,16 @@ Test(parse, float_errors) {
     fails("m v=-1e400", BD_PARSE_ERANGE, "float out of range");
 }
 
+/* One step of a 64-bit LCG (Knuth's MMIX constants): repeatable random tests. */
+static void lcg_next(uint64_t *seed) {
+    *seed = *seed * 6364136223846793005u + 1442695040888963407u;
+}
+
 /* Fast path and strtod must agree to the bit on every decimal they both read. */
 Test(parse, float_matches_strtod) {
     uint64_t seed = 0x9e3779b97f4a7c15u;
     for (int n = 0; n < 200000; n++) {
-        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        lcg_next(&seed);
         uint64_t r = seed >> 11;
         char text[96];
         size_t o = 0;
@@ -400,13 +405,13 @@ Test(parse, float_matches_strtod) {
         int int_digits = (int)((r >> 1) % 26);
         int frac_digits = (int)((r >> 6) % 26);
         for (int k = 0; k < int_digits; k++) {
-            seed = seed * 6364136223846793005u + 1442695040888963407u;
+            lcg_next(&seed);
             text[o++] = (char)('0' + (seed >> 33) % 10);
         }
         if (frac_digits > 0 || int_digits == 0) {
             text[o++] = '.';
             for (int k = 0; k < BD_MAX(frac_digits, 1); k++) {
-                seed = seed * 6364136223846793005u + 1442695040888963407u;
+                lcg_next(&seed);
                 text[o++] = (char)('0' + (seed >> 33) % 10);
             }
         }
@@ -447,7 +452,7 @@ Test(parse, float_fast_path_boundaries_match_strtod) {
 Test(parse, short_floats_match_strtod) {
     uint64_t seed = 7;
     for (int n = 0; n < 100000; n++) {
-        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        lcg_next(&seed);
         uint64_t r = seed >> 11;
         char text[16];
         size_t o = 0;
@@ -475,7 +480,7 @@ Test(parse, short_floats_match_strtod) {
 Test(parse, integers_match_strtoll_in_every_position) {
     uint64_t seed = 11;
     for (int n = 0; n < 50000; n++) {
-        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        lcg_next(&seed);
         uint64_t r = seed >> 8;
         char text[40];
         bool neg = r & 1;
@@ -532,7 +537,7 @@ static size_t describe(const struct bd_point *pt, char *out, size_t cap) {
 }
 
 static const char *pick(uint64_t *seed, const char *const *from, size_t n) {
-    *seed = *seed * 6364136223846793005u + 1442695040888963407u;
+    lcg_next(seed);
     return from[(*seed >> 33) % n];
 }
 
@@ -562,7 +567,7 @@ static size_t random_plain_line(uint64_t *seed, char *line, size_t cap) {
                               PICK(seed, keys), PICK(seed, values));
     }
     o += (size_t)snprintf(line + o, cap - o, "%s", PICK(seed, times));
-    *seed = *seed * 6364136223846793005u + 1442695040888963407u;
+    lcg_next(seed);
     if ((*seed >> 40) % 3 == 0 && o > 0) {
         line[(*seed >> 8) % o] = slips[(*seed >> 50) % (sizeof(slips) - 1)];
     }
@@ -971,12 +976,12 @@ Test(parse, mutated_lines_fail_cleanly) {
     char buf[256];
     int accepted = 0;
     for (int n = 0; n < 100000; n++) {
-        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        lcg_next(&seed);
         const char *src = seeds[(seed >> 40) % 3];
         size_t len = strlen(src);
         memcpy(buf, src, len);
         for (int m = 0; m < 1 + (int)((seed >> 20) % 4); m++) {
-            seed = seed * 6364136223846793005u + 1442695040888963407u;
+            lcg_next(&seed);
             size_t at = (size_t)(seed >> 33) % (len + 1);
             char c = alphabet[(seed >> 13) % (sizeof(alphabet) - 1)];
             switch ((seed >> 8) % 3) {
