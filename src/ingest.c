@@ -360,6 +360,8 @@ static void udp_datagram(struct listener *l, const char *data, size_t len,
         (void)handle_line(l, p, (size_t)(eol - p), peer, now_ns);
         p = eol + 1;
     }
+    /* A datagram is one batch of the sensor table's hand-off (see sensor.h). */
+    bd_sensor_table_publish(l->in->table);
 }
 
 static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
@@ -500,7 +502,7 @@ static void conn_unpause(struct conn *c) {
  * Congestion is checked after every line, not once per read: one 64 KiB read holds hundreds of
  * lines, enough to overrun a ring, and TCP promises backpressure rather than drops.
  */
-static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
+static int conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
     struct listener *l = c->l;
     struct bd_ingest *in = l->in;
     const struct sockaddr *peer = (const struct sockaddr *)&c->peer;
@@ -537,6 +539,13 @@ static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
     return 0;
 }
 
+/* conn_drain_lines, as one batch of the sensor table's hand-off (see sensor.h). */
+static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
+    int rc = conn_drain_lines(c, now_ns, backpressure);
+    bd_sensor_table_publish(c->l->in->table);
+    return rc;
+}
+
 /* Bytes the kernel holds for this connection that were never read (for the stop log). */
 static uint64_t unread_in_kernel(struct conn *c) {
     uv_os_fd_t fd;
@@ -563,6 +572,7 @@ static int conn_finish(struct conn *c, int64_t now_ns) {
         if (c->eof) {
             (void)handle_line(l, c->buf + c->start, c->len - c->start,
                               (const struct sockaddr *)&c->peer, now_ns);
+            bd_sensor_table_publish(l->in->table);
         } else {
             BD_STAT_ADD(l->in->stats, tcp_unread_at_stop, c->len - c->start);
         }

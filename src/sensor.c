@@ -7,13 +7,37 @@
  * single consumer of both. Sensors live until bd_sensor_table_free(), which runs after both
  * threads have stopped.
  *
- * Hand-off protocol (see the comments at the atomics): the producer pushes a reading (release
- * on the ring head) and then swaps the sensor's dirty flag to 1; only the swap that saw 0
- * enqueues the sensor. The consumer pops a sensor and swaps the flag back to 0 *before* it
- * drains the ring. Both swaps are read-modify-writes on the same atomic, so they are totally
- * ordered: either the producer's swap comes first (the consumer's swap reads 1 from it,
- * synchronises with it and then sees the reading) or the consumer's comes first (the producer
- * reads 0 and enqueues the sensor again). No reading is left behind in a clean ring.
+ * Index: open addressing, linear probing, at most half full. A slot holds the full 64-bit hash
+ * next to the sensor pointer, so a probe that meets another sensor is rejected without touching
+ * it; a hash match is confirmed by length and bytes of the id. Sensors are never removed.
+ *
+ * Hand-off protocol. The producer pushes a reading (release on the ring head) and then looks at
+ * the sensor's dirty flag with a plain load (acquire: an ordinary load on x86), which costs no
+ * locked instruction, does not wait for the cell stores to drain, and leaves the line shared:
+ *   - 0: the sensor is not queued (the consumer popped it, or it never was): the producer sets
+ *     the flag to 1 and pushes the sensor on the dirty queue (a release store of its head). Only
+ *     the producer ever writes 1 and it just read 0, so no exchange is needed, and the sensor is
+ *     in the queue at most once.
+ *   - 1: the sensor is queued or being drained. The reading will be drained unless the consumer
+ *     already made its last look at this ring and cleared the flag after the value we read --
+ *     the store-buffer race (each side writes one word, then reads the other's) that only a full
+ *     barrier on both sides would close. Instead of paying a barrier per reading, the producer
+ *     notes the sensor on a re-check list and settles the list once per batch, in
+ *     bd_sensor_table_publish().
+ * The consumer pops a sensor, clears its flag (release), then does an acq_rel read-modify-write
+ * on t->handoff and only then drains. publish() does an acq_rel read-modify-write on the same
+ * word, then re-reads the flag of every listed sensor and queues those that read 0. Take a
+ * reading R that found the flag 1, set by the producer when it queued entry E, and the
+ * consumer's pop of E:
+ *   - If the consumer's RMW comes after publish's RMW in handoff's modification order, it
+ *     synchronises with it (RMWs continue release sequences), so R's push happens before the
+ *     drain, whose fresh acquire load of head sees R.
+ *   - Otherwise publish's RMW synchronises with the consumer's, so the clear after popping E
+ *     happens before the re-check, which reads that 0 -- and queues the sensor again, after R --
+ *     or a 1 stored later by the producer itself. That later 1 cannot come before R's load in
+ *     program order (R would have read it rather than the 1 of E, which the clear follows in the
+ *     flag's modification order), so it comes with a queue entry pushed after R.
+ * Either way R is drained. A reading that found 0 queues the sensor itself, after the push.
  *
  * Ring cell encoding of one reading: a header cell {ts_ns, n_values} followed by n_values
  * value cells {value bits, field index | kind << 16}.
@@ -22,18 +46,35 @@
 
 #include <bson/bson.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "bucketd/log.h"
 
+_Static_assert(offsetof(struct bd_sensor, ring) == BD_RING_LINE,
+               "the ring's producer line must pair with the sensor's first line");
+
+/* The re-check list is settled early when it fills (a batch of very many lines). */
+#define RECHECK_MAX 1024
+/* Initial index size: slots, a power of two. */
+#define INITIAL_SLOTS 1024
+
+struct slot {
+    uint64_t hash;
+    struct bd_sensor *s; /* NULL: empty */
+};
+
 struct bd_sensor_table {
-    const struct bd_config *cfg;
+    /* Read-modify-written by both threads: see the hand-off protocol. Alone in its pair. */
+    alignas(BD_RING_CACHELINE) _Atomic uint64_t handoff;
+
+    alignas(BD_RING_CACHELINE) const struct bd_config *cfg;
     struct bd_stats *stats;
 
     /* Hash index, ingest thread only. */
-    struct bd_sensor **slots;
+    struct slot *slots;
     uint32_t slot_mask;
     uint32_t count;
     uint32_t max_sensors;
@@ -41,6 +82,10 @@ struct bd_sensor_table {
     /* Dirty queue: cells carry sensor pointers; capacity >= max_sensors, so it never fills
      * (a sensor is in it at most once). */
     struct bd_ring dirty;
+
+    /* Sensors whose flag read 1 after a push since the last publish; ingest thread only. */
+    struct bd_sensor **recheck;
+    uint32_t n_recheck;
 
     uint32_t ring_size;
     uint32_t high_water; /* above this a ring asks the flusher for an early flush */
@@ -56,6 +101,16 @@ struct bd_sensor_table {
     struct bd_ratelimit limit_log;
 };
 
+/* Zeroed memory aligned for types with alignas(BD_RING_CACHELINE) members. */
+static void *zalloc_aligned(size_t size) {
+    size = (size + BD_RING_CACHELINE - 1) & ~(size_t)(BD_RING_CACHELINE - 1);
+    void *p = aligned_alloc(BD_RING_CACHELINE, size);
+    if (p != NULL) {
+        memset(p, 0, size);
+    }
+    return p;
+}
+
 static uint32_t next_pow2(uint32_t v) {
     uint32_t p = 2;
     while (p < v && p < (UINT32_C(1) << 31)) {
@@ -67,7 +122,7 @@ static uint32_t next_pow2(uint32_t v) {
 int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cfg,
                         struct bd_stats *stats, struct bd_err *err) {
     int rc = 0;
-    struct bd_sensor_table *t = calloc(1, sizeof(*t));
+    struct bd_sensor_table *t = zalloc_aligned(sizeof(*t));
     if (t == NULL) {
         rc = bd_err_set(err, -ENOMEM, "sensor table: out of memory");
         goto out;
@@ -83,9 +138,11 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
     t->limit_log.interval_ns = 10 * BD_NS_PER_S;
     t->limit_log.burst = 1;
-    t->slot_mask = 1024 - 1;
+    atomic_init(&t->handoff, 0);
+    t->slot_mask = INITIAL_SLOTS - 1;
     t->slots = calloc(t->slot_mask + 1, sizeof(*t->slots));
-    if (t->slots == NULL) {
+    t->recheck = calloc(RECHECK_MAX, sizeof(*t->recheck));
+    if (t->slots == NULL || t->recheck == NULL) {
         rc = bd_err_set(err, -ENOMEM, "sensor table: out of memory");
         goto out;
     }
@@ -116,7 +173,6 @@ static void sensor_free(struct bd_sensor *s) {
     free(s->tag_keys);
     free(s->tag_values);
     free(s->measurement);
-    free(s->id);
     bd_ring_close(&s->ring);
     free(s);
 }
@@ -127,16 +183,15 @@ void bd_sensor_table_free(struct bd_sensor_table *t) {
     }
     if (t->slots != NULL) {
         for (uint32_t i = 0; i <= t->slot_mask; i++) {
-            struct bd_sensor *s = t->slots[i];
-            while (s != NULL) {
-                struct bd_sensor *next = s->hash_next;
+            struct bd_sensor *s = t->slots[i].s;
+            if (s != NULL) {
                 BD_ASSERT(s->flusher_state == NULL); /* the flusher releases its state first */
                 sensor_free(s);
-                s = next;
             }
         }
     }
     free(t->slots);
+    free(t->recheck);
     bd_ring_close(&t->dirty);
     free(t);
 }
@@ -153,8 +208,8 @@ uint32_t bd_sensor_table_count(const struct bd_sensor_table *t) {
 void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),
                              void *arg) {
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        for (struct bd_sensor *s = t->slots[i]; s != NULL; s = s->hash_next) {
-            fn(s, arg);
+        if (t->slots[i].s != NULL) {
+            fn(t->slots[i].s, arg);
         }
     }
 }
@@ -180,20 +235,24 @@ static char *dup_str(const struct bd_str *s) {
     return p;
 }
 
+static void slot_insert(struct slot *slots, uint32_t mask, uint64_t hash, struct bd_sensor *s) {
+    uint32_t i = (uint32_t)hash & mask;
+    while (slots[i].s != NULL) {
+        i = (i + 1) & mask;
+    }
+    slots[i].hash = hash;
+    slots[i].s = s;
+}
+
 static int grow_index(struct bd_sensor_table *t) {
     uint32_t new_mask = t->slot_mask * 2 + 1;
-    struct bd_sensor **slots = calloc((size_t)new_mask + 1, sizeof(*slots));
+    struct slot *slots = calloc((size_t)new_mask + 1, sizeof(*slots));
     if (slots == NULL) {
         return -ENOMEM;
     }
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        struct bd_sensor *s = t->slots[i];
-        while (s != NULL) {
-            struct bd_sensor *next = s->hash_next;
-            uint32_t j = (uint32_t)s->hash & new_mask;
-            s->hash_next = slots[j];
-            slots[j] = s;
-            s = next;
+        if (t->slots[i].s != NULL) {
+            slot_insert(slots, new_mask, t->slots[i].hash, t->slots[i].s);
         }
     }
     free(t->slots);
@@ -227,20 +286,23 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
             return NULL;
         }
     }
-    if ((t->count + 1) > t->slot_mask + 1 && grow_index(t) < 0) {
+    /* At most half full, so probe runs stay short and an empty slot always ends them. */
+    if ((t->count + 1) * 2 > t->slot_mask + 1 && grow_index(t) < 0) {
         goto oom;
     }
-    s = calloc(1, sizeof(*s));
+    s = zalloc_aligned(sizeof(*s) + pt->series_key.len + 1);
     if (s == NULL) {
         goto oom;
     }
-    s->id = dup_str(&pt->series_key);
-    s->id_len = pt->series_key.len;
+    memcpy(s->id_buf, pt->series_key.ptr, pt->series_key.len);
+    s->id_buf[pt->series_key.len] = '\0';
+    s->id = s->id_buf;
+    s->id_len = (uint32_t)pt->series_key.len;
     s->measurement = dup_str(&pt->name);
     s->n_tags = pt->n_tags;
     s->tag_keys = calloc(pt->n_tags ? pt->n_tags : 1, sizeof(char *));
     s->tag_values = calloc(pt->n_tags ? pt->n_tags : 1, sizeof(char *));
-    if (s->id == NULL || s->measurement == NULL || s->tag_keys == NULL || s->tag_values == NULL) {
+    if (s->measurement == NULL || s->tag_keys == NULL || s->tag_values == NULL) {
         goto oom;
     }
     for (uint32_t i = 0; i < pt->n_tags; i++) {
@@ -256,9 +318,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     if (bd_ring_init(&s->ring, t->ring_size) < 0) {
         goto oom;
     }
-    uint32_t slot = (uint32_t)hash & t->slot_mask;
-    s->hash_next = t->slots[slot];
-    t->slots[slot] = s;
+    slot_insert(t->slots, t->slot_mask, hash, s);
     t->count++;
     return s;
 oom:
@@ -272,19 +332,42 @@ oom:
 
 static struct bd_sensor *lookup(struct bd_sensor_table *t, const struct bd_str *key,
                                 uint64_t hash) {
-    for (struct bd_sensor *s = t->slots[(uint32_t)hash & t->slot_mask]; s != NULL;
-         s = s->hash_next) {
-        if (s->hash == hash && s->id_len == key->len && memcmp(s->id, key->ptr, key->len) == 0) {
-            return s;
+    for (uint32_t i = (uint32_t)hash & t->slot_mask;; i = (i + 1) & t->slot_mask) {
+        const struct slot *e = &t->slots[i];
+        if (e->s == NULL) {
+            return NULL;
+        }
+        if (e->hash == hash && e->s->id_len == key->len &&
+            memcmp(e->s->id_buf, key->ptr, key->len) == 0) {
+            return e->s;
         }
     }
-    return NULL;
+}
+
+/* The packed short form of a field name (see bd_sensor.field_key): 0 if longer than 7 bytes. */
+static uint64_t pack_key(const struct bd_str *key) {
+    if (key->len > 7) {
+        return 0;
+    }
+    uint64_t w = 0;
+    memcpy(&w, key->ptr, key->len);
+    return (w << 8) | key->len;
 }
 
 /* Whether field name i is key (not NUL-terminated; strncmp stops at the name's own end). */
 static bool field_is(const struct bd_sensor *s, uint32_t i, const struct bd_str *key) {
     const char *name = s->field_names[i];
     return strncmp(name, key->ptr, key->len) == 0 && name[key->len] == '\0';
+}
+
+/* As field_is, from the first line alone when both names are short: packed forms are equal
+ * exactly when the names are, and a long name packs to 0, which no short key equals. */
+static bool field_matches(const struct bd_sensor *s, uint32_t i, const struct bd_str *key,
+                          uint64_t packed) {
+    if (i < BD_SENSOR_KEY_SLOTS && packed != 0) {
+        return s->field_key[i] == packed;
+    }
+    return field_is(s, i, key);
 }
 
 /*
@@ -296,11 +379,12 @@ static bool field_is(const struct bd_sensor *s, uint32_t i, const struct bd_str 
 static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_str *key,
                        uint32_t hint) {
     uint32_t n = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
-    if (hint < n && field_is(s, hint, key)) {
+    uint64_t packed = pack_key(key);
+    if (hint < n && field_matches(s, hint, key, packed)) {
         return (int)hint;
     }
     for (uint32_t i = 0; i < n; i++) {
-        if (field_is(s, i, key)) {
+        if (field_matches(s, i, key, packed)) {
             return (int)i;
         }
     }
@@ -318,19 +402,65 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
         return -1;
     }
     s->field_names[n] = name;
+    if (n < BD_SENSOR_KEY_SLOTS) {
+        s->field_key[n] = packed;
+    }
     /* Pairs with the acquire load in bd_sensor_peek_reading(); the ring's own release/acquire
      * on head also orders it, this keeps the dictionary self-contained. */
     atomic_store_explicit(&s->n_fields, n + 1, memory_order_release);
     return (int)n;
 }
 
-static void mark_dirty(struct bd_sensor_table *t, struct bd_sensor *s) {
-    /* See the hand-off protocol at the top of this file. */
-    if (atomic_exchange_explicit(&s->dirty, 1, memory_order_seq_cst) == 0) {
-        struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
-        bool ok = bd_ring_push(&t->dirty, &c, 1);
-        BD_ASSERT(ok); /* capacity >= number of sensors, each queued at most once */
+static void enqueue(struct bd_sensor_table *t, struct bd_sensor *s) {
+    /* Only the producer writes 1, and it just read 0: the sensor is not in the queue. The
+     * push's release store of the queue head publishes the sensor (and its immutable parts)
+     * to the consumer's acquire load in bd_sensor_table_next_dirty(). */
+    atomic_store_explicit(&s->dirty, 1, memory_order_relaxed);
+    struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
+    bool ok = bd_ring_push(&t->dirty, &c, 1);
+    BD_ASSERT(ok); /* capacity >= number of sensors, each queued at most once */
+}
+
+void bd_sensor_table_publish(struct bd_sensor_table *t) {
+    uint32_t n = t->n_recheck;
+    if (n == 0) {
+        return;
     }
+    /* Pairs with the RMW in bd_sensor_table_next_dirty(); see the hand-off protocol. */
+    atomic_fetch_add_explicit(&t->handoff, 1, memory_order_acq_rel);
+    bool wake = false;
+    for (uint32_t i = 0; i < n; i++) {
+        struct bd_sensor *s = t->recheck[i];
+        s->recheck = 0;
+        if (atomic_load_explicit(&s->dirty, memory_order_acquire) == 0) { /* see mark_dirty */
+            enqueue(t, s);
+            /* Its high-water wake-up may have come and gone while it was not queued. */
+            wake |= bd_ring_used_hint(&s->ring) > t->high_water;
+        }
+    }
+    t->n_recheck = 0;
+    if (wake && t->wake != NULL) {
+        t->wake(t->wake_arg);
+    }
+}
+
+/* After a push: see the hand-off protocol at the top of this file. */
+static void mark_dirty(struct bd_sensor_table *t, struct bd_sensor *s) {
+    /* Acquire, pairing with the release clear in bd_sensor_table_next_dirty(): a 0 read here
+     * makes the consumer's pop of the old entry (its tail store) visible before we queue the
+     * sensor again, so the queue never looks as if it held a sensor twice. */
+    if (atomic_load_explicit(&s->dirty, memory_order_acquire) == 0) {
+        enqueue(t, s);
+        return;
+    }
+    if (s->recheck) {
+        return;
+    }
+    if (t->n_recheck == RECHECK_MAX) {
+        bd_sensor_table_publish(t);
+    }
+    s->recheck = 1;
+    t->recheck[t->n_recheck++] = s;
 }
 
 int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns) {
@@ -368,6 +498,9 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
             return -ENOSPC;
         }
     }
+    /* The cells' line was last read by the flusher: ask for it now, the field checks below
+     * run while it comes. */
+    bd_ring_prefetch_push(&s->ring);
 
     struct bd_cell cells[1 + BD_PARSE_MAX_FIELDS];
     cells[0].w[0] = (uint64_t)ts;
@@ -402,7 +535,12 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
         n++;
     }
 
-    uint32_t used_before = bd_ring_used(&s->ring);
+    /* The upper bound from the producer's copy of tail costs nothing; only near the mark is
+     * the real tail read, so crossing it is judged on a fresh count. */
+    uint32_t used_before = bd_ring_used_hint(&s->ring);
+    if (used_before + n > t->high_water) {
+        used_before = t->ring_size - bd_ring_free(&s->ring);
+    }
     if (!bd_ring_push(&s->ring, cells, n)) {
         BD_STAT_ADD(t->stats, drop_ring_full, 1);
         t->congested = s;
@@ -447,8 +585,10 @@ struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t) {
     }
     struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->dirty, tail)->w[0];
     bd_ring_consume(&t->dirty, 1);
-    /* Clear before draining: see the hand-off protocol at the top of this file. */
-    atomic_exchange_explicit(&s->dirty, 0, memory_order_seq_cst);
+    /* Clear, then the RMW, then the caller drains: see the hand-off protocol at the top of
+     * this file. The RMW's release orders the clear before it. */
+    atomic_store_explicit(&s->dirty, 0, memory_order_release);
+    atomic_fetch_add_explicit(&t->handoff, 1, memory_order_acq_rel);
     return s;
 }
 

@@ -3,10 +3,11 @@
  *
  * The producer is the ingest thread (one per ring); the consumer is the flusher thread. head
  * and tail are free-running 32-bit counters (they wrap at UINT32_MAX; only their difference
- * matters) on separate 128-byte lines so the two threads never share a cache line pair. Each
- * side loads its own index relaxed and the other side's index with acquire, and publishes its
- * own with release. Capacity is a power of two; a record of n cells is pushed whole or not at
- * all, and may wrap around the end of the array (cells are addressed by index & mask).
+ * matters) 128 bytes apart so the two threads never share a cache line pair. Each side loads
+ * its own index relaxed and the other side's index with acquire (into a private copy, see
+ * struct bd_ring), and publishes its own with release. Capacity is a power of two; a record of
+ * n cells is pushed whole or not at all, and may wrap around the end of the array (cells are
+ * addressed by index & mask).
  *
  * The ring does not know what the cells mean: the sensor module encodes readings into them.
  */
@@ -19,19 +20,49 @@
 #include <stdint.h>
 
 #define BD_RING_CACHELINE 128
+/* One cache line; each side's state fits in one, and 2 x 64 = BD_RING_CACHELINE apart. */
+#define BD_RING_LINE 64
 
 struct bd_cell {
     uint64_t w[2];
 };
 
+/*
+ * Each side keeps, in its own line, a private copy of the other side's counter, refreshed only
+ * when the copy says there is nothing to do (the producer: "full"; the consumer: "empty").
+ * A push then touches the producer line and the cells, never the line the consumer writes,
+ * and a drain reads the producer line once per refresh rather than once per record. The
+ * copies are only ever behind the real counters (the other side only moves its counter
+ * forward), so a stale copy makes the ring look fuller (producer) or emptier (consumer) than
+ * it is, never the reverse: it can delay a push or a pop until the refresh, never corrupt one.
+ *
+ * Layout: the struct is 64-byte aligned and 256 bytes long, producer line at 0, consumer line
+ * at 128, padding after each. head and tail are always 128 bytes apart, so they never share
+ * a line or an adjacent-line prefetch pair, wherever the ring sits. An owner may place the ring
+ * at an offset of 64 mod 128 so that the head line pairs with a line of its own that the
+ * producer reads anyway (the sensor does).
+ */
 struct bd_ring {
-    /* Written by the producer only. */
-    alignas(BD_RING_CACHELINE) _Atomic uint32_t head;
-    /* Written by the consumer only. */
-    alignas(BD_RING_CACHELINE) _Atomic uint32_t tail;
-    /* Read-only after init. */
-    alignas(BD_RING_CACHELINE) uint32_t mask;
-    struct bd_cell *cells;
+    union {
+        struct {
+            /* Written by the producer only; the consumer reads head. */
+            _Atomic uint32_t head;
+            uint32_t tail_cache; /* producer's copy of tail, never ahead of it */
+            uint32_t mask;       /* read-only after init */
+            struct bd_cell *cells;
+        };
+        alignas(BD_RING_LINE) unsigned char producer_line_[BD_RING_CACHELINE];
+    };
+    union {
+        struct {
+            /* Written by the consumer only; the producer reads tail. */
+            _Atomic uint32_t tail;
+            uint32_t head_cache;     /* consumer's copy of head, never ahead of it */
+            uint32_t cons_mask;      /* read-only copies, so the consumer stays in its line */
+            struct bd_cell *cons_cells;
+        };
+        unsigned char consumer_line_[BD_RING_CACHELINE];
+    };
 };
 
 /* capacity must be a power of two >= 2. Returns 0, -EINVAL or -ENOMEM. */
@@ -44,20 +75,38 @@ static inline uint32_t bd_ring_capacity(const struct bd_ring *r) {
     return r->mask + 1;
 }
 
-/* Producer: cells free right now (a lower bound: the consumer may free more meanwhile). */
-static inline uint32_t bd_ring_free(struct bd_ring *r) {
-    uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+/* Producer: reload the copy of tail. */
+static inline uint32_t bd_ring_refresh_tail(struct bd_ring *r) {
     /* Pairs with the release store of tail in bd_ring_consume(): the cells before tail are no
      * longer read by the consumer, so they may be overwritten. */
-    uint32_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
-    return r->mask + 1 - (head - tail);
+    r->tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
+    return r->tail_cache;
+}
+
+/* Producer: cells free right now (a lower bound: the consumer may free more meanwhile). Reads
+ * the consumer's tail: for the hot path use bd_ring_used_hint(). */
+static inline uint32_t bd_ring_free(struct bd_ring *r) {
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    return r->mask + 1 - (head - bd_ring_refresh_tail(r));
+}
+
+/* Producer: cells in use as of the last refresh of the tail copy: an upper bound that costs no
+ * shared read. */
+static inline uint32_t bd_ring_used_hint(const struct bd_ring *r) {
+    return atomic_load_explicit(&r->head, memory_order_relaxed) - r->tail_cache;
+}
+
+/* Producer: start fetching, for writing, the line the next push will write first. */
+static inline void bd_ring_prefetch_push(const struct bd_ring *r) {
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    __builtin_prefetch(&r->cells[head & r->mask], 1);
 }
 
 /* Producer: copy n cells in as one record; false (nothing written) if they do not fit. */
 static inline bool bd_ring_push(struct bd_ring *r, const struct bd_cell *src, uint32_t n) {
     uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-    uint32_t tail = atomic_load_explicit(&r->tail, memory_order_acquire); /* see bd_ring_free */
-    if (r->mask + 1 - (head - tail) < n) {
+    if (r->mask + 1 - (head - r->tail_cache) < n &&
+        r->mask + 1 - (head - bd_ring_refresh_tail(r)) < n) {
         return false;
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -69,29 +118,39 @@ static inline bool bd_ring_push(struct bd_ring *r, const struct bd_cell *src, ui
     return true;
 }
 
-/* Consumer: cells published and not yet consumed; *tail_out gets the first one's index. */
+/*
+ * Consumer: cells published and not yet consumed; *tail_out gets the first one's index. A lower
+ * bound that ends on a record boundary: head is only reloaded once the records seen at the last
+ * load are consumed, so 0 always means "empty at a fresh look".
+ */
 static inline uint32_t bd_ring_available(struct bd_ring *r, uint32_t *tail_out) {
     uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    /* Pairs with the release store of head in bd_ring_push(). */
-    uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+    uint32_t avail = r->head_cache - tail;
+    /* Used up, or (a caller that consumed without asking) behind tail: more than a ring's
+     * worth in wrapped arithmetic. */
+    if (avail == 0 || avail > r->cons_mask + 1) {
+        /* Pairs with the release store of head in bd_ring_push(). */
+        r->head_cache = atomic_load_explicit(&r->head, memory_order_acquire);
+        avail = r->head_cache - tail;
+    }
     *tail_out = tail;
-    return head - tail;
+    return avail;
 }
 
 /* Consumer: the cell at free-running index idx (from bd_ring_available's tail onwards). */
 static inline const struct bd_cell *bd_ring_at(const struct bd_ring *r, uint32_t idx) {
-    return &r->cells[idx & r->mask];
+    return &r->cons_cells[idx & r->cons_mask];
 }
 
-/* Consumer: hand n cells back to the producer. */
+/* Consumer: hand n cells back to the producer (n at most what bd_ring_available returned). */
 static inline void bd_ring_consume(struct bd_ring *r, uint32_t n) {
     uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    /* Pairs with the acquire load of tail in bd_ring_push()/bd_ring_free(): our reads of the
-     * consumed cells happen before the producer may overwrite them. */
+    /* Pairs with the acquire load of tail in bd_ring_refresh_tail(): our reads of the consumed
+     * cells happen before the producer may overwrite them. */
     atomic_store_explicit(&r->tail, tail + n, memory_order_release);
 }
 
-/* Either side: cells in use (approximate when called from a third thread). */
+/* Either side: cells in use (approximate when called from a third thread). Reads both lines. */
 static inline uint32_t bd_ring_used(struct bd_ring *r) {
     /* Tail first, in its own statement (the operands of `-` are unsequenced): tail never passes
      * head, so a third thread racing both sides cannot get a wrapped "negative" count. Head may

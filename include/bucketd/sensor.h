@@ -11,6 +11,7 @@
 #ifndef BUCKETD_SENSOR_H
 #define BUCKETD_SENSOR_H
 
+#include <stdalign.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -22,27 +23,45 @@
 
 /* Distinct field names one sensor may use over its lifetime. */
 #define BD_SENSOR_MAX_FIELDS 64
+/* Field names whose short form sits in the sensor's first cache line (see field_key). */
+#define BD_SENSOR_KEY_SLOTS 4
 
+/*
+ * Layout: every reading of a sensor reads its first 64-byte line (lookup and field checks) and
+ * the ring's producer line right after it; the two form one 128-byte pair (the block is 128-byte
+ * aligned), so the adjacent-line prefetcher brings both with one miss. The rest is cold.
+ */
 struct bd_sensor {
-    /* Immutable after creation. */
-    char *id; /* series key, NUL-terminated */
-    size_t id_len;
+    /* First line. Immutable after creation unless said otherwise. */
+    alignas(BD_RING_CACHELINE) uint64_t hash; /* XXH3 of id */
+    char *id;                                 /* series key, NUL-terminated: id_buf */
+    uint32_t id_len;
+    /* Field dictionary size: appended by the ingest thread, read by the flusher. A name's index
+     * is published (release on n_fields) before any reading that uses it is pushed. */
+    _Atomic uint32_t n_fields;
+    /* 1 while the sensor sits in the dirty queue; see the hand-off protocol in sensor.c. */
+    _Atomic uint32_t dirty;
+    uint32_t recheck; /* ingest thread only: on the table's re-check list */
+    /* Names of fields 0..BD_SENSOR_KEY_SLOTS-1 packed as length | bytes << 8 when at most 7
+     * bytes long (exact, so a match needs no string), else 0. */
+    uint64_t field_key[BD_SENSOR_KEY_SLOTS];
+
+    struct bd_ring ring; /* at offset 64: its producer line completes the pair */
+
+    /* Cold: immutable after creation. */
     char *measurement;
     uint32_t n_tags;
     char **tag_keys; /* sorted by key */
     char **tag_values;
-    uint64_t hash;
 
-    /* Field dictionary: appended by the ingest thread, read by the flusher. A name's index is
-     * published (release on n_fields) before any reading that uses it is pushed. */
+    /* The names themselves, NUL-terminated; entries below n_fields are immutable. */
     char *field_names[BD_SENSOR_MAX_FIELDS];
-    _Atomic uint32_t n_fields;
 
-    struct bd_ring ring;
-    _Atomic uint32_t dirty; /* 1 while the sensor sits in the dirty queue */
+    void *flusher_state; /* flusher thread only */
 
-    struct bd_sensor *hash_next; /* ingest thread only */
-    void *flusher_state;         /* flusher thread only */
+    /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
+     * sensor, so their cache miss overlaps the first line's instead of following it. */
+    char id_buf[];
 };
 
 /* One decoded field value of a reading. */
@@ -74,6 +93,14 @@ uint32_t bd_sensor_table_count(const struct bd_sensor_table *t);
  * accepted, else a negative errno; every drop is already counted in the stats by reason.
  */
 int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns);
+
+/*
+ * Ingest thread: end of a batch of accepts (a datagram, a TCP read). Readings accepted while
+ * their sensor was already queued are only guaranteed to reach the flusher once this has run
+ * (see the hand-off protocol in sensor.c), so call it before the thread goes idle. Cheap when
+ * there is nothing to do.
+ */
+void bd_sensor_table_publish(struct bd_sensor_table *t);
 
 /*
  * Ingest thread: true if any ring is above its high-water mark (TCP uses it to pause reading).

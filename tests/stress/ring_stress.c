@@ -308,6 +308,7 @@ static int guard_ring(struct bd_ring *r) {
     }
     free(r->cells);
     r->cells = g_block + GUARD_CELLS;
+    r->cons_cells = r->cells; /* the consumer's read-only copy */
     return 0;
 }
 
@@ -521,5 +522,6 @@ int main(int argc, char **argv) {
 out:
     free(g_block);
     r->cells = NULL; /* Lived in g_block: not for bd_ring_close(). */
+    r->cons_cells = NULL;
     return rc;
 }

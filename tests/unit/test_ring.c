@@ -38,15 +38,25 @@ static void expect_record(const struct bd_ring *r, uint32_t idx, uint64_t seq, u
     }
 }
 
-/* Every observable count, from both sides, against what the model says is in the ring. */
+/*
+ * Every observable count, from both sides, against what the model says is in the ring. The
+ * consumer's count comes from its copy of head, refreshed only when that copy is used up: it
+ * may lag behind pushes made since, but is never more than what is in the ring, is 0 only when
+ * the ring is empty, and a second look after consuming what it reported is exact again.
+ */
 static void expect_counts(struct bd_ring *r, uint32_t start, uint64_t pushed, uint64_t consumed) {
     uint32_t cap = bd_ring_capacity(r);
     uint32_t in_use = (uint32_t)(pushed - consumed);
     uint32_t tail = 0;
 
-    cr_assert_eq(bd_ring_available(r, &tail), in_use, "available");
+    uint32_t avail = bd_ring_available(r, &tail);
+    cr_assert_leq(avail, in_use, "available never exceeds what is in the ring");
+    cr_assert_eq(avail == 0, in_use == 0, "available is 0 exactly when the ring is empty");
+    cr_assert_eq(r->head_cache - tail, avail, "available comes from the consumer's copy");
     cr_assert_eq(tail, (uint32_t)(start + consumed), "tail index");
     cr_assert_eq(bd_ring_free(r), cap - in_use, "free");
+    cr_assert_eq(r->tail_cache, (uint32_t)(start + consumed), "free refreshes the copy of tail");
+    cr_assert_eq(bd_ring_used_hint(r), in_use, "hint after a refresh");
     cr_assert_eq(bd_ring_used(r), in_use, "used");
     cr_assert_eq(atomic_load(&r->head), (uint32_t)(start + pushed), "head");
     cr_assert_eq(atomic_load(&r->tail), (uint32_t)(start + consumed), "tail");
@@ -245,9 +255,14 @@ static void run_cycles(uint32_t cap, uint32_t start, uint32_t max_len, uint32_t 
             uint32_t k = 1 + next_rand(&rng) % 3;
             uint32_t tail = 0, total = 0;
             uint32_t avail = bd_ring_available(&r, &tail);
+            cr_assert_gt(avail, 0, "step %d: records in the ring but none available", step);
             for (; k > 0 && q_n > 0; k--) {
                 uint32_t n = lens[q_first];
-                cr_assert_leq(total + n, avail, "step %d: record beyond available", step);
+                if (total + n > avail) {
+                    /* Pushed after the consumer's copy of head: the next look finds it. */
+                    cr_assert_gt(total, 0, "step %d: first record beyond available", step);
+                    break;
+                }
                 expect_record(&r, tail + total, next_expected, n);
                 total += n;
                 next_expected++;
@@ -334,4 +349,103 @@ Test(ring, used_from_both_sides) {
     cr_assert_eq(bd_ring_used(&r), 0, "empty");
     cr_assert_eq(bd_ring_free(&r), 4);
     bd_ring_close(&r);
+}
+
+/*
+ * The producer's copy of tail: it is refreshed only when the ring looks full, so a push with
+ * room by the copy never reads the consumer's line, and a push refused by a stale copy reads
+ * it once and goes through. Counters start just below UINT32_MAX so the copy, head and tail
+ * all cross the wrap.
+ */
+Test(ring, cached_tail_refreshed_only_when_full) {
+    struct bd_ring r;
+    struct bd_cell rec[8];
+    const uint32_t start = UINT32_MAX - 5;
+    cr_assert_eq(bd_ring_init_at(&r, 8, start), 0);
+
+    make_record(rec, 1, 6);
+    cr_assert(bd_ring_push(&r, rec, 6));
+    cr_assert_eq(r.tail_cache, start, "room by the copy: tail not read");
+    cr_assert_eq(bd_ring_used_hint(&r), 6);
+
+    /* The consumer frees 6 cells (tail wraps to 0); the producer's copy does not know yet. */
+    uint32_t tail;
+    cr_assert_eq(bd_ring_available(&r, &tail), 6);
+    expect_record(&r, tail, 1, 6);
+    bd_ring_consume(&r, 6);
+    cr_assert_eq(atomic_load(&r.tail), 0u);
+    cr_assert_eq(r.tail_cache, start, "still stale");
+    cr_assert_eq(bd_ring_used_hint(&r), 6, "the hint is an upper bound");
+
+    /* 2 cells fit by the stale copy: pushed without a refresh. */
+    make_record(rec, 2, 2);
+    cr_assert(bd_ring_push(&r, rec, 2));
+    cr_assert_eq(r.tail_cache, start);
+    cr_assert_eq(atomic_load(&r.head), 2u, "head wrapped");
+
+    /* 5 cells do not fit by the copy (full), fit by the real tail: one refresh, pushed. */
+    make_record(rec, 3, 5);
+    cr_assert(bd_ring_push(&r, rec, 5));
+    cr_assert_eq(r.tail_cache, 0u, "refreshed across the wrap");
+    cr_assert_eq(bd_ring_used_hint(&r), 7);
+
+    /* Really full now: a refresh changes nothing and the push is refused, nothing written. */
+    make_record(rec, 4, 2);
+    cr_assert_not(bd_ring_push(&r, rec, 2));
+    cr_assert_eq(atomic_load(&r.head), 7u);
+    expect_counts(&r, start, 13, 6);
+    bd_ring_close(&r);
+}
+
+/*
+ * The consumer's copy of head: it reports what it saw until that is consumed, then looks again,
+ * so a record pushed meanwhile shows up on the next look, never half of one.
+ */
+Test(ring, cached_head_refreshed_only_when_used_up) {
+    struct bd_ring r;
+    struct bd_cell rec[4];
+    const uint32_t start = UINT32_MAX - 2;
+    cr_assert_eq(bd_ring_init_at(&r, 16, start), 0);
+
+    uint32_t tail;
+    cr_assert_eq(bd_ring_available(&r, &tail), 0);
+    make_record(rec, 1, 3);
+    cr_assert(bd_ring_push(&r, rec, 3)); /* head wraps to 0 */
+    cr_assert_eq(bd_ring_available(&r, &tail), 3);
+    cr_assert_eq(r.head_cache, 0u);
+
+    make_record(rec, 2, 4);
+    cr_assert(bd_ring_push(&r, rec, 4));
+    cr_assert_eq(bd_ring_available(&r, &tail), 3, "the copy is not used up: not refreshed");
+    cr_assert_eq(tail, start);
+    expect_record(&r, tail, 1, 3);
+    bd_ring_consume(&r, 3);
+
+    cr_assert_eq(bd_ring_available(&r, &tail), 4, "used up: refreshed");
+    cr_assert_eq(tail, 0u);
+    expect_record(&r, tail, 2, 4);
+
+    /* A caller that consumes without looking first leaves the copy behind tail: the next look
+     * must refresh rather than report a wrapped count. */
+    bd_ring_consume(&r, 4);
+    make_record(rec, 3, 2);
+    cr_assert(bd_ring_push(&r, rec, 2));
+    bd_ring_consume(&r, 2);
+    cr_assert_eq(bd_ring_available(&r, &tail), 0, "copy behind tail is refreshed");
+    cr_assert_eq(tail, 6u);
+    bd_ring_close(&r);
+}
+
+Test(ring, layout_keeps_sides_apart) {
+    struct bd_ring r;
+    cr_assert_eq(bd_ring_init(&r, 4), 0);
+    uintptr_t head = (uintptr_t)&r.head, tail = (uintptr_t)&r.tail;
+    cr_assert_eq(tail - head, BD_RING_CACHELINE, "head and tail 128 bytes apart");
+    cr_assert_lt((uintptr_t)&r.cells + sizeof(r.cells) - head, (uintptr_t)BD_RING_LINE);
+    cr_assert_lt((uintptr_t)&r.cons_cells + sizeof(r.cons_cells) - tail, (uintptr_t)BD_RING_LINE);
+    cr_assert_eq(r.cons_cells, r.cells);
+    cr_assert_eq(r.cons_mask, r.mask);
+    cr_assert_eq((uintptr_t)r.cells % BD_RING_LINE, 0, "cells line-aligned");
+    bd_ring_close(&r);
+    cr_assert_null(r.cons_cells);
 }

@@ -4,8 +4,21 @@
  */
 #include <criterion/criterion.h>
 #include <string.h>
+#include <xxhash.h>
 
-#include "bucketd/sensor.h"
+/*
+ * White box: the module is compiled into this test (its definitions take the place of the
+ * library's) with XXH3 routed through a hook, so tests can force full-hash and slot
+ * collisions that real keys would almost never produce.
+ */
+static bool force_hash;
+static uint64_t forced_hash;
+static XXH64_hash_t hooked_xxh3(const void *p, size_t len) {
+    return force_hash ? forced_hash : XXH3_64bits(p, len);
+}
+#define XXH3_64bits hooked_xxh3
+#include "../../src/sensor.c"
+#undef XXH3_64bits
 
 #define NOW (INT64_C(1736949600) * BD_NS_PER_S)
 
@@ -32,6 +45,7 @@ static void setup(void) {
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
     bd_sensor_table_set_wake(table, on_wake, NULL);
     wakes = 0;
+    force_hash = false;
 }
 
 static void teardown(void) {
@@ -251,4 +265,216 @@ Test(sensor, many_sensors_grow_the_index) {
         n++;
     }
     cr_assert_eq(n, 5000, "each sensor queued exactly once");
+}
+
+/* Drains s, returning how many readings it held; each must carry value `want` in field 0. */
+static int drain_expect(struct bd_sensor *s, double want) {
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n, cells;
+    int seen = 0;
+    while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
+        cr_assert_eq(vals[0].v.f, want, "%s: reading of another sensor", s->id);
+        bd_ring_consume(&s->ring, cells);
+        seen++;
+    }
+    return seen;
+}
+
+Test(sensor, equal_full_hashes_are_told_apart_by_the_id) {
+    /* Same hash for every key: same length different bytes, and different lengths. */
+    static const char *keys[] = {"m,x=1", "m,x=2", "m,x=10", "m"};
+    force_hash = true;
+    forced_hash = UINT64_C(0x1234567800000007);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 4; i++) {
+            point(keys[i], "m", true, NOW);
+            add_float("v", i);
+            cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), 4, "one sensor per distinct id");
+    struct bd_sensor *s;
+    int found = 0;
+    while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+        int i = 0;
+        while (strcmp(keys[i], s->id) != 0) {
+            i++;
+        }
+        cr_assert_eq(s->id_len, strlen(keys[i]));
+        cr_assert_eq(drain_expect(s, i), 3, "%s: its own three readings", s->id);
+        found++;
+    }
+    cr_assert_eq(found, 4);
+}
+
+Test(sensor, slot_collisions_with_other_hashes_probe_on) {
+    /* Every hash lands on the same slot but differs above the index bits: each probe meets
+     * other sensors' entries and must reject them on the stored hash alone. */
+    bd_sensor_table_free(table);
+    cfg.limits.max_sensors = 3000;
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    force_hash = true;
+    char key[32];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 3000; i++) {
+            forced_hash = ((uint64_t)(i + 1) << 40) | 5; /* same low bits: same slot */
+            snprintf(key, sizeof(key), "s%d", i);
+            point(key, "s", true, NOW);
+            add_float("v", i);
+            cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), 3000, "found again, not created twice");
+    cr_assert_geq(table->slot_mask + 1, 6000u, "the index stays at most half full");
+    int n = 0;
+    struct bd_sensor *s;
+    while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+        cr_assert_eq(drain_expect(s, atoi(s->id + 1)), 2);
+        n++;
+    }
+    cr_assert_eq(n, 3000);
+}
+
+Test(sensor, short_and_long_field_names) {
+    /* Names of 1, 7 and 8 bytes, two long ones sharing a prefix, and more fields than the
+     * first line holds short forms for; then the same names in another order. */
+    static const char *names[] = {"a", "seven77", "eight888", "temperature1", "temperature2",
+                                  "f5"};
+    cfg.limits.max_fields = 8;
+    point("m", "m", true, NOW);
+    for (int i = 0; i < 6; i++) {
+        add_float(names[i], i);
+    }
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_eq(atomic_load(&s->n_fields), 6);
+    for (int i = 0; i < 6; i++) {
+        cr_assert_str_eq(s->field_names[i], names[i]);
+    }
+    cr_assert_eq(s->field_key[0], pack_key(&(struct bd_str){"a", 1}));
+    cr_assert_neq(s->field_key[1], 0, "7 bytes: packed");
+    cr_assert_eq(s->field_key[2], 0, "8 bytes: the string decides");
+    cr_assert_eq(s->field_key[3], 0);
+
+    point("m", "m", true, NOW);
+    static const int order[] = {5, 4, 3, 2, 1, 0};
+    for (int i = 0; i < 6; i++) {
+        add_float(names[order[i]], order[i]);
+    }
+    add_float("seven7", 99);   /* a prefix of a packed name: new */
+    add_float("eight8889", 98); /* a long name extending a long name: new */
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(atomic_load(&s->n_fields), 8);
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n;
+    bd_ring_consume(&s->ring, bd_sensor_peek_reading(s, &ts, vals, &n));
+    cr_assert_eq(bd_sensor_peek_reading(s, &ts, vals, &n), 9);
+    for (uint32_t i = 0; i < 6; i++) {
+        cr_assert_eq(vals[i].field, order[i], "value %u: same index as first seen", i);
+        cr_assert_eq(vals[i].v.f, order[i]);
+    }
+    cr_assert_str_eq(s->field_names[vals[6].field], "seven7");
+    cr_assert_str_eq(s->field_names[vals[7].field], "eight8889");
+}
+
+Test(sensor, reading_behind_a_cleared_flag_is_requeued_by_publish) {
+    point("m", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0); /* flag 0: queued at once */
+    cr_assert_eq(table->n_recheck, 0);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0); /* flag 1: to the re-check list */
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(table->n_recheck, 1, "listed once per batch");
+
+    /* Plays the race: the consumer pops and clears after the producer saw the flag set, and
+     * (as far as the producer knows) drains before those readings arrived. */
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(s);
+    cr_assert_null(bd_sensor_table_next_dirty(table));
+    bd_sensor_table_publish(table);
+    cr_assert_eq(table->n_recheck, 0);
+    cr_assert_eq(s->recheck, 0);
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s, "queued again by the re-check");
+    cr_assert_null(bd_sensor_table_next_dirty(table), "once");
+    cr_assert_eq(drain_expect(s, 1), 3);
+}
+
+Test(sensor, publish_leaves_a_queued_sensor_alone) {
+    point("m", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    bd_sensor_table_publish(table); /* still queued: nothing to do */
+    bd_sensor_table_publish(table); /* empty list */
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(s);
+    cr_assert_null(bd_sensor_table_next_dirty(table), "in the queue once");
+    cr_assert_eq(drain_expect(s, 1), 2);
+}
+
+Test(sensor, publish_wakes_for_a_requeued_ring_above_high_water) {
+    /* 16 cells, 2 per reading, high water 8 cells. */
+    point("m", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table); /* popped, nothing drained */
+    cr_assert_not_null(s);
+    wakes = 0;
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    }
+    /* The flag was already 0 again: queued directly, and the crossing woke the flusher. */
+    cr_assert_eq(wakes, 1);
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    /* Now the flag is 0 but the producer saw 1 for the next readings (they go on the list). */
+    atomic_store(&s->dirty, 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(table->n_recheck, 1);
+    atomic_store(&s->dirty, 0); /* the consumer's clear, after the producer's look */
+    wakes = 0;
+    bd_sensor_table_publish(table);
+    cr_assert_eq(wakes, 1, "queued again above high water: the flusher is told");
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    cr_assert_eq(drain_expect(s, 1), 7);
+}
+
+Test(sensor, recheck_list_settles_itself_when_full) {
+    bd_sensor_table_free(table);
+    cfg.limits.max_sensors = RECHECK_MAX + 10;
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    char key[32];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < RECHECK_MAX + 10; i++) {
+            snprintf(key, sizeof(key), "s%d", i);
+            point(key, "s", true, NOW);
+            add_float("v", i);
+            cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+        }
+    }
+    cr_assert_eq(table->n_recheck, 10, "settled once at RECHECK_MAX");
+    bd_sensor_table_publish(table);
+    int n = 0;
+    struct bd_sensor *s;
+    while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+        cr_assert_eq(drain_expect(s, atoi(s->id + 1)), 2);
+        n++;
+    }
+    cr_assert_eq(n, RECHECK_MAX + 10, "each queued once");
+}
+
+Test(sensor, block_layout) {
+    point("m,k=v", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_eq((uintptr_t)s % BD_RING_CACHELINE, 0, "sensor block 128-byte aligned");
+    cr_assert_eq((uintptr_t)&s->ring.head - (uintptr_t)s, BD_RING_LINE,
+                 "the head line pairs with the first line");
+    cr_assert_eq(s->id, s->id_buf);
+    cr_assert_str_eq(s->id, "m,k=v");
+    cr_assert_eq(s->hash, XXH3_64bits("m,k=v", 5));
 }
