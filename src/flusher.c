@@ -560,6 +560,14 @@ static void schedule_retry(struct bd_flusher *f) {
     f->attempt++;
     BD_STAT_ADD(f->stats, bulk_retries, 1);
     f->retry_at = bd_mono_ns() + (int64_t)delay_ms * BD_NS_PER_MS;
+    if (!bd_sensor_table_stalled(f->table)) {
+        /* Nothing is drained until the retry succeeds: UDP listeners paused for a congested
+         * ring must read again, into the rings (see bd_sensor_table_set_stalled). */
+        bd_sensor_table_set_stalled(f->table, true);
+        if (f->drained != NULL) {
+            f->drained(f->drained_arg);
+        }
+    }
 }
 
 /* Walk writeErrors back to the chunk's deltas: transient ones stay pending, others are
@@ -1072,6 +1080,7 @@ static void write_pending(struct bd_flusher *f) {
         }
         f->attempt = 0;
         f->retry_at = 0;
+        bd_sensor_table_set_stalled(f->table, false);
         f->have_seq = false;
         bd_writer_acked(f->writer, bd_now_ns() / BD_NS_PER_MS, f->batch_max_start_ms);
         clear_deltas(f);

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -100,6 +101,7 @@ struct listener {
     struct bd_point *point;
 
     char *slab;            /* UDP only */
+    bool udp_paused;       /* UDP: reading stopped for a congested ring (see udp_maybe_pause) */
     uint64_t sock_inode;   /* UDP: of the socket, to find it in /proc/net/udp; 0 if unknown */
     uint64_t drops_seen;   /* UDP: its kernel drops already added to udp_socket_drops */
 
@@ -365,12 +367,55 @@ static void udp_datagram(struct listener *l, const char *data, size_t len,
 }
 
 static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
+                        const struct sockaddr *addr, unsigned flags);
+
+/*
+ * UDP backpressure. A ring past its high-water mark has woken the flusher; until it has been
+ * drained below the low-water mark the listener stops reading, and datagrams wait in the
+ * socket's receive buffer (udp.rcvbuf) instead of overrunning the ring. Loss then happens only
+ * when that buffer overflows too, and the kernel counts it (udp_socket_drops). Only between
+ * recvmmsg batches: libuv drops the rest of a batch whose callback stops the handle. Not while
+ * the flusher is stalled on a failed write (it drains nothing then, so the rings are the buffer
+ * and a sensor with room in its ring should not lose readings to another's full one).
+ */
+static void udp_maybe_pause(struct listener *l) {
+    struct bd_ingest *in = l->in;
+    if (l->udp_paused || in->stopping || !bd_sensor_table_congested(in->table) ||
+        bd_sensor_table_stalled(in->table)) {
+        return;
+    }
+    if (uv_udp_recv_stop(&l->h.udp) == 0) {
+        l->udp_paused = true;
+        BD_STAT_ADD(in->stats, udp_pauses, 1);
+    }
+}
+
+/* bd_ingest_resume: read again once the congestion is gone or the flusher has stalled. */
+static void udp_maybe_resume(struct listener *l) {
+    struct bd_ingest *in = l->in;
+    if (!l->udp_paused || !l->h_open ||
+        (bd_sensor_table_congested(in->table) && !bd_sensor_table_stalled(in->table))) {
+        return;
+    }
+    int rc = uv_udp_recv_start(&l->h.udp, on_udp_alloc, on_udp_recv);
+    if (rc < 0) {
+        /* Nothing else would start it again: say so loudly, and retry at the next drain. */
+        if (bd_ratelimit_ok(&l->rl_events, loop_now_ns(l))) {
+            bd_error("%s: cannot resume reading: %s", l->name, uv_strerror(rc));
+        }
+        return;
+    }
+    l->udp_paused = false;
+}
+
+static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
                         const struct sockaddr *addr, unsigned flags) {
     struct listener *l = h->data;
     struct bd_ingest *in = l->in;
 
     if (flags & UV_UDP_MMSG_FREE) {
         /* End of a recvmmsg batch: the slab is ours and stays allocated. */
+        udp_maybe_pause(l);
         return;
     }
     if (nread < 0) {
@@ -398,6 +443,9 @@ static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
         return;
     }
     udp_datagram(l, buf->base, (size_t)nread, addr);
+    if (!(flags & UV_UDP_MMSG_CHUNK)) {
+        udp_maybe_pause(l); /* one recvmsg, not part of a batch */
+    }
 }
 
 /*
@@ -410,7 +458,19 @@ static void udp_set_rcvbuf(struct listener *l) {
         return; /* keep the kernel default */
     }
     int value = want > INT_MAX ? INT_MAX : (int)want;
-    int rc = uv_recv_buffer_size(&l->h.handle, &value);
+    int rc = -1;
+#ifdef SO_RCVBUFFORCE
+    /* With CAP_NET_ADMIN (root) the size asked for is granted past net.core.rmem_max, as the
+     * operator configured it; without, EPERM, and SO_RCVBUF below is capped by the sysctl. */
+    uv_os_fd_t fd;
+    if (uv_fileno(&l->h.handle, &fd) == 0 &&
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &value, sizeof(value)) == 0) {
+        rc = 0;
+    }
+#endif
+    if (rc != 0) {
+        rc = uv_recv_buffer_size(&l->h.handle, &value);
+    }
     if (rc < 0) {
         bd_warn("%s: cannot set SO_RCVBUF to %llu bytes: %s", l->name, (unsigned long long)want,
                 uv_strerror(rc));
@@ -1238,6 +1298,12 @@ void bd_ingest_resume(struct bd_ingest *in) {
         return;
     }
     int64_t now_ns = 0;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        struct listener *l = &in->listeners[i];
+        if (l->cfg.proto == BD_PROTO_UDP) {
+            udp_maybe_resume(l);
+        }
+    }
     for (uint32_t i = 0; i < in->n_listeners; i++) {
         struct listener *l = &in->listeners[i];
         struct conn *next = NULL;

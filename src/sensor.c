@@ -99,6 +99,9 @@ struct bd_sensor_table {
     struct bd_sensor *congested; /* last ring seen above high water, ingest thread only */
 
     struct bd_ratelimit limit_log;
+
+    /* Written by the flusher, read by the ingest thread: see bd_sensor_table_set_stalled. */
+    atomic_bool consumer_stalled;
 };
 
 /* Zeroed memory aligned for types with alignas(BD_RING_CACHELINE) members. */
@@ -139,6 +142,7 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     t->limit_log.interval_ns = 10 * BD_NS_PER_S;
     t->limit_log.burst = 1;
     atomic_init(&t->handoff, 0);
+    atomic_init(&t->consumer_stalled, false);
     t->slot_mask = INITIAL_SLOTS - 1;
     t->slots = calloc(t->slot_mask + 1, sizeof(*t->slots));
     t->recheck = calloc(RECHECK_MAX, sizeof(*t->recheck));
@@ -571,6 +575,15 @@ bool bd_sensor_table_congested(const struct bd_sensor_table *t) {
     }
     ((struct bd_sensor_table *)t)->congested = NULL;
     return false;
+}
+
+void bd_sensor_table_set_stalled(struct bd_sensor_table *t, bool stalled) {
+    /* A hint for a pause decision, ordering nothing: relaxed. */
+    atomic_store_explicit(&t->consumer_stalled, stalled, memory_order_relaxed);
+}
+
+bool bd_sensor_table_stalled(const struct bd_sensor_table *t) {
+    return atomic_load_explicit(&t->consumer_stalled, memory_order_relaxed);
 }
 
 bool bd_sensor_table_has_dirty(struct bd_sensor_table *t) {

@@ -103,9 +103,18 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
 void bd_sensor_table_publish(struct bd_sensor_table *t);
 
 /*
- * Ingest thread: true if any ring is above its high-water mark (TCP uses it to pause reading).
+ * Ingest thread: true if any ring is above its high-water mark (TCP and UDP listeners use it to
+ * pause reading).
  */
 bool bd_sensor_table_congested(const struct bd_sensor_table *t);
+
+/*
+ * Flusher thread: say whether it has stopped draining rings (a failed write waits for its
+ * retry). Ingest thread: read it. While the flusher is stalled, pausing UDP would only move
+ * every sensor's losses into the kernel; the rings are the buffer then.
+ */
+void bd_sensor_table_set_stalled(struct bd_sensor_table *t, bool stalled);
+bool bd_sensor_table_stalled(const struct bd_sensor_table *t);
 
 /* Flusher thread: true if a sensor waits in the dirty queue (nothing is popped). */
 bool bd_sensor_table_has_dirty(struct bd_sensor_table *t);

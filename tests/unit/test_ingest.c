@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -779,6 +780,9 @@ static void send_burst(int port) {
 static int overflow_tiny_socket(struct fx *f) {
     uint32_t i = fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
     f->cfg.listeners[i].rcvbuf = 1024;
+    /* Rings that hold whatever the tiny buffer lets through (nothing drains them here): these
+     * tests are about the kernel's drops, not about a congested ring pausing the listener. */
+    f->cfg.limits.ring_size = 1u << 16;
     fx_start(f);
     int port = bd_ingest_listener_port(f->in, 0);
     cr_assert(port > 0);
@@ -827,5 +831,118 @@ Test(ingest, no_udp_listener_reads_no_kernel_counters) {
     cr_expect_eq(STAT(f, udp_socket_drops), 0);
     cr_expect_eq(STAT(f, udp_kernel_rcvbuf_errors), 0);
     cr_expect_eq(STAT(f, udp_kernel_in_errors), 0);
+    fx_finish(f);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* UDP backpressure                                                                         */
+
+#define BP_DATAGRAMS 100
+
+/* BP_DATAGRAMS datagrams of one reading each (m v=<k>) into the kernel, before the loop runs. */
+static int backpressure_setup(struct fx *f) {
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    /* 64 readings of one field; high-water mark 32. A recvmmsg batch (20) fits above it. */
+    f->cfg.limits.ring_size = 128;
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+    cr_assert(port > 0);
+    for (int k = 0; k < BP_DATAGRAMS; k++) {
+        char line[64];
+        snprintf(line, sizeof(line), "m v=%d", k);
+        udp_send_str(port, line);
+    }
+    return port;
+}
+
+/* Consumer side, played by the test: drains every dirty ring, checking values arrive in order. */
+static uint32_t drain_in_order(struct fx *f, uint64_t *next) {
+    uint32_t n = 0;
+    struct bd_sensor *s;
+    while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
+        int64_t ts;
+        struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+        uint32_t nv, cells;
+        while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
+            cr_assert_eq(nv, 1);
+            cr_assert_eq((uint64_t)vals[0].v.f, *next, "reading %" PRIu64 " out of order",
+                         *next);
+            (*next)++;
+            n++;
+            bd_ring_consume(&s->ring, cells);
+        }
+    }
+    return n;
+}
+
+/*
+ * A ring past its high-water mark stops the listener between receive batches; the rest waits
+ * in the socket buffer, and reading resumes once the consumer has drained the ring. Without the
+ * pause the ring (64 readings) overflows: nothing drains it while the loop reads.
+ */
+Test(ingest, udp_pauses_for_a_congested_ring_instead_of_dropping) {
+    struct fx *f = fx_new();
+    backpressure_setup(f);
+    uint64_t next = 0;
+    uint64_t pauses = 0;
+    int64_t deadline = bd_mono_ns() + WAIT_NS;
+    while (STAT(f, readings_accepted) < BP_DATAGRAMS || next < BP_DATAGRAMS) {
+        cr_assert(bd_mono_ns() < deadline, "stuck: %" PRIu64 " accepted, %" PRIu64 " drained",
+                  (uint64_t)STAT(f, readings_accepted), next);
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        if (STAT(f, udp_pauses) > pauses) {
+            pauses = STAT(f, udp_pauses);
+            /* Paused with datagrams still in the kernel: the loop must not read them now. */
+            uint64_t accepted = STAT(f, readings_accepted);
+            cr_assert_lt(accepted, BP_DATAGRAMS);
+            uv_run(&f->loop, UV_RUN_NOWAIT);
+            sleep_us(2000);
+            uv_run(&f->loop, UV_RUN_NOWAIT);
+            cr_assert_eq(STAT(f, readings_accepted), accepted, "read while paused");
+            drain_in_order(f, &next);
+            bd_ingest_resume(f->in);
+        } else if (STAT(f, readings_accepted) == BP_DATAGRAMS) {
+            drain_in_order(f, &next);
+        }
+        sleep_us(200);
+    }
+    cr_expect_eq(next, BP_DATAGRAMS);
+    cr_expect_geq(pauses, 1);
+    cr_expect_eq(STAT(f, drop_ring_full), 0);
+    cr_expect_eq(STAT(f, udp_datagrams), BP_DATAGRAMS);
+    fx_finish(f);
+}
+
+/*
+ * While the flusher is stalled on a failed write it drains nothing: the listener keeps reading
+ * into the rings, and what does not fit is dropped and counted (sensors with room keep theirs).
+ */
+Test(ingest, udp_keeps_reading_while_the_flusher_is_stalled) {
+    struct fx *f = fx_new();
+    backpressure_setup(f);
+    bd_sensor_table_set_stalled(f->table, true);
+    RUN_UNTIL(f, STAT(f, udp_datagrams) == BP_DATAGRAMS);
+    cr_expect_eq(STAT(f, udp_pauses), 0);
+    cr_expect_eq(STAT(f, readings_accepted), 64);
+    cr_expect_eq(STAT(f, drop_ring_full), BP_DATAGRAMS - 64);
+    fx_finish(f);
+}
+
+/* A listener paused for congestion reads again when the flusher stalls (it says so). */
+Test(ingest, udp_paused_listener_resumes_when_the_flusher_stalls) {
+    struct fx *f = fx_new();
+    backpressure_setup(f);
+    RUN_UNTIL(f, STAT(f, udp_pauses) == 1);
+    uint64_t accepted = STAT(f, readings_accepted);
+    cr_assert_lt(accepted, BP_DATAGRAMS);
+    bd_ingest_resume(f->in); /* still congested, flusher not stalled: stays paused */
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    cr_expect_eq(STAT(f, readings_accepted), accepted);
+    bd_sensor_table_set_stalled(f->table, true);
+    bd_ingest_resume(f->in);
+    RUN_UNTIL(f, STAT(f, udp_datagrams) == BP_DATAGRAMS);
+    cr_expect_eq(STAT(f, readings_accepted), 64);
+    cr_expect_eq(STAT(f, drop_ring_full), BP_DATAGRAMS - 64);
+    cr_expect_eq(STAT(f, udp_pauses), 1);
     fx_finish(f);
 }
