@@ -1130,19 +1130,18 @@ static int parse_influx_plain(struct bd_parser *p, const char *s, size_t n, stru
         if (ke == n || s[ke] != '=' || ke == i + 1 || (ve < n && s[ve] == '=')) {
             return PLAIN_MISS;
         }
-        struct bd_field f;
-        f.key = (struct bd_str){s + i + 1, ke - i - 1};
+        /* The value is decoded straight into its slot: decoding into a local and copying it
+         * made the copy's wide loads wait on the decoder's narrower stores (a store-forwarding
+         * stall that cost as much as the rest of the line). A value that fails leaves the
+         * point to the general parser, which starts it afresh. */
+        struct bd_field *slot = field_slot(pt, (struct bd_str){s + i + 1, ke - i - 1}, &seen);
         const char *v = s + ke + 1;
         size_t len = ve - ke - 1;
-        if (len == 0 ||
-            (!plain_number(v, len, n - ke - 1, &f) && read_scalar(&sc, v, len, &f, NULL) != 0)) {
+        if (slot == NULL || len == 0 ||
+            (!plain_number(v, len, n - ke - 1, slot) &&
+             read_scalar(&sc, v, len, slot, NULL) != 0)) {
             return PLAIN_MISS;
         }
-        struct bd_field *slot = field_slot(pt, f.key, &seen);
-        if (slot == NULL) {
-            return PLAIN_MISS;
-        }
-        *slot = f;
         i = ve;
     } while (i < n && s[i] == ',');
 
