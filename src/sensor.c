@@ -350,12 +350,25 @@ static struct bd_sensor *lookup(struct bd_sensor_table *t, const struct bd_str *
 
 /* The packed short form of a field name (see bd_sensor.field_key): 0 if longer than 7 bytes. */
 static uint64_t pack_key(const struct bd_str *key) {
-    if (key->len > 7) {
+    size_t len = key->len;
+    const unsigned char *p = (const unsigned char *)key->ptr;
+    uint64_t w;
+    /* Fixed-size loads inside [p, p + len) only, combined in registers: a memcpy of `len`
+     * bytes into a local and a load of all 8 stalled on store forwarding, every reading. */
+    if (len > 7) {
         return 0;
+    } else if (len >= 4) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + len - 4, 4); /* overlaps lo by 8 - len bytes, with the same values */
+        w = (uint64_t)lo | (uint64_t)hi << ((len - 4) * 8);
+    } else if (len > 0) {
+        w = (uint64_t)p[0] | (uint64_t)p[len / 2] << (len / 2 * 8) |
+            (uint64_t)p[len - 1] << ((len - 1) * 8);
+    } else {
+        w = 0;
     }
-    uint64_t w = 0;
-    memcpy(&w, key->ptr, key->len);
-    return (w << 8) | key->len;
+    return (w << 8) | len;
 }
 
 /* Whether field name i is key (not NUL-terminated; strncmp stops at the name's own end). */

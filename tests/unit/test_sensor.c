@@ -478,3 +478,24 @@ Test(sensor, block_layout) {
     cr_assert_str_eq(s->id, "m,k=v");
     cr_assert_eq(s->hash, XXH3_64bits("m,k=v", 5));
 }
+
+/* pack_key's register-only packing against the plain byte copy it replaced, every length. */
+Test(sensor, pack_key_matches_a_byte_copy) {
+    unsigned char buf[16];
+    uint32_t x = 12345;
+    for (int round = 0; round < 1000; round++) {
+        for (size_t i = 0; i < sizeof(buf); i++) {
+            x = x * 1103515245u + 12345u;
+            buf[i] = (unsigned char)(x >> 16);
+        }
+        for (size_t len = 0; len <= 8; len++) {
+            struct bd_str key = {(const char *)buf + round % 8, len};
+            uint64_t want = 0;
+            if (len <= 7) {
+                memcpy(&want, key.ptr, len);
+                want = (want << 8) | len;
+            }
+            cr_assert_eq(pack_key(&key), want, "len %zu round %d", len, round);
+        }
+    }
+}
