@@ -370,8 +370,9 @@ static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
                         const struct sockaddr *addr, unsigned flags);
 
 /*
- * UDP backpressure. A ring past its high-water mark has woken the flusher; until it has been
- * drained below the low-water mark the listener stops reading, and datagrams wait in the
+ * UDP backpressure. A ring past its high-water mark has woken the flusher; if it is still past
+ * the mark when a receive batch ends, the flusher is late, and until it has drained the ring
+ * below the low-water mark the listener stops reading, and datagrams wait in the
  * socket's receive buffer (udp.rcvbuf) instead of overrunning the ring. Loss then happens only
  * when that buffer overflows too, and the kernel counts it (udp_socket_drops). Only between
  * recvmmsg batches: libuv drops the rest of a batch whose callback stops the handle. Not while
@@ -380,13 +381,14 @@ static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
  */
 static void udp_maybe_pause(struct listener *l) {
     struct bd_ingest *in = l->in;
-    if (l->udp_paused || in->stopping || !bd_sensor_table_congested(in->table) ||
+    if (l->udp_paused || in->stopping || !bd_sensor_table_above_high_water(in->table) ||
         bd_sensor_table_stalled(in->table)) {
         return;
     }
     if (uv_udp_recv_stop(&l->h.udp) == 0) {
         l->udp_paused = true;
         BD_STAT_ADD(in->stats, udp_pauses, 1);
+        bd_sensor_table_request_drain(in->table);
     }
 }
 
@@ -544,6 +546,7 @@ static void conn_pause(struct conn *c) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->paused = true;
         c->l->n_paused++;
+        bd_sensor_table_request_drain(c->l->in->table);
     }
 }
 

@@ -590,6 +590,17 @@ bool bd_sensor_table_congested(const struct bd_sensor_table *t) {
     return false;
 }
 
+bool bd_sensor_table_above_high_water(const struct bd_sensor_table *t) {
+    struct bd_sensor *s = t->congested;
+    return s != NULL && bd_ring_used(&s->ring) > t->high_water;
+}
+
+void bd_sensor_table_request_drain(struct bd_sensor_table *t) {
+    if (t->wake != NULL) {
+        t->wake(t->wake_arg);
+    }
+}
+
 void bd_sensor_table_set_stalled(struct bd_sensor_table *t, bool stalled) {
     /* A hint for a pause decision, ordering nothing: relaxed. */
     atomic_store_explicit(&t->consumer_stalled, stalled, memory_order_relaxed);

@@ -109,6 +109,21 @@ void bd_sensor_table_publish(struct bd_sensor_table *t);
 bool bd_sensor_table_congested(const struct bd_sensor_table *t);
 
 /*
+ * Ingest thread: true if the congested ring is still above its high-water mark (not merely
+ * above the low-water mark that ends a congestion). UDP pauses on this: a ring that crossed
+ * its mark and that the flusher is already draining needs no pause.
+ */
+bool bd_sensor_table_above_high_water(const struct bd_sensor_table *t);
+
+/*
+ * Ingest thread: wake the flusher to drain now. A listener pausing for congestion calls it: the
+ * ring that made it pause may have crossed its high-water mark before the flusher's last drain
+ * passed it and refilled since without crossing again, and then nothing else would wake the
+ * flusher before flush.interval, however long the pause.
+ */
+void bd_sensor_table_request_drain(struct bd_sensor_table *t);
+
+/*
  * Flusher thread: say whether it has stopped draining rings (a failed write waits for its
  * retry). Ingest thread: read it. While the flusher is stalled, pausing UDP would only move
  * every sensor's losses into the kernel; the rings are the buffer then.

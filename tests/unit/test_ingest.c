@@ -946,3 +946,26 @@ Test(ingest, udp_paused_listener_resumes_when_the_flusher_stalls) {
     cr_expect_eq(STAT(f, udp_pauses), 1);
     fx_finish(f);
 }
+
+static int g_wakes;
+static void count_wake(void *arg) {
+    (void)arg;
+    g_wakes++;
+}
+
+/*
+ * A pause wakes the flusher itself: the ring that congests may have crossed its mark before the
+ * flusher's last drain passed it, and nothing else would wake the flusher before flush.interval.
+ * Here: batch one (20 readings) stays under the mark, batch two crosses it (one wake), and the
+ * pause at its end makes the second.
+ */
+Test(ingest, udp_pause_wakes_the_flusher) {
+    struct fx *f = fx_new();
+    backpressure_setup(f);
+    g_wakes = 0;
+    bd_sensor_table_set_wake(f->table, count_wake, NULL);
+    RUN_UNTIL(f, STAT(f, udp_pauses) == 1);
+    cr_expect_eq(STAT(f, readings_accepted), 40, "two batches of 20 datagrams");
+    cr_expect_eq(g_wakes, 2, "one for the crossing, one for the pause");
+    fx_finish(f);
+}
