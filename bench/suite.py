@@ -1003,7 +1003,11 @@ class Suite(object):
                 self.procs.stop(sim, timeout=5)
             st = d.stop()
         if len(lat) < markers:
-            raise BenchError('only %d of %d markers became visible' % (len(lat), markers))
+            raise BenchError('only %d of %d markers became visible (at %s readings/s offered, '
+                             'ring_size %d: accepted %s, flushed %s, drops %s, udp_pauses %s)' % (
+                                 len(lat), markers, si(rate), ring, st.get('readings_accepted'),
+                                 st.get('readings_flushed'), daemon_drops(st) or 'none',
+                                 st.get('udp_pauses')))
         absorbed = (st.get('readings_flushed') == st.get('readings_accepted')
                     and not daemon_drops(st) and d.stop_s < 5.0)
         self.note('flush latency at %s readings/s offered (%s/s sent, %d sensors, ring_size %d): '

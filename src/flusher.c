@@ -560,9 +560,17 @@ static void schedule_retry(struct bd_flusher *f) {
     f->attempt++;
     BD_STAT_ADD(f->stats, bulk_retries, 1);
     f->retry_at = bd_mono_ns() + (int64_t)delay_ms * BD_NS_PER_MS;
-    if (!bd_sensor_table_stalled(f->table)) {
-        /* Nothing is drained until the retry succeeds: UDP listeners paused for a congested
-         * ring must read again, into the rings (see bd_sensor_table_set_stalled). */
+    /* Nothing is drained until the retry succeeds (already said when the write began). */
+    BD_ASSERT(bd_sensor_table_stalled(f->table));
+}
+
+/*
+ * Before a bulk write to MongoDB: nothing is drained until it (and any retry) is done, so UDP
+ * listeners paused for a congested ring must read again, into the rings (see
+ * bd_sensor_table_set_stalled). The blackhole sink's writes take no time: not said.
+ */
+static void begin_write(struct bd_flusher *f) {
+    if (f->cfg->sink != BD_SINK_BLACKHOLE && !bd_sensor_table_stalled(f->table)) {
         bd_sensor_table_set_stalled(f->table, true);
         if (f->drained != NULL) {
             f->drained(f->drained_arg);
@@ -1101,6 +1109,7 @@ static void flush_step(struct bd_flusher *f, int64_t now, bool stopping) {
     int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
     if (f->retry_at != 0) {
         if (now >= f->retry_at) {
+            begin_write(f);
             write_pending(f);
         }
         return;
@@ -1118,6 +1127,7 @@ static void flush_step(struct bd_flusher *f, int64_t now, bool stopping) {
     if (stopping || now >= f->send_at || f->n_deltas >= f->cfg->flush.max_updates ||
         f->queued >= MAX_QUEUED) {
         BD_STAT_ADD(f->stats, flushes, 1);
+        begin_write(f);
         write_pending(f);
         f->send_at = now + interval_ns;
     }

@@ -371,18 +371,19 @@ static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
 
 /*
  * UDP backpressure. A ring past its high-water mark has woken the flusher; if it is still past
- * the mark when a receive batch ends, the flusher is late, and until it has drained the ring
- * below the low-water mark the listener stops reading, and datagrams wait in the
- * socket's receive buffer (udp.rcvbuf) instead of overrunning the ring. Loss then happens only
- * when that buffer overflows too, and the kernel counts it (udp_socket_drops). Only between
- * recvmmsg batches: libuv drops the rest of a batch whose callback stops the handle. Not while
- * the flusher is stalled on a failed write (it drains nothing then, so the rings are the buffer
- * and a sensor with room in its ring should not lose readings to another's full one).
+ * the mark when a receive batch ends and the flusher is free to drain, the flusher is late
+ * (scheduling), and until it has drained the ring to a quarter the listener stops reading:
+ * datagrams wait in the socket's receive buffer (rcvbuf) instead of overrunning the ring. Loss
+ * then happens only when that buffer overflows too, and the kernel counts it
+ * (udp_socket_drops). Only between recvmmsg batches: libuv drops the rest of a batch whose
+ * callback stops the handle. Not while the flusher is stalled (a write in flight or waiting
+ * for its retry): it drains nothing then, so the rings are the buffer -- they are sized for
+ * the slowest write and hold far more than the socket buffer -- and a paused listener resumes
+ * as soon as the flusher says it has stalled.
  */
 static void udp_maybe_pause(struct listener *l) {
     struct bd_ingest *in = l->in;
-    if (l->udp_paused || in->stopping || !bd_sensor_table_above_high_water(in->table) ||
-        bd_sensor_table_stalled(in->table)) {
+    if (l->udp_paused || in->stopping || !bd_sensor_table_udp_should_pause(in->table)) {
         return;
     }
     if (uv_udp_recv_stop(&l->h.udp) == 0) {

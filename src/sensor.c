@@ -89,7 +89,7 @@ struct bd_sensor_table {
 
     uint32_t ring_size;
     uint32_t high_water; /* above this a ring asks the flusher for an early flush */
-    uint32_t low_water;  /* below this a congested ring lets TCP read again */
+    uint32_t low_water;  /* below this a congested ring lets TCP and UDP read again */
     uint32_t max_fields;
     int64_t max_late_ns;
     int64_t max_future_ns;
@@ -590,9 +590,10 @@ bool bd_sensor_table_congested(const struct bd_sensor_table *t) {
     return false;
 }
 
-bool bd_sensor_table_above_high_water(const struct bd_sensor_table *t) {
+bool bd_sensor_table_udp_should_pause(const struct bd_sensor_table *t) {
     struct bd_sensor *s = t->congested;
-    return s != NULL && bd_ring_used(&s->ring) > t->high_water;
+    return s != NULL && bd_ring_used(&s->ring) > t->high_water &&
+           !atomic_load_explicit(&t->consumer_stalled, memory_order_relaxed);
 }
 
 void bd_sensor_table_request_drain(struct bd_sensor_table *t) {

@@ -109,11 +109,12 @@ void bd_sensor_table_publish(struct bd_sensor_table *t);
 bool bd_sensor_table_congested(const struct bd_sensor_table *t);
 
 /*
- * Ingest thread: true if the congested ring is still above its high-water mark (not merely
- * above the low-water mark that ends a congestion). UDP pauses on this: a ring that crossed
- * its mark and that the flusher is already draining needs no pause.
+ * Ingest thread, UDP backpressure: true if the congested ring (the last to cross its high-water
+ * mark) is still past the mark, and the flusher is able to drain (not stalled, see below).
+ * The pause ends when bd_sensor_table_congested() turns false (the ring at a quarter or less)
+ * or the flusher stalls.
  */
-bool bd_sensor_table_above_high_water(const struct bd_sensor_table *t);
+bool bd_sensor_table_udp_should_pause(const struct bd_sensor_table *t);
 
 /*
  * Ingest thread: wake the flusher to drain now. A listener pausing for congestion calls it: the
@@ -124,9 +125,10 @@ bool bd_sensor_table_above_high_water(const struct bd_sensor_table *t);
 void bd_sensor_table_request_drain(struct bd_sensor_table *t);
 
 /*
- * Flusher thread: say whether it has stopped draining rings (a failed write waits for its
- * retry). Ingest thread: read it. While the flusher is stalled, pausing UDP would only move
- * every sensor's losses into the kernel; the rings are the buffer then.
+ * Flusher thread: say whether it has stopped draining rings: a bulk write is in flight, or a
+ * failed one waits for its retry. Ingest thread: read it. While the flusher is stalled, a UDP
+ * pause would move the buffering from the rings, sized for the slowest write, into the one
+ * socket buffer all sensors share, which holds far less: UDP keeps reading into the rings.
  */
 void bd_sensor_table_set_stalled(struct bd_sensor_table *t, bool stalled);
 bool bd_sensor_table_stalled(const struct bd_sensor_table *t);

@@ -842,7 +842,9 @@ Test(ingest, no_udp_listener_reads_no_kernel_counters) {
 /* BP_DATAGRAMS datagrams of one reading each (m v=<k>) into the kernel, before the loop runs. */
 static int backpressure_setup(struct fx *f) {
     fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
-    /* 64 readings of one field; high-water mark 32. A recvmmsg batch (20) fits above it. */
+    /* 64 readings of one field, high-water mark 32. Batches of 20 datagrams: after the first
+     * the ring holds 20, after the second 40 (crossed the mark, still past it: pauses). A
+     * batch fits in the half above the mark. */
     f->cfg.limits.ring_size = 128;
     fx_start(f);
     int port = bd_ingest_listener_port(f->in, 0);
