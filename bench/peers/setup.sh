@@ -12,6 +12,9 @@
 # they are unpacked too, into .root/libs/, which run_peer.sh puts on
 # LD_LIBRARY_PATH.
 #
+# As root it runs `apt-get update` first (PEERS_NO_APT_UPDATE=1 skips that): package lists
+# older than the mirror name versions it no longer serves.
+#
 # Idempotent: a .deb already in the cache is not fetched again and a tree
 # already unpacked from the same .debs is left alone.  At the end it prints
 # where the binaries and module folders are and writes them to .root/env.sh.
@@ -131,6 +134,14 @@ for peer in "${PEERS[@]}"; do
 done
 # shellcheck disable=SC2086
 load_candidates $all_pkgs
+if [ "$(id -u)" = 0 ] && [ "${PEERS_NO_APT_UPDATE:-0}" != 1 ]; then
+    # Lists that name versions the mirror no longer has make every download fail ("Unable to
+    # fetch some archives"): refresh them first when we may.
+    log "apt-get update"
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    load_candidates $all_pkgs
+fi
 if [ ${#CANDIDATE[@]} -lt 4 ]; then
     # The package lists are missing or stale on a fresh machine.
     [ "$(id -u)" = 0 ] || die "no candidates for $all_pkgs; run 'apt-get update' as root"
