@@ -3,8 +3,9 @@
  *
  * One thread, no event loop: blocking recvmmsg(MSG_WAITFORONE) into 64 preallocated 64 KiB
  * buffers, counting datagrams, payload bytes, truncated datagrams and non-empty lines (a memchr
- * per newline, the least any line reader does). It asks for the same SO_RCVBUF as the daemon's
- * default (8 MiB, capped by net.core.rmem_max) so both face the same kernel buffer.
+ * per newline, the least any line reader does). It asks for the same receive buffer as the
+ * daemon's default, the same way (8 MiB; SO_RCVBUFFORCE, which root gets in full, else
+ * SO_RCVBUF, capped by net.core.rmem_max) so both face the same kernel buffer.
  *
  *   bench_udp_sink [--bind HOST:PORT] [--rcvbuf BYTES]
  *
@@ -122,7 +123,8 @@ int main(int argc, char **argv) {
         perror("bench_udp_sink: socket");
         goto out;
     }
-    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf_req, sizeof(rcvbuf_req)) != 0) {
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf_req, sizeof(rcvbuf_req)) != 0 &&
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf_req, sizeof(rcvbuf_req)) != 0) {
         perror("bench_udp_sink: SO_RCVBUF");
         goto out;
     }
