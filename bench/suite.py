@@ -1029,10 +1029,11 @@ class Suite(object):
             raise BenchError('pymongo is not importable by %s' % PYTHON)
         markers = 5 if self.quick else 20
         light_rate = 5000
-        # The stand-in is a Python server: past ~150 k readings/s on these machines it, not
-        # bucketd, sets the pace (rings overflow while a slow write is in flight), so the
-        # loaded run is capped there.
-        cap = 150000
+        # The stand-in is a Python server whose pace varies threefold between machines of this
+        # kind (59% of a core at 277 k readings/s on one, 87% at 143 k on another, where every
+        # marker then waited 2-6 s for its writes): past its pace the figure measures the
+        # stand-in, not bucketd, so the loaded run is capped at 50 k.
+        cap = 50000
         if self.zero_loss_1 and self.zero_loss_1 / 2 <= cap:
             rate = self.zero_loss_1 / 2
             what = 'half the zero-loss rate of 2a'
