@@ -43,6 +43,13 @@ case "$build" in /*) ;; *) build=$PWD/$build ;; esac
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 
+# The peers' packages come from Debian's mirror, which the private network namespace below
+# cannot reach: fetch them first (a no-op once cached). A failure is reported by the peer rows.
+if [ "${BD_BENCH_IN_NETNS:-0}" != 1 ] && [ "$quick" = 0 ] &&
+    { [ -z "$only" ] || [[ ",$only," == *,peers,* ]]; }; then
+    bash "$HERE/peers/setup.sh" >/dev/null 2>&1 || log "peers: setup failed (see bench/peers/setup.sh)"
+fi
+
 # A private network namespace: same kernel and sysctls, but our own loopback and our own
 # /proc/net/snmp, so other processes on this shared machine cannot add UDP drops to ours.
 if [ "$netns" = 1 ] && [ "${BD_BENCH_IN_NETNS:-0}" != 1 ] && [ "$(id -u)" = 0 ] &&
