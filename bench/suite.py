@@ -1155,7 +1155,11 @@ class Suite(object):
             summary = last_json(out.decode('utf-8', 'replace'))
             if load.returncode != 0 or not summary:
                 raise BenchError('load command failed: %s' % err.decode()[-200:])
-            while time.monotonic() - max(state['changed'], t_load_end) < 2.0:
+            # Done when the stand-in has taken a write and then none for 3 s. Without the first
+            # condition a stand-in slower than a flush interval plus 2 s (one bulk of the whole
+            # burst) was given up on before its write landed, and the run measured nothing.
+            while (state['value'] == writes0 or
+                   time.monotonic() - max(state['changed'], t_load_end) < 3.0):
                 time.sleep(0.1)
                 if time.monotonic() - t_load_end > 600:
                     break
