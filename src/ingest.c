@@ -42,6 +42,8 @@
 #define UDP_SLOT_SIZE (64 * 1024)
 #define UDP_SLOTS 20
 #define UDP_SLAB_SIZE (UDP_SLOT_SIZE * UDP_SLOTS)
+/* At stop, how long a UDP listener may spend reading what its socket buffer still holds. */
+#define UDP_STOP_DRAIN_NS (500 * BD_NS_PER_MS)
 
 /*
  * Room beyond max_line in a connection buffer. A pending partial line never exceeds max_line
@@ -1241,6 +1243,62 @@ out:
     return rc;
 }
 
+/*
+ * At stop: the datagrams already in the socket's receive buffer arrived before the stop, and
+ * with UDP backpressure that buffer may hold megabytes. Read them out (non-blocking, into the
+ * slab, through the same path as the loop's reads) until the socket is empty or
+ * UDP_STOP_DRAIN_NS has passed (senders that keep sending could keep it full), instead of
+ * losing them uncounted when the socket closes.
+ */
+static void udp_drain_at_stop(struct listener *l) {
+    uv_os_fd_t fd;
+    if (l->slab == NULL || uv_fileno(&l->h.handle, &fd) != 0) {
+        return;
+    }
+    struct mmsghdr msgs[UDP_SLOTS];
+    struct iovec iov[UDP_SLOTS];
+    struct sockaddr_storage peers[UDP_SLOTS];
+    int64_t deadline = bd_mono_ns() + UDP_STOP_DRAIN_NS;
+    uint64_t read = 0;
+    for (;;) {
+        memset(msgs, 0, sizeof(msgs));
+        for (int k = 0; k < UDP_SLOTS; k++) {
+            iov[k] = (struct iovec){l->slab + (size_t)k * UDP_SLOT_SIZE, UDP_SLOT_SIZE};
+            msgs[k].msg_hdr.msg_iov = &iov[k];
+            msgs[k].msg_hdr.msg_iovlen = 1;
+            msgs[k].msg_hdr.msg_name = &peers[k];
+            msgs[k].msg_hdr.msg_namelen = sizeof(peers[k]);
+        }
+        int n = recvmmsg(fd, msgs, UDP_SLOTS, MSG_DONTWAIT, NULL);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            break; /* empty (EAGAIN), or an error the loop would have counted: stop here */
+        }
+        for (int k = 0; k < n; k++) {
+            uv_buf_t buf = uv_buf_init(iov[k].iov_base, UDP_SLOT_SIZE);
+            unsigned flags = UV_UDP_MMSG_CHUNK; /* part of a batch: no pause decision */
+            if (msgs[k].msg_hdr.msg_flags & MSG_TRUNC) {
+                flags |= UV_UDP_PARTIAL;
+            }
+            on_udp_recv(&l->h.udp, (ssize_t)msgs[k].msg_len, &buf,
+                        (const struct sockaddr *)&peers[k], flags);
+        }
+        read += (uint64_t)n;
+        if (bd_mono_ns() >= deadline) {
+            bd_warn("%s: still reading the socket buffer after %d ms at stop; the rest is lost "
+                    "(senders still sending?)",
+                    l->name, (int)(UDP_STOP_DRAIN_NS / BD_NS_PER_MS));
+            break;
+        }
+    }
+    if (read > 0) {
+        bd_info("%s: %llu datagrams read from the socket buffer at stop", l->name,
+                (unsigned long long)read);
+    }
+}
+
 void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {
     if (in == NULL || in->stopping) {
         return;
@@ -1248,6 +1306,12 @@ void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {
     in->stopping = true;
     in->stopped_cb = cb;
     in->stopped_arg = arg;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        struct listener *l = &in->listeners[i];
+        if (l->h_open && l->cfg.proto == BD_PROTO_UDP) {
+            udp_drain_at_stop(l);
+        }
+    }
     /* The last reading, while our sockets still exist, for the stats printed at the stop. */
     kstats_update(in);
     if (in->kstats_open) {
