@@ -1259,7 +1259,7 @@ static void udp_drain_at_stop(struct listener *l) {
     struct iovec iov[UDP_SLOTS];
     struct sockaddr_storage peers[UDP_SLOTS];
     int64_t deadline = bd_mono_ns() + UDP_STOP_DRAIN_NS;
-    uint64_t read = 0;
+    uint64_t n_read = 0;
     for (;;) {
         memset(msgs, 0, sizeof(msgs));
         for (int k = 0; k < UDP_SLOTS; k++) {
@@ -1285,7 +1285,7 @@ static void udp_drain_at_stop(struct listener *l) {
             on_udp_recv(&l->h.udp, (ssize_t)msgs[k].msg_len, &buf,
                         (const struct sockaddr *)&peers[k], flags);
         }
-        read += (uint64_t)n;
+        n_read += (uint64_t)n;
         if (bd_mono_ns() >= deadline) {
             bd_warn("%s: still reading the socket buffer after %d ms at stop; the rest is lost "
                     "(senders still sending?)",
@@ -1293,9 +1293,9 @@ static void udp_drain_at_stop(struct listener *l) {
             break;
         }
     }
-    if (read > 0) {
+    if (n_read > 0) {
         bd_info("%s: %llu datagrams read from the socket buffer at stop", l->name,
-                (unsigned long long)read);
+                (unsigned long long)n_read);
     }
 }
 
