@@ -448,17 +448,31 @@ static uint64_t drain(struct bd_flusher *f) {
     while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
         int64_t ts;
         uint32_t nv, cells;
+        /* A sensor's readings mostly fall in one bucket: while they do, its state and delta
+         * are the ones the previous reading used. Both pointers come from the latest
+         * bucket_state / delta_get call (either may move what earlier calls returned). */
+        struct bucket_state *b = NULL;
+        struct bd_delta *d = NULL;
+        int64_t lo_ns = 0, hi_ns = 0; /* b's bucket, [lo_ns, hi_ns) */
         while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
-            int64_t start = bd_bucket_start_ms(ts, span);
-            struct bucket_state *b = bucket_state(f, s, start, now_ms);
-            if (b == NULL) {
-                break;
+            if (b == NULL || ts < lo_ns || ts >= hi_ns) {
+                int64_t start = bd_bucket_start_ms(ts, span);
+                b = bucket_state(f, s, start, now_ms);
+                if (b == NULL) {
+                    break;
+                }
+                d = NULL;
+                lo_ns = start * BD_NS_PER_MS;
+                hi_ns = (start + (int64_t)span) * BD_NS_PER_MS;
             }
             if (b->known && b->count >= cap) {
                 b->page++;
                 b->count = 0;
+                d = NULL;
             }
-            struct bd_delta *d = delta_get(f, s, start, b->known ? b->page : BD_PAGE_UNKNOWN);
+            if (d == NULL) {
+                d = delta_get(f, s, b->start_ms, b->known ? b->page : BD_PAGE_UNKNOWN);
+            }
             if (d == NULL || bd_delta_add(d, ts, vals, nv) < 0) {
                 bd_error("flusher: out of memory; readings stay in the ring of %s", s->id);
                 break;
