@@ -428,6 +428,12 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
     return (int)n;
 }
 
+void bd_sensor_table_request_drain(struct bd_sensor_table *t) {
+    if (t->wake != NULL) {
+        t->wake(t->wake_arg);
+    }
+}
+
 static void enqueue(struct bd_sensor_table *t, struct bd_sensor *s) {
     /* Only the producer writes 1, and it just read 0: the sensor is not in the queue. The
      * push's release store of the queue head publishes the sensor (and its immutable parts)
@@ -456,8 +462,8 @@ void bd_sensor_table_publish(struct bd_sensor_table *t) {
         }
     }
     t->n_recheck = 0;
-    if (wake && t->wake != NULL) {
-        t->wake(t->wake_arg);
+    if (wake) {
+        bd_sensor_table_request_drain(t);
     }
 }
 
@@ -562,18 +568,14 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
         BD_STAT_ADD(t->stats, drop_ring_full, 1);
         t->congested = s;
         mark_dirty(t, s);
-        if (t->wake != NULL) {
-            t->wake(t->wake_arg);
-        }
+        bd_sensor_table_request_drain(t);
         return -ENOBUFS;
     }
     BD_STAT_ADD(t->stats, readings_accepted, 1);
     mark_dirty(t, s);
     if (used_before <= t->high_water && used_before + n > t->high_water) {
         t->congested = s;
-        if (t->wake != NULL) {
-            t->wake(t->wake_arg);
-        }
+        bd_sensor_table_request_drain(t);
     }
     return 0;
 }
@@ -592,14 +594,7 @@ bool bd_sensor_table_congested(const struct bd_sensor_table *t) {
 
 bool bd_sensor_table_udp_should_pause(const struct bd_sensor_table *t) {
     struct bd_sensor *s = t->congested;
-    return s != NULL && bd_ring_used(&s->ring) > t->high_water &&
-           !atomic_load_explicit(&t->consumer_stalled, memory_order_relaxed);
-}
-
-void bd_sensor_table_request_drain(struct bd_sensor_table *t) {
-    if (t->wake != NULL) {
-        t->wake(t->wake_arg);
-    }
+    return s != NULL && bd_ring_used(&s->ring) > t->high_water && !bd_sensor_table_stalled(t);
 }
 
 void bd_sensor_table_set_stalled(struct bd_sensor_table *t, bool stalled) {
