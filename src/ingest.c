@@ -303,39 +303,59 @@ static const char *too_long_reason(const struct listener *l) {
 }
 
 /*
- * One line without its '\n'. Returns 0, or -E2BIG when the line exceeds max_line (counted and
- * sampled here; TCP closes the connection on it, UDP just moves to the next line).
+ * What the parser made of one line (text, without its '\n'): counted, sampled if bad, and if
+ * good handed to the sensor table. Returns 0, or -E2BIG when the line exceeds max_line (TCP
+ * closes the connection on it, UDP just moves to the next line).
  */
-static int handle_line(struct listener *l, const char *line, size_t len,
+static int line_result(struct listener *l, int rc, const char *errmsg, struct bd_str line,
                        const struct sockaddr *peer, int64_t now_ns) {
     struct bd_ingest *in = l->in;
-    if (len == 0) {
-        return 0;
-    }
-    if (len > in->max_line) {
-        BD_STAT_ADD(in->stats, lines, 1);
-        BD_STAT_ADD(in->stats, drop_line_too_long, 1);
-        sample_bad_line(l, peer, too_long_reason(l), line, len);
-        return -E2BIG;
-    }
-    const char *errmsg = NULL;
-    int rc = bd_parse_line(&l->parser, line, len, l->point, &errmsg);
     if (rc == BD_PARSE_SKIP) {
         return 0;
     }
     BD_STAT_ADD(in->stats, lines, 1);
+    if (rc == BD_PARSE_ETOO_LONG) {
+        BD_STAT_ADD(in->stats, drop_line_too_long, 1);
+        sample_bad_line(l, peer, too_long_reason(l), line.ptr, line.len);
+        return -E2BIG;
+    }
     if (rc < 0) {
         if (rc == BD_PARSE_ETOO_MANY_FIELDS) {
             BD_STAT_ADD(in->stats, drop_too_many_fields, 1);
         } else {
             BD_STAT_ADD(in->stats, drop_parse_error, 1);
         }
-        sample_bad_line(l, peer, errmsg != NULL ? errmsg : parse_reason(rc), line, len);
+        sample_bad_line(l, peer, errmsg != NULL ? errmsg : parse_reason(rc), line.ptr, line.len);
         return 0;
     }
     /* Every refusal (time window, field limits, ring full) is counted by the table itself. */
     (void)bd_sensor_table_accept(in->table, l->point, now_ns);
     return 0;
+}
+
+/* One line without its '\n', on its own (a TCP stream's unterminated last line). */
+static int handle_line(struct listener *l, const char *line, size_t len,
+                       const struct sockaddr *peer, int64_t now_ns) {
+    if (len == 0) {
+        return 0;
+    }
+    const char *errmsg = NULL;
+    int rc = bd_parse_line(&l->parser, line, len, l->point, &errmsg);
+    return line_result(l, rc, errmsg, (struct bd_str){line, len}, peer, now_ns);
+}
+
+/*
+ * The next line of the batch begun on the listener's parser (bd_parse_begin); BD_PARSE_END
+ * when there is none, else what line_result() returns for it.
+ */
+static int next_line_of_batch(struct listener *l, const struct sockaddr *peer, int64_t now_ns) {
+    const char *errmsg = NULL;
+    struct bd_str line;
+    int rc = bd_parse_next(&l->parser, l->point, &line, &errmsg);
+    if (rc == BD_PARSE_END) {
+        return BD_PARSE_END;
+    }
+    return line_result(l, rc, errmsg, line, peer, now_ns);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -356,13 +376,9 @@ static void udp_datagram(struct listener *l, const char *data, size_t len,
                          const struct sockaddr *peer) {
     /* One clock read per datagram: every line in it arrived at the same moment. */
     int64_t now_ns = bd_now_ns();
-    const char *p = data;
-    const char *end = data + len;
-    while (p < end) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *eol = nl != NULL ? nl : end;
-        (void)handle_line(l, p, (size_t)(eol - p), peer, now_ns);
-        p = eol + 1;
+    /* The parser splits the datagram into lines itself, from the same pass that maps them. */
+    bd_parse_begin(&l->parser, data, len);
+    while (next_line_of_batch(l, peer, now_ns) != BD_PARSE_END) {
     }
     /* A datagram is one batch of the sensor table's hand-off (see sensor.h). */
     bd_sensor_table_publish(l->in->table);
@@ -573,23 +589,28 @@ static int conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
     struct bd_ingest *in = l->in;
     const struct sockaddr *peer = (const struct sockaddr *)&c->peer;
 
-    for (;;) {
-        char *nl = memchr(c->buf + c->scan, '\n', c->len - c->scan);
-        if (nl == NULL) {
-            c->scan = c->len;
-            break;
+    /* The complete lines are those up to the last '\n': one batch for the parser. */
+    const char *last = memrchr(c->buf + c->scan, '\n', c->len - c->scan);
+    if (last != NULL) {
+        size_t first = c->start;
+        size_t end = (size_t)(last - c->buf) + 1;
+        bd_parse_begin(&l->parser, c->buf + first, end - first);
+        for (;;) {
+            int rc = next_line_of_batch(l, peer, now_ns);
+            if (rc == BD_PARSE_END) {
+                break;
+            }
+            c->start = c->scan = first + bd_parse_offset(&l->parser);
+            if (rc < 0) {
+                return -E2BIG;
+            }
+            if (backpressure && bd_sensor_table_congested(in->table)) {
+                return 1;
+            }
         }
-        const char *line = c->buf + c->start;
-        size_t line_len = (size_t)(nl - line);
-        c->start = (size_t)(nl - c->buf) + 1;
-        c->scan = c->start;
-        if (handle_line(l, line, line_len, peer, now_ns) < 0) {
-            return -E2BIG;
-        }
-        if (backpressure && bd_sensor_table_congested(in->table)) {
-            return 1;
-        }
+        c->start = end;
     }
+    c->scan = c->len;
     size_t pending = c->len - c->start;
     if (pending > in->max_line) {
         /* No newline yet and already too long: the line can only get longer. */

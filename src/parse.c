@@ -929,235 +929,479 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
 /*
  * Nearly every line is plain: ASCII without control characters, backslashes or double quotes,
  * so it has no escapes, no string values and nothing to check as UTF-8. In such a line the
- * separators alone give the structure. plain_map_line() finds them for the whole line at once,
- * 16 bytes per step with SSE2 or 8 with portable word arithmetic, into bitmaps that the parser
- * walks with count-trailing-zeros instead of classifying byte after byte. Anything else goes
- * to the general parser above, and so does every plain line the fast parser does not accept:
- * the general parser alone decides errors and their messages, so the fast path only has to be
+ * separators alone give the structure. The text is classified 64 bytes at a time into three
+ * bitmaps (one bit per byte): sep for ' ', ',', '=' and '\n', nl for '\n', odd for every byte
+ * that keeps a line from being plain. A line's end is then the next nl bit, its plainness one
+ * test of its odd bits, and its tokens the runs between sep bits, walked with
+ * count-trailing-zeros instead of classifying byte after byte. Anything else goes to the
+ * general parser above, and so does every plain line the fast walk does not accept: the
+ * general parser alone decides errors and their messages, so the fast path only has to be
  * right about the lines it accepts (the fuzzers compare the two on every input).
+ *
+ * The bitmaps cover a window of the batch's text starting at p->base. The word past the text
+ * carries an end mark in sep and nl (bit len - base), so the last line ends like the others,
+ * and a walk never runs off the bitmaps: every line's end is a sep bit.
  */
-#define PLAIN_MAX_LINE 1024
-#define PLAIN_WORDS (PLAIN_MAX_LINE / 64)
-/* Internal result of parse_influx_plain(): the general parser must decide this line. */
-#define PLAIN_MISS 2
+#define MASK_WORDS (BD_PARSE_WINDOW_WORDS + 2) /* the end mark's word, and a zero one */
+#define MASK_SEP(p) ((p)->masks)
+#define MASK_NL(p) ((p)->masks + MASK_WORDS)
+#define MASK_ODD(p) ((p)->masks + 2 * MASK_WORDS)
+
+/* Internal result of the fast walk: the general parser must decide this line. */
+#define PLAIN_MISS 3
 
 #ifdef PLAIN_SSE2
-#define PLAIN_CHUNK 16
-
-/*
- * Bit k set where p[k] is a separator (' ', ',' or '='); *odd gets a bit for every byte that
- * keeps the line from being plain.
- */
-static unsigned map_chunk(const char *p, unsigned *odd) {
-    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
-    __m128i sep = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')),
-                                            _mm_cmpeq_epi8(x, _mm_set1_epi8(','))),
-                               _mm_cmpeq_epi8(x, _mm_set1_epi8('=')));
+/* 16 bytes: bit k of each result for byte k. */
+static inline void class16(__m128i x, unsigned *sep, unsigned *nl, unsigned *odd) {
+    __m128i n = _mm_cmpeq_epi8(x, _mm_set1_epi8('\n'));
+    __m128i s = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')),
+                                          _mm_cmpeq_epi8(x, _mm_set1_epi8(','))),
+                             _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('=')), n));
     /* x + 1 below 0x21 as a signed byte: a control character, DEL, or 0x80 and up. */
     __m128i bad = _mm_cmplt_epi8(_mm_add_epi8(x, _mm_set1_epi8(1)), _mm_set1_epi8(0x21));
     bad = _mm_or_si128(bad, _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('"')),
                                          _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'))));
-    *odd |= (unsigned)_mm_movemask_epi8(bad);
-    return (unsigned)_mm_movemask_epi8(sep);
+    *sep = (unsigned)_mm_movemask_epi8(s);
+    *nl = (unsigned)_mm_movemask_epi8(n);
+    *odd = (unsigned)_mm_movemask_epi8(bad);
 }
-#else
-#define PLAIN_CHUNK 8
+
+static void classify_sse2(const char *t, size_t n_words, uint64_t *sep, uint64_t *nl,
+                          uint64_t *odd) {
+    for (size_t w = 0; w < n_words; w++, t += 64) {
+        uint64_t s = 0, n = 0, o = 0;
+        for (unsigned k = 0; k < 64; k += 16) {
+            unsigned a, b, c;
+            class16(_mm_loadu_si128((const __m128i *)(const void *)(t + k)), &a, &b, &c);
+            s |= (uint64_t)a << k;
+            n |= (uint64_t)b << k;
+            o |= (uint64_t)c << k;
+        }
+        sep[w] = s;
+        nl[w] = n;
+        odd[w] = o;
+    }
+}
+
+#if defined(__GNUC__) && !defined(BD_PARSE_NO_AVX2)
+#include <immintrin.h>
+#define PLAIN_AVX2 1
+
+/* The same, 32 bytes per step, for CPUs that have AVX2 (chosen at bd_parser_init). */
+__attribute__((target("avx2"))) static void classify_avx2(const char *t, size_t n_words,
+                                                          uint64_t *sep, uint64_t *nl,
+                                                          uint64_t *odd) {
+    const __m256i sp = _mm256_set1_epi8(' '), cm = _mm256_set1_epi8(','),
+                  eq = _mm256_set1_epi8('='), lf = _mm256_set1_epi8('\n'),
+                  one = _mm256_set1_epi8(1), lim = _mm256_set1_epi8(0x21),
+                  qu = _mm256_set1_epi8('"'), bs = _mm256_set1_epi8('\\');
+    for (size_t w = 0; w < n_words; w++, t += 64) {
+        uint64_t r[3] = {0, 0, 0};
+        for (unsigned k = 0; k < 64; k += 32) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(t + k));
+            __m256i n = _mm256_cmpeq_epi8(x, lf);
+            __m256i s = _mm256_or_si256(
+                _mm256_or_si256(_mm256_cmpeq_epi8(x, sp), _mm256_cmpeq_epi8(x, cm)),
+                _mm256_or_si256(_mm256_cmpeq_epi8(x, eq), n));
+            /* Signed x + 1 below 0x21: control characters, DEL and every byte from 0x80. */
+            __m256i bad = _mm256_cmpgt_epi8(lim, _mm256_add_epi8(x, one));
+            bad = _mm256_or_si256(
+                bad, _mm256_or_si256(_mm256_cmpeq_epi8(x, qu), _mm256_cmpeq_epi8(x, bs)));
+            r[0] |= (uint64_t)(uint32_t)_mm256_movemask_epi8(s) << k;
+            r[1] |= (uint64_t)(uint32_t)_mm256_movemask_epi8(n) << k;
+            r[2] |= (uint64_t)(uint32_t)_mm256_movemask_epi8(bad) << k;
+        }
+        sep[w] = r[0];
+        nl[w] = r[1];
+        odd[w] = r[2];
+    }
+}
+#endif
+#endif
 
 /* The 0x80 bits of m's bytes as 8 bits, byte 0 lowest. */
 static unsigned high_bits(uint64_t m) {
     return (unsigned)(((m >> 7) * UINT64_C(0x0102040810204080)) >> 56);
 }
 
-/* As the SSE2 version, 8 bytes at a time. */
-static unsigned map_chunk(const char *p, unsigned *odd) {
-    uint64_t w = load_le64(p);
-    /* Below 0x20 once the top bit is cleared, or the top bit set. */
-    uint64_t low = ~((w & BYTES(0x7f)) + BYTES(0x60)) & BYTES(0x80);
-    uint64_t bad = low | (w & BYTES(0x80)) | bytes_eq(w, 0x7f) | bytes_eq(w, '"') |
-                   bytes_eq(w, '\\');
-    *odd |= bad != 0;
-    return high_bits(bytes_eq(w, ' ') | bytes_eq(w, ',') | bytes_eq(w, '='));
+/* Portable word arithmetic, 8 bytes per step: for other CPUs (and BD_PARSE_PORTABLE). */
+static void classify_swar(const char *t, size_t n_words, uint64_t *sep, uint64_t *nl,
+                          uint64_t *odd) {
+    for (size_t w = 0; w < n_words; w++, t += 64) {
+        uint64_t s = 0, n = 0, o = 0;
+        for (unsigned k = 0; k < 64; k += 8) {
+            uint64_t x = load_le64(t + k);
+            uint64_t lf = bytes_eq(x, '\n');
+            /* Below 0x20 once the top bit is cleared, or the top bit set. */
+            uint64_t low = ~((x & BYTES(0x7f)) + BYTES(0x60)) & BYTES(0x80);
+            uint64_t bad = low | (x & BYTES(0x80)) | bytes_eq(x, 0x7f) | bytes_eq(x, '"') |
+                           bytes_eq(x, '\\');
+            s |= (uint64_t)high_bits(bytes_eq(x, ' ') | bytes_eq(x, ',') | bytes_eq(x, '=') |
+                                     lf)
+                 << k;
+            n |= (uint64_t)high_bits(lf) << k;
+            o |= (uint64_t)high_bits(bad) << k;
+        }
+        sep[w] = s;
+        nl[w] = n;
+        odd[w] = o;
+    }
+}
+
+/* The variant bd_parser_init picks: the widest the CPU runs, or BD_PARSE_ISA if set. */
+static bd_parse_classify_fn pick_classify(void) {
+    const char *want = getenv("BD_PARSE_ISA");
+    if (want != NULL && strcmp(want, "swar") == 0) {
+        return classify_swar;
+    }
+#ifdef PLAIN_SSE2
+    if (want != NULL && strcmp(want, "sse2") == 0) {
+        return classify_sse2;
+    }
+#ifdef PLAIN_AVX2
+    if (__builtin_cpu_supports("avx2")) {
+        return classify_avx2;
+    }
+#endif
+    return classify_sse2;
+#else
+    return classify_swar;
+#endif
+}
+
+/*
+ * Classifies buf[base, ...) for as much as the window holds, and puts the end mark at the
+ * buffer's end if the window reaches it. The last partial block goes through a copy padded
+ * with a letter, so nothing past the text is read.
+ */
+static void window_fill(struct bd_parser *p, size_t base) {
+    size_t avail = p->len - base;
+    size_t bytes = BD_MIN(avail, (size_t)BD_PARSE_WINDOW);
+    size_t full = bytes / 64;
+    uint64_t *sep = MASK_SEP(p), *nl = MASK_NL(p), *odd = MASK_ODD(p);
+    p->base = base;
+    p->classify(p->buf + base, full, sep, nl, odd);
+    size_t words = full;
+    if (bytes % 64 != 0) {
+        char pad[64];
+        memset(pad, 'a', sizeof(pad));
+        memcpy(pad, p->buf + base + full * 64, bytes % 64);
+        p->classify(pad, 1, sep + full, nl + full, odd + full);
+        words++;
+    }
+    if (bytes == avail) {
+        /* The end mark (bytes may be a multiple of 64: then it opens a word of its own). */
+        if (bytes / 64 == words) {
+            sep[words] = nl[words] = odd[words] = 0;
+            words++;
+        }
+        sep[bytes / 64] |= UINT64_C(1) << (bytes % 64);
+        nl[bytes / 64] |= UINT64_C(1) << (bytes % 64);
+    }
+    p->n_words = words;
+    nl[words] = odd[words] = 0;
+    p->n_seps = p->flatten(sep, words, p->sep_pos);
+    p->sep_next = 0;
+}
+
+/* The first bit of m at or after bit r, as a bit index, or SIZE_MAX if none before word n. */
+static inline size_t bit_next(const uint64_t *m, size_t n, size_t r) {
+    size_t w = r / 64;
+    uint64_t bits = m[w] & (~UINT64_C(0) << (r % 64));
+    while (bits == 0) {
+        if (++w >= n) {
+            return SIZE_MAX;
+        }
+        bits = m[w];
+    }
+    return w * 64 + (size_t)__builtin_ctzll(bits);
+}
+
+/* Whether any bit of m in [r0, r1) is set. */
+static inline bool bits_any(const uint64_t *m, size_t r0, size_t r1) {
+    size_t w0 = r0 / 64, w1 = r1 / 64;
+    uint64_t lo = ~UINT64_C(0) << (r0 % 64);
+    uint64_t hi = (UINT64_C(1) << (r1 % 64)) - 1;
+    if (w0 == w1) {
+        return (m[w0] & lo & hi) != 0;
+    }
+    uint64_t any = (m[w0] & lo) | (m[w1] & hi);
+    for (size_t w = w0 + 1; w < w1; w++) {
+        any |= m[w];
+    }
+    return any != 0;
+}
+
+/*
+ * The positions of the set bits of m[0, n_words), in order, into out (which has room for every
+ * bit plus 16). Eight are written per step whether or not there are that many (the extra ones
+ * are overwritten or ignored), so a word costs no branch per bit. ctz of a word that ran out
+ * reads the top bit instead (63), not the undefined ctz(0).
+ */
+static inline __attribute__((always_inline)) size_t flatten_body(const uint64_t *m,
+                                                                 size_t n_words, uint16_t *out) {
+    size_t k = 0;
+    for (size_t w = 0; w < n_words; w++) {
+        uint64_t b = m[w];
+        unsigned cnt = (unsigned)__builtin_popcountll(b);
+        uint16_t base = (uint16_t)(w * 64);
+        uint16_t *o = out + k;
+        for (unsigned x = 0; x < 8; x++) {
+            o[x] = (uint16_t)(base + __builtin_ctzll(b | (UINT64_C(1) << 63)));
+            b &= b - 1;
+        }
+        if (cnt > 8) {
+            for (unsigned x = 8; x < 16; x++) {
+                o[x] = (uint16_t)(base + __builtin_ctzll(b | (UINT64_C(1) << 63)));
+                b &= b - 1;
+            }
+            for (unsigned x = 16; x < cnt; x++) {
+                o[x] = (uint16_t)(base + __builtin_ctzll(b));
+                b &= b - 1;
+            }
+        }
+        k += cnt;
+    }
+    return k;
+}
+
+static size_t flatten_plain(const uint64_t *m, size_t n_words, uint16_t *out) {
+    return flatten_body(m, n_words, out);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FLATTEN_BMI 1
+/* With POPCNT and BMI1 (blsr, tzcnt): the same in about half the instructions. */
+__attribute__((target("popcnt,bmi,bmi2"))) static size_t flatten_bmi(const uint64_t *m,
+                                                                     size_t n_words,
+                                                                     uint16_t *out) {
+    return flatten_body(m, n_words, out);
 }
 #endif
 
 /*
- * The field values sensors send most, read without a loop: [-] and at most 8 characters of
- * digits with at most one '.', or [-] and at most 8 digits before an 'i' or 'u' suffix. The 8
- * bytes after the sign are loaded at once (room, the bytes readable from v, must allow it) and
- * those past the value shifted out; the '.' is squeezed out of the word, and one division by an
- * exact power of ten rounds the float correctly (Clinger's fast path, as in read_f64_short).
- * False for anything else, which read_scalar() decides.
+ * A field value of the shape sensors send: [-] digits with at most one '.', at most 8 of them
+ * (the '.' counted), and an 'i' or 'u' suffix for integers (then no '.'). Read without a branch
+ * on the shape, which varies from field to field and would be mispredicted: the 8 bytes after
+ * the sign are loaded at once (room, the bytes readable from v, must allow it), the '.' is
+ * squeezed out of the word, the digits moved to its end behind '0's and converted eight at a
+ * time; the float is one division by an exact power of ten, which rounds correctly (Clinger's
+ * fast path, as in read_f64_short). False for any other shape, which read_scalar() decides.
  */
-static bool plain_number(const char *v, size_t len, size_t room, struct bd_field *f) {
+static inline bool plain_number(const char *v, size_t len, size_t room, struct bd_field *f) {
     bool neg = v[0] == '-';
-    char last = v[len - 1];
-    bool integer = last == 'i' || last == 'u';
-    size_t k = len - neg - integer;
-    if (k == 0 || k > 8 || room - neg < 8 || (neg && last == 'u')) {
+    unsigned char last = (unsigned char)v[len - 1];
+    bool is_i = last == 'i';
+    bool is_u = last == 'u';
+    bool sfx = is_i | is_u;
+    size_t k = len - neg - sfx;
+    if (k - 1 >= 8 || room - neg < 8) {
         return false;
     }
     uint64_t w = load_le64(v + neg);
-    uint64_t dot = bytes_eq(w, '.') & (k == 8 ? ~UINT64_C(0) : (UINT64_C(1) << (8 * k)) - 1);
-    size_t decimals = 0;
-    if (dot != 0) {
-        size_t at = (size_t)__builtin_ctzll(dot) / 8;
-        uint64_t below = (UINT64_C(1) << (8 * at)) - 1;
-        w = (w & below) | ((w >> 8) & ~below);
-        decimals = --k - at;
-        if (integer || k == 0) {
-            return false;
-        }
-    }
+    uint64_t dots = bytes_eq(w, '.') & (~UINT64_C(0) >> (64 - 8 * k));
+    bool has_dot = dots != 0;
+    /* Arithmetic, not branches: whether there is a '.' is as random as the field order. */
+    size_t at = (size_t)__builtin_ctzll(dots | (UINT64_C(1) << 63)) / 8;
+    uint64_t below = ((UINT64_C(1) << (8 * at)) - 1) | ((uint64_t)has_dot - 1);
+    w = (w & below) | ((w >> 8) & ~below);
+    k -= has_dot;
+    bool ok = k != 0;
+    k += !ok; /* "." alone: fails, but keeps the shifts below defined */
+    size_t decimals = (k - at) & (0 - (size_t)has_dot);
+    /* k digits (1 to 8) to the end of the word, '0's before them. */
+    uint64_t aligned = (w << (8 * (8 - k))) | ((BYTES('0') >> (8 * k - 1)) >> 1);
     uint32_t d = 0;
-    if (!digits8(align_digits(w, k), &d)) {
-        return false;
-    }
-    if (last == 'i') {
-        f->kind = BD_VAL_INT;
-        f->v.i = neg ? -(int64_t)d : (int64_t)d;
-    } else if (last == 'u') {
-        f->kind = BD_VAL_UINT;
-        f->v.u = d;
-    } else {
+    ok &= digits8(aligned, &d) & !(sfx & has_dot) & !(neg & is_u);
 #if FLT_EVAL_METHOD == 0
-        double x = (double)d / pow10_exact[decimals];
-        f->kind = BD_VAL_FLOAT;
-        f->v.f = neg ? -x : x;
+    double x = (double)d / pow10_exact[decimals];
+    x = neg ? -x : x;
+    uint64_t xbits;
+    memcpy(&xbits, &x, sizeof(xbits));
 #else
-        return false;
+    ok &= sfx;
+    uint64_t xbits = 0;
 #endif
-    }
-    return true;
+    uint64_t ibits = neg ? ~(uint64_t)d + 1 : (uint64_t)d;
+    f->kind = is_u ? BD_VAL_UINT : is_i ? BD_VAL_INT : BD_VAL_FLOAT;
+    f->v.u = sfx ? ibits : xbits;
+    return ok;
 }
 
 /*
- * Sets map's bit k where s[k] is a separator, for a line of at most PLAIN_MAX_LINE bytes; false
- * if the line is not plain. Nothing past the line is read and no bit is set at or past its end:
- * the last partial chunk is the line's last full chunk shifted, and a line shorter than one
- * chunk goes through a copy padded with a letter. A chunk never straddles two words.
+ * A field key's slot; a key seen before on this line keeps its slot (and takes the new value).
+ * seen has one bit per hash of the keys stored so far: a key whose bit is clear cannot be a
+ * repeat, so the search is rarely run.
  */
-static bool plain_map_line(const char *s, size_t n, uint64_t *map) {
-    unsigned odd = 0;
-    size_t i = 0;
-    memset(map, 0, (n + 63) / 64 * sizeof(*map));
-    for (; n - i >= PLAIN_CHUNK; i += PLAIN_CHUNK) {
-        map[i / 64] |= (uint64_t)map_chunk(s + i, &odd) << (i % 64);
+static inline struct bd_field *plain_slot(struct bd_point *pt, const char *key, size_t len,
+                                          uint64_t *seen) {
+    uint64_t bit = UINT64_C(1)
+                   << ((len * 7 + (unsigned char)key[0] + (unsigned char)key[len - 1] * 3) % 64);
+    if ((*seen & bit) != 0) {
+        return field_slot(pt, (struct bd_str){key, len}, seen);
     }
-    if (i < n && n >= PLAIN_CHUNK) {
-        /* The last chunk of the line again, overlapping bytes already mapped (and plain). */
-        uint64_t last = map_chunk(s + n - PLAIN_CHUNK, &odd) >> (i + PLAIN_CHUNK - n);
-        map[i / 64] |= last << (i % 64);
-    } else if (i < n) {
-        char tail[PLAIN_CHUNK];
-        memset(tail, 'a', sizeof(tail));
-        memcpy(tail, s, n);
-        map[0] = map_chunk(tail, &odd);
+    *seen |= bit;
+    if (pt->n_fields == BD_PARSE_MAX_FIELDS) {
+        return NULL;
     }
-    return odd == 0;
-}
-
-/* Walks the separators of a mapped line in order. */
-struct seps {
-    const uint64_t *map;
-    size_t words;
-    size_t w;      /* the word being consumed */
-    uint64_t bits; /* its separators not yet returned */
-};
-
-/* The position of the next separator, or n once there is none. */
-static size_t next_sep(struct seps *c, size_t n) {
-    while (c->bits == 0) {
-        if (++c->w >= c->words) {
-            return n;
-        }
-        c->bits = c->map[c->w];
-    }
-    size_t at = c->w * 64 + (size_t)__builtin_ctzll(c->bits);
-    c->bits &= c->bits - 1;
-    return at;
+    struct bd_field *f = &pt->fields[pt->n_fields++];
+    f->key = (struct bd_str){key, len};
+    return f;
 }
 
 /*
- * The general parser's grammar for a plain line that starts with its measurement: single
- * spaces between the sections and none at the end (anything else is legal but rare, and left
- * to the general parser). BD_PARSE_OK, or PLAIN_MISS wherever the general parser must decide.
- * Separators come in order, so each token ends at the next one: a measurement may hold '=',
- * nothing else may hold a separator of the wrong kind.
+ * A timestamp of 1 to 19 digits, no sign: eight at a time (room, the bytes readable from s,
+ * must hold 8 for a shorter one). False for anything else.
  */
-static int parse_influx_plain(struct bd_parser *p, const char *s, size_t n, struct bd_point *pt,
-                              const uint64_t *map) {
-    struct scratch sc = {p->scratch, p->scratch_cap, 0};
-    struct raw_span raw[BD_PARSE_MAX_TAGS];
-    struct seps c = {map, (n + 63) / 64, 0, map[0]};
+static inline bool plain_digits(const char *s, size_t n, size_t room, uint64_t *out) {
+    uint32_t d8 = 0;
+    if (n - 1 >= 19 || room < 8) {
+        return false;
+    }
+    if (n <= 8) {
+        bool ok = digits8(align_digits(load_le64(s), n), &d8);
+        *out = d8;
+        return ok;
+    }
+    size_t i = n % 8;
+    uint64_t v = 0;
+    bool ok = true;
+    if (i != 0) {
+        ok = digits8(align_digits(load_le64(s), i), &d8);
+        v = d8;
+    }
+    for (; i < n; i += 8) {
+        ok &= digits8(load_le64(s + i), &d8);
+        v = v * 100000000 + d8;
+    }
+    *out = v;
+    return ok;
+}
 
-    size_t i = next_sep(&c, n);
-    while (i < n && s[i] == '=') {
-        i = next_sep(&c, n);
+/*
+ * The general parser's grammar for a plain line s[a, e) of the window (positions relative to
+ * the window) that starts with its measurement: single spaces between the sections and none
+ * at the end (anything else is legal but rare, and left to the general parser). BD_PARSE_OK,
+ * or PLAIN_MISS wherever the general parser must decide. The separators come in order from
+ * p->sep_pos at p->sep_next, so each token ends at the next one: a measurement may hold '=',
+ * nothing else may hold a separator of the wrong kind. e, the line's end, is a separator too
+ * (its '\n' or the end mark): every position is compared with it before the next is taken,
+ * so none past it is used, and s[e] is never read.
+ */
+static int walk_influx(struct bd_parser *p, const char *s, size_t a, size_t e,
+                       struct bd_point *pt) {
+    const uint16_t *P = p->sep_pos;
+    size_t j = p->sep_next;
+    const char *line = s + a;
+
+    size_t i = P[j++];
+    while (i != e && s[i] == '=') {
+        i = P[j++];
     }
-    if (i == 0 || i == n) {
-        return PLAIN_MISS;
+    if (i == a || i == e) {
+        goto miss;
     }
-    pt->name = (struct bd_str){s, i};
-    pt->n_tags = 0;
+    pt->name = (struct bd_str){line, i - a};
+    uint32_t nt = 0;
     bool in_order = true;
+    unsigned char prev = 0; /* the last tag key's first byte; never 0 in a plain line */
     while (s[i] == ',') {
-        size_t ke = next_sep(&c, n);
-        size_t ve = next_sep(&c, n);
-        if (ke == i + 1 || ve == n || s[ke] != '=' || ve == ke + 1 ||
-            pt->n_tags == BD_PARSE_MAX_TAGS) {
-            return PLAIN_MISS;
+        size_t ke = P[j++];
+        if (ke == e || s[ke] != '=' || ke == i + 1 || nt == BD_PARSE_MAX_TAGS) {
+            goto miss;
         }
-        struct bd_tag *t = &pt->tags[pt->n_tags];
+        size_t ve = P[j++];
+        if (ve == ke + 1 || ve == e || s[ve] == '=') {
+            goto miss;
+        }
+        struct bd_tag *t = &pt->tags[nt];
         t->key = (struct bd_str){s + i + 1, ke - i - 1};
         t->value = (struct bd_str){s + ke + 1, ve - ke - 1};
-        raw[pt->n_tags] = (struct raw_span){s + i + 1, ve - i - 1};
-        if (pt->n_tags > 0 && str_cmp(pt->tags[pt->n_tags - 1].key, t->key) >= 0) {
-            in_order = false;
-        }
-        pt->n_tags++;
+        unsigned char first = (unsigned char)s[i + 1];
+        in_order &= prev < first;
+        prev = first;
+        nt++;
         i = ve;
     }
+    pt->n_tags = nt;
     if (s[i] != ' ') {
-        return PLAIN_MISS;
+        goto miss;
     }
 
     /* Fields: i is the separator before each key. */
     pt->n_fields = 0;
     uint64_t seen = 0;
-    do {
-        size_t ke = next_sep(&c, n);
-        size_t ve = next_sep(&c, n);
-        if (ke == n || s[ke] != '=' || ke == i + 1 || (ve < n && s[ve] == '=')) {
-            return PLAIN_MISS;
+    size_t room_end = p->len - p->base;
+    for (;;) {
+        size_t ke = P[j++];
+        if (ke == e || s[ke] != '=' || ke == i + 1) {
+            goto miss;
         }
-        /* The value is decoded straight into its slot: decoding into a local and copying it
-         * made the copy's wide loads wait on the decoder's narrower stores (a store-forwarding
-         * stall that cost as much as the rest of the line). A value that fails leaves the
-         * point to the general parser, which starts it afresh. */
-        struct bd_field *slot = field_slot(pt, (struct bd_str){s + i + 1, ke - i - 1}, &seen);
+        size_t ve = P[j++];
+        if (ve == ke + 1 || (ve != e && s[ve] == '=')) {
+            goto miss;
+        }
+        struct bd_field *slot = plain_slot(pt, s + i + 1, ke - i - 1, &seen);
         const char *v = s + ke + 1;
         size_t len = ve - ke - 1;
-        if (slot == NULL || len == 0 ||
-            (!plain_number(v, len, n - ke - 1, slot) &&
-             read_scalar(&sc, v, len, slot, NULL) != 0)) {
-            return PLAIN_MISS;
+        if (slot == NULL) {
+            goto miss;
+        }
+        if (!plain_number(v, len, room_end - ke - 1, slot)) {
+            struct scratch sc = {p->scratch, p->scratch_cap, 0};
+            if (read_scalar(&sc, v, len, slot, NULL) != 0) {
+                goto miss;
+            }
         }
         i = ve;
-    } while (i < n && s[i] == ',');
-
-    pt->has_time = false;
-    if (i < n) {
-        /* A space, and the timestamp runs to the end of the line. */
-        if (next_sep(&c, n) != n || read_influx_time(p, s + i + 1, n - i - 1, pt, NULL) != 0) {
-            return PLAIN_MISS;
+        if (i == e || s[i] != ',') {
+            break;
         }
     }
 
-    if (sort_tags(pt, raw, in_order, NULL) < 0) {
-        return PLAIN_MISS;
+    pt->has_time = false;
+    if (i != e) {
+        /* A space, and the timestamp runs to the end of the line. */
+        size_t te = P[j++];
+        uint64_t t = 0;
+        if (te != e || i + 1 == e) {
+            goto miss;
+        }
+        if (plain_digits(s + i + 1, e - i - 1, room_end - i - 1, &t) && t <= (uint64_t)max_in_unit[p->precision]) {
+            pt->has_time = true;
+            pt->time_ns = (int64_t)t * ns_per_unit[p->precision];
+        } else if (read_influx_time(p, s + i + 1, e - i - 1, pt, NULL) != 0) {
+            goto miss;
+        }
     }
-    pt->series_key = build_series_key(&sc, s, pt->name.len, raw, pt->n_tags, ',', in_order);
+    p->sep_next = j;
+
+    if (!in_order) {
+        struct scratch sc = {p->scratch, p->scratch_cap, 0};
+        struct raw_span raw[BD_PARSE_MAX_TAGS];
+        bool sorted = true;
+        for (uint32_t k = 0; k < nt; k++) {
+            raw[k] = (struct raw_span){pt->tags[k].key.ptr,
+                                       (size_t)(pt->tags[k].value.ptr + pt->tags[k].value.len -
+                                                pt->tags[k].key.ptr)};
+            sorted &= k == 0 || str_cmp(pt->tags[k - 1].key, pt->tags[k].key) < 0;
+        }
+        if (!sorted) {
+            if (sort_tags(pt, raw, false, NULL) < 0) {
+                return PLAIN_MISS;
+            }
+            pt->series_key = build_series_key(&sc, line, pt->name.len, raw, nt, ',', false);
+            return BD_PARSE_OK;
+        }
+    }
+    pt->series_key = (struct bd_str){
+        line, nt > 0 ? (size_t)(pt->tags[nt - 1].value.ptr + pt->tags[nt - 1].value.len - line)
+                     : pt->name.len};
     return BD_PARSE_OK;
+
+miss:
+    p->sep_next = j;
+    return PLAIN_MISS;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1399,13 +1643,24 @@ int bd_parser_init(struct bd_parser *p, enum bd_format format, enum bd_precision
      */
     p->scratch_cap = 2 * max_line + SCRATCH_SLACK;
     p->scratch = malloc(p->scratch_cap);
-    if (p->scratch == NULL) {
-        p->scratch_cap = 0;
+    p->masks = malloc(3 * MASK_WORDS * sizeof(uint64_t));
+    /* Every bit of the window and its end mark, and the 16 that flatten() may write past. */
+    p->sep_pos = malloc((BD_PARSE_WINDOW + 64 + 16) * sizeof(uint16_t));
+    if (p->scratch == NULL || p->masks == NULL || p->sep_pos == NULL) {
+        bd_parser_close(p);
         return -ENOMEM;
     }
     p->format = format;
     p->precision = precision;
     p->max_line = max_line;
+    p->classify = pick_classify();
+    p->flatten = flatten_plain;
+#ifdef FLATTEN_BMI
+    if (__builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") &&
+        getenv("BD_PARSE_ISA") == NULL) {
+        p->flatten = flatten_bmi;
+    }
+#endif
     return 0;
 }
 
@@ -1416,14 +1671,19 @@ int64_t bd_parse_unit_ns(enum bd_precision prec) {
 
 void bd_parser_close(struct bd_parser *p) {
     free(p->scratch);
+    free(p->masks);
+    free(p->sep_pos);
     p->scratch = NULL;
+    p->masks = NULL;
+    p->sep_pos = NULL;
     p->scratch_cap = 0;
 }
 
-static int parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
-                      const char **errmsg, bool fast) {
+/* The general parser, for one line (without its '\n'). */
+static int parse_general(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
+                         const char **errmsg) {
     if (len > p->max_line) {
-        return fail(errmsg, BD_PARSE_ESYNTAX, "line too long");
+        return fail(errmsg, BD_PARSE_ETOO_LONG, "line too long");
     }
     /* The '\r' of a "\r\n" ending; any other '\r' outside a string fails the line. */
     if (len > 0 && line[len - 1] == '\r') {
@@ -1432,24 +1692,135 @@ static int parse_line(struct bd_parser *p, const char *line, size_t len, struct 
     if (p->format == BD_FORMAT_GRAPHITE) {
         return parse_graphite(p, line, len, pt, errmsg);
     }
-    if (fast && len > 0 && len <= PLAIN_MAX_LINE && line[0] != ' ' && line[0] != '#') {
-        uint64_t map[PLAIN_WORDS];
-        if (plain_map_line(line, len, map)) {
-            int rc = parse_influx_plain(p, line, len, pt, map);
-            if (rc != PLAIN_MISS) {
-                return rc;
-            }
+    return parse_influx(p, line, len, pt, errmsg);
+}
+
+/*
+ * Line r0..r1 of the window (relative positions), its end a separator in the bitmaps: the fast
+ * walk if the line is plain, else (or if the walk steps aside) the general parser.
+ */
+static int parse_window_line(struct bd_parser *p, size_t r0, size_t r1, struct bd_point *pt,
+                             const char **errmsg, bool fast) {
+    const char *s = p->buf + p->base;
+    size_t len = r1 - r0;
+    if (len > p->max_line) {
+        while (p->sep_next < p->n_seps && p->sep_pos[p->sep_next] <= r1) {
+            p->sep_next++;
+        }
+        return fail(errmsg, BD_PARSE_ETOO_LONG, "line too long");
+    }
+    if (fast && p->format == BD_FORMAT_INFLUX && len > 0 && s[r0] != ' ' && s[r0] != '#' &&
+        !bits_any(MASK_ODD(p), r0, r1)) {
+        int rc = walk_influx(p, s, r0, r1, pt);
+        if (rc != PLAIN_MISS) {
+            return rc;
         }
     }
-    return parse_influx(p, line, len, pt, errmsg);
+    /* Past this line's separators, which the walk left unread or half read. */
+    while (p->sep_next < p->n_seps && p->sep_pos[p->sep_next] <= r1) {
+        p->sep_next++;
+    }
+    return parse_general(p, s + r0, len, pt, errmsg);
+}
+
+void bd_parse_begin(struct bd_parser *p, const char *buf, size_t len) {
+    p->buf = buf;
+    p->len = len;
+    p->pos = 0;
+    p->n_words = 0;
+    window_fill(p, 0);
+}
+
+int bd_parse_next(struct bd_parser *p, struct bd_point *pt, struct bd_str *line,
+                  const char **errmsg) {
+    size_t a = p->pos;
+    if (a >= p->len) {
+        return BD_PARSE_END;
+    }
+    size_t r = a - p->base;
+    size_t w = r / 64;
+    if (w < p->n_words) {
+        /*
+         * The common case, a line that ends in this bitmap word or the next, decided without
+         * a branch on which (lines are longer than a word about as often as not). The word
+         * after the last is always readable and zero.
+         */
+        const uint64_t *nl = MASK_NL(p), *odd = MASK_ODD(p);
+        uint64_t lo = ~UINT64_C(0) << (r % 64);
+        uint64_t m0 = nl[w] & lo, m1 = nl[w + 1];
+        if ((m0 | m1) != 0) {
+            bool cross = m0 == 0;
+            size_t c0 = (size_t)__builtin_ctzll(m0 | (UINT64_C(1) << 63));
+            size_t c1 = 64 + (size_t)__builtin_ctzll(m1 | (UINT64_C(1) << 63));
+            size_t hit = w * 64 + (cross ? c1 : c0);
+            uint64_t hm = (UINT64_C(1) << (hit % 64)) - 1;
+            uint64_t o = (odd[w] & lo & (cross ? ~UINT64_C(0) : hm)) |
+                         (odd[w + 1] & (cross ? hm : 0));
+            const char *s = p->buf + p->base;
+            p->pos = p->base + hit + 1;
+            if (line != NULL) {
+                *line = (struct bd_str){p->buf + a, hit - r};
+            }
+            if (o == 0 && hit != r && hit - r <= p->max_line && p->format == BD_FORMAT_INFLUX &&
+                s[r] != ' ' && s[r] != '#') {
+                int rc = walk_influx(p, s, r, hit, pt);
+                if (rc != PLAIN_MISS) {
+                    return rc;
+                }
+            }
+            if (hit == r) {
+                p->sep_next++; /* the '\n' */
+                return BD_PARSE_SKIP;
+            }
+            return parse_window_line(p, r, hit, pt, errmsg, false);
+        }
+    }
+    size_t hit = r / 64 < p->n_words ? bit_next(MASK_NL(p), p->n_words, r) : SIZE_MAX;
+    if (hit == SIZE_MAX && a > p->base) {
+        /* The window ends inside this line: start the next one at it. */
+        window_fill(p, a);
+        r = 0;
+        hit = bit_next(MASK_NL(p), p->n_words, 0);
+    }
+    if (hit == SIZE_MAX) {
+        /* A line longer than a window: found the plain way, and never a plain line. */
+        const char *nl = memchr(p->buf + a, '\n', p->len - a);
+        size_t e = nl != NULL ? (size_t)(nl - p->buf) : p->len;
+        p->pos = e + 1;
+        if (line != NULL) {
+            *line = (struct bd_str){p->buf + a, e - a};
+        }
+        if (e == a) {
+            return BD_PARSE_SKIP;
+        }
+        return parse_general(p, p->buf + a, e - a, pt, errmsg);
+    }
+    p->pos = p->base + hit + 1;
+    if (line != NULL) {
+        *line = (struct bd_str){p->buf + a, hit - r};
+    }
+    if (hit == r) {
+        p->sep_next++; /* the '\n' */
+        return BD_PARSE_SKIP;
+    }
+    return parse_window_line(p, r, hit, pt, errmsg, true);
 }
 
 int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
                   const char **errmsg) {
-    return parse_line(p, line, len, pt, errmsg, true);
+    if (len > p->max_line) {
+        return fail(errmsg, BD_PARSE_ETOO_LONG, "line too long");
+    }
+    if (p->format == BD_FORMAT_INFLUX && len < BD_PARSE_WINDOW) {
+        /* One line as a batch of its own; a '\n' in it is odd and leaves it to the general
+         * parser, which knows string values that hold one. */
+        bd_parse_begin(p, line, len);
+        return parse_window_line(p, 0, len, pt, errmsg, true);
+    }
+    return parse_general(p, line, len, pt, errmsg);
 }
 
 int bd_parse_line_general(struct bd_parser *p, const char *line, size_t len,
                           struct bd_point *pt, const char **errmsg) {
-    return parse_line(p, line, len, pt, errmsg, false);
+    return parse_general(p, line, len, pt, errmsg);
 }

@@ -64,11 +64,25 @@ struct bd_point {
 enum bd_parse_status {
     BD_PARSE_OK = 0,
     BD_PARSE_SKIP = 1,              /* blank or comment line: nothing to do */
+    BD_PARSE_END = 2,               /* bd_parse_next: the buffer holds no further line */
     BD_PARSE_ESYNTAX = -1,          /* malformed line */
     BD_PARSE_ETOO_MANY_FIELDS = -2, /* more than BD_PARSE_MAX_FIELDS fields */
     BD_PARSE_ETOO_MANY_TAGS = -3,   /* more than BD_PARSE_MAX_TAGS tags */
     BD_PARSE_ERANGE = -4,           /* number or timestamp out of range */
+    BD_PARSE_ETOO_LONG = -5,        /* longer than max_line */
 };
+
+/*
+ * Batch parsing keeps bitmaps of the text it is reading: one bit per byte for the separators
+ * (' ', ',', '=' and '\n'), the line ends, and the bytes that keep a line off the fast path.
+ * They cover a window of BD_PARSE_WINDOW bytes at a time (see bd_parse_begin).
+ */
+#define BD_PARSE_WINDOW_WORDS 256
+#define BD_PARSE_WINDOW (BD_PARSE_WINDOW_WORDS * 64)
+
+/* Classifies n_words * 64 bytes of text into the three bitmaps (one CPU-specific variant). */
+typedef void (*bd_parse_classify_fn)(const char *text, size_t n_words, uint64_t *sep,
+                                     uint64_t *nl, uint64_t *odd);
 
 struct bd_parser {
     enum bd_format format;
@@ -76,6 +90,19 @@ struct bd_parser {
     char *scratch; /* owned; sized for the longest line the parser accepts */
     size_t scratch_cap;
     size_t max_line;
+
+    /* The batch being read (bd_parse_begin): private to src/parse.c. */
+    const char *buf;
+    size_t len;
+    size_t pos;      /* start of the next line */
+    size_t base;     /* offset in buf of the window's first byte */
+    size_t n_words;  /* bitmap words classified, the end mark's word included */
+    uint64_t *masks; /* owned: sep, nl and odd bitmaps, BD_PARSE_WINDOW_WORDS + 1 words each */
+    uint16_t *sep_pos; /* owned: the positions of the sep bits, in order */
+    size_t n_seps;
+    size_t sep_next; /* the first of them not yet consumed */
+    bd_parse_classify_fn classify;
+    size_t (*flatten)(const uint64_t *map, size_t n_words, uint16_t *out);
 };
 
 /* max_line bounds the line length accepted (longer lines get BD_PARSE_ESYNTAX). */
@@ -89,6 +116,29 @@ void bd_parser_close(struct bd_parser *p);
  */
 int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
                   const char **errmsg);
+
+/*
+ * Batch parsing: the lines of buf[0, len) one after another, as bd_parse_line would parse
+ * each, but several times faster: the text is classified 64 bytes at a time (SIMD where the
+ * CPU has it) into bitmaps that give line ends and token boundaries without a byte loop and
+ * without memchr. buf must stay in place until the last bd_parse_next call on it. A '\n' ends
+ * every line (also inside a quoted string: a datagram or stream is split at every newline); the
+ * text after the last '\n', if any, is a last line.
+ */
+void bd_parse_begin(struct bd_parser *p, const char *buf, size_t len);
+
+/*
+ * Parses the next line of the batch into pt. Returns BD_PARSE_END when there is none, else what
+ * bd_parse_line returns for that line (BD_PARSE_ETOO_LONG for a line over max_line); line (if
+ * not NULL) gets the line's text without its '\n'. Empty lines come back as BD_PARSE_SKIP.
+ */
+int bd_parse_next(struct bd_parser *p, struct bd_point *pt, struct bd_str *line,
+                  const char **errmsg);
+
+/* Offset in the batch's buffer where the next line starts (after a bd_parse_next). */
+static inline size_t bd_parse_offset(const struct bd_parser *p) {
+    return p->pos;
+}
 
 /*
  * The message bd_parse_line gives (this very pointer, with BD_PARSE_ESYNTAX) when the line ends

@@ -846,7 +846,7 @@ Test(parse_setup, line_too_long) {
     init_with(BD_FORMAT_INFLUX, BD_PREC_NS, 16);
     ok("cpu v=1 12345678");
     ok("cpu v=1 1234567\r");
-    fails("cpu v=1 123456789", BD_PARSE_ESYNTAX, "line too long");
+    fails("cpu v=1 123456789", BD_PARSE_ETOO_LONG, "line too long");
     bd_parser_close(&parser);
 }
 
