@@ -638,6 +638,14 @@ class Suite(object):
                 '%s (%.0f ns/line)' % (si(r['parse_lines_per_s']), r['ns_per_line']),
                 'memchr split %s' % si(r['memchr_lines_per_s']),
                 pct(ratio), '>= 25% of memchr', met_ge(ratio, 0.25)))
+            if 'batch_lines_per_s' in r:
+                # The daemon's interface: the parser finds the line ends itself.
+                bratio = r['batch_ratio']
+                self.rows.append(Row(
+                    '1. parser, %s, batch (bd_parse_next, as the daemon reads)' % r['format'],
+                    '%s (%.0f ns/line)' % (si(r['batch_lines_per_s']), r['batch_ns_per_line']),
+                    'memchr split %s' % si(r['memchr_lines_per_s']),
+                    pct(bratio), '>= 25% of memchr', met_ge(bratio, 0.25)))
         self.conditions.append('parser: best of %s runs per format, each >= %s s of whole '
                                'passes over the buffer' % (
                                    '3' if self.quick else '7', '0.15' if self.quick else '0.3'))

@@ -6,10 +6,13 @@
  * call: views point into the caller's line, and only text that has to differ from the input is
  * written into the parser's scratch buffer (names and strings that carried escapes, a series
  * key whose tags arrived unsorted, the rare float that needs strtod). bd_parser_init sizes that
- * buffer once from max_line; each call starts writing it from the beginning again. Plain
- * influx lines (ASCII, no escapes or strings: nearly all of them) take a fast path that maps the
- * separators of the whole line at once; the general parser decides every other line and every
- * error (see "Plain lines" below).
+ * buffer once from max_line; each call starts writing it from the beginning again. A batch
+ * (bd_parse_begin: a datagram, or the complete lines of a TCP read) is classified 64 bytes at a
+ * time into bitmaps (separators, newlines, bytes that need the general parser), with AVX2 when
+ * the CPU has it, else SSE2 or word arithmetic; lines are then found from the newline bits, and
+ * plain influx lines (ASCII, no escapes or strings: nearly all of them) are walked separator by
+ * separator from the flattened bitmap. The general parser decides every other line and every
+ * error (see "Plain lines" below). bd_parse_line is a batch of one line.
  *
  * Line protocol accept/reject decisions and values follow the InfluxDB conformance corpus
  * (../shared/corpus/line-protocol/, produced by the v2 Go decoder), corners included:
@@ -1048,26 +1051,6 @@ static void classify_swar(const char *t, size_t n_words, uint64_t *sep, uint64_t
     }
 }
 
-/* The variant bd_parser_init picks: the widest the CPU runs, or BD_PARSE_ISA if set. */
-static bd_parse_classify_fn pick_classify(void) {
-    const char *want = getenv("BD_PARSE_ISA");
-    if (want != NULL && strcmp(want, "swar") == 0) {
-        return classify_swar;
-    }
-#ifdef PLAIN_SSE2
-    if (want != NULL && strcmp(want, "sse2") == 0) {
-        return classify_sse2;
-    }
-#ifdef PLAIN_AVX2
-    if (__builtin_cpu_supports("avx2")) {
-        return classify_avx2;
-    }
-#endif
-    return classify_sse2;
-#else
-    return classify_swar;
-#endif
-}
 
 /*
  * Classifies buf[base, ...) for as much as the window holds, and puts the end mark at the
@@ -1076,7 +1059,7 @@ static bd_parse_classify_fn pick_classify(void) {
  */
 static void window_fill(struct bd_parser *p, size_t base) {
     size_t avail = p->len - base;
-    size_t bytes = BD_MIN(avail, (size_t)BD_PARSE_WINDOW);
+    size_t bytes = BD_MIN(avail, p->window_words * 64);
     size_t full = bytes / 64;
     uint64_t *sep = MASK_SEP(p), *nl = MASK_NL(p), *odd = MASK_ODD(p);
     p->base = base;
@@ -1628,6 +1611,46 @@ static int parse_graphite(struct bd_parser *p, const char *s, size_t n, struct b
 /* ---------------------------------------------------------------------------------------- */
 /* Public                                                                                   */
 
+/*
+ * Sets the classifier and flattener variant: "avx2", "sse2", "swar" (portable word arithmetic)
+ * or "best" (the widest this CPU runs). -ENOTSUP if this build or CPU lacks it.
+ */
+int bd_parser_set_isa(struct bd_parser *p, const char *isa) {
+    bool best = strcmp(isa, "best") == 0;
+    p->flatten = flatten_plain;
+    p->classify = classify_swar;
+    p->isa = "swar";
+#ifdef PLAIN_SSE2
+#ifdef PLAIN_AVX2
+    if ((best || strcmp(isa, "avx2") == 0) && __builtin_cpu_supports("avx2")) {
+        p->classify = classify_avx2;
+        p->isa = "avx2";
+    } else if (strcmp(isa, "avx2") == 0) {
+        return -ENOTSUP;
+    } else
+#endif
+        if (best || strcmp(isa, "sse2") == 0) {
+        p->classify = classify_sse2;
+        p->isa = "sse2";
+    }
+#endif
+    if (!best && strcmp(isa, p->isa) != 0) {
+        return -ENOTSUP;
+    }
+#ifdef FLATTEN_BMI
+    if (strcmp(p->isa, "swar") != 0 && __builtin_cpu_supports("popcnt") &&
+        __builtin_cpu_supports("bmi")) {
+        p->flatten = flatten_bmi;
+    }
+#endif
+    return 0;
+}
+
+void bd_parser_set_window(struct bd_parser *p, size_t words) {
+    BD_ASSERT(words >= 1 && words <= BD_PARSE_WINDOW_WORDS);
+    p->window_words = words;
+}
+
 int bd_parser_init(struct bd_parser *p, enum bd_format format, enum bd_precision precision,
                    size_t max_line) {
     memset(p, 0, sizeof(*p));
@@ -1653,14 +1676,12 @@ int bd_parser_init(struct bd_parser *p, enum bd_format format, enum bd_precision
     p->format = format;
     p->precision = precision;
     p->max_line = max_line;
-    p->classify = pick_classify();
-    p->flatten = flatten_plain;
-#ifdef FLATTEN_BMI
-    if (__builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") &&
-        getenv("BD_PARSE_ISA") == NULL) {
-        p->flatten = flatten_bmi;
+    p->window_words = BD_PARSE_WINDOW_WORDS;
+    /* BD_PARSE_ISA (avx2, sse2, swar) pins the variant, to compare them in a benchmark. */
+    const char *isa = getenv("BD_PARSE_ISA");
+    if (isa == NULL || bd_parser_set_isa(p, isa) != 0) {
+        (void)bd_parser_set_isa(p, "best");
     }
-#endif
     return 0;
 }
 

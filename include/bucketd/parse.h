@@ -103,6 +103,8 @@ struct bd_parser {
     size_t sep_next; /* the first of them not yet consumed */
     bd_parse_classify_fn classify;
     size_t (*flatten)(const uint64_t *map, size_t n_words, uint16_t *out);
+    const char *isa;     /* the variant's name: "avx2", "sse2" or "swar" */
+    size_t window_words; /* BD_PARSE_WINDOW_WORDS, less only in tests */
 };
 
 /* max_line bounds the line length accepted (longer lines get BD_PARSE_ESYNTAX). */

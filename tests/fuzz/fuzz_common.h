@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../src/parse_int.h"
 #include "bucketd/parse.h"
 
 #define CHECK(e) ((e) ? (void)0 : check_failed(#e, __FILE__, __LINE__))
@@ -100,6 +101,66 @@ static bool valid_utf8(struct bd_str s) {
         i += more + 1;
     }
     return true;
+}
+
+/* The line in a heap block of exactly n bytes: any read past it is an ASan report. */
+static char *exact_copy(const char *s, size_t n) {
+    char *copy = malloc(n);
+    if (copy == NULL && n > 0) {
+        abort();
+    }
+    if (n > 0) {
+        memcpy(copy, s, n);
+    }
+    return copy;
+}
+
+/*
+ * The whole stream as one batch, with the classifier variant and window size that bits 3-6 of
+ * the first byte pick: every line must come back as the text up to its '\n', with exactly what
+ * bd_parse_line gives for that text alone.
+ */
+static void check_batch(struct bd_parser *b, struct bd_parser *single, uint8_t how,
+                        const char *data, size_t n, struct bd_point *pt_main,
+                        struct bd_point *pt_other, struct buf *snap_main, struct buf *snap_other,
+                        void (*snapshot)(struct buf *, const struct bd_point *)) {
+    static const char *const isas[] = {"avx2", "sse2", "swar", "best"};
+    static const size_t windows[] = {1, 2, 3, BD_PARSE_WINDOW_WORDS};
+    if (bd_parser_set_isa(b, isas[(how >> 3) & 3]) != 0) {
+        CHECK(bd_parser_set_isa(b, "best") == 0);
+    }
+    bd_parser_set_window(b, windows[(how >> 5) & 3]);
+    char *text = exact_copy(data, n);
+    bd_parse_begin(b, text, n);
+    size_t pos = 0;
+    for (;;) {
+        struct bd_str line = {NULL, 0};
+        const char *err = NULL;
+        int rc = bd_parse_next(b, pt_main, &line, &err);
+        if (rc == BD_PARSE_END) {
+            break;
+        }
+        const char *nl = memchr(text + pos, '\n', n - pos);
+        size_t want = nl != NULL ? (size_t)(nl - text) - pos : n - pos;
+        CHECK(pos < n && line.ptr == text + pos && line.len == want);
+        pos += want + 1;
+        CHECK(bd_parse_offset(b) == pos);
+        if (rc == BD_PARSE_OK) {
+            snapshot(snap_main, pt_main);
+        }
+        char *alone = exact_copy(line.ptr, line.len);
+        const char *err2 = NULL;
+        int rc2 = line.len == 0 ? BD_PARSE_SKIP
+                                : bd_parse_line(single, alone, line.len, pt_other, &err2);
+        CHECK(rc2 == rc && (rc >= 0 || err2 == err));
+        if (rc == BD_PARSE_OK) {
+            snapshot(snap_other, pt_other);
+            CHECK(buf_eq(snap_main, snap_other));
+        }
+        free(alone);
+    }
+    CHECK(pos >= n);
+    free(text);
 }
 
 #endif

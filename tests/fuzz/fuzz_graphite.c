@@ -16,6 +16,8 @@
  *
  * Single-threaded, as libFuzzer calls it. The parsers, points and buffers are set up once in
  * LLVMFuzzerInitialize and live until the process exits.
+ *
+ * The whole input is also read as one batch, as in fuzz_influx.c (check_batch).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -41,6 +43,8 @@ _Static_assert(BD_PREC_NS == 0 && BD_PREC_S == N_PREC - 1, "precision from the f
 
 /* parsers[limit][precision]: limit 0 takes lines of up to FUZZ_MAX_LINE, 1 SMALL_MAX_LINE. */
 static struct bd_parser parsers[N_LIMITS][N_PREC];
+/* The same, for the whole input as one batch (bd_parse_begin/bd_parse_next). */
+static struct bd_parser batchers[N_LIMITS][N_PREC];
 static struct bd_point *pt_main;  /* the point under test */
 static struct bd_point *pt_other; /* the same line parsed again, another way */
 static struct buf snap_main, snap_other, canon;
@@ -52,6 +56,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         for (int i = 0; i < N_PREC; i++) {
             size_t max_line = l == 0 ? FUZZ_MAX_LINE : SMALL_MAX_LINE;
             if (bd_parser_init(&parsers[l][i], BD_FORMAT_GRAPHITE, (enum bd_precision)i,
+                               max_line) ||
+                bd_parser_init(&batchers[l][i], BD_FORMAT_GRAPHITE, (enum bd_precision)i,
                                max_line)) {
                 abort();
             }
@@ -224,17 +230,6 @@ static size_t canonical_line(struct buf *b, const struct bd_point *pt) {
 /* ---------------------------------------------------------------------------------------- */
 /* Driver                                                                                   */
 
-/* The line in a heap block of exactly n bytes: any read past it is an ASan report. */
-static char *exact_copy(const char *s, size_t n) {
-    char *copy = malloc(n);
-    if (copy == NULL && n > 0) {
-        abort();
-    }
-    if (n > 0) {
-        memcpy(copy, s, n);
-    }
-    return copy;
-}
 
 /* Blank (spaces, tabs, the '\r' of a "\r\n") or a comment: exactly the lines skipped. */
 static bool blank_or_comment(const char *s, size_t n) {
@@ -256,7 +251,7 @@ static void check_line(struct bd_parser *set, enum bd_precision prec, const char
     const char *err = NULL;
     int rc = bd_parse_line(p, line, n, pt_main, &err);
     CHECK(rc == BD_PARSE_OK || rc == BD_PARSE_SKIP ||
-          (rc <= BD_PARSE_ESYNTAX && rc >= BD_PARSE_ERANGE));
+          (rc <= BD_PARSE_ESYNTAX && rc >= BD_PARSE_ETOO_LONG));
     CHECK(rc >= 0 || (err != NULL && err[0] != '\0'));
     CHECK((rc == BD_PARSE_SKIP) == (n <= p->max_line && blank_or_comment(line, n)));
     /* Graphite has no fields to count. */
@@ -308,6 +303,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *s = (const char *)data + 1;
     size_t n = size - 1;
 
+    check_batch(&batchers[(data[0] >> 2) & 1][prec], &set[prec], data[0], s, n, pt_main,
+                pt_other, &snap_main, &snap_other, snapshot);
     for (size_t pos = 0; pos < n;) {
         const char *nl = memchr(s + pos, '\n', n - pos);
         size_t eol = nl != NULL ? (size_t)(nl - s) : n;

@@ -524,6 +524,12 @@ static size_t describe(const struct bd_point *pt, char *out, size_t cap) {
         const struct bd_field *f = &pt->fields[i];
         uint64_t bits = 0;
         memcpy(&bits, &f->v, sizeof(bits));
+        if (f->kind == BD_VAL_STRING) {
+            /* The text, not where it lives (the scratch buffer of one parser or another). */
+            o += (size_t)snprintf(out + o, cap - o, "%.*s:s:%.*s;", (int)f->key.len, f->key.ptr,
+                                  (int)f->v.s.len, f->v.s.ptr);
+            continue;
+        }
         o += (size_t)snprintf(out + o, cap - o, "%.*s:%d:%llx;", (int)f->key.len, f->key.ptr,
                               (int)f->kind,
                               f->kind == BD_VAL_BOOL ? (unsigned long long)f->v.b
@@ -1211,4 +1217,158 @@ Test(graphite, too_many_tags) {
     }
     snprintf(line + o, sizeof(line) - o, " 1");
     fails(line, BD_PARSE_ETOO_MANY_TAGS, "too many tags");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Batch parsing (bd_parse_begin / bd_parse_next)                                           */
+
+/*
+ * A stream as a datagram or TCP read holds it: random plain lines (with slips), and between
+ * them every kind of line that must leave the fast path: blank, comment, "\r\n", string values
+ * (one with an escaped quote), non-ASCII names, a tab, a line over max_line, and a line longer
+ * than the whole window. Returns its length; the last line has no '\n' when seed says so.
+ */
+static size_t batch_stream(uint64_t seed, char *buf, size_t cap, size_t long_line) {
+    static const char *const odd[] = {
+        "",
+        "# a comment",
+        "   ",
+        "cpu,host=a v=1 1700000000000000000\r",
+        "s,host=b msg=\"a \\\"quoted\\\" word\",v=2i 5",
+        "température,salle=cuisine v=21.5",
+        "tab\tbed v=1",
+        "\r",
+        "cpu v=1,v=2,w=3 7",
+        "=m v=1",
+        "m,b=1,a=2 v=1",
+    };
+    size_t o = 0;
+    char line[512];
+    for (int n = 0; n < 400 && o + 600 < cap; n++) {
+        lcg_next(&seed);
+        uint64_t r = seed >> 33;
+        if (r % 7 == 0) {
+            o += (size_t)snprintf(buf + o, cap - o, "%s\n", odd[(r >> 3) % BD_ARRAY_LEN(odd)]);
+        } else if (r % 97 == 1) {
+            /* Over the parser's max_line (300): counted as too long, never parsed. */
+            o += (size_t)snprintf(buf + o, cap - o, "big v=1%0350d\n", 0);
+        } else {
+            size_t len = random_plain_line(&seed, line, sizeof(line));
+            memcpy(buf + o, line, len);
+            o += len;
+            buf[o++] = '\n';
+        }
+    }
+    if (long_line > 0 && o + long_line + 1 < cap) {
+        /* A line as long as a few windows, then one more ordinary line. */
+        o += (size_t)snprintf(buf + o, cap - o, "long,host=x v=");
+        while (long_line-- > 0) {
+            buf[o++] = '7';
+        }
+        o += (size_t)snprintf(buf + o, cap - o, "\nafter v=1 3\n");
+    }
+    if ((seed >> 60) & 1) {
+        o--; /* no '\n' after the last line */
+    }
+    return o;
+}
+
+/*
+ * Every line of a batch must come back with exactly the text between its newlines and exactly
+ * what bd_parse_line gives for that text (code, message, point), whatever the classifier
+ * variant and wherever the window boundaries fall (windows of 1, 2, 3 and 256 words).
+ */
+Test(parse_setup, batch_matches_line_by_line) {
+    static const char *const isas[] = {"avx2", "sse2", "swar"};
+    static const size_t windows[] = {1, 2, 3, BD_PARSE_WINDOW_WORDS};
+    struct bd_parser single;
+    struct bd_point *other = malloc(sizeof(*other));
+    size_t cap = 256 * 1024;
+    char *buf = malloc(cap);
+    char a[2048];
+    char b[2048];
+    cr_assert(other != NULL && buf != NULL);
+    cr_assert_eq(bd_parser_init(&single, BD_FORMAT_INFLUX, BD_PREC_NS, 300), 0);
+    int variants = 0;
+    long lines = 0, accepted = 0;
+    for (size_t v = 0; v < BD_ARRAY_LEN(isas); v++) {
+        for (size_t w = 0; w < BD_ARRAY_LEN(windows); w++) {
+            init_with(BD_FORMAT_INFLUX, BD_PREC_NS, 300);
+            if (bd_parser_set_isa(&parser, isas[v]) != 0) {
+                bd_parser_close(&parser);
+                continue; /* not on this CPU */
+            }
+            bd_parser_set_window(&parser, windows[w]);
+            variants++;
+            for (uint64_t seed = 1; seed <= 12; seed++) {
+                size_t len = batch_stream(seed * 7919, buf, cap, seed % 3 == 0 ? 40000 : 0);
+                bd_parse_begin(&parser, buf, len);
+                size_t pos = 0;
+                for (;;) {
+                    struct bd_str line = {NULL, 0};
+                    const char *e1 = NULL;
+                    int rc = bd_parse_next(&parser, &point, &line, &e1);
+                    if (rc == BD_PARSE_END) {
+                        break;
+                    }
+                    /* The line is the text up to the next '\n' (or the end). */
+                    const char *nl = memchr(buf + pos, '\n', len - pos);
+                    size_t want = nl != NULL ? (size_t)(nl - buf) - pos : len - pos;
+                    cr_assert(line.ptr == buf + pos && line.len == want,
+                              "%s/%zu: line at %zu: got %zu bytes at %td, want %zu", isas[v],
+                              windows[w], pos, line.len, line.ptr - buf, want);
+                    cr_assert_eq(bd_parse_offset(&parser), pos + want + 1);
+                    pos += want + 1;
+                    lines++;
+                    size_t an = rc == BD_PARSE_OK ? describe(&point, a, sizeof(a)) : 0;
+                    const char *e2 = NULL;
+                    int rc2 = bd_parse_line(&single, line.ptr, line.len, other, &e2);
+                    cr_assert_eq(rc, rc2, "%s/%zu: \"%.*s\": batch %d, line %d", isas[v],
+                                 windows[w], (int)line.len, line.ptr, rc, rc2);
+                    cr_assert(rc >= 0 || e1 == e2, "\"%.*s\": \"%s\" vs \"%s\"", (int)line.len,
+                              line.ptr, e1, e2);
+                    if (rc == BD_PARSE_OK) {
+                        size_t bn = describe(other, b, sizeof(b));
+                        cr_assert(an == bn && memcmp(a, b, an) == 0, "%s/%zu: \"%.*s\":\n%.*s\nvs\n%.*s",
+                                  isas[v], windows[w], (int)line.len, line.ptr, (int)an, a,
+                                  (int)bn, b);
+                        accepted++;
+                    }
+                }
+                cr_assert_geq(pos, len, "%s/%zu: the batch ended at %zu of %zu", isas[v],
+                              windows[w], pos, len);
+            }
+            bd_parser_close(&parser);
+        }
+    }
+    bd_parser_close(&single);
+    free(other);
+    free(buf);
+    cr_assert_geq(variants, 8, "only %d classifier/window variants ran", variants);
+    /* random_plain_line slips often: about a quarter of its lines are valid. */
+    cr_assert_gt(accepted, lines / 8, "%ld of %ld lines accepted", accepted, lines);
+}
+
+/* An empty batch, and a batch of nothing but newlines. */
+Test(parse, batch_empty_and_blank) {
+    bd_parse_begin(&parser, "", 0);
+    cr_assert_eq(bd_parse_next(&parser, &point, NULL, NULL), BD_PARSE_END);
+    const char *nls = "\n\n\n";
+    bd_parse_begin(&parser, nls, 3);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(bd_parse_next(&parser, &point, NULL, NULL), BD_PARSE_SKIP);
+    }
+    cr_assert_eq(bd_parse_next(&parser, &point, NULL, NULL), BD_PARSE_END);
+    /* A batch whose length is a whole number of bitmap words, the last line unterminated. */
+    char text[128];
+    memset(text, 'a', sizeof(text));
+    memcpy(text, "cpu v=1 1\n", 10);
+    memcpy(text + 120, " v=2 200", 8);
+    bd_parse_begin(&parser, text, sizeof(text));
+    cr_assert_eq(bd_parse_next(&parser, &point, NULL, NULL), BD_PARSE_OK);
+    cr_assert_eq(point.time_ns, 1);
+    cr_assert_eq(bd_parse_next(&parser, &point, NULL, NULL), BD_PARSE_OK);
+    cr_assert_eq(point.name.len, 110);
+    cr_assert_eq(point.time_ns, 200);
+    cr_assert_eq(bd_parse_next(&parser, &point, NULL, NULL), BD_PARSE_END);
 }
