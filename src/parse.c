@@ -955,27 +955,28 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
 
 #ifdef PLAIN_SSE2
 /* 16 bytes: bit k of each result for byte k. */
-static inline void class16(__m128i x, unsigned *sep, unsigned *nl, unsigned *odd) {
+static inline void class16(__m128i x, const char *ch, unsigned *sep, unsigned *nl,
+                           unsigned *odd) {
     __m128i n = _mm_cmpeq_epi8(x, _mm_set1_epi8('\n'));
     __m128i s = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')),
-                                          _mm_cmpeq_epi8(x, _mm_set1_epi8(','))),
+                                          _mm_cmpeq_epi8(x, _mm_set1_epi8(ch[0]))),
                              _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('=')), n));
     /* x + 1 below 0x21 as a signed byte: a control character, DEL, or 0x80 and up. */
     __m128i bad = _mm_cmplt_epi8(_mm_add_epi8(x, _mm_set1_epi8(1)), _mm_set1_epi8(0x21));
-    bad = _mm_or_si128(bad, _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('"')),
-                                         _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'))));
+    bad = _mm_or_si128(bad, _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(ch[1])),
+                                         _mm_cmpeq_epi8(x, _mm_set1_epi8(ch[2]))));
     *sep = (unsigned)_mm_movemask_epi8(s);
     *nl = (unsigned)_mm_movemask_epi8(n);
     *odd = (unsigned)_mm_movemask_epi8(bad);
 }
 
-static void classify_sse2(const char *t, size_t n_words, uint64_t *sep, uint64_t *nl,
-                          uint64_t *odd) {
+static void classify_sse2(const char *t, size_t n_words, const char *ch, uint64_t *sep,
+                          uint64_t *nl, uint64_t *odd) {
     for (size_t w = 0; w < n_words; w++, t += 64) {
         uint64_t s = 0, n = 0, o = 0;
         for (unsigned k = 0; k < 64; k += 16) {
             unsigned a, b, c;
-            class16(_mm_loadu_si128((const __m128i *)(const void *)(t + k)), &a, &b, &c);
+            class16(_mm_loadu_si128((const __m128i *)(const void *)(t + k)), ch, &a, &b, &c);
             s |= (uint64_t)a << k;
             n |= (uint64_t)b << k;
             o |= (uint64_t)c << k;
@@ -992,12 +993,12 @@ static void classify_sse2(const char *t, size_t n_words, uint64_t *sep, uint64_t
 
 /* The same, 32 bytes per step, for CPUs that have AVX2 (chosen at bd_parser_init). */
 __attribute__((target("avx2"))) static void classify_avx2(const char *t, size_t n_words,
-                                                          uint64_t *sep, uint64_t *nl,
-                                                          uint64_t *odd) {
-    const __m256i sp = _mm256_set1_epi8(' '), cm = _mm256_set1_epi8(','),
+                                                          const char *ch, uint64_t *sep,
+                                                          uint64_t *nl, uint64_t *odd) {
+    const __m256i sp = _mm256_set1_epi8(' '), cm = _mm256_set1_epi8(ch[0]),
                   eq = _mm256_set1_epi8('='), lf = _mm256_set1_epi8('\n'),
                   one = _mm256_set1_epi8(1), lim = _mm256_set1_epi8(0x21),
-                  qu = _mm256_set1_epi8('"'), bs = _mm256_set1_epi8('\\');
+                  qu = _mm256_set1_epi8(ch[1]), bs = _mm256_set1_epi8(ch[2]);
     for (size_t w = 0; w < n_words; w++, t += 64) {
         uint64_t r[3] = {0, 0, 0};
         for (unsigned k = 0; k < 64; k += 32) {
@@ -1028,8 +1029,8 @@ static unsigned high_bits(uint64_t m) {
 }
 
 /* Portable word arithmetic, 8 bytes per step: for other CPUs (and BD_PARSE_PORTABLE). */
-static void classify_swar(const char *t, size_t n_words, uint64_t *sep, uint64_t *nl,
-                          uint64_t *odd) {
+static void classify_swar(const char *t, size_t n_words, const char *ch, uint64_t *sep,
+                          uint64_t *nl, uint64_t *odd) {
     for (size_t w = 0; w < n_words; w++, t += 64) {
         uint64_t s = 0, n = 0, o = 0;
         for (unsigned k = 0; k < 64; k += 8) {
@@ -1037,9 +1038,9 @@ static void classify_swar(const char *t, size_t n_words, uint64_t *sep, uint64_t
             uint64_t lf = bytes_eq(x, '\n');
             /* Below 0x20 once the top bit is cleared, or the top bit set. */
             uint64_t low = ~((x & BYTES(0x7f)) + BYTES(0x60)) & BYTES(0x80);
-            uint64_t bad = low | (x & BYTES(0x80)) | bytes_eq(x, 0x7f) | bytes_eq(x, '"') |
-                           bytes_eq(x, '\\');
-            s |= (uint64_t)high_bits(bytes_eq(x, ' ') | bytes_eq(x, ',') | bytes_eq(x, '=') |
+            uint64_t bad = low | (x & BYTES(0x80)) | bytes_eq(x, 0x7f) |
+                           bytes_eq(x, (unsigned char)ch[1]) | bytes_eq(x, (unsigned char)ch[2]);
+            s |= (uint64_t)high_bits(bytes_eq(x, ' ') | bytes_eq(x, (unsigned char)ch[0]) | bytes_eq(x, '=') |
                                      lf)
                  << k;
             n |= (uint64_t)high_bits(lf) << k;
@@ -1063,13 +1064,13 @@ static void window_fill(struct bd_parser *p, size_t base) {
     size_t full = bytes / 64;
     uint64_t *sep = MASK_SEP(p), *nl = MASK_NL(p), *odd = MASK_ODD(p);
     p->base = base;
-    p->classify(p->buf + base, full, sep, nl, odd);
+    p->classify(p->buf + base, full, p->chars, sep, nl, odd);
     size_t words = full;
     if (bytes % 64 != 0) {
         char pad[64];
         memset(pad, 'a', sizeof(pad));
         memcpy(pad, p->buf + base + full * 64, bytes % 64);
-        p->classify(pad, 1, sep + full, nl + full, odd + full);
+        p->classify(pad, 1, p->chars, sep + full, nl + full, odd + full);
         words++;
     }
     if (bytes == avail) {
@@ -1160,24 +1161,27 @@ __attribute__((target("popcnt,bmi,bmi2"))) static size_t flatten_bmi(const uint6
 
 /*
  * A field value of the shape sensors send: [-] digits with at most one '.', at most 8 of them
- * (the '.' counted), and an 'i' or 'u' suffix for integers (then no '.'). Read without a branch
+ * (the '.' counted), and an 'i' or 'u' suffix for integers (then no '.'); for Graphite also
+ * [+], and never a suffix. Read without a branch
  * on the shape, which varies from field to field and would be mispredicted: the 8 bytes after
  * the sign are loaded at once (room, the bytes readable from v, must allow it), the '.' is
  * squeezed out of the word, the digits moved to its end behind '0's and converted eight at a
  * time; the float is one division by an exact power of ten, which rounds correctly (Clinger's
  * fast path, as in read_f64_short). False for any other shape, which read_scalar() decides.
  */
-static inline bool plain_number(const char *v, size_t len, size_t room, struct bd_field *f) {
+static inline bool plain_number(const char *v, size_t len, size_t room, bool graphite,
+                                struct bd_field *f) {
     bool neg = v[0] == '-';
+    bool sign = neg | (graphite & (v[0] == '+')); /* Graphite takes "+1", line protocol not */
     unsigned char last = (unsigned char)v[len - 1];
-    bool is_i = last == 'i';
-    bool is_u = last == 'u';
+    bool is_i = !graphite & (last == 'i');
+    bool is_u = !graphite & (last == 'u');
     bool sfx = is_i | is_u;
-    size_t k = len - neg - sfx;
-    if (k - 1 >= 8 || room - neg < 8) {
+    size_t k = len - sign - sfx;
+    if (k - 1 >= 8 || room - sign < 8) {
         return false;
     }
-    uint64_t w = load_le64(v + neg);
+    uint64_t w = load_le64(v + sign);
     uint64_t dots = bytes_eq(w, '.') & (~UINT64_C(0) >> (64 - 8 * k));
     bool has_dot = dots != 0;
     /* Arithmetic, not branches: whether there is a '.' is as random as the field order. */
@@ -1298,6 +1302,35 @@ static inline bool plain_digits(const char *s, size_t n, size_t room, uint64_t *
 }
 
 /*
+ * The end of a fast walk: the series key. Tags in order (first bytes rising, or found sorted
+ * here) make it the line's own prefix of key_len bytes; otherwise they are sorted (a repeated
+ * key leaves the line to the general parser) and the key is built in scratch with sep.
+ */
+static int finish_tags(struct bd_parser *p, struct bd_point *pt, const char *line, uint32_t nt,
+                       bool in_order, char sep, size_t key_len) {
+    if (!in_order) {
+        struct scratch sc = {p->scratch, p->scratch_cap, 0};
+        struct raw_span raw[BD_PARSE_MAX_TAGS];
+        bool sorted = true;
+        for (uint32_t k = 0; k < nt; k++) {
+            raw[k] = (struct raw_span){pt->tags[k].key.ptr,
+                                       (size_t)(pt->tags[k].value.ptr + pt->tags[k].value.len -
+                                                pt->tags[k].key.ptr)};
+            sorted &= k == 0 || str_cmp(pt->tags[k - 1].key, pt->tags[k].key) < 0;
+        }
+        if (!sorted) {
+            if (sort_tags(pt, raw, false, NULL) < 0) {
+                return PLAIN_MISS;
+            }
+            pt->series_key = build_series_key(&sc, line, pt->name.len, raw, nt, sep, false);
+            return BD_PARSE_OK;
+        }
+    }
+    pt->series_key = (struct bd_str){line, key_len};
+    return BD_PARSE_OK;
+}
+
+/*
  * The general parser's grammar for a plain line s[a, e) of the window (positions relative to
  * the window) that starts with its measurement: single spaces between the sections and none
  * at the end (anything else is legal but rare, and left to the general parser). BD_PARSE_OK,
@@ -1367,7 +1400,7 @@ static inline __attribute__((always_inline)) int walk_influx(struct bd_parser *p
         if (slot == NULL) {
             goto miss;
         }
-        if (!plain_number(v, len, room_end - ke - 1, slot)) {
+        if (!plain_number(v, len, room_end - ke - 1, false, slot)) {
             struct scratch sc = {p->scratch, p->scratch_cap, 0};
             if (read_scalar(&sc, v, len, slot, NULL) != 0) {
                 goto miss;
@@ -1395,29 +1428,102 @@ static inline __attribute__((always_inline)) int walk_influx(struct bd_parser *p
         }
     }
     p->sep_next = j;
+    return finish_tags(p, pt, line, nt, in_order, ',',
+                       nt > 0 ? (size_t)(pt->tags[nt - 1].value.ptr +
+                                         pt->tags[nt - 1].value.len - line)
+                              : pt->name.len);
 
-    if (!in_order) {
-        struct scratch sc = {p->scratch, p->scratch_cap, 0};
-        struct raw_span raw[BD_PARSE_MAX_TAGS];
-        bool sorted = true;
-        for (uint32_t k = 0; k < nt; k++) {
-            raw[k] = (struct raw_span){pt->tags[k].key.ptr,
-                                       (size_t)(pt->tags[k].value.ptr + pt->tags[k].value.len -
-                                                pt->tags[k].key.ptr)};
-            sorted &= k == 0 || str_cmp(pt->tags[k - 1].key, pt->tags[k].key) < 0;
+miss:
+    p->sep_next = j;
+    return PLAIN_MISS;
+}
+
+static const char graphite_field_key[] = "value";
+static enum num_rc read_graphite_time(const char *s, size_t n, bool *has, int64_t *ns);
+
+/*
+ * The fast walk for a plain Graphite line s[a, e): "path[;key=value...] value [timestamp]" with
+ * single spaces, no tab, no control or non-ASCII byte and no '!' or '^' (those are odd bytes
+ * for this format, so a tag key holding one never gets here). The separators are ' ', ';', '='
+ * and the line end; a path and a tag value may hold '=', nothing else may hold a separator.
+ * BD_PARSE_OK, or PLAIN_MISS wherever parse_graphite must decide.
+ */
+static inline __attribute__((always_inline)) int walk_graphite(struct bd_parser *p,
+                                                               const char *s, size_t a,
+                                                               size_t e, struct bd_point *pt) {
+    const uint16_t *P = p->sep_pos;
+    size_t j = p->sep_next;
+    const char *line = s + a;
+
+    size_t i = P[j++];
+    while (i != e && s[i] == '=') {
+        i = P[j++];
+    }
+    if (i == a || i == e) {
+        goto miss;
+    }
+    pt->name = (struct bd_str){line, i - a};
+    uint32_t nt = 0;
+    bool in_order = true;
+    unsigned char prev = 0;
+    while (s[i] == ';') {
+        size_t ke = P[j++];
+        if (ke == e || s[ke] != '=' || ke == i + 1 || nt == BD_PARSE_MAX_TAGS) {
+            goto miss;
         }
-        if (!sorted) {
-            if (sort_tags(pt, raw, false, NULL) < 0) {
-                return PLAIN_MISS;
-            }
-            pt->series_key = build_series_key(&sc, line, pt->name.len, raw, nt, ',', false);
-            return BD_PARSE_OK;
+        size_t ve = P[j++];
+        while (ve != e && s[ve] == '=') {
+            ve = P[j++];
+        }
+        if (ve == e || ve == ke + 1 || s[ke + 1] == '~') {
+            goto miss;
+        }
+        struct bd_tag *t = &pt->tags[nt];
+        t->key = (struct bd_str){s + i + 1, ke - i - 1};
+        t->value = (struct bd_str){s + ke + 1, ve - ke - 1};
+        unsigned char first = (unsigned char)s[i + 1];
+        in_order &= prev < first;
+        prev = first;
+        nt++;
+        i = ve;
+    }
+    pt->n_tags = nt;
+    size_t path_end = i; /* s[i] is the space before the value */
+
+    size_t ve = P[j++];
+    if (ve == i + 1 || (ve != e && s[ve] != ' ')) {
+        goto miss;
+    }
+    pt->n_fields = 1;
+    struct bd_field *f = &pt->fields[0];
+    f->key = (struct bd_str){graphite_field_key, sizeof(graphite_field_key) - 1};
+    const char *v = s + i + 1;
+    size_t room_end = p->len - p->base;
+    if (!plain_number(v, ve - i - 1, room_end - i - 1, true, f)) {
+        if (read_f64(v, ve - i - 1, true, p->scratch, &f->v.f) != NUM_OK) {
+            goto miss;
+        }
+        f->kind = BD_VAL_FLOAT;
+    }
+
+    pt->has_time = false;
+    if (ve != e) {
+        size_t te = P[j++];
+        uint64_t t = 0;
+        if (te != e || ve + 1 == e) {
+            goto miss;
+        }
+        const char *ts = s + ve + 1;
+        if (plain_digits(ts, e - ve - 1, room_end - ve - 1, &t) &&
+            t <= (uint64_t)(INT64_MAX / BD_NS_PER_S)) {
+            pt->has_time = true;
+            pt->time_ns = (int64_t)t * BD_NS_PER_S;
+        } else if (read_graphite_time(ts, e - ve - 1, &pt->has_time, &pt->time_ns) != NUM_OK) {
+            goto miss;
         }
     }
-    pt->series_key = (struct bd_str){
-        line, nt > 0 ? (size_t)(pt->tags[nt - 1].value.ptr + pt->tags[nt - 1].value.len - line)
-                     : pt->name.len};
-    return BD_PARSE_OK;
+    p->sep_next = j;
+    return finish_tags(p, pt, line, nt, in_order, ';', path_end - a);
 
 miss:
     p->sep_next = j;
@@ -1504,8 +1610,6 @@ static bool graphite_tag_ok(const char *s, size_t len, size_t *eq) {
     *eq = (size_t)(e - s);
     return true;
 }
-
-static const char graphite_field_key[] = "value";
 
 /*
  * Whether s[0, n) is printable ASCII (0x20 to 0x7e), eight bytes at a time. Nearly every
@@ -1714,6 +1818,10 @@ int bd_parser_init(struct bd_parser *p, enum bd_format format, enum bd_precision
     p->precision = precision;
     p->max_line = max_line;
     p->window_words = BD_PARSE_WINDOW_WORDS;
+    /* The tag separator, and the bytes besides control and non-ASCII ones that need the
+     * general parser: line protocol's escapes and strings; Graphite's tag keys may not hold
+     * '!' or '^', which the general parser checks. */
+    memcpy(p->chars, format == BD_FORMAT_INFLUX ? ",\"\\" : ";!^", sizeof(p->chars));
     /* BD_PARSE_ISA (avx2, sse2, swar) pins the variant, to compare them in a benchmark. */
     const char *isa = getenv("BD_PARSE_ISA");
     if (isa == NULL || bd_parser_set_isa(p, isa) != 0) {
@@ -1767,9 +1875,9 @@ static int parse_window_line(struct bd_parser *p, size_t r0, size_t r1, struct b
         }
         return fail(errmsg, BD_PARSE_ETOO_LONG, "line too long");
     }
-    if (fast && p->format == BD_FORMAT_INFLUX && len > 0 && s[r0] != ' ' && s[r0] != '#' &&
-        !bits_any(MASK_ODD(p), r0, r1)) {
-        int rc = walk_influx(p, s, r0, r1, pt);
+    if (fast && len > 0 && s[r0] != ' ' && s[r0] != '#' && !bits_any(MASK_ODD(p), r0, r1)) {
+        int rc = p->format == BD_FORMAT_INFLUX ? walk_influx(p, s, r0, r1, pt)
+                                               : walk_graphite(p, s, r0, r1, pt);
         if (rc != PLAIN_MISS) {
             return rc;
         }
@@ -1822,9 +1930,9 @@ int bd_parse_next(struct bd_parser *p, struct bd_point *pt, struct bd_str *line,
             if (line != NULL) {
                 *line = (struct bd_str){p->buf + a, hit - r};
             }
-            if (o == 0 && hit != r && hit - r <= p->max_line && p->format == BD_FORMAT_INFLUX &&
-                s[r] != ' ' && s[r] != '#') {
-                int rc = walk_influx(p, s, r, hit, pt);
+            if (o == 0 && hit != r && hit - r <= p->max_line && s[r] != ' ' && s[r] != '#') {
+                int rc = p->format == BD_FORMAT_INFLUX ? walk_influx(p, s, r, hit, pt)
+                                                       : walk_graphite(p, s, r, hit, pt);
                 if (rc != PLAIN_MISS) {
                     return rc;
                 }
@@ -1872,7 +1980,7 @@ int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_p
     if (len > p->max_line) {
         return fail(errmsg, BD_PARSE_ETOO_LONG, "line too long");
     }
-    if (p->format == BD_FORMAT_INFLUX && len < BD_PARSE_WINDOW) {
+    if (len < BD_PARSE_WINDOW) {
         /* One line as a batch of its own; a '\n' in it is odd and leaves it to the general
          * parser, which knows string values that hold one. */
         bd_parse_begin(p, line, len);

@@ -80,9 +80,12 @@ enum bd_parse_status {
 #define BD_PARSE_WINDOW_WORDS 256
 #define BD_PARSE_WINDOW (BD_PARSE_WINDOW_WORDS * 64)
 
-/* Classifies n_words * 64 bytes of text into the three bitmaps (one CPU-specific variant). */
-typedef void (*bd_parse_classify_fn)(const char *text, size_t n_words, uint64_t *sep,
-                                     uint64_t *nl, uint64_t *odd);
+/*
+ * Classifies n_words * 64 bytes of text into the three bitmaps (one CPU-specific variant);
+ * chars: the format's tag separator, then two more bytes that keep a line off the fast path.
+ */
+typedef void (*bd_parse_classify_fn)(const char *text, size_t n_words, const char *chars,
+                                     uint64_t *sep, uint64_t *nl, uint64_t *odd);
 
 struct bd_parser {
     enum bd_format format;
@@ -102,6 +105,7 @@ struct bd_parser {
     size_t n_seps;
     size_t sep_next; /* the first of them not yet consumed */
     bd_parse_classify_fn classify;
+    char chars[3]; /* influx: ',' '"' '\\'; graphite: ';' '!' '^' (see bd_parse_classify_fn) */
     size_t (*flatten)(const uint64_t *map, size_t n_words, uint16_t *out);
     const char *isa;     /* the variant's name: "avx2", "sse2" or "swar" */
     size_t window_words; /* BD_PARSE_WINDOW_WORDS, less only in tests */

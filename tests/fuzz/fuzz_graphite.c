@@ -17,7 +17,9 @@
  * Single-threaded, as libFuzzer calls it. The parsers, points and buffers are set up once in
  * LLVMFuzzerInitialize and live until the process exits.
  *
- * The whole input is also read as one batch, as in fuzz_influx.c (check_batch).
+ * The general parser alone must give every line's answer too (the fast walk only speeds up
+ * plain lines), and the whole input is also read as one batch, as in fuzz_influx.c
+ * (check_batch).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -274,6 +276,15 @@ static void check_line(struct bd_parser *set, enum bd_precision prec, const char
             snapshot(&snap_other, pt_other);
             CHECK(buf_eq(&snap_main, &snap_other));
         }
+    }
+
+    /* The general parser alone: the fast walk for plain lines must not change any answer. */
+    const char *errg = NULL;
+    int rcg = bd_parse_line_general(p, line, n, pt_other, &errg);
+    CHECK(rcg == rc && (rc >= 0 || errg == err));
+    if (rc == BD_PARSE_OK) {
+        snapshot(&snap_other, pt_other);
+        CHECK(buf_eq(&snap_main, &snap_other));
     }
 
     /* The canonical text of an accepted point reads back as the same point. */

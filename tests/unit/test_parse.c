@@ -1273,12 +1273,45 @@ static size_t batch_stream(uint64_t seed, char *buf, size_t cap, size_t long_lin
     return o;
 }
 
+static size_t random_graphite_line(uint64_t *seed, char *line, size_t cap);
+
+/* A Graphite stream: random lines (with slips) and the odd ones Graphite has. */
+static size_t graphite_stream(uint64_t seed, char *buf, size_t cap, size_t long_line) {
+    static const char *const odd[] = {"", "# comment", "\ta.b 1 2", "a.b\t1", "a.b 1 2\r",
+                                      "a;k=v 1 2", "p 1", "é.b 1 5", "a;k!=v 1", "  a 1"};
+    size_t o = 0;
+    char line[512];
+    for (int n = 0; n < 400 && o + 600 < cap; n++) {
+        lcg_next(&seed);
+        uint64_t r = seed >> 33;
+        if (r % 7 == 0) {
+            o += (size_t)snprintf(buf + o, cap - o, "%s\n", odd[(r >> 3) % BD_ARRAY_LEN(odd)]);
+        } else {
+            size_t len = random_graphite_line(&seed, line, sizeof(line));
+            memcpy(buf + o, line, len);
+            o += len;
+            buf[o++] = '\n';
+        }
+    }
+    if (long_line > 0 && o + long_line + 1 < cap) {
+        o += (size_t)snprintf(buf + o, cap - o, "long.path");
+        while (long_line-- > 0) {
+            buf[o++] = 'p';
+        }
+        o += (size_t)snprintf(buf + o, cap - o, " 1 2\nafter 1 3\n");
+    }
+    if ((seed >> 60) & 1) {
+        o--;
+    }
+    return o;
+}
+
 /*
  * Every line of a batch must come back with exactly the text between its newlines and exactly
- * what bd_parse_line gives for that text (code, message, point), whatever the classifier
- * variant and wherever the window boundaries fall (windows of 1, 2, 3 and 256 words).
+ * what bd_parse_line gives for that text (code, message, point), whatever the format, the
+ * classifier variant and wherever the window boundaries fall (windows of 1, 2, 3, 256 words).
  */
-Test(parse_setup, batch_matches_line_by_line) {
+static void batch_check(enum bd_format format) {
     static const char *const isas[] = {"avx2", "sse2", "swar"};
     static const size_t windows[] = {1, 2, 3, BD_PARSE_WINDOW_WORDS};
     struct bd_parser single;
@@ -1288,12 +1321,12 @@ Test(parse_setup, batch_matches_line_by_line) {
     char a[2048];
     char b[2048];
     cr_assert(other != NULL && buf != NULL);
-    cr_assert_eq(bd_parser_init(&single, BD_FORMAT_INFLUX, BD_PREC_NS, 300), 0);
+    cr_assert_eq(bd_parser_init(&single, format, BD_PREC_NS, 300), 0);
     int variants = 0;
     long lines = 0, accepted = 0;
     for (size_t v = 0; v < BD_ARRAY_LEN(isas); v++) {
         for (size_t w = 0; w < BD_ARRAY_LEN(windows); w++) {
-            init_with(BD_FORMAT_INFLUX, BD_PREC_NS, 300);
+            init_with(format, BD_PREC_NS, 300);
             if (bd_parser_set_isa(&parser, isas[v]) != 0) {
                 bd_parser_close(&parser);
                 continue; /* not on this CPU */
@@ -1301,7 +1334,9 @@ Test(parse_setup, batch_matches_line_by_line) {
             bd_parser_set_window(&parser, windows[w]);
             variants++;
             for (uint64_t seed = 1; seed <= 12; seed++) {
-                size_t len = batch_stream(seed * 7919, buf, cap, seed % 3 == 0 ? 40000 : 0);
+                size_t big = seed % 3 == 0 ? 40000 : 0;
+                size_t len = format == BD_FORMAT_INFLUX ? batch_stream(seed * 7919, buf, cap, big)
+                                                        : graphite_stream(seed * 7919, buf, cap, big);
                 bd_parse_begin(&parser, buf, len);
                 size_t pos = 0;
                 for (;;) {
@@ -1346,8 +1381,16 @@ Test(parse_setup, batch_matches_line_by_line) {
     free(buf);
     /* Every window with the portable variant at least; more where the CPU has SSE2 or AVX2. */
     cr_assert_geq(variants, 4, "only %d classifier/window variants ran", variants);
-    /* random_plain_line slips often: about a quarter of its lines are valid. */
+    /* The random lines slip often: a quarter to a half of them are valid. */
     cr_assert_gt(accepted, lines / 8, "%ld of %ld lines accepted", accepted, lines);
+}
+
+Test(parse_setup, batch_matches_line_by_line) {
+    batch_check(BD_FORMAT_INFLUX);
+}
+
+Test(parse_setup, graphite_batch_matches_line_by_line) {
+    batch_check(BD_FORMAT_GRAPHITE);
 }
 
 /* An empty batch, and a batch of nothing but newlines. */
@@ -1396,6 +1439,7 @@ Test(parse, timestamp_digits_every_length_and_position) {
                     line[o + at] = bad[b];
                 }
                 size_t len = (size_t)o + n;
+                line[len] = '\0'; /* for strtoll below; the parsers get the length */
                 const char *e1 = NULL;
                 const char *e2 = NULL;
                 int rc1 = bd_parse_line(&parser, line, len, &point, &e1);
@@ -1412,4 +1456,58 @@ Test(parse, timestamp_digits_every_length_and_position) {
     }
     free(other);
     cr_assert_gt(checked, 500);
+}
+
+/* A Graphite line as senders write them, sometimes with one slip. */
+static size_t random_graphite_line(uint64_t *seed, char *line, size_t cap) {
+    static const char *const paths[] = {"a", "plant.l1.dev-7.temp", "x=y", "p.q", "s.t.u"};
+    static const char *const keys[] = {"k", "region", "unit", "a", "b", "z", "k!", "^k", ""};
+    static const char *const values[] = {"eu", "si", "v=w", "~x", "1", "", "count", "a;b"};
+    static const char *const nums[] = {"1", "-2", "3.5", ".5", "1.", "+7", "-0", "12345678",
+                                       "123456789", "1e3", "7i", "x", "", "+-1", "99.25",
+                                       "-1234.5678"};
+    static const char *const times[] = {"", "", " 1", " -1", " 1736949600", " 1.5",
+                                        " 99999999999", " 9223372037", " 9223372036", " x",
+                                        "  5", " 1 "};
+    static const char slips[] = " ;=.-\t~!";
+    size_t o = (size_t)snprintf(line, cap, "%s", PICK(seed, paths));
+    int n_tags = (int)((*seed >> 20) % 4);
+    for (int k = 0; k < n_tags; k++) {
+        o += (size_t)snprintf(line + o, cap - o, ";%s=%s", PICK(seed, keys), PICK(seed, values));
+    }
+    o += (size_t)snprintf(line + o, cap - o, " %s%s", PICK(seed, nums), PICK(seed, times));
+    lcg_next(seed);
+    if ((*seed >> 40) % 4 == 0 && o > 0) {
+        line[(*seed >> 8) % o] = slips[(*seed >> 50) % (sizeof(slips) - 1)];
+    }
+    return BD_MIN(o, cap - 1);
+}
+
+/* The Graphite fast walk must give what parse_graphite alone gives, to the message. */
+Test(graphite, fast_path_agrees_with_general_parser) {
+    struct bd_point *other = malloc(sizeof(*other));
+    cr_assert_not_null(other);
+    uint64_t seed = 7;
+    int accepted = 0;
+    char line[512];
+    char a[2048];
+    char b[2048];
+    for (int n = 0; n < 200000; n++) {
+        size_t len = random_graphite_line(&seed, line, sizeof(line));
+        const char *e1 = NULL;
+        const char *e2 = NULL;
+        int rc1 = bd_parse_line(&parser, line, len, &point, &e1);
+        size_t an = rc1 == BD_PARSE_OK ? describe(&point, a, sizeof(a)) : 0;
+        int rc2 = bd_parse_line_general(&parser, line, len, other, &e2);
+        cr_assert_eq(rc1, rc2, "\"%.*s\": %d vs general %d", (int)len, line, rc1, rc2);
+        cr_assert(rc1 >= 0 || e1 == e2, "\"%.*s\": \"%s\" vs \"%s\"", (int)len, line, e1, e2);
+        if (rc1 == BD_PARSE_OK) {
+            size_t bn = describe(other, b, sizeof(b));
+            cr_assert(an == bn && memcmp(a, b, an) == 0, "\"%.*s\":\n%.*s\nvs general\n%.*s",
+                      (int)len, line, (int)an, a, (int)bn, b);
+            accepted++;
+        }
+    }
+    free(other);
+    cr_assert_gt(accepted, 20000, "only %d accepted", accepted);
 }
