@@ -44,6 +44,8 @@
 #define UDP_SLAB_SIZE (UDP_SLOT_SIZE * UDP_SLOTS)
 /* At stop, how long a UDP listener may spend reading what its socket buffer still holds. */
 #define UDP_STOP_DRAIN_NS (500 * BD_NS_PER_MS)
+/* After that, how many more datagrams it reads only to count them (udp_unread_at_stop). */
+#define UDP_STOP_DISCARD_MAX 100000
 
 /*
  * Room beyond max_line in a connection buffer. A pending partial line never exceeds max_line
@@ -142,6 +144,8 @@ struct bd_ingest {
     struct bd_udp_snmp snmp_last;   /* the values already accounted for */
     bool snmp_known;                /* snmp_last holds a reading (the first is the baseline) */
     bool kstats_warned;
+
+    int64_t udp_stop_drain_ns; /* UDP_STOP_DRAIN_NS; shorter in tests */
 
     uint32_t open_handles;
     bool stopping;
@@ -1210,6 +1214,7 @@ int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_confi
     in->table = table;
     in->stats = stats;
     in->max_line = cfg->limits.max_line;
+    in->udp_stop_drain_ns = UDP_STOP_DRAIN_NS;
     if (cfg->n_listeners > 0) {
         in->listeners = calloc(cfg->n_listeners, sizeof(*in->listeners));
         if (in->listeners == NULL) {
@@ -1269,8 +1274,37 @@ out:
  * with UDP backpressure that buffer may hold megabytes. Read them out (non-blocking, into the
  * slab, through the same path as the loop's reads) until the socket is empty or
  * UDP_STOP_DRAIN_NS has passed (senders that keep sending could keep it full), instead of
- * losing them uncounted when the socket closes.
+ * losing them when the socket closes; what is left then is counted (udp_discard_at_stop).
  */
+/*
+ * The read-out at stop ran out of time (senders still sending keep the buffer full): what the
+ * socket still holds is read once more, unparsed, only to be counted in udp_unread_at_stop, up
+ * to UDP_STOP_DISCARD_MAX datagrams, so that the loss is a number and not a guess.
+ */
+static void udp_discard_at_stop(struct listener *l, uv_os_fd_t fd, struct mmsghdr *msgs,
+                                struct iovec *iov) {
+    uint64_t discarded = 0;
+    while (discarded < UDP_STOP_DISCARD_MAX) {
+        for (int k = 0; k < UDP_SLOTS; k++) {
+            msgs[k].msg_hdr = (struct msghdr){.msg_iov = &iov[k], .msg_iovlen = 1};
+        }
+        int n = recvmmsg(fd, msgs, UDP_SLOTS, MSG_DONTWAIT, NULL);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            break;
+        }
+        discarded += (uint64_t)n;
+    }
+    BD_STAT_ADD(l->in->stats, udp_unread_at_stop, discarded);
+    bd_warn("%s: still reading the socket buffer after %d ms at stop; %s%llu datagrams left "
+            "in it are discarded (udp_unread_at_stop; senders still sending?)",
+            l->name, (int)(l->in->udp_stop_drain_ns / BD_NS_PER_MS),
+            discarded >= UDP_STOP_DISCARD_MAX ? "at least " : "",
+            (unsigned long long)discarded);
+}
+
 static void udp_drain_at_stop(struct listener *l) {
     uv_os_fd_t fd;
     if (l->slab == NULL || uv_fileno(&l->h.handle, &fd) != 0) {
@@ -1279,7 +1313,7 @@ static void udp_drain_at_stop(struct listener *l) {
     struct mmsghdr msgs[UDP_SLOTS];
     struct iovec iov[UDP_SLOTS];
     struct sockaddr_storage peers[UDP_SLOTS];
-    int64_t deadline = bd_mono_ns() + UDP_STOP_DRAIN_NS;
+    int64_t deadline = bd_mono_ns() + l->in->udp_stop_drain_ns;
     uint64_t n_read = 0;
     for (;;) {
         memset(msgs, 0, sizeof(msgs));
@@ -1308,9 +1342,7 @@ static void udp_drain_at_stop(struct listener *l) {
         }
         n_read += (uint64_t)n;
         if (bd_mono_ns() >= deadline) {
-            bd_warn("%s: still reading the socket buffer after %d ms at stop; the rest is lost "
-                    "(senders still sending?)",
-                    l->name, (int)(UDP_STOP_DRAIN_NS / BD_NS_PER_MS));
+            udp_discard_at_stop(l, fd, msgs, iov);
             break;
         }
     }
@@ -1318,6 +1350,10 @@ static void udp_drain_at_stop(struct listener *l) {
         bd_info("%s: %llu datagrams read from the socket buffer at stop", l->name,
                 (unsigned long long)n_read);
     }
+}
+
+void bd_ingest_set_udp_stop_drain(struct bd_ingest *in, int64_t ns) {
+    in->udp_stop_drain_ns = ns;
 }
 
 void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {

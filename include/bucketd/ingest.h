@@ -40,6 +40,13 @@ typedef void (*bd_ingest_stopped_cb)(void *arg);
  */
 void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg);
 
+/*
+ * How long a stop may spend reading out what a UDP socket buffer still holds (default 500 ms;
+ * tests shorten it). Datagrams still queued after it are discarded and counted in
+ * udp_unread_at_stop.
+ */
+void bd_ingest_set_udp_stop_drain(struct bd_ingest *in, int64_t ns);
+
 /* The stop deadline passed: close the connections still waiting, counting their bytes. */
 void bd_ingest_abort(struct bd_ingest *in);
 

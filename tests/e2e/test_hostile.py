@@ -350,7 +350,7 @@ class Hostile(bdtest.E2ECase):
         self.assertStat(stats, "readings_flushed", stats["readings_accepted"], self.d)
         for name in ("drop_ring_full", "drop_sensor_limit", "readings_lost",
                      "updates_quarantined", "udp_truncated", "udp_recv_errors",
-                     "tcp_unread_at_stop"):
+                     "tcp_unread_at_stop", "udp_unread_at_stop"):
             self.assertStat(stats, name, 0, self.d)
         # Bad input is logged as rate-limited samples, never one line per input.
         warnings = self.d.log_lines(max_priority=4)

@@ -995,3 +995,32 @@ Test(ingest, udp_stop_reads_what_the_socket_buffer_holds) {
     cr_expect_eq(drain_in_order(f, &next), 50, "every reading, in order, in a queued ring");
     fx_finish(f);
 }
+
+/*
+ * A stop whose read-out runs out of time (here at once: deadline 0) still counts what it leaves:
+ * the first receive batch is read and accepted, every datagram after it is discarded and
+ * counted in udp_unread_at_stop, none is lost uncounted.
+ */
+Test(ingest, udp_stop_counts_what_its_read_out_leaves) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    bd_ingest_set_udp_stop_drain(f->in, 0);
+    int port = bd_ingest_listener_port(f->in, 0);
+    cr_assert(port > 0);
+    for (int k = 0; k < 50; k++) {
+        char line[64];
+        snprintf(line, sizeof(line), "m v=%d", k);
+        udp_send_str(port, line);
+    }
+    bd_ingest_stop(f->in, NULL, NULL);
+    uint64_t read = STAT(f, udp_datagrams);
+    cr_expect(read > 0 && read < 50, "one receive batch read, not all: %llu",
+              (unsigned long long)read);
+    cr_expect_eq(STAT(f, readings_accepted), read);
+    cr_expect_eq(STAT(f, udp_unread_at_stop), 50 - read, "%llu read, %llu counted unread",
+                 (unsigned long long)read, (unsigned long long)STAT(f, udp_unread_at_stop));
+    uint64_t next = 0;
+    cr_expect_eq(drain_in_order(f, &next), read);
+    fx_finish(f);
+}
