@@ -14,7 +14,8 @@
  *   bench_parse [--format influx|graphite|all] [--lines N] [--runs N] [--min-time S]
  *               [--seed N] [--dump FILE]
  *
- * --dump writes the influx buffer to FILE and exits (to feed a profiler or the daemon).
+ * --dump writes the buffer to FILE and exits (to feed a profiler or the daemon): the influx one,
+ * or the Graphite one with --format graphite.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -378,10 +379,10 @@ out:
     return rc;
 }
 
-static int dump(const char *path, size_t lines, uint64_t seed) {
+static int dump(const char *path, enum bd_format fmt, size_t lines, uint64_t seed) {
     struct corpus c = {0};
     FILE *f = NULL;
-    int rc = corpus_build(&c, BD_FORMAT_INFLUX, lines, seed);
+    int rc = corpus_build(&c, fmt, lines, seed);
     if (rc != 0) {
         goto out;
     }
@@ -446,7 +447,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (dump_path != NULL) {
-        return dump(dump_path, lines, seed) == 0 ? 0 : 1;
+        enum bd_format fmt =
+            strcmp(format, "graphite") == 0 ? BD_FORMAT_GRAPHITE : BD_FORMAT_INFLUX;
+        return dump(dump_path, fmt, lines, seed) == 0 ? 0 : 1;
     }
 
     bool all = strcmp(format, "all") == 0;

@@ -1123,20 +1123,22 @@ static inline bool bits_any(const uint64_t *m, size_t r0, size_t r1) {
  * reads the top bit instead (63), not the undefined ctz(0).
  */
 static inline __attribute__((always_inline)) size_t flatten_body(const uint64_t *m,
-                                                                 size_t n_words, uint16_t *out) {
+                                                                 size_t n_words, uint16_t *out,
+                                                                 unsigned unroll) {
     size_t k = 0;
     for (size_t w = 0; w < n_words; w++) {
         uint64_t b = m[w];
         unsigned cnt = (unsigned)__builtin_popcountll(b);
         uint16_t base = (uint16_t)(w * 64);
         uint16_t *o = out + k;
-        /* Sixteen whatever the count: a branch on it would be mispredicted at every other word
-         * (line protocol has 8 to 12 separators per 64 bytes). */
-        for (unsigned x = 0; x < 16; x++) {
+        /* unroll (8 or 16) whatever the count: a branch on it would be mispredicted whenever
+         * counts vary around it. Line protocol has 8 to 12 separators per 64 bytes, Graphite
+         * about 5. */
+        for (unsigned x = 0; x < unroll; x++) {
             o[x] = (uint16_t)(base + __builtin_ctzll(b | (UINT64_C(1) << 63)));
             b &= b - 1;
         }
-        for (unsigned x = 16; x < cnt; x++) {
+        for (unsigned x = unroll; x < cnt; x++) {
             o[x] = (uint16_t)(base + __builtin_ctzll(b));
             b &= b - 1;
         }
@@ -1146,7 +1148,11 @@ static inline __attribute__((always_inline)) size_t flatten_body(const uint64_t 
 }
 
 static size_t flatten_plain(const uint64_t *m, size_t n_words, uint16_t *out) {
-    return flatten_body(m, n_words, out);
+    return flatten_body(m, n_words, out, 16);
+}
+
+static size_t flatten_plain8(const uint64_t *m, size_t n_words, uint16_t *out) {
+    return flatten_body(m, n_words, out, 8);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1155,7 +1161,13 @@ static size_t flatten_plain(const uint64_t *m, size_t n_words, uint16_t *out) {
 __attribute__((target("popcnt,bmi,bmi2"))) static size_t flatten_bmi(const uint64_t *m,
                                                                      size_t n_words,
                                                                      uint16_t *out) {
-    return flatten_body(m, n_words, out);
+    return flatten_body(m, n_words, out, 16);
+}
+
+__attribute__((target("popcnt,bmi,bmi2"))) static size_t flatten_bmi8(const uint64_t *m,
+                                                                      size_t n_words,
+                                                                      uint16_t *out) {
+    return flatten_body(m, n_words, out, 8);
 }
 #endif
 
@@ -1237,9 +1249,8 @@ static inline struct bd_field *plain_slot(struct bd_point *pt, const char *key, 
  * Sixteen ASCII digits at once (SSE2): pairs by a 16-bit multiply-add, then quads and octets by
  * pmaddwd, each step halving the number of lanes. False unless all sixteen are digits.
  */
-static inline bool digits16(const char *s, uint64_t *out) {
-    __m128i x = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)s),
-                             _mm_set1_epi8('0'));
+static inline bool digits16(__m128i text, uint64_t *out) {
+    __m128i x = _mm_sub_epi8(text, _mm_set1_epi8('0'));
     /* A byte above 9 (unsigned: what was below '0' wrapped around) leaves a rest. */
     __m128i over = _mm_subs_epu8(x, _mm_set1_epi8(9));
     if (_mm_movemask_epi8(_mm_cmpeq_epi8(over, _mm_setzero_si128())) != 0xffff) {
@@ -1261,19 +1272,33 @@ static inline bool digits16(const char *s, uint64_t *out) {
 
 /*
  * A timestamp of 1 to 19 digits, no sign: sixteen at a time with SSE2, else eight (room, the
- * bytes readable from s, must hold 8 for a shorter one). False for anything else.
+ * bytes readable from s, must hold 8 for a shorter one; before, those readable before s, 16 - n
+ * for the SSE2 read of 9 to 15 digits). False for anything else.
  */
-static inline bool plain_digits(const char *s, size_t n, size_t room, uint64_t *out) {
+static inline bool plain_digits(const char *s, size_t n, size_t room, size_t before,
+                                uint64_t *out) {
     uint32_t d8 = 0;
     if (n - 1 >= 19 || room < 8) {
         return false;
     }
 #ifdef PLAIN_SSE2
+    if (n > 8 && n < 16 && before >= 16 - n) {
+        /* Seconds (10 digits), milliseconds (13): the sixteen bytes that end with the digits,
+         * those before them turned into '0's. */
+        static const uint8_t keep[32] = {0,    0,    0,    0,    0,    0,    0,    0,
+                                         0,    0,    0,    0,    0,    0,    0,    0,
+                                         0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                         0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+        __m128i m = _mm_loadu_si128((const __m128i *)(const void *)(keep + n));
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + n - 16));
+        x = _mm_or_si128(_mm_and_si128(m, x), _mm_andnot_si128(m, _mm_set1_epi8('0')));
+        return digits16(x, out);
+    }
     if (n >= 16) {
         /* The leading 0 to 3 digits, then the last sixteen. */
         size_t head = n - 16;
         uint64_t low = 0;
-        bool ok = digits16(s + head, &low);
+        bool ok = digits16(_mm_loadu_si128((const __m128i *)(const void *)(s + head)), &low);
         if (head != 0) {
             ok &= digits8(align_digits(load_le64(s), head), &d8);
         }
@@ -1306,9 +1331,12 @@ static inline bool plain_digits(const char *s, size_t n, size_t room, uint64_t *
  * here) make it the line's own prefix of key_len bytes; otherwise they are sorted (a repeated
  * key leaves the line to the general parser) and the key is built in scratch with sep.
  */
-static int finish_tags(struct bd_parser *p, struct bd_point *pt, const char *line, uint32_t nt,
-                       bool in_order, char sep, size_t key_len) {
-    if (!in_order) {
+static inline __attribute__((always_inline)) int finish_tags(struct bd_parser *p,
+                                                             struct bd_point *pt,
+                                                             const char *line, uint32_t nt,
+                                                             bool in_order, char sep,
+                                                             size_t key_len) {
+    if (__builtin_expect(!in_order, 0)) {
         struct scratch sc = {p->scratch, p->scratch_cap, 0};
         struct raw_span raw[BD_PARSE_MAX_TAGS];
         bool sorted = true;
@@ -1420,7 +1448,8 @@ static inline __attribute__((always_inline)) int walk_influx(struct bd_parser *p
         if (te != e || i + 1 == e) {
             goto miss;
         }
-        if (plain_digits(s + i + 1, e - i - 1, room_end - i - 1, &t) && t <= (uint64_t)max_in_unit[p->precision]) {
+        if (plain_digits(s + i + 1, e - i - 1, room_end - i - 1, p->base + i + 1, &t) &&
+            t <= (uint64_t)max_in_unit[p->precision]) {
             pt->has_time = true;
             pt->time_ns = (int64_t)t * ns_per_unit[p->precision];
         } else if (read_influx_time(p, s + i + 1, e - i - 1, pt, NULL) != 0) {
@@ -1514,7 +1543,7 @@ static inline __attribute__((always_inline)) int walk_graphite(struct bd_parser 
             goto miss;
         }
         const char *ts = s + ve + 1;
-        if (plain_digits(ts, e - ve - 1, room_end - ve - 1, &t) &&
+        if (plain_digits(ts, e - ve - 1, room_end - ve - 1, p->base + ve + 1, &t) &&
             t <= (uint64_t)(INT64_MAX / BD_NS_PER_S)) {
             pt->has_time = true;
             pt->time_ns = (int64_t)t * BD_NS_PER_S;
@@ -1758,7 +1787,8 @@ static int parse_graphite(struct bd_parser *p, const char *s, size_t n, struct b
  */
 int bd_parser_set_isa(struct bd_parser *p, const char *isa) {
     bool best = strcmp(isa, "best") == 0;
-    p->flatten = flatten_plain;
+    bool few = p->format == BD_FORMAT_GRAPHITE; /* few separators per word */
+    p->flatten = few ? flatten_plain8 : flatten_plain;
     p->classify = classify_swar;
     p->isa = "swar";
 #ifdef PLAIN_SSE2
@@ -1781,7 +1811,7 @@ int bd_parser_set_isa(struct bd_parser *p, const char *isa) {
 #ifdef FLATTEN_BMI
     if (strcmp(p->isa, "swar") != 0 && __builtin_cpu_supports("popcnt") &&
         __builtin_cpu_supports("bmi")) {
-        p->flatten = flatten_bmi;
+        p->flatten = few ? flatten_bmi8 : flatten_bmi;
     }
 #endif
     return 0;
