@@ -118,7 +118,8 @@ void bd_parser_close(struct bd_parser *p);
 
 /*
  * Parse one line (without its '\n'; a trailing '\r' is tolerated). On failure returns a
- * negative bd_parse_status and, if errmsg is not NULL, points it at a static description.
+ * negative bd_parse_status and, if errmsg is not NULL, points it at a static description. It
+ * is a batch of one line: a batch in progress on the same parser ends.
  */
 int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
                   const char **errmsg);
