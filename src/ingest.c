@@ -143,6 +143,8 @@ struct bd_ingest {
     struct bd_udp_sock *kstats_socks; /* one per listener */
     struct bd_udp_snmp snmp_last;   /* the values already accounted for */
     bool snmp_known;                /* snmp_last holds a reading (the first is the baseline) */
+    struct bd_udp_snmp snmp6_last;  /* the same for IPv6 (/proc/net/snmp6) */
+    bool snmp6_known;
     bool kstats_warned;
 
     int64_t udp_stop_drain_ns; /* UDP_STOP_DRAIN_NS; shorter in tests */
@@ -999,6 +1001,27 @@ int bd_ingest_parse_snmp(const char *text, size_t len, struct bd_udp_snmp *out) 
     return got == 3 ? 0 : -EINVAL;
 }
 
+int bd_ingest_parse_snmp6(const char *text, size_t len, struct bd_udp_snmp *out) {
+    unsigned got = 0;
+    size_t pos = 0;
+    struct bd_str line;
+    while (got != 3 && next_line(text, len, &pos, &line)) {
+        struct bd_str name;
+        struct bd_str value;
+        size_t tpos = 0;
+        if (!next_token(line, &tpos, &name) || !next_token(line, &tpos, &value)) {
+            continue;
+        }
+        /* "Udp6..." exactly: "UdpLite6..." lines carry the same names for another protocol. */
+        if (token_is(name, "Udp6InErrors") && token_u64(value, &out->in_errors)) {
+            got |= 1;
+        } else if (token_is(name, "Udp6RcvbufErrors") && token_u64(value, &out->rcvbuf_errors)) {
+            got |= 2;
+        }
+    }
+    return got == 3 ? 0 : -EINVAL;
+}
+
 /* Columns of /proc/net/udp{,6} ("sl:" first), as the kernel's udp4/udp6 seq_show print them. */
 #define UDP_COL_INODE 9
 #define UDP_COL_DROPS 12
@@ -1043,13 +1066,21 @@ static void kstats_warn(struct bd_ingest *in, const char *path, int rc) {
     }
 }
 
+/* What read_proc() does with a /proc file. */
+enum proc_kind {
+    PROC_UDP_SOCKETS, /* /proc/net/udp{,6}: runs of whole lines to bd_ingest_parse_udp_drops */
+    PROC_SNMP,        /* /proc/net/snmp, whole, to bd_ingest_parse_snmp */
+    PROC_SNMP6,       /* /proc/net/snmp6, whole, to bd_ingest_parse_snmp6 */
+};
+
 /*
  * Reads path through in->kstats_buf, handing each run of whole lines to
- * bd_ingest_parse_udp_drops(), or (whole_file) the whole file to bd_ingest_parse_snmp(), which
- * must then fit. 0 or a negative errno.
+ * bd_ingest_parse_udp_drops(), or the whole file (which must then fit) to the snmp parser its
+ * kind names. 0 or a negative errno.
  */
-static int read_proc(struct bd_ingest *in, const char *path, bool whole_file,
+static int read_proc(struct bd_ingest *in, const char *path, enum proc_kind kind,
                      struct bd_udp_snmp *snmp) {
+    bool whole_file = kind != PROC_UDP_SOCKETS;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         return -errno;
@@ -1084,7 +1115,8 @@ static int read_proc(struct bd_ingest *in, const char *path, bool whole_file,
     }
     close(fd);
     if (rc == 0 && whole_file) {
-        rc = bd_ingest_parse_snmp(buf, have, snmp);
+        rc = kind == PROC_SNMP ? bd_ingest_parse_snmp(buf, have, snmp)
+                               : bd_ingest_parse_snmp6(buf, have, snmp);
     } else if (rc == 0) {
         bd_ingest_parse_udp_drops(buf, have, in->kstats_socks, in->n_listeners);
     }
@@ -1099,20 +1131,33 @@ static void add_growth(_Atomic uint64_t *counter, uint64_t cur, uint64_t *last) 
     *last = cur;
 }
 
-static void kstats_read_snmp(struct bd_ingest *in) {
+/*
+ * The host-wide counters, IPv4 (/proc/net/snmp) and IPv6 (/proc/net/snmp6) apart, each against
+ * its own last reading. A kernel without IPv6 has no snmp6: that is no error.
+ */
+static void kstats_read_snmp_file(struct bd_ingest *in, const char *path, enum proc_kind kind,
+                                  struct bd_udp_snmp *last, bool *known) {
     struct bd_udp_snmp cur;
-    int rc = read_proc(in, "/proc/net/snmp", true, &cur);
+    int rc = read_proc(in, path, kind, &cur);
     if (rc < 0) {
-        kstats_warn(in, "/proc/net/snmp", rc);
+        if (!(kind == PROC_SNMP6 && rc == -ENOENT)) {
+            kstats_warn(in, path, rc);
+        }
         return;
     }
-    if (in->snmp_known) {
+    if (*known) {
         add_growth(&in->stats->udp_kernel_rcvbuf_errors, cur.rcvbuf_errors,
-                   &in->snmp_last.rcvbuf_errors);
-        add_growth(&in->stats->udp_kernel_in_errors, cur.in_errors, &in->snmp_last.in_errors);
+                   &last->rcvbuf_errors);
+        add_growth(&in->stats->udp_kernel_in_errors, cur.in_errors, &last->in_errors);
     }
-    in->snmp_last = cur;
-    in->snmp_known = true;
+    *last = cur;
+    *known = true;
+}
+
+static void kstats_read_snmp(struct bd_ingest *in) {
+    kstats_read_snmp_file(in, "/proc/net/snmp", PROC_SNMP, &in->snmp_last, &in->snmp_known);
+    kstats_read_snmp_file(in, "/proc/net/snmp6", PROC_SNMP6, &in->snmp6_last,
+                          &in->snmp6_known);
 }
 
 static void kstats_read_sockets(struct bd_ingest *in) {
@@ -1125,11 +1170,11 @@ static void kstats_read_sockets(struct bd_ingest *in) {
         v4 |= udp && l->cfg.addr.ss_family == AF_INET;
         v6 |= udp && l->cfg.addr.ss_family == AF_INET6;
     }
-    int rc = v4 ? read_proc(in, "/proc/net/udp", false, NULL) : 0;
+    int rc = v4 ? read_proc(in, "/proc/net/udp", PROC_UDP_SOCKETS, NULL) : 0;
     if (rc < 0) {
         kstats_warn(in, "/proc/net/udp", rc);
     }
-    rc = v6 ? read_proc(in, "/proc/net/udp6", false, NULL) : 0;
+    rc = v6 ? read_proc(in, "/proc/net/udp6", PROC_UDP_SOCKETS, NULL) : 0;
     if (rc < 0) {
         kstats_warn(in, "/proc/net/udp6", rc);
     }

@@ -74,7 +74,7 @@ int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx);
  * them: udp_socket_drops is the "drops" column of /proc/net/udp and /proc/net/udp6 for our own
  * sockets (found by the inode of their descriptors), udp_kernel_rcvbuf_errors and
  * udp_kernel_in_errors the growth of the host's Udp RcvbufErrors and InErrors in /proc/net/snmp
- * since bd_ingest_new(). They are read on a 1 s timer and once more by bd_ingest_stop() before
+ * and Udp6RcvbufErrors and Udp6InErrors in /proc/net/snmp6 since bd_ingest_new(). They are read on a 1 s timer and once more by bd_ingest_stop() before
  * the sockets close, and added as deltas, so the stats stay monotonic. If /proc cannot be read,
  * one warning is logged and they stay at 0. The parsers below are pure functions over /proc
  * text, public so that tests can feed them samples.
@@ -91,6 +91,12 @@ struct bd_udp_snmp {
  * (columns are found by name). 0, or -EINVAL if either counter is missing or malformed.
  */
 int bd_ingest_parse_snmp(const char *text, size_t len, struct bd_udp_snmp *out);
+
+/*
+ * Reads Udp6InErrors and Udp6RcvbufErrors ("name value" lines) out of /proc/net/snmp6 text.
+ * 0, or -EINVAL if either is missing or malformed.
+ */
+int bd_ingest_parse_snmp6(const char *text, size_t len, struct bd_udp_snmp *out);
 
 /* A socket to look up in /proc/net/udp{,6}. */
 struct bd_udp_sock {

@@ -18,8 +18,8 @@
     X(udp_truncated, "UDP datagrams dropped because they were truncated")                  \
     X(udp_recv_errors, "UDP receive errors reported by libuv")                            \
     X(udp_socket_drops, "datagrams the kernel dropped on bucketd's UDP sockets (/proc/net/udp)") \
-    X(udp_kernel_rcvbuf_errors, "host-wide UDP receive-buffer drops since start (/proc/net/snmp)") \
-    X(udp_kernel_in_errors, "host-wide UDP InErrors since start (/proc/net/snmp)")           \
+    X(udp_kernel_rcvbuf_errors, "host-wide UDP receive-buffer drops since start (/proc/net/snmp{,6})") \
+    X(udp_kernel_in_errors, "host-wide UDP InErrors since start (/proc/net/snmp{,6})")        \
     X(udp_pauses, "times UDP reading paused for a ring past its high-water mark")           \
     X(udp_unread_at_stop, "UDP datagrams still queued at a stop past its read-out, discarded") \
     X(tcp_connections, "TCP connections accepted")                                        \

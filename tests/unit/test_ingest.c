@@ -728,6 +728,43 @@ static const char udp6_sample[] =
     "  790: 00000000000000000000000001000000:1F99 00000000000000000000000000000000:0000 07 "
     "00000000:00000000 00:00000000 00000000     0        0 981299 2 0000000000000000 12\n";
 
+/* /proc/net/snmp6 as Linux prints it (abridged), UdpLite6 after Udp6 with the same names. */
+static const char snmp6_sample[] = "Ip6InReceives                   \t1234\n"
+                                   "Icmp6InErrors                   \t0\n"
+                                   "Udp6InDatagrams                 \t12\n"
+                                   "Udp6NoPorts                     \t0\n"
+                                   "Udp6InErrors                    \t17\n"
+                                   "Udp6OutDatagrams                \t12\n"
+                                   "Udp6RcvbufErrors                \t5\n"
+                                   "Udp6SndbufErrors                \t0\n"
+                                   "UdpLite6InErrors                \t99\n"
+                                   "UdpLite6RcvbufErrors            \t98\n";
+
+Test(ingest, parse_snmp6_reads_udp6_lines_by_name) {
+    struct bd_udp_snmp s = {0, 0};
+    cr_assert_eq(bd_ingest_parse_snmp6(snmp6_sample, strlen(snmp6_sample), &s), 0);
+    cr_expect_eq(s.in_errors, 17);
+    cr_expect_eq(s.rcvbuf_errors, 5);
+    const char *bad[] = {
+        "",
+        "Udp6InErrors 17\n",                          /* no RcvbufErrors */
+        "Udp6InErrors 17\nUdp6RcvbufErrors x\n",       /* not a number */
+        "Udp6InErrors\nUdp6RcvbufErrors 5\n",          /* no value */
+        "UdpLite6InErrors 1\nUdpLite6RcvbufErrors 2\n", /* another protocol */
+    };
+    for (size_t i = 0; i < BD_ARRAY_LEN(bad); i++) {
+        cr_expect_eq(bd_ingest_parse_snmp6(bad[i], strlen(bad[i]), &s), -EINVAL, "%s", bad[i]);
+    }
+    /* The machine's own file, where the kernel has IPv6. */
+    FILE *f = fopen("/proc/net/snmp6", "r");
+    if (f != NULL) {
+        char buf[16384];
+        size_t n = fread(buf, 1, sizeof(buf), f);
+        fclose(f);
+        cr_expect_eq(bd_ingest_parse_snmp6(buf, n, &s), 0, "this kernel's /proc/net/snmp6");
+    }
+}
+
 Test(ingest, parse_udp_drops_finds_sockets_by_inode) {
     struct bd_udp_sock socks[3] = {{981234, 0, false}, {981299, 0, false}, {5, 77, false}};
     cr_expect_eq(bd_ingest_parse_udp_drops(udp_sample, strlen(udp_sample), socks, 3), 1);
