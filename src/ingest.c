@@ -342,9 +342,6 @@ static int line_result(struct listener *l, int rc, const char *errmsg, struct bd
 /* One line without its '\n', on its own (a TCP stream's unterminated last line). */
 static int handle_line(struct listener *l, const char *line, size_t len,
                        const struct sockaddr *peer, int64_t now_ns) {
-    if (len == 0) {
-        return 0;
-    }
     const char *errmsg = NULL;
     int rc = bd_parse_line(&l->parser, line, len, l->point, &errmsg);
     return line_result(l, rc, errmsg, (struct bd_str){line, len}, peer, now_ns);

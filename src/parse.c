@@ -625,20 +625,32 @@ static struct bd_str build_series_key(struct scratch *sc, const char *name, size
     return (struct bd_str){dst, len};
 }
 
+/* The slot of key if this line stored it already, else NULL. */
+static __attribute__((noinline)) struct bd_field *field_find(struct bd_point *pt,
+                                                             struct bd_str key) {
+    for (uint32_t i = 0; i < pt->n_fields; i++) {
+        if (str_eq(pt->fields[i].key, key)) {
+            return &pt->fields[i];
+        }
+    }
+    return NULL;
+}
+
 /*
  * Stores a field; a key seen before on this line keeps its slot and takes the new value. seen
  * (zero at the start of a line) has one bit per hash of the keys stored so far: a key whose bit
  * is clear cannot be a repeat, so the search, a loop of unpredictable length, is rarely run.
+ * Inline: the fast walk calls it once per field.
  */
-static struct bd_field *field_slot(struct bd_point *pt, struct bd_str key, uint64_t *seen) {
+static inline struct bd_field *field_slot(struct bd_point *pt, struct bd_str key,
+                                          uint64_t *seen) {
     unsigned char first = (unsigned char)key.ptr[0];
     unsigned char last = (unsigned char)key.ptr[key.len - 1];
     uint64_t bit = UINT64_C(1) << ((key.len * 7 + first + last * 3) % 64);
     if ((*seen & bit) != 0) {
-        for (uint32_t i = 0; i < pt->n_fields; i++) {
-            if (str_eq(pt->fields[i].key, key)) {
-                return &pt->fields[i];
-            }
+        struct bd_field *f = field_find(pt, key);
+        if (f != NULL) {
+            return f;
         }
     }
     if (pt->n_fields == BD_PARSE_MAX_FIELDS) {
@@ -1223,27 +1235,6 @@ static inline bool plain_number(const char *v, size_t len, size_t room, bool gra
     return ok;
 }
 
-/*
- * A field key's slot; a key seen before on this line keeps its slot (and takes the new value).
- * seen has one bit per hash of the keys stored so far: a key whose bit is clear cannot be a
- * repeat, so the search is rarely run.
- */
-static inline struct bd_field *plain_slot(struct bd_point *pt, const char *key, size_t len,
-                                          uint64_t *seen) {
-    uint64_t bit = UINT64_C(1)
-                   << ((len * 7 + (unsigned char)key[0] + (unsigned char)key[len - 1] * 3) % 64);
-    if ((*seen & bit) != 0) {
-        return field_slot(pt, (struct bd_str){key, len}, seen);
-    }
-    *seen |= bit;
-    if (pt->n_fields == BD_PARSE_MAX_FIELDS) {
-        return NULL;
-    }
-    struct bd_field *f = &pt->fields[pt->n_fields++];
-    f->key = (struct bd_str){key, len};
-    return f;
-}
-
 #ifdef PLAIN_SSE2
 /*
  * Sixteen ASCII digits at once (SSE2): pairs by a 16-bit multiply-add, then quads and octets by
@@ -1333,9 +1324,9 @@ static inline bool plain_digits(const char *s, size_t n, size_t room, size_t bef
  */
 static inline __attribute__((always_inline)) int finish_tags(struct bd_parser *p,
                                                              struct bd_point *pt,
-                                                             const char *line, uint32_t nt,
-                                                             bool in_order, char sep,
-                                                             size_t key_len) {
+                                                             const char *line, bool in_order,
+                                                             char sep, size_t key_len) {
+    uint32_t nt = pt->n_tags;
     if (__builtin_expect(!in_order, 0)) {
         struct scratch sc = {p->scratch, p->scratch_cap, 0};
         struct raw_span raw[BD_PARSE_MAX_TAGS];
@@ -1359,6 +1350,73 @@ static inline __attribute__((always_inline)) int finish_tags(struct bd_parser *p
 }
 
 /*
+ * The head of a plain line s[a, e), the same in both formats: the name runs to the first
+ * separator that is not '='; each tag follows tag_sep as key '=' value, the key never empty.
+ * Line protocol's tag values end at the next separator and are never empty; Graphite's may
+ * hold '=' and must not start with '~'. A space must follow. Fills pt->name and pt->tags and
+ * says in *in_order whether the keys' first bytes rose (see finish_tags). Takes separators
+ * from P at *j. Returns the space after the head, where the series key ends, or e when the
+ * general parser must decide.
+ */
+static inline __attribute__((always_inline)) size_t walk_head(const char *s, size_t a,
+                                                              size_t e, const uint16_t *P,
+                                                              size_t *j, bool graphite,
+                                                              struct bd_point *pt,
+                                                              bool *in_order) {
+    const char tag_sep = graphite ? ';' : ',';
+    size_t i = P[(*j)++];
+    while (i != e && s[i] == '=') {
+        i = P[(*j)++];
+    }
+    if (i == a || i == e) {
+        return e;
+    }
+    pt->name = (struct bd_str){s + a, i - a};
+    uint32_t nt = 0;
+    bool rising = true;
+    unsigned char prev = 0; /* the last tag key's first byte; never 0 in a plain line */
+    while (s[i] == tag_sep) {
+        size_t ke = P[(*j)++];
+        if (ke == e || s[ke] != '=' || ke == i + 1 || nt == BD_PARSE_MAX_TAGS) {
+            return e;
+        }
+        size_t ve = P[(*j)++];
+        while (graphite && ve != e && s[ve] == '=') {
+            ve = P[(*j)++];
+        }
+        if (ve == ke + 1 || ve == e || (graphite ? s[ke + 1] == '~' : s[ve] == '=')) {
+            return e;
+        }
+        struct bd_tag *t = &pt->tags[nt];
+        t->key = (struct bd_str){s + i + 1, ke - i - 1};
+        t->value = (struct bd_str){s + ke + 1, ve - ke - 1};
+        unsigned char first = (unsigned char)s[i + 1];
+        rising &= prev < first;
+        prev = first;
+        nt++;
+        i = ve;
+    }
+    pt->n_tags = nt;
+    *in_order = rising;
+    return s[i] == ' ' ? i : e;
+}
+
+/*
+ * The timestamp of a plain line, s[t, e): digits only, at most max units of unit_ns each, read
+ * fast. False for anything else, which the format's own reader decides.
+ */
+static inline bool plain_time(const struct bd_parser *p, const char *s, size_t t, size_t e,
+                              uint64_t max, int64_t unit_ns, struct bd_point *pt) {
+    uint64_t v = 0;
+    if (!plain_digits(s + t, e - t, p->len - p->base - t, p->base + t, &v) || v > max) {
+        return false;
+    }
+    pt->has_time = true;
+    pt->time_ns = (int64_t)v * unit_ns;
+    return true;
+}
+
+/*
  * The general parser's grammar for a plain line s[a, e) of the window (positions relative to
  * the window) that starts with its measurement: single spaces between the sections and none
  * at the end (anything else is legal but rare, and left to the general parser). BD_PARSE_OK,
@@ -1373,41 +1431,12 @@ static inline __attribute__((always_inline)) int walk_influx(struct bd_parser *p
                                                              struct bd_point *pt) {
     const uint16_t *P = p->sep_pos;
     size_t j = p->sep_next;
-    const char *line = s + a;
-
-    size_t i = P[j++];
-    while (i != e && s[i] == '=') {
-        i = P[j++];
-    }
-    if (i == a || i == e) {
-        goto miss;
-    }
-    pt->name = (struct bd_str){line, i - a};
-    uint32_t nt = 0;
     bool in_order = true;
-    unsigned char prev = 0; /* the last tag key's first byte; never 0 in a plain line */
-    while (s[i] == ',') {
-        size_t ke = P[j++];
-        if (ke == e || s[ke] != '=' || ke == i + 1 || nt == BD_PARSE_MAX_TAGS) {
-            goto miss;
-        }
-        size_t ve = P[j++];
-        if (ve == ke + 1 || ve == e || s[ve] == '=') {
-            goto miss;
-        }
-        struct bd_tag *t = &pt->tags[nt];
-        t->key = (struct bd_str){s + i + 1, ke - i - 1};
-        t->value = (struct bd_str){s + ke + 1, ve - ke - 1};
-        unsigned char first = (unsigned char)s[i + 1];
-        in_order &= prev < first;
-        prev = first;
-        nt++;
-        i = ve;
-    }
-    pt->n_tags = nt;
-    if (s[i] != ' ') {
+    size_t i = walk_head(s, a, e, P, &j, false, pt, &in_order);
+    if (i == e) {
         goto miss;
     }
+    size_t head_end = i;
 
     /* Fields: i is the separator before each key. */
     pt->n_fields = 0;
@@ -1422,7 +1451,7 @@ static inline __attribute__((always_inline)) int walk_influx(struct bd_parser *p
         if (ve == ke + 1 || (ve != e && s[ve] == '=')) {
             goto miss;
         }
-        struct bd_field *slot = plain_slot(pt, s + i + 1, ke - i - 1, &seen);
+        struct bd_field *slot = field_slot(pt, (struct bd_str){s + i + 1, ke - i - 1}, &seen);
         const char *v = s + ke + 1;
         size_t len = ve - ke - 1;
         if (slot == NULL) {
@@ -1444,23 +1473,17 @@ static inline __attribute__((always_inline)) int walk_influx(struct bd_parser *p
     if (i != e) {
         /* A space, and the timestamp runs to the end of the line. */
         size_t te = P[j++];
-        uint64_t t = 0;
         if (te != e || i + 1 == e) {
             goto miss;
         }
-        if (plain_digits(s + i + 1, e - i - 1, room_end - i - 1, p->base + i + 1, &t) &&
-            t <= (uint64_t)max_in_unit[p->precision]) {
-            pt->has_time = true;
-            pt->time_ns = (int64_t)t * ns_per_unit[p->precision];
-        } else if (read_influx_time(p, s + i + 1, e - i - 1, pt, NULL) != 0) {
+        if (!plain_time(p, s, i + 1, e, (uint64_t)max_in_unit[p->precision],
+                        ns_per_unit[p->precision], pt) &&
+            read_influx_time(p, s + i + 1, e - i - 1, pt, NULL) != 0) {
             goto miss;
         }
     }
     p->sep_next = j;
-    return finish_tags(p, pt, line, nt, in_order, ',',
-                       nt > 0 ? (size_t)(pt->tags[nt - 1].value.ptr +
-                                         pt->tags[nt - 1].value.len - line)
-                              : pt->name.len);
+    return finish_tags(p, pt, s + a, in_order, ',', head_end - a);
 
 miss:
     p->sep_next = j;
@@ -1482,41 +1505,11 @@ static inline __attribute__((always_inline)) int walk_graphite(struct bd_parser 
                                                                size_t e, struct bd_point *pt) {
     const uint16_t *P = p->sep_pos;
     size_t j = p->sep_next;
-    const char *line = s + a;
-
-    size_t i = P[j++];
-    while (i != e && s[i] == '=') {
-        i = P[j++];
-    }
-    if (i == a || i == e) {
+    bool in_order = true;
+    size_t i = walk_head(s, a, e, P, &j, true, pt, &in_order);
+    if (i == e) {
         goto miss;
     }
-    pt->name = (struct bd_str){line, i - a};
-    uint32_t nt = 0;
-    bool in_order = true;
-    unsigned char prev = 0;
-    while (s[i] == ';') {
-        size_t ke = P[j++];
-        if (ke == e || s[ke] != '=' || ke == i + 1 || nt == BD_PARSE_MAX_TAGS) {
-            goto miss;
-        }
-        size_t ve = P[j++];
-        while (ve != e && s[ve] == '=') {
-            ve = P[j++];
-        }
-        if (ve == e || ve == ke + 1 || s[ke + 1] == '~') {
-            goto miss;
-        }
-        struct bd_tag *t = &pt->tags[nt];
-        t->key = (struct bd_str){s + i + 1, ke - i - 1};
-        t->value = (struct bd_str){s + ke + 1, ve - ke - 1};
-        unsigned char first = (unsigned char)s[i + 1];
-        in_order &= prev < first;
-        prev = first;
-        nt++;
-        i = ve;
-    }
-    pt->n_tags = nt;
     size_t path_end = i; /* s[i] is the space before the value */
 
     size_t ve = P[j++];
@@ -1538,21 +1531,16 @@ static inline __attribute__((always_inline)) int walk_graphite(struct bd_parser 
     pt->has_time = false;
     if (ve != e) {
         size_t te = P[j++];
-        uint64_t t = 0;
         if (te != e || ve + 1 == e) {
             goto miss;
         }
-        const char *ts = s + ve + 1;
-        if (plain_digits(ts, e - ve - 1, room_end - ve - 1, p->base + ve + 1, &t) &&
-            t <= (uint64_t)(INT64_MAX / BD_NS_PER_S)) {
-            pt->has_time = true;
-            pt->time_ns = (int64_t)t * BD_NS_PER_S;
-        } else if (read_graphite_time(ts, e - ve - 1, &pt->has_time, &pt->time_ns) != NUM_OK) {
+        if (!plain_time(p, s, ve + 1, e, (uint64_t)(INT64_MAX / BD_NS_PER_S), BD_NS_PER_S, pt) &&
+            read_graphite_time(s + ve + 1, e - ve - 1, &pt->has_time, &pt->time_ns) != NUM_OK) {
             goto miss;
         }
     }
     p->sep_next = j;
-    return finish_tags(p, pt, line, nt, in_order, ';', path_end - a);
+    return finish_tags(p, pt, s + a, in_order, ';', path_end - a);
 
 miss:
     p->sep_next = j;
@@ -1893,19 +1881,14 @@ static int parse_general(struct bd_parser *p, const char *line, size_t len, stru
 
 /*
  * Line r0..r1 of the window (relative positions), its end a separator in the bitmaps: the fast
- * walk if the line is plain, else (or if the walk steps aside) the general parser.
+ * walk of its format if the line is plain (odd: it holds a byte that is not), else, or if the
+ * walk steps aside, the general parser, which also answers empty and too long lines.
  */
-static int parse_window_line(struct bd_parser *p, size_t r0, size_t r1, struct bd_point *pt,
-                             const char **errmsg, bool fast) {
+static inline int parse_window_line(struct bd_parser *p, size_t r0, size_t r1, bool odd,
+                                    struct bd_point *pt, const char **errmsg) {
     const char *s = p->buf + p->base;
     size_t len = r1 - r0;
-    if (len > p->max_line) {
-        while (p->sep_next < p->n_seps && p->sep_pos[p->sep_next] <= r1) {
-            p->sep_next++;
-        }
-        return fail(errmsg, BD_PARSE_ETOO_LONG, "line too long");
-    }
-    if (fast && len > 0 && s[r0] != ' ' && s[r0] != '#' && !bits_any(MASK_ODD(p), r0, r1)) {
+    if (!odd && len > 0 && len <= p->max_line && s[r0] != ' ' && s[r0] != '#') {
         int rc = p->format == BD_FORMAT_INFLUX ? walk_influx(p, s, r0, r1, pt)
                                                : walk_graphite(p, s, r0, r1, pt);
         if (rc != PLAIN_MISS) {
@@ -1927,59 +1910,50 @@ void bd_parse_begin(struct bd_parser *p, const char *buf, size_t len) {
     window_fill(p, 0);
 }
 
+/*
+ * The end of the line that starts at r in the window, from the newline bits, and whether it
+ * holds an odd byte. The common case, a line that ends in r's bitmap word or one of the next
+ * two, is decided without a branch on which (where a line ends is as random as its length);
+ * the two words after the last are always readable and zero. SIZE_MAX if the window holds no
+ * end for it.
+ */
+static inline size_t line_end(const struct bd_parser *p, size_t r, bool *odd) {
+    size_t w = r / 64;
+    if (w >= p->n_words) {
+        return SIZE_MAX;
+    }
+    const uint64_t *nl = MASK_NL(p), *od = MASK_ODD(p);
+    const uint64_t hb = UINT64_C(1) << 63;
+    uint64_t lo = ~UINT64_C(0) << (r % 64);
+    uint64_t m0 = nl[w] & lo, m1 = nl[w + 1], m2 = nl[w + 2];
+    if ((m0 | m1 | m2) == 0) {
+        size_t hit = bit_next(nl, p->n_words, r);
+        *odd = hit != SIZE_MAX && bits_any(od, r, hit);
+        return hit;
+    }
+    size_t c1 = 64 + (size_t)__builtin_ctzll(m1 | hb);
+    size_t c2 = 128 + (size_t)__builtin_ctzll(m2 | hb);
+    size_t c = m0 != 0 ? (size_t)__builtin_ctzll(m0 | hb) : m1 != 0 ? c1 : c2;
+    size_t hw = c / 64; /* the word of the line end, 0 to 2 after w */
+    uint64_t hm = (UINT64_C(1) << (c % 64)) - 1;
+    *odd = ((od[w] & lo & (hw == 0 ? hm : ~UINT64_C(0))) |
+            (od[w + 1] & (hw == 1 ? hm : hw == 2 ? ~UINT64_C(0) : 0)) |
+            (od[w + 2] & (hw == 2 ? hm : 0))) != 0;
+    return w * 64 + c;
+}
+
 int bd_parse_next(struct bd_parser *p, struct bd_point *pt, struct bd_str *line,
                   const char **errmsg) {
     size_t a = p->pos;
     if (a >= p->len) {
         return BD_PARSE_END;
     }
-    size_t r = a - p->base;
-    size_t w = r / 64;
-    if (w < p->n_words) {
-        /*
-         * The common case, a line that ends in this bitmap word or one of the next two, decided
-         * without a branch on which (where a line ends is as random as its length). The two
-         * words after the last are always readable and zero.
-         */
-        const uint64_t *nl = MASK_NL(p), *odd = MASK_ODD(p);
-        const uint64_t hb = UINT64_C(1) << 63;
-        uint64_t lo = ~UINT64_C(0) << (r % 64);
-        uint64_t m0 = nl[w] & lo, m1 = nl[w + 1], m2 = nl[w + 2];
-        if ((m0 | m1 | m2) != 0) {
-            size_t c1 = 64 + (size_t)__builtin_ctzll(m1 | hb);
-            size_t c2 = 128 + (size_t)__builtin_ctzll(m2 | hb);
-            size_t c = m0 != 0 ? (size_t)__builtin_ctzll(m0 | hb) : m1 != 0 ? c1 : c2;
-            size_t hit = w * 64 + c;
-            size_t hw = c / 64; /* the word of the line end, 0 to 2 after w */
-            uint64_t hm = (UINT64_C(1) << (c % 64)) - 1;
-            uint64_t o = (odd[w] & lo & (hw == 0 ? hm : ~UINT64_C(0))) |
-                         (odd[w + 1] & (hw == 1 ? hm : hw == 2 ? ~UINT64_C(0) : 0)) |
-                         (odd[w + 2] & (hw == 2 ? hm : 0));
-            const char *s = p->buf + p->base;
-            p->pos = p->base + hit + 1;
-            if (line != NULL) {
-                *line = (struct bd_str){p->buf + a, hit - r};
-            }
-            if (o == 0 && hit != r && hit - r <= p->max_line && s[r] != ' ' && s[r] != '#') {
-                int rc = p->format == BD_FORMAT_INFLUX ? walk_influx(p, s, r, hit, pt)
-                                                       : walk_graphite(p, s, r, hit, pt);
-                if (rc != PLAIN_MISS) {
-                    return rc;
-                }
-            }
-            if (hit == r) {
-                p->sep_next++; /* the '\n' */
-                return BD_PARSE_SKIP;
-            }
-            return parse_window_line(p, r, hit, pt, errmsg, false);
-        }
-    }
-    size_t hit = r / 64 < p->n_words ? bit_next(MASK_NL(p), p->n_words, r) : SIZE_MAX;
+    bool odd = false;
+    size_t hit = line_end(p, a - p->base, &odd);
     if (hit == SIZE_MAX && a > p->base) {
         /* The window ends inside this line: start the next one at it. */
         window_fill(p, a);
-        r = 0;
-        hit = bit_next(MASK_NL(p), p->n_words, 0);
+        hit = line_end(p, 0, &odd);
     }
     if (hit == SIZE_MAX) {
         /* A line longer than a window: found the plain way, and never a plain line. */
@@ -1989,20 +1963,14 @@ int bd_parse_next(struct bd_parser *p, struct bd_point *pt, struct bd_str *line,
         if (line != NULL) {
             *line = (struct bd_str){p->buf + a, e - a};
         }
-        if (e == a) {
-            return BD_PARSE_SKIP;
-        }
         return parse_general(p, p->buf + a, e - a, pt, errmsg);
     }
+    size_t r = a - p->base;
     p->pos = p->base + hit + 1;
     if (line != NULL) {
         *line = (struct bd_str){p->buf + a, hit - r};
     }
-    if (hit == r) {
-        p->sep_next++; /* the '\n' */
-        return BD_PARSE_SKIP;
-    }
-    return parse_window_line(p, r, hit, pt, errmsg, true);
+    return parse_window_line(p, r, hit, odd, pt, errmsg);
 }
 
 int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
@@ -2014,7 +1982,7 @@ int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_p
         /* One line as a batch of its own; a '\n' in it is odd and leaves it to the general
          * parser, which knows string values that hold one. */
         bd_parse_begin(p, line, len);
-        return parse_window_line(p, 0, len, pt, errmsg, true);
+        return parse_window_line(p, 0, len, bits_any(MASK_ODD(p), 0, len), pt, errmsg);
     }
     return parse_general(p, line, len, pt, errmsg);
 }

@@ -116,14 +116,35 @@ static char *exact_copy(const char *s, size_t n) {
 }
 
 /*
+ * The point under test and a second parse to compare with it, compared by value through the
+ * target's own snapshot function (a series key may live in either parser's scratch buffer).
+ */
+struct fuzz_pair {
+    struct bd_point *main;
+    struct bd_point *other;
+    struct buf *snap_main; /* snapshot of main, taken by the caller when main was parsed */
+    struct buf *snap_other;
+    void (*snapshot)(struct buf *, const struct bd_point *);
+};
+
+/* The second parse (rc2, err2, into fp->other) gave the main one's answer: code, message and
+ * point. */
+static void check_same(const struct fuzz_pair *fp, int rc, const char *err, int rc2,
+                       const char *err2) {
+    CHECK(rc2 == rc && (rc >= 0 || err2 == err));
+    if (rc == BD_PARSE_OK) {
+        fp->snapshot(fp->snap_other, fp->other);
+        CHECK(buf_eq(fp->snap_main, fp->snap_other));
+    }
+}
+
+/*
  * The whole stream as one batch, with the classifier variant and window size that bits 3-6 of
  * the first byte pick: every line must come back as the text up to its '\n', with exactly what
  * bd_parse_line gives for that text alone.
  */
 static void check_batch(struct bd_parser *b, struct bd_parser *single, uint8_t how,
-                        const char *data, size_t n, struct bd_point *pt_main,
-                        struct bd_point *pt_other, struct buf *snap_main, struct buf *snap_other,
-                        void (*snapshot)(struct buf *, const struct bd_point *)) {
+                        const char *data, size_t n, const struct fuzz_pair *fp) {
     static const char *const isas[] = {"avx2", "sse2", "swar", "best"};
     static const size_t windows[] = {1, 2, 3, BD_PARSE_WINDOW_WORDS};
     if (bd_parser_set_isa(b, isas[(how >> 3) & 3]) != 0) {
@@ -136,7 +157,7 @@ static void check_batch(struct bd_parser *b, struct bd_parser *single, uint8_t h
     for (;;) {
         struct bd_str line = {NULL, 0};
         const char *err = NULL;
-        int rc = bd_parse_next(b, pt_main, &line, &err);
+        int rc = bd_parse_next(b, fp->main, &line, &err);
         if (rc == BD_PARSE_END) {
             break;
         }
@@ -146,17 +167,13 @@ static void check_batch(struct bd_parser *b, struct bd_parser *single, uint8_t h
         pos += want + 1;
         CHECK(bd_parse_offset(b) == pos);
         if (rc == BD_PARSE_OK) {
-            snapshot(snap_main, pt_main);
+            fp->snapshot(fp->snap_main, fp->main);
         }
         char *alone = exact_copy(line.ptr, line.len);
         const char *err2 = NULL;
         int rc2 = line.len == 0 ? BD_PARSE_SKIP
-                                : bd_parse_line(single, alone, line.len, pt_other, &err2);
-        CHECK(rc2 == rc && (rc >= 0 || err2 == err));
-        if (rc == BD_PARSE_OK) {
-            snapshot(snap_other, pt_other);
-            CHECK(buf_eq(snap_main, snap_other));
-        }
+                                : bd_parse_line(single, alone, line.len, fp->other, &err2);
+        check_same(fp, rc, err, rc2, err2);
         free(alone);
     }
     CHECK(pos >= n);

@@ -50,6 +50,8 @@ static struct bd_parser batchers[N_LIMITS][N_PREC];
 static struct bd_point *pt_main;  /* the point under test */
 static struct bd_point *pt_other; /* the same line parsed again, another way */
 static struct buf snap_main, snap_other, canon;
+static void snapshot(struct buf *b, const struct bd_point *pt);
+static struct fuzz_pair pair; /* pt_main and pt_other, compared through snapshot() */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -67,6 +69,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     }
     pt_main = malloc(sizeof(*pt_main));
     pt_other = malloc(sizeof(*pt_other));
+    pair = (struct fuzz_pair){pt_main, pt_other, &snap_main, &snap_other, snapshot};
     if (pt_main == NULL || pt_other == NULL) {
         abort();
     }
@@ -281,11 +284,7 @@ static void check_line(struct bd_parser *set, enum bd_precision prec, const char
     /* The general parser alone: the fast walk for plain lines must not change any answer. */
     const char *errg = NULL;
     int rcg = bd_parse_line_general(p, line, n, pt_other, &errg);
-    CHECK(rcg == rc && (rc >= 0 || errg == err));
-    if (rc == BD_PARSE_OK) {
-        snapshot(&snap_other, pt_other);
-        CHECK(buf_eq(&snap_main, &snap_other));
-    }
+    check_same(&pair, rc, err, rcg, errg);
 
     /* The canonical text of an accepted point reads back as the same point. */
     if (rc == BD_PARSE_OK && canon.len <= p->max_line) {
@@ -314,8 +313,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *s = (const char *)data + 1;
     size_t n = size - 1;
 
-    check_batch(&batchers[(data[0] >> 2) & 1][prec], &set[prec], data[0], s, n, pt_main,
-                pt_other, &snap_main, &snap_other, snapshot);
+    check_batch(&batchers[(data[0] >> 2) & 1][prec], &set[prec], data[0], s, n, &pair);
     for (size_t pos = 0; pos < n;) {
         const char *nl = memchr(s + pos, '\n', n - pos);
         size_t eol = nl != NULL ? (size_t)(nl - s) : n;

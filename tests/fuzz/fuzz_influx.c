@@ -65,6 +65,8 @@ static struct bd_parser batchers[N_LIMITS][N_PREC];
 static struct bd_point *pt_main;  /* the point under test */
 static struct bd_point *pt_other; /* the same line parsed again, another way */
 static struct buf snap_main, snap_other, canon;
+static void snapshot(struct buf *b, const struct bd_point *pt);
+static struct fuzz_pair pair; /* pt_main and pt_other, compared through snapshot() */
 static char *json_mem;
 static FILE *json_out;
 
@@ -83,6 +85,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     }
     pt_main = malloc(sizeof(*pt_main));
     pt_other = malloc(sizeof(*pt_other));
+    pair = (struct fuzz_pair){pt_main, pt_other, &snap_main, &snap_other, snapshot};
     json_mem = malloc(JSON_CAP);
     json_out = json_mem != NULL ? fmemopen(json_mem, JSON_CAP, "w") : NULL;
     if (pt_main == NULL || pt_other == NULL || json_out == NULL) {
@@ -579,20 +582,12 @@ static int check_entry(struct bd_parser *set, enum bd_precision prec, const char
     /* Again, on the same parser: the same answer. */
     const char *err2 = NULL;
     int rc2 = bd_parse_line(p, line, n, pt_other, &err2);
-    CHECK(rc2 == rc && (rc >= 0 || err2 == err));
-    if (rc == BD_PARSE_OK) {
-        snapshot(&snap_other, pt_other);
-        CHECK(buf_eq(&snap_main, &snap_other));
-    }
+    check_same(&pair, rc, err, rc2, err2);
 
     /* The general parser alone: the fast path for plain lines must not change any answer. */
     const char *errg = NULL;
     int rcg = bd_parse_line_general(p, line, n, pt_other, &errg);
-    CHECK(rcg == rc && (rc >= 0 || errg == err));
-    if (rc == BD_PARSE_OK) {
-        snapshot(&snap_other, pt_other);
-        CHECK(buf_eq(&snap_main, &snap_other));
-    }
+    check_same(&pair, rc, err, rcg, errg);
 
     /*
      * At ns precision: up to the timestamp's range check nothing depends on the precision, and
@@ -650,8 +645,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *s = (const char *)data + 1;
     size_t n = size - 1;
 
-    check_batch(&batchers[(data[0] >> 2) & 1][prec], &set[prec], data[0], s, n, pt_main,
-                pt_other, &snap_main, &snap_other, snapshot);
+    check_batch(&batchers[(data[0] >> 2) & 1][prec], &set[prec], data[0], s, n, &pair);
 
     for (size_t pos = 0; pos < n;) {
         const char *nl = memchr(s + pos, '\n', n - pos);

@@ -1010,22 +1010,32 @@ Test(ingest, udp_pause_wakes_the_flusher) {
 }
 
 /*
- * Datagrams still in the socket buffer when the daemon stops arrived before the stop: they are
- * read out and accepted, not lost with the socket. The loop never runs here, so the stop's own
- * read is the only one.
+ * A started UDP listener with n datagrams ("m v=0" ...) waiting in its socket buffer, and a stop
+ * read-out of drain_ns (the default is 500 ms). The loop never runs, so the stop's own read is
+ * the only one.
  */
-Test(ingest, udp_stop_reads_what_the_socket_buffer_holds) {
+static struct fx *udp_queued_then_stop(int n, int64_t drain_ns) {
     struct fx *f = fx_new();
     fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
     fx_start(f);
+    bd_ingest_set_udp_stop_drain(f->in, drain_ns);
     int port = bd_ingest_listener_port(f->in, 0);
     cr_assert(port > 0);
-    for (int k = 0; k < 50; k++) {
+    for (int k = 0; k < n; k++) {
         char line[64];
         snprintf(line, sizeof(line), "m v=%d", k);
         udp_send_str(port, line);
     }
     bd_ingest_stop(f->in, NULL, NULL);
+    return f;
+}
+
+/*
+ * Datagrams still in the socket buffer when the daemon stops arrived before the stop: they are
+ * read out and accepted, not lost with the socket.
+ */
+Test(ingest, udp_stop_reads_what_the_socket_buffer_holds) {
+    struct fx *f = udp_queued_then_stop(50, 500 * BD_NS_PER_MS);
     cr_expect_eq(STAT(f, udp_datagrams), 50);
     cr_expect_eq(STAT(f, readings_accepted), 50);
     uint64_t next = 0;
@@ -1039,18 +1049,7 @@ Test(ingest, udp_stop_reads_what_the_socket_buffer_holds) {
  * counted in udp_unread_at_stop, none is lost uncounted.
  */
 Test(ingest, udp_stop_counts_what_its_read_out_leaves) {
-    struct fx *f = fx_new();
-    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
-    fx_start(f);
-    bd_ingest_set_udp_stop_drain(f->in, 0);
-    int port = bd_ingest_listener_port(f->in, 0);
-    cr_assert(port > 0);
-    for (int k = 0; k < 50; k++) {
-        char line[64];
-        snprintf(line, sizeof(line), "m v=%d", k);
-        udp_send_str(port, line);
-    }
-    bd_ingest_stop(f->in, NULL, NULL);
+    struct fx *f = udp_queued_then_stop(50, 0);
     uint64_t read = STAT(f, udp_datagrams);
     cr_expect(read > 0 && read < 50, "one receive batch read, not all: %llu",
               (unsigned long long)read);
