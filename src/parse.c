@@ -8,8 +8,8 @@
  * key whose tags arrived unsorted, the rare float that needs strtod). bd_parser_init sizes that
  * buffer once from max_line; each call starts writing it from the beginning again. A batch
  * (bd_parse_begin: a datagram, or the complete lines of a TCP read) is classified 64 bytes at a
- * time into bitmaps (separators, newlines, bytes that need the general parser), with AVX2 when
- * the CPU has it, else SSE2 or word arithmetic; lines are then found from the newline bits, and
+ * time into bitmaps (separators, newlines, bytes that need the general parser), with AVX-512
+ * or AVX2 when the CPU has it, else SSE2 or word arithmetic; lines are then found from the newline bits, and
  * plain influx lines (ASCII, no escapes or strings: nearly all of them) are walked separator by
  * separator from the flattened bitmap. The general parser decides every other line and every
  * error (see "Plain lines" below). bd_parse_line is a batch of one line.
@@ -965,6 +965,9 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
 /* Internal result of the fast walk: the general parser must decide this line. */
 #define PLAIN_MISS 3
 
+/* Positions flatten() may write past the last set bit (flatten_vbmi2 stores 32 at a time). */
+#define FLATTEN_SLACK 32
+
 #ifdef PLAIN_SSE2
 /* 16 bytes: bit k of each result for byte k. */
 static inline void class16(__m128i x, const char *ch, unsigned *sep, unsigned *nl,
@@ -1033,6 +1036,50 @@ __attribute__((target("avx2"))) static void classify_avx2(const char *t, size_t 
     }
 }
 #endif
+
+/* The same, a whole word per step, for CPUs with AVX-512BW: the compares give the bits. */
+__attribute__((target("avx512f,avx512bw"))) static void
+classify_avx512(const char *t, size_t n_words, const char *ch, uint64_t *sep, uint64_t *nl,
+                uint64_t *odd) {
+    const __m512i sp = _mm512_set1_epi8(' '), cm = _mm512_set1_epi8(ch[0]),
+                  eq = _mm512_set1_epi8('='), lf = _mm512_set1_epi8('\n'),
+                  one = _mm512_set1_epi8(1), lim = _mm512_set1_epi8(0x21),
+                  qu = _mm512_set1_epi8(ch[1]), bs = _mm512_set1_epi8(ch[2]);
+    for (size_t w = 0; w < n_words; w++, t += 64) {
+        __m512i x = _mm512_loadu_si512((const void *)t);
+        __mmask64 n = _mm512_cmpeq_epi8_mask(x, lf);
+        sep[w] = n | _mm512_cmpeq_epi8_mask(x, sp) | _mm512_cmpeq_epi8_mask(x, cm) |
+                 _mm512_cmpeq_epi8_mask(x, eq);
+        nl[w] = n;
+        odd[w] = _mm512_cmpgt_epi8_mask(lim, _mm512_add_epi8(x, one)) |
+                 _mm512_cmpeq_epi8_mask(x, qu) | _mm512_cmpeq_epi8_mask(x, bs);
+    }
+}
+
+/*
+ * flatten() with AVX-512 VBMI2: each half word's positions are its lanes of 0..31 (plus the
+ * half's offset) compressed by its bits, stored whole (32 positions; out has room past its
+ * last bit for them) and then overwritten from the count on: no loop over the bits at all.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt"))) static size_t
+flatten_vbmi2(const uint64_t *m, size_t n_words, uint16_t *out) {
+    const __m512i half = _mm512_set1_epi16(32);
+    __m512i lo = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                  15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    size_t k = 0;
+    for (size_t w = 0; w < n_words; w++) {
+        uint64_t b = m[w];
+        __m512i hi = _mm512_add_epi16(lo, half);
+        _mm512_storeu_si512((void *)(out + k), _mm512_maskz_compress_epi16((__mmask32)b, lo));
+        k += (unsigned)__builtin_popcount((uint32_t)b);
+        _mm512_storeu_si512((void *)(out + k),
+                            _mm512_maskz_compress_epi16((__mmask32)(b >> 32), hi));
+        k += (unsigned)__builtin_popcount((uint32_t)(b >> 32));
+        lo = _mm512_add_epi16(hi, half);
+    }
+    return k;
+}
+#define PLAIN_AVX512 1
 #endif
 
 /* The 0x80 bits of m's bytes as 8 bits, byte 0 lowest. */
@@ -1130,8 +1177,8 @@ static inline bool bits_any(const uint64_t *m, size_t r0, size_t r1) {
 
 /*
  * The positions of the set bits of m[0, n_words), in order, into out (which has room for every
- * bit plus 16). Sixteen are written per word whether or not there are that many (the extra ones
- * are overwritten or ignored), so a word costs no branch per bit. ctz of a word that ran out
+ * bit plus FLATTEN_SLACK). unroll (8 or 16) are written per word whether or not there are that
+ * many (the extra ones are overwritten or ignored), so a word costs no branch per bit. ctz of a word that ran out
  * reads the top bit instead (63), not the undefined ctz(0).
  */
 static inline __attribute__((always_inline)) size_t flatten_body(const uint64_t *m,
@@ -1770,8 +1817,9 @@ static int parse_graphite(struct bd_parser *p, const char *s, size_t n, struct b
 /* Public                                                                                   */
 
 /*
- * Sets the classifier and flattener variant: "avx2", "sse2", "swar" (portable word arithmetic)
- * or "best" (the widest this CPU runs). -ENOTSUP if this build or CPU lacks it.
+ * Sets the classifier and flattener variant: "avx512" (AVX-512BW and VBMI2), "avx2", "sse2",
+ * "swar" (portable word arithmetic) or "best" (the widest this CPU runs). -ENOTSUP if this
+ * build or CPU lacks it.
  */
 int bd_parser_set_isa(struct bd_parser *p, const char *isa) {
     bool best = strcmp(isa, "best") == 0;
@@ -1780,6 +1828,18 @@ int bd_parser_set_isa(struct bd_parser *p, const char *isa) {
     p->classify = classify_swar;
     p->isa = "swar";
 #ifdef PLAIN_SSE2
+#ifdef PLAIN_AVX512
+    if ((best || strcmp(isa, "avx512") == 0) && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("popcnt")) {
+        p->classify = classify_avx512;
+        p->flatten = flatten_vbmi2;
+        p->isa = "avx512";
+        return 0;
+    }
+    if (strcmp(isa, "avx512") == 0) {
+        return -ENOTSUP;
+    }
+#endif
 #ifdef PLAIN_AVX2
     if ((best || strcmp(isa, "avx2") == 0) && __builtin_cpu_supports("avx2")) {
         p->classify = classify_avx2;
@@ -1826,8 +1886,8 @@ int bd_parser_init(struct bd_parser *p, enum bd_format format, enum bd_precision
     p->scratch_cap = 2 * max_line + SCRATCH_SLACK;
     p->scratch = malloc(p->scratch_cap);
     p->masks = malloc(3 * MASK_WORDS * sizeof(uint64_t));
-    /* Every bit of the window and its end mark, and the 16 that flatten() may write past. */
-    p->sep_pos = malloc((BD_PARSE_WINDOW + 64 + 16) * sizeof(uint16_t));
+    /* Every bit of the window and its end mark, and those flatten() may write past them. */
+    p->sep_pos = malloc((BD_PARSE_WINDOW + 64 + FLATTEN_SLACK) * sizeof(uint16_t));
     if (p->scratch == NULL || p->masks == NULL || p->sep_pos == NULL) {
         bd_parser_close(p);
         return -ENOMEM;
@@ -1840,7 +1900,7 @@ int bd_parser_init(struct bd_parser *p, enum bd_format format, enum bd_precision
      * general parser: line protocol's escapes and strings; Graphite's tag keys may not hold
      * '!' or '^', which the general parser checks. */
     memcpy(p->chars, format == BD_FORMAT_INFLUX ? ",\"\\" : ";!^", sizeof(p->chars));
-    /* BD_PARSE_ISA (avx2, sse2, swar) pins the variant, to compare them in a benchmark. */
+    /* BD_PARSE_ISA (avx512, avx2, sse2, swar) pins the variant, to compare them in a benchmark. */
     const char *isa = getenv("BD_PARSE_ISA");
     if (isa == NULL || bd_parser_set_isa(p, isa) != 0) {
         (void)bd_parser_set_isa(p, "best");

@@ -13,8 +13,8 @@ int bd_parse_line_general(struct bd_parser *p, const char *line, size_t len,
                           struct bd_point *pt, const char **errmsg);
 
 /*
- * The classifier variant: "avx2", "sse2", "swar" (portable) or "best"; -ENOTSUP when this
- * build or CPU has not got it. bd_parser_init picks the best (or BD_PARSE_ISA's).
+ * The classifier variant: "avx512", "avx2", "sse2", "swar" (portable) or "best"; -ENOTSUP
+ * when this build or CPU has not got it. bd_parser_init picks the best (or BD_PARSE_ISA's).
  */
 int bd_parser_set_isa(struct bd_parser *p, const char *isa);
 

@@ -107,7 +107,7 @@ struct bd_parser {
     bd_parse_classify_fn classify;
     char chars[3]; /* influx: ',' '"' '\\'; graphite: ';' '!' '^' (see bd_parse_classify_fn) */
     size_t (*flatten)(const uint64_t *map, size_t n_words, uint16_t *out);
-    const char *isa;     /* the variant's name: "avx2", "sse2" or "swar" */
+    const char *isa;     /* the variant's name: "avx512", "avx2", "sse2" or "swar" */
     size_t window_words; /* BD_PARSE_WINDOW_WORDS, less only in tests */
 };
 

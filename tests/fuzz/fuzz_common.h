@@ -145,7 +145,7 @@ static void check_same(const struct fuzz_pair *fp, int rc, const char *err, int 
  */
 static void check_batch(struct bd_parser *b, struct bd_parser *single, uint8_t how,
                         const char *data, size_t n, const struct fuzz_pair *fp) {
-    static const char *const isas[] = {"avx2", "sse2", "swar", "best"};
+    static const char *const isas[] = {"avx512", "avx2", "sse2", "swar"};
     static const size_t windows[] = {1, 2, 3, BD_PARSE_WINDOW_WORDS};
     if (bd_parser_set_isa(b, isas[(how >> 3) & 3]) != 0) {
         CHECK(bd_parser_set_isa(b, "best") == 0);

@@ -1248,6 +1248,9 @@ static size_t batch_stream(uint64_t seed, char *buf, size_t cap, size_t long_lin
         "cpu v=1,v=2,w=3 7",
         "=m v=1",
         "m,b=1,a=2 v=1",
+        /* Dense separators: more than 32 in some half words, every bit of some words. */
+        "m,a=b,c=d,e=f,g=h,i=j,k=l,m=n,o=p,q=r,s=t,u=v,w=x x=1,y=2,z=3,a=4i,b=5u,c=6,d=7 8",
+        "=,= ,=,=,= ,,,,==== ,, == , ,=,=,= ,,,,==== ,, == , ,=,=,= ,,,,==== ,, == , ,=,=,=,,=",
     };
     size_t o = 0;
     char line[512];
@@ -1285,7 +1288,9 @@ static size_t random_graphite_line(uint64_t *seed, char *line, size_t cap);
 /* A Graphite stream: random lines (with slips) and the odd ones Graphite has. */
 static size_t graphite_stream(uint64_t seed, char *buf, size_t cap, size_t long_line) {
     static const char *const odd[] = {"", "# comment", "\ta.b 1 2", "a.b\t1", "a.b 1 2\r",
-                                      "a;k=v 1 2", "p 1", "é.b 1 5", "a;k!=v 1", "  a 1"};
+                                      "a;k=v 1 2", "p 1", "é.b 1 5", "a;k!=v 1", "  a 1",
+                                      "a;b=c;d=e;f=g;h=i;j=k;l=m;n=o;p=q;r=s;t=u;v=w;x=y 1 2",
+                                      "=;= ;=;=;= ;;;;==== ;; == ; ;=;=;= ;;;;==== ;; == ; ;=;=;"};
     size_t o = 0;
     char line[512];
     for (int n = 0; n < 400 && o + 600 < cap; n++) {
@@ -1319,7 +1324,7 @@ static size_t graphite_stream(uint64_t seed, char *buf, size_t cap, size_t long_
  * classifier variant and wherever the window boundaries fall (windows of 1, 2, 3, 256 words).
  */
 static void batch_check(enum bd_format format) {
-    static const char *const isas[] = {"avx2", "sse2", "swar"};
+    static const char *const isas[] = {"avx512", "avx2", "sse2", "swar"};
     static const size_t windows[] = {1, 2, 3, BD_PARSE_WINDOW_WORDS};
     struct bd_parser single;
     struct bd_point *other = malloc(sizeof(*other));
