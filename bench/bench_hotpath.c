@@ -52,7 +52,7 @@ static unsigned g_ring = 256;
 static double g_seconds = 1.0;
 static bool g_inline;
 
-static char *g_buf;      /* all lines, '\n'-terminated */
+static char *g_buf; /* all lines, '\n'-terminated */
 static size_t g_buf_len;
 
 struct run_state {
@@ -107,11 +107,10 @@ static void build_input(void) {
         for (unsigned f = 0; f < g_fields; f++) {
             uint64_t r = rng_next(&rng);
             if (f % 3 == 1) {
-                n = snprintf(g_buf + o, cap - o, "%sf%u=%" PRIu64 "i", f ? "," : "", f,
-                             r % 100000);
+                n = snprintf(g_buf + o, cap - o, "%sf%u=%" PRIu64 "i", f ? "," : "", f, r % 100000);
             } else {
-                n = snprintf(g_buf + o, cap - o, "%sf%u=%s%" PRIu64 ".%02" PRIu64, f ? "," : "",
-                             f, (r & 1) ? "-" : "", (r >> 8) % 100, (r >> 20) % 100);
+                n = snprintf(g_buf + o, cap - o, "%sf%u=%s%" PRIu64 ".%02" PRIu64, f ? "," : "", f,
+                             (r & 1) ? "-" : "", (r >> 8) % 100, (r >> 20) % 100);
             }
             o += (size_t)n;
         }
@@ -330,12 +329,13 @@ int main(int argc, char **argv) {
             best = st;
         }
     }
-    printf("{\"mode\":\"%s\",\"sensors\":%u,\"fields\":%u,\"per_datagram\":%u,\"ring_size\":%u,\"runs\":%u,"
+    printf("{\"mode\":\"%s\",\"sensors\":%u,\"fields\":%u,\"per_datagram\":%u,\"ring_size\":%u,"
+           "\"runs\":%u,"
            "\"readings\":%" PRIu64 ",\"producer_ns_per_reading\":%.1f,"
            "\"consumer_ns_per_reading\":%.1f,\"wall_readings_per_s\":%.0f,"
            "\"full_ring_retries\":%" PRIu64 ",\"check\":%.0f}\n",
-           g_inline ? "inline" : "two threads", g_sensors, g_fields, g_per_datagram, g_ring, g_runs, best.produced, best_ns,
-           best.consumer_cpu_s * 1e9 / (double)best.consumed,
+           g_inline ? "inline" : "two threads", g_sensors, g_fields, g_per_datagram, g_ring, g_runs,
+           best.produced, best_ns, best.consumer_cpu_s * 1e9 / (double)best.consumed,
            (double)best.produced / best.wall_s, best.full_retries, best.check);
     return 0;
 }

@@ -111,6 +111,8 @@ static const char *check_pow2(const char *s, uint64_t n);
 #define LST(f) FIELD(struct bd_listener_config, f)
 
 /* Rows of one section stay together: the dump prints a section header when the prefix changes. */
+/* One row per key, packed: the schema reads as a table. */
+/* clang-format off */
 static const struct key_def schema[] = {
     {.path = "writer_id", .type = T_STRING, CFG(writer_id), .min = 1, .max = 64,
      .check = check_writer_id, .flags = KF_HOSTNAME,
@@ -190,6 +192,7 @@ static const struct key_def schema[] = {
     {.path = "limits.max_line", .type = T_SIZE, CFG(limits.max_line), .min = 256,
      .max = 16 * MIB, .def = "64KiB", .help = "bytes per line"},
 };
+/* clang-format on */
 
 #define N_KEYS BD_ARRAY_LEN(schema)
 
@@ -275,8 +278,8 @@ int bd_parse_size(const char *s, uint64_t *out_bytes) {
 }
 
 /* Largest unit that divides v exactly, so the printed text parses back to the same value. */
-static void format_scaled(uint64_t v, const struct unit *units, const char *bare_suffix,
-                          char *buf, size_t len) {
+static void format_scaled(uint64_t v, const struct unit *units, const char *bare_suffix, char *buf,
+                          size_t len) {
     const struct unit *best = NULL;
     for (const struct unit *u = units; u->suffix != NULL; u++) {
         if (v != 0 && v % u->mult == 0) {
@@ -539,8 +542,8 @@ static int parse_value(const struct key_def *k, const char *text, struct value *
             if (len == 0) {
                 snprintf(why, why_len, "must not be empty");
             } else {
-                snprintf(why, why_len, "must be %" PRIu64 " to %" PRIu64 " characters long",
-                         k->min, k->max);
+                snprintf(why, why_len, "must be %" PRIu64 " to %" PRIu64 " characters long", k->min,
+                         k->max);
             }
             return -EINVAL;
         }
@@ -789,8 +792,8 @@ struct text_buf {
 static void append_name(const char *name, size_t len, void *arg) {
     struct text_buf *tb = arg;
     if (tb->used < tb->len) {
-        int w = snprintf(tb->buf + tb->used, tb->len - tb->used, "%s%.*s",
-                         tb->used > 0 ? ", " : "", (int)len, name);
+        int w = snprintf(tb->buf + tb->used, tb->len - tb->used, "%s%.*s", tb->used > 0 ? ", " : "",
+                         (int)len, name);
         tb->used += w > 0 ? (size_t)w : 0;
     }
 }
@@ -884,8 +887,9 @@ static bool is_null(const yaml_node_t *n) {
 }
 
 static const char *node_kind(const yaml_node_t *n) {
-    return n->type == YAML_MAPPING_NODE ? "a mapping" : n->type == YAML_SEQUENCE_NODE ? "a list"
-                                                                                     : "a value";
+    return n->type == YAML_MAPPING_NODE    ? "a mapping"
+           : n->type == YAML_SEQUENCE_NODE ? "a list"
+                                           : "a value";
 }
 
 static int apply_leaf(struct loader *ld, const struct key_def *k, yaml_node_t *vn,
@@ -895,8 +899,7 @@ static int apply_leaf(struct loader *ld, const struct key_def *k, yaml_node_t *v
 
     if (vn->type != YAML_SCALAR_NODE) {
         /* A list where an address belongs is nearly always an IPv6 address left unquoted. */
-        return fail(ld, vn->start_mark, shown, "expected a single value, not %s%s",
-                    node_kind(vn),
+        return fail(ld, vn->start_mark, shown, "expected a single value, not %s%s", node_kind(vn),
                     k->type == T_HOSTPORT ? " (quote IPv6 addresses: \"[::]:8089\")" : "");
     }
     if (strlen(scalar(vn)) != vn->data.scalar.length) {
@@ -915,8 +918,8 @@ static int walk_listeners(struct loader *ld, yaml_node_t *seq);
  * Apply one mapping. prefix is the schema path of this level ("", "flush.", "listeners[]."),
  * shown the same as the user sees it ("listeners[2]."); set and mark record what was given.
  */
-static int walk_mapping(struct loader *ld, yaml_node_t *map, const char *prefix,
-                        const char *shown, void *base, bool *set, yaml_mark_t *mark) {
+static int walk_mapping(struct loader *ld, yaml_node_t *map, const char *prefix, const char *shown,
+                        void *base, bool *set, yaml_mark_t *mark) {
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
          p++) {
         yaml_node_t *kn = node_at(ld, p->key);
@@ -976,8 +979,7 @@ static int walk_mapping(struct loader *ld, yaml_node_t *map, const char *prefix,
                 snprintf(hint, sizeof(hint), "did you mean \"%.*s\"? ", (int)s.best_len, s.best);
             }
             valid_keys(prefix, list, sizeof(list));
-            return fail(ld, kn->start_mark, disp, "unknown key; %svalid keys here: %s", hint,
-                        list);
+            return fail(ld, kn->start_mark, disp, "unknown key; %svalid keys here: %s", hint, list);
         }
         if (rc < 0) {
             return rc;
@@ -1125,8 +1127,8 @@ static int yaml_failure(struct loader *ld, const yaml_parser_t *parser) {
          */
         bool flow = strstr(parser->context, "flow") != NULL;
         return bd_err_set(ld->err, -EINVAL,
-                          "%s:%zu:%zu: syntax error: %s (%s at line %zu, column %zu)%s",
-                          ld->path, mark.line + 1, mark.column + 1, problem, parser->context,
+                          "%s:%zu:%zu: syntax error: %s (%s at line %zu, column %zu)%s", ld->path,
+                          mark.line + 1, mark.column + 1, problem, parser->context,
                           parser->context_mark.line + 1, parser->context_mark.column + 1,
                           flow ? "; a value starting with '[' must be quoted, as in "
                                  "bind: \"[::]:8089\""
@@ -1166,8 +1168,8 @@ static int read_file(const char *path, char **out, size_t *out_len, struct bd_er
         }
         len += (size_t)n;
         if (len > MAX_FILE_BYTES) {
-            rc = bd_err_set(err, -EFBIG, "%s: larger than %d bytes; is this a config file?",
-                            path, MAX_FILE_BYTES);
+            rc = bd_err_set(err, -EFBIG, "%s: larger than %d bytes; is this a config file?", path,
+                            MAX_FILE_BYTES);
             goto out;
         }
     }
@@ -1210,8 +1212,8 @@ int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err) 
         goto out;
     }
     snprintf(next->path, sizeof(next->path), "%s", path);
-    *ld = (struct loader){.path = path, .text = text, .text_len = text_len, .doc = &doc,
-                          .cfg = next, .err = err};
+    *ld = (struct loader){
+        .path = path, .text = text, .text_len = text_len, .doc = &doc, .cfg = next, .err = err};
 
     if (!yaml_parser_initialize(&parser)) {
         rc = bd_err_set(err, -ENOMEM, "%s: out of memory", path);

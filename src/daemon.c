@@ -191,9 +191,8 @@ int bd_daemon_run(const struct bd_config *cfg) {
         goto out;
     }
     if (cfg->sink == BD_SINK_MONGODB) {
-        bd_info("ready: writer %s, sink mongodb %s.%s, flush every %" PRIu64 "ms",
-                cfg->writer_id, cfg->mongodb.database, cfg->mongodb.collection,
-                cfg->flush.interval_ms);
+        bd_info("ready: writer %s, sink mongodb %s.%s, flush every %" PRIu64 "ms", cfg->writer_id,
+                cfg->mongodb.database, cfg->mongodb.collection, cfg->flush.interval_ms);
     } else {
         bd_info("ready: writer %s, sink blackhole, flush every %" PRIu64 "ms", cfg->writer_id,
                 cfg->flush.interval_ms);

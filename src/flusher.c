@@ -7,10 +7,11 @@
  *
  * Whenever woken (the interval, or a ring past its high-water mark): pop every dirty sensor and
  * move its readings out of the ring into deltas keyed by (sensor, bucket start, page). Once per
- * flush.interval: send the deltas in unordered bulks of at most flush.max_updates upserts. A delta leaves the pending set when MongoDB acknowledged it or
- * rejected it for good (quarantined, counted, logged); on a transient error the remaining
- * deltas are retried after a backoff and nothing new is drained in between, which keeps each
- * bucket's updates in order and memory bounded by the rings.
+ * flush.interval: send the deltas in unordered bulks of at most flush.max_updates upserts. A delta
+ * leaves the pending set when MongoDB acknowledged it or rejected it for good (quarantined,
+ * counted, logged); on a transient error the remaining deltas are retried after a backoff and
+ * nothing new is drained in between, which keeps each bucket's updates in order and memory bounded
+ * by the rings.
  *
  * Page accounting: each sensor keeps, in flusher_state, the page and reading count of every
  * bucket it still has open (inside the late/future window); a page that reaches
@@ -94,8 +95,8 @@ struct bd_flusher {
     bool started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool wake_pending; /* guarded by mu */
-    bool stop;         /* guarded by mu */
+    bool wake_pending;     /* guarded by mu */
+    bool stop;             /* guarded by mu */
     int64_t stop_deadline; /* guarded by mu */
 
     bd_flusher_drained_cb drained;
@@ -112,22 +113,22 @@ struct bd_flusher {
     struct delta_slot *slots;
     uint32_t slot_mask;
 
-    uint64_t queued;   /* readings in the deltas */
-    int64_t send_at;   /* monotonic ns of the next scheduled write */
-    uint32_t attempt;  /* consecutive failed bulk writes */
-    int64_t retry_at;  /* monotonic ns of the next attempt, 0 = none */
-    uint64_t rng;      /* xorshift state for jitter */
-    bool clean_stop;   /* not started, or the thread ended through its stop path */
+    uint64_t queued;  /* readings in the deltas */
+    int64_t send_at;  /* monotonic ns of the next scheduled write */
+    uint32_t attempt; /* consecutive failed bulk writes */
+    int64_t retry_at; /* monotonic ns of the next attempt, 0 = none */
+    uint64_t rng;     /* xorshift state for jitter */
+    bool clean_stop;  /* not started, or the thread ended through its stop path */
     struct bd_ratelimit fail_log;
     struct bd_ratelimit quarantine_log;
     struct bd_ratelimit conflict_log;
 
-    struct bd_writer *writer;  /* NULL with the blackhole sink */
-    char writer_key[160];      /* "w.<writer_id>" */
-    bool seq_known;            /* the sequence is past every number in the documents */
-    bool have_seq;             /* batch_seq belongs to the pending batch */
+    struct bd_writer *writer; /* NULL with the blackhole sink */
+    char writer_key[160];     /* "w.<writer_id>" */
+    bool seq_known;           /* the sequence is past every number in the documents */
+    bool have_seq;            /* batch_seq belongs to the pending batch */
     uint64_t batch_seq;
-    int64_t learn_horizon_ms;  /* buckets starting at or before this may hold earlier pages */
+    int64_t learn_horizon_ms; /* buckets starting at or before this may hold earlier pages */
     int64_t batch_max_start_ms;
 };
 
@@ -314,7 +315,8 @@ static struct bucket_state *bucket_state(struct bd_flusher *f, struct bd_sensor 
         /* The window holds at most max_late/span + max_future/span + 2 buckets; past that
          * (a clock jump) the oldest is forgotten rather than growing without bound. */
         uint64_t limit = (f->cfg->buckets.max_late_ms + f->cfg->buckets.max_future_ms) /
-                             f->cfg->buckets.span_ms + 3;
+                             f->cfg->buckets.span_ms +
+                         3;
         uint32_t cap = ss == NULL ? 2 : ss->cap * 2;
         if (ss != NULL && ss->cap >= limit) {
             b = &ss->b[oldest];
@@ -680,7 +682,8 @@ static bool send_chunk(struct bd_flusher *f, uint32_t *ops, uint32_t n_ops, bool
     bson_init(&opts);
     BSON_APPEND_BOOL(&opts, "ordered", false);
     mongoc_write_concern_append(f->wc, &opts);
-    mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(f->coll, &opts);
+    mongoc_bulk_operation_t *bulk =
+        mongoc_collection_create_bulk_operation_with_opts(f->coll, &opts);
     bson_destroy(&opts);
     bson_init(&upsert_opts);
     BSON_APPEND_BOOL(&upsert_opts, "upsert", true);
@@ -908,15 +911,15 @@ static mongoc_cursor_t *query_pages(struct bd_flusher *f, const struct learn_ite
     char idx[16];
     const char *key;
     bson_init(&filter);
-    BSON_APPEND_ARRAY_BEGIN(&filter, "$or", &or);
+    BSON_APPEND_ARRAY_BEGIN(&filter, "$or", & or);
     for (uint32_t i = 0; i < n; i++) {
         bson_uint32_to_string(i, &key, idx, sizeof(idx));
-        BSON_APPEND_DOCUMENT_BEGIN(&or, key, &clause);
+        BSON_APPEND_DOCUMENT_BEGIN(& or, key, &clause);
         BSON_APPEND_UTF8(&clause, "sensor_id", items[i].sensor_id);
         BSON_APPEND_DATE_TIME(&clause, "bucket_start", items[i].start_ms);
-        bson_append_document_end(&or, &clause);
+        bson_append_document_end(& or, &clause);
     }
-    bson_append_array_end(&filter, &or);
+    bson_append_array_end(&filter, & or);
     bson_init(&opts);
     BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
     BSON_APPEND_INT32(&proj, "sensor_id", 1);
@@ -952,8 +955,7 @@ static uint64_t note_page(const struct bd_flusher *f, struct learn_item *items, 
             count = bson_iter_as_int64(&it);
         }
     }
-    struct learn_item *item =
-        sensor_id == NULL ? NULL : find_item(items, n, sensor_id, start);
+    struct learn_item *item = sensor_id == NULL ? NULL : find_item(items, n, sensor_id, start);
     if (item != NULL && page >= 0 && page < BD_PAGE_UNKNOWN &&
         (item->count == UINT32_MAX || (uint32_t)page > item->page ||
          ((uint32_t)page == item->page && (uint64_t)count > item->count))) {

@@ -104,10 +104,10 @@ struct listener {
     bool parser_ok;
     struct bd_point *point;
 
-    char *slab;            /* UDP only */
-    bool udp_paused;       /* UDP: reading stopped for a congested ring (see udp_maybe_pause) */
-    uint64_t sock_inode;   /* UDP: of the socket, to find it in /proc/net/udp; 0 if unknown */
-    uint64_t drops_seen;   /* UDP: its kernel drops already added to udp_socket_drops */
+    char *slab;          /* UDP only */
+    bool udp_paused;     /* UDP: reading stopped for a congested ring (see udp_maybe_pause) */
+    uint64_t sock_inode; /* UDP: of the socket, to find it in /proc/net/udp; 0 if unknown */
+    uint64_t drops_seen; /* UDP: its kernel drops already added to udp_socket_drops */
 
     /*
      * TCP idle timeout: one sweeping timer per listener rather than a timer per connection.
@@ -139,11 +139,11 @@ struct bd_ingest {
     /* Kernel UDP counters (only with a UDP listener; see ingest.h). */
     uv_timer_t kstats_timer;
     bool kstats_open;
-    char *kstats_buf;               /* KSTATS_BUF bytes */
+    char *kstats_buf;                 /* KSTATS_BUF bytes */
     struct bd_udp_sock *kstats_socks; /* one per listener */
-    struct bd_udp_snmp snmp_last;   /* the values already accounted for */
-    bool snmp_known;                /* snmp_last holds a reading (the first is the baseline) */
-    struct bd_udp_snmp snmp6_last;  /* the same for IPv6 (/proc/net/snmp6) */
+    struct bd_udp_snmp snmp_last;     /* the values already accounted for */
+    bool snmp_known;                  /* snmp_last holds a reading (the first is the baseline) */
+    struct bd_udp_snmp snmp6_last;    /* the same for IPv6 (/proc/net/snmp6) */
     bool snmp6_known;
     bool kstats_warned;
 
@@ -282,8 +282,8 @@ static void sample_bad_line(struct listener *l, const struct sockaddr *peer, con
     if (suppressed > 0) {
         snprintf(more, sizeof(more), " (%llu similar not logged)", (unsigned long long)suppressed);
     }
-    bd_warn("%s: bad line from %s: %s (%zu bytes): \"%s\"%s%s", l->name, who, reason, len,
-            quoted, len > SAMPLE_QUOTE ? "..." : "", more);
+    bd_warn("%s: bad line from %s: %s (%zu bytes): \"%s\"%s%s", l->name, who, reason, len, quoted,
+            len > SAMPLE_QUOTE ? "..." : "", more);
 }
 
 static const char *parse_reason(int rc) {
@@ -1143,8 +1143,7 @@ static void kstats_read_snmp_file(struct bd_ingest *in, const char *path, enum p
         return;
     }
     if (*known) {
-        add_growth(&in->stats->udp_kernel_rcvbuf_errors, cur.rcvbuf_errors,
-                   &last->rcvbuf_errors);
+        add_growth(&in->stats->udp_kernel_rcvbuf_errors, cur.rcvbuf_errors, &last->rcvbuf_errors);
         add_growth(&in->stats->udp_kernel_in_errors, cur.in_errors, &last->in_errors);
     }
     *last = cur;
@@ -1153,8 +1152,7 @@ static void kstats_read_snmp_file(struct bd_ingest *in, const char *path, enum p
 
 static void kstats_read_snmp(struct bd_ingest *in) {
     kstats_read_snmp_file(in, "/proc/net/snmp", PROC_SNMP, &in->snmp_last, &in->snmp_known);
-    kstats_read_snmp_file(in, "/proc/net/snmp6", PROC_SNMP6, &in->snmp6_last,
-                          &in->snmp6_known);
+    kstats_read_snmp_file(in, "/proc/net/snmp6", PROC_SNMP6, &in->snmp6_last, &in->snmp6_known);
 }
 
 static void kstats_read_sockets(struct bd_ingest *in) {
@@ -1216,8 +1214,8 @@ static int kstats_start(struct bd_ingest *in, struct bd_err *err) {
     in->open_handles++;
     /* Unreferenced: the counters alone must not keep the loop running. */
     uv_unref((uv_handle_t *)&in->kstats_timer);
-    int rc = uv_timer_start(&in->kstats_timer, on_kstats_timer, KSTATS_INTERVAL_MS,
-                            KSTATS_INTERVAL_MS);
+    int rc =
+        uv_timer_start(&in->kstats_timer, on_kstats_timer, KSTATS_INTERVAL_MS, KSTATS_INTERVAL_MS);
     if (rc < 0) {
         return bd_err_set(err, rc, "ingest: kernel counters timer: %s", uv_strerror(rc));
     }
@@ -1274,8 +1272,8 @@ int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_confi
         /* Numbered from 1, as a person counts the entries of the listeners list. */
         snprintf(l->name, sizeof(l->name), "listener %u (%s %s)", i + 1,
                  bd_proto_name(l->cfg.proto), l->cfg.bind);
-        l->rl_lines = (struct bd_ratelimit){.interval_ns = SAMPLE_INTERVAL_NS,
-                                            .burst = SAMPLE_BURST};
+        l->rl_lines =
+            (struct bd_ratelimit){.interval_ns = SAMPLE_INTERVAL_NS, .burst = SAMPLE_BURST};
         l->rl_events = l->rl_lines;
 
         rc = bd_parser_init(&l->parser, l->cfg.format, l->cfg.precision, in->max_line);
@@ -1343,8 +1341,7 @@ static void udp_discard_at_stop(struct listener *l, uv_os_fd_t fd, struct mmsghd
     bd_warn("%s: still reading the socket buffer after %d ms at stop; %s%llu datagrams left "
             "in it are discarded (udp_unread_at_stop; senders still sending?)",
             l->name, (int)(l->in->udp_stop_drain_ns / BD_NS_PER_MS),
-            discarded >= UDP_STOP_DISCARD_MAX ? "at least " : "",
-            (unsigned long long)discarded);
+            discarded >= UDP_STOP_DISCARD_MAX ? "at least " : "", (unsigned long long)discarded);
 }
 
 static void udp_drain_at_stop(struct listener *l) {

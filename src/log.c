@@ -24,7 +24,9 @@ int bd_log_level_parse(const char *s, enum bd_log_level *out) {
     static const struct {
         const char *name;
         enum bd_log_level level;
-    } names[] = {{"error", BD_LOG_ERROR}, {"warn", BD_LOG_WARN}, {"info", BD_LOG_INFO},
+    } names[] = {{"error", BD_LOG_ERROR},
+                 {"warn", BD_LOG_WARN},
+                 {"info", BD_LOG_INFO},
                  {"debug", BD_LOG_DEBUG}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(s, names[i].name) == 0) {

@@ -8,11 +8,11 @@
  * key whose tags arrived unsorted, the rare float that needs strtod). bd_parser_init sizes that
  * buffer once from max_line; each call starts writing it from the beginning again. A batch
  * (bd_parse_begin: a datagram, or the complete lines of a TCP read) is classified 64 bytes at a
- * time into bitmaps (separators, newlines, bytes that need the general parser), with AVX-512
- * or AVX2 when the CPU has it, else SSE2 or word arithmetic; lines are then found from the newline bits, and
- * plain influx lines (ASCII, no escapes or strings: nearly all of them) are walked separator by
- * separator from the flattened bitmap. The general parser decides every other line and every
- * error (see "Plain lines" below). bd_parse_line is a batch of one line.
+ * time into bitmaps (separators, newlines, bytes that need the general parser), with AVX-512 or
+ * AVX2 when the CPU has it, else SSE2 or word arithmetic; lines are then found from the newline
+ * bits, and plain influx lines (ASCII, no escapes or strings: nearly all of them) are walked
+ * separator by separator from the flattened bitmap. The general parser decides every other line and
+ * every error (see "Plain lines" below). bd_parse_line is a batch of one line.
  *
  * Line protocol accept/reject decisions and values follow the InfluxDB conformance corpus
  * (../shared/corpus/line-protocol/, produced by the v2 Go decoder), corners included:
@@ -642,8 +642,7 @@ static __attribute__((noinline)) struct bd_field *field_find(struct bd_point *pt
  * is clear cannot be a repeat, so the search, a loop of unpredictable length, is rarely run.
  * Inline: the fast walk calls it once per field.
  */
-static inline struct bd_field *field_slot(struct bd_point *pt, struct bd_str key,
-                                          uint64_t *seen) {
+static inline struct bd_field *field_slot(struct bd_point *pt, struct bd_str key, uint64_t *seen) {
     unsigned char first = (unsigned char)key.ptr[0];
     unsigned char last = (unsigned char)key.ptr[key.len - 1];
     uint64_t bit = UINT64_C(1) << ((key.len * 7 + first + last * 3) % 64);
@@ -670,7 +669,7 @@ static int read_scalar(struct scratch *sc, const char *v, size_t len, struct bd_
                        const char **errmsg) {
     unsigned char c = len > 0 ? (unsigned char)v[0] : 0;
     if (c == 't' || c == 'T' || c == 'f' || c == 'F') {
-        static const char *const words[] = {"t", "T", "true", "True", "TRUE",
+        static const char *const words[] = {"t", "T", "true",  "True",  "TRUE",
                                             "f", "F", "false", "False", "FALSE"};
         for (size_t k = 0; k < BD_ARRAY_LEN(words); k++) {
             if (strlen(words[k]) == len && memcmp(words[k], v, len) == 0) {
@@ -696,9 +695,8 @@ static int read_scalar(struct scratch *sc, const char *v, size_t len, struct bd_
         f->kind = BD_VAL_UINT;
         rc = read_u64(v, len - 1, &f->v.u);
         if (rc != NUM_OK) {
-            return rc == NUM_RANGE
-                       ? fail(errmsg, BD_PARSE_ERANGE, "unsigned integer out of range")
-                       : fail(errmsg, BD_PARSE_ESYNTAX, "invalid unsigned integer");
+            return rc == NUM_RANGE ? fail(errmsg, BD_PARSE_ERANGE, "unsigned integer out of range")
+                                   : fail(errmsg, BD_PARSE_ESYNTAX, "invalid unsigned integer");
         }
     } else {
         f->kind = BD_VAL_FLOAT;
@@ -765,8 +763,8 @@ static int read_field_value(struct scratch *sc, const char *s, size_t *pi, size_
 }
 
 /* A timestamp token in the listener's precision into pt; 0 or a bd_parse_status. */
-static int read_influx_time(const struct bd_parser *p, const char *s, size_t n,
-                            struct bd_point *pt, const char **errmsg) {
+static int read_influx_time(const struct bd_parser *p, const char *s, size_t n, struct bd_point *pt,
+                            const char **errmsg) {
     int64_t t = 0;
     enum num_rc rc = read_i64(s, n, &t);
     if (rc == NUM_SYNTAX) {
@@ -970,8 +968,7 @@ static int parse_influx(struct bd_parser *p, const char *s, size_t n, struct bd_
 
 #ifdef PLAIN_SSE2
 /* 16 bytes: bit k of each result for byte k. */
-static inline void class16(__m128i x, const char *ch, unsigned *sep, unsigned *nl,
-                           unsigned *odd) {
+static inline void class16(__m128i x, const char *ch, unsigned *sep, unsigned *nl, unsigned *odd) {
     __m128i n = _mm_cmpeq_epi8(x, _mm_set1_epi8('\n'));
     __m128i s = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')),
                                           _mm_cmpeq_epi8(x, _mm_set1_epi8(ch[0]))),
@@ -1019,9 +1016,9 @@ __attribute__((target("avx2"))) static void classify_avx2(const char *t, size_t 
         for (unsigned k = 0; k < 64; k += 32) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(t + k));
             __m256i n = _mm256_cmpeq_epi8(x, lf);
-            __m256i s = _mm256_or_si256(
-                _mm256_or_si256(_mm256_cmpeq_epi8(x, sp), _mm256_cmpeq_epi8(x, cm)),
-                _mm256_or_si256(_mm256_cmpeq_epi8(x, eq), n));
+            __m256i s =
+                _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(x, sp), _mm256_cmpeq_epi8(x, cm)),
+                                _mm256_or_si256(_mm256_cmpeq_epi8(x, eq), n));
             /* Signed x + 1 below 0x21: control characters, DEL and every byte from 0x80. */
             __m256i bad = _mm256_cmpgt_epi8(lim, _mm256_add_epi8(x, one));
             bad = _mm256_or_si256(
@@ -1099,8 +1096,8 @@ static void classify_swar(const char *t, size_t n_words, const char *ch, uint64_
             uint64_t low = ~((x & BYTES(0x7f)) + BYTES(0x60)) & BYTES(0x80);
             uint64_t bad = low | (x & BYTES(0x80)) | bytes_eq(x, 0x7f) |
                            bytes_eq(x, (unsigned char)ch[1]) | bytes_eq(x, (unsigned char)ch[2]);
-            s |= (uint64_t)high_bits(bytes_eq(x, ' ') | bytes_eq(x, (unsigned char)ch[0]) | bytes_eq(x, '=') |
-                                     lf)
+            s |= (uint64_t)high_bits(bytes_eq(x, ' ') | bytes_eq(x, (unsigned char)ch[0]) |
+                                     bytes_eq(x, '=') | lf)
                  << k;
             n |= (uint64_t)high_bits(lf) << k;
             o |= (uint64_t)high_bits(bad) << k;
@@ -1110,7 +1107,6 @@ static void classify_swar(const char *t, size_t n_words, const char *ch, uint64_
         odd[w] = o;
     }
 }
-
 
 /*
  * Classifies buf[base, ...) for as much as the window holds, and puts the end mark at the
@@ -1176,14 +1172,13 @@ static inline bool bits_any(const uint64_t *m, size_t r0, size_t r1) {
 }
 
 /*
- * The positions of the set bits of m[0, n_words), in order, into out (which has room for every
- * bit plus FLATTEN_SLACK). unroll (8 or 16) are written per word whether or not there are that
- * many (the extra ones are overwritten or ignored), so a word costs no branch per bit. ctz of a word that ran out
- * reads the top bit instead (63), not the undefined ctz(0).
+ * The positions of the set bits of m[0, n_words), in order, into out (which has room for every bit
+ * plus FLATTEN_SLACK). unroll (8 or 16) are written per word whether or not there are that many
+ * (the extra ones are overwritten or ignored), so a word costs no branch per bit. ctz of a word
+ * that ran out reads the top bit instead (63), not the undefined ctz(0).
  */
-static inline __attribute__((always_inline)) size_t flatten_body(const uint64_t *m,
-                                                                 size_t n_words, uint16_t *out,
-                                                                 unsigned unroll) {
+static inline __attribute__((always_inline)) size_t flatten_body(const uint64_t *m, size_t n_words,
+                                                                 uint16_t *out, unsigned unroll) {
     size_t k = 0;
     for (size_t w = 0; w < n_words; w++) {
         uint64_t b = m[w];
@@ -1217,15 +1212,13 @@ static size_t flatten_plain8(const uint64_t *m, size_t n_words, uint16_t *out) {
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FLATTEN_BMI 1
 /* With POPCNT and BMI1 (blsr, tzcnt): the same in about half the instructions. */
-__attribute__((target("popcnt,bmi,bmi2"))) static size_t flatten_bmi(const uint64_t *m,
-                                                                     size_t n_words,
-                                                                     uint16_t *out) {
+__attribute__((target("popcnt,bmi,bmi2"))) static size_t
+flatten_bmi(const uint64_t *m, size_t n_words, uint16_t *out) {
     return flatten_body(m, n_words, out, 16);
 }
 
-__attribute__((target("popcnt,bmi,bmi2"))) static size_t flatten_bmi8(const uint64_t *m,
-                                                                      size_t n_words,
-                                                                      uint16_t *out) {
+__attribute__((target("popcnt,bmi,bmi2"))) static size_t
+flatten_bmi8(const uint64_t *m, size_t n_words, uint16_t *out) {
     return flatten_body(m, n_words, out, 8);
 }
 #endif
@@ -1295,9 +1288,9 @@ static inline bool digits16(__m128i text, uint64_t *out) {
         return false;
     }
     /* The first byte is the most significant digit: each 16-bit lane holds (high, low). */
-    __m128i pairs = _mm_add_epi16(
-        _mm_mullo_epi16(_mm_and_si128(x, _mm_set1_epi16(0xff)), _mm_set1_epi16(10)),
-        _mm_srli_epi16(x, 8));
+    __m128i pairs =
+        _mm_add_epi16(_mm_mullo_epi16(_mm_and_si128(x, _mm_set1_epi16(0xff)), _mm_set1_epi16(10)),
+                      _mm_srli_epi16(x, 8));
     __m128i quads = _mm_madd_epi16(pairs, _mm_set1_epi32(0x00010064)); /* *100 + 1 */
     quads = _mm_packs_epi32(quads, quads); /* at most 9999: no saturation */
     __m128i octs = _mm_madd_epi16(quads, _mm_set1_epi32(0x00012710)); /* *10000 + 1 */
@@ -1370,18 +1363,18 @@ static inline bool plain_digits(const char *s, size_t n, size_t room, size_t bef
  * key leaves the line to the general parser) and the key is built in scratch with sep.
  */
 static inline __attribute__((always_inline)) int finish_tags(struct bd_parser *p,
-                                                             struct bd_point *pt,
-                                                             const char *line, bool in_order,
-                                                             char sep, size_t key_len) {
+                                                             struct bd_point *pt, const char *line,
+                                                             bool in_order, char sep,
+                                                             size_t key_len) {
     uint32_t nt = pt->n_tags;
     if (__builtin_expect(!in_order, 0)) {
         struct scratch sc = {p->scratch, p->scratch_cap, 0};
         struct raw_span raw[BD_PARSE_MAX_TAGS];
         bool sorted = true;
         for (uint32_t k = 0; k < nt; k++) {
-            raw[k] = (struct raw_span){pt->tags[k].key.ptr,
-                                       (size_t)(pt->tags[k].value.ptr + pt->tags[k].value.len -
-                                                pt->tags[k].key.ptr)};
+            raw[k] = (struct raw_span){
+                pt->tags[k].key.ptr,
+                (size_t)(pt->tags[k].value.ptr + pt->tags[k].value.len - pt->tags[k].key.ptr)};
             sorted &= k == 0 || str_cmp(pt->tags[k - 1].key, pt->tags[k].key) < 0;
         }
         if (!sorted) {
@@ -1405,10 +1398,9 @@ static inline __attribute__((always_inline)) int finish_tags(struct bd_parser *p
  * from P at *j. Returns the space after the head, where the series key ends, or e when the
  * general parser must decide.
  */
-static inline __attribute__((always_inline)) size_t walk_head(const char *s, size_t a,
-                                                              size_t e, const uint16_t *P,
-                                                              size_t *j, bool graphite,
-                                                              struct bd_point *pt,
+static inline __attribute__((always_inline)) size_t walk_head(const char *s, size_t a, size_t e,
+                                                              const uint16_t *P, size_t *j,
+                                                              bool graphite, struct bd_point *pt,
                                                               bool *in_order) {
     const char tag_sep = graphite ? ';' : ',';
     size_t i = P[(*j)++];
@@ -1473,9 +1465,8 @@ static inline bool plain_time(const struct bd_parser *p, const char *s, size_t t
  * (its '\n' or the end mark): every position is compared with it before the next is taken,
  * so none past it is used, and s[e] is never read.
  */
-static inline __attribute__((always_inline)) int walk_influx(struct bd_parser *p,
-                                                             const char *s, size_t a, size_t e,
-                                                             struct bd_point *pt) {
+static inline __attribute__((always_inline)) int
+walk_influx(struct bd_parser *p, const char *s, size_t a, size_t e, struct bd_point *pt) {
     const uint16_t *P = p->sep_pos;
     size_t j = p->sep_next;
     bool in_order = true;
@@ -1547,9 +1538,8 @@ static enum num_rc read_graphite_time(const char *s, size_t n, bool *has, int64_
  * and the line end; a path and a tag value may hold '=', nothing else may hold a separator.
  * BD_PARSE_OK, or PLAIN_MISS wherever parse_graphite must decide.
  */
-static inline __attribute__((always_inline)) int walk_graphite(struct bd_parser *p,
-                                                               const char *s, size_t a,
-                                                               size_t e, struct bd_point *pt) {
+static inline __attribute__((always_inline)) int
+walk_graphite(struct bd_parser *p, const char *s, size_t a, size_t e, struct bd_point *pt) {
     const uint16_t *P = p->sep_pos;
     size_t j = p->sep_next;
     bool in_order = true;
@@ -1808,8 +1798,7 @@ static int parse_graphite(struct bd_parser *p, const char *s, size_t n, struct b
     if (rc2 < 0) {
         return rc2;
     }
-    pt->series_key =
-        build_series_key(&sc, s + ps, name_end - ps, raw, pt->n_tags, ';', in_order);
+    pt->series_key = build_series_key(&sc, s + ps, name_end - ps, raw, pt->n_tags, ';', in_order);
     return BD_PARSE_OK;
 }
 
@@ -1997,7 +1986,9 @@ static inline size_t line_end(const struct bd_parser *p, size_t r, bool *odd) {
     size_t hw = c / 64; /* the word of the line end, 0 to 2 after w */
     uint64_t hm = (UINT64_C(1) << (c % 64)) - 1;
     *odd = ((od[w] & lo & (hw == 0 ? hm : ~UINT64_C(0))) |
-            (od[w + 1] & (hw == 1 ? hm : hw == 2 ? ~UINT64_C(0) : 0)) |
+            (od[w + 1] & (hw == 1   ? hm
+                          : hw == 2 ? ~UINT64_C(0)
+                                    : 0)) |
             (od[w + 2] & (hw == 2 ? hm : 0))) != 0;
     return w * 64 + c;
 }
@@ -2047,7 +2038,7 @@ int bd_parse_line(struct bd_parser *p, const char *line, size_t len, struct bd_p
     return parse_general(p, line, len, pt, errmsg);
 }
 
-int bd_parse_line_general(struct bd_parser *p, const char *line, size_t len,
-                          struct bd_point *pt, const char **errmsg) {
+int bd_parse_line_general(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
+                          const char **errmsg) {
     return parse_general(p, line, len, pt, errmsg);
 }

@@ -9,8 +9,8 @@
 #include "bucketd/parse.h"
 
 /* bd_parse_line() without the fast path for plain lines. */
-int bd_parse_line_general(struct bd_parser *p, const char *line, size_t len,
-                          struct bd_point *pt, const char **errmsg);
+int bd_parse_line_general(struct bd_parser *p, const char *line, size_t len, struct bd_point *pt,
+                          const char **errmsg);
 
 /*
  * The classifier variant: "avx512", "avx2", "sse2", "swar" (portable) or "best"; -ENOTSUP

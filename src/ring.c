@@ -10,8 +10,7 @@
 #include <string.h>
 
 _Static_assert(sizeof(struct bd_ring) == 2 * BD_RING_CACHELINE, "ring: two 128-byte halves");
-_Static_assert(offsetof(struct bd_ring, tail) - offsetof(struct bd_ring, head) ==
-                   BD_RING_CACHELINE,
+_Static_assert(offsetof(struct bd_ring, tail) - offsetof(struct bd_ring, head) == BD_RING_CACHELINE,
                "ring: head and tail 128 bytes apart");
 _Static_assert(offsetof(struct bd_ring, cells) < BD_RING_LINE &&
                    offsetof(struct bd_ring, cons_cells) - BD_RING_CACHELINE < BD_RING_LINE,

@@ -625,8 +625,8 @@ struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t) {
     return s;
 }
 
-uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns,
-                                struct bd_reading_value *vals, uint32_t *n_vals) {
+uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_reading_value *vals,
+                                uint32_t *n_vals) {
     uint32_t tail;
     uint32_t avail = bd_ring_available(&s->ring, &tail);
     if (avail == 0) {

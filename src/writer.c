@@ -98,11 +98,11 @@ static int write_all(int fd, const char *buf, size_t len) {
 /* Replace writer.state with the current values; with sync, durable before returning. */
 static int save_state(struct bd_writer *w, bool clean, bool sync, struct bd_err *err) {
     char buf[512];
-    int len = snprintf(buf, sizeof(buf),
-                       "bucketd-writer 1\nwriter_id %s\nreserved %" PRIu64
-                       "\nmax_bucket_start_ms %" PRId64 "\nlast_ack_ms %" PRId64 "\nclean %d\n",
-                       w->writer_id, w->reserved, w->max_bucket_start_ms, w->last_ack_ms,
-                       clean ? 1 : 0);
+    int len =
+        snprintf(buf, sizeof(buf),
+                 "bucketd-writer 1\nwriter_id %s\nreserved %" PRIu64
+                 "\nmax_bucket_start_ms %" PRId64 "\nlast_ack_ms %" PRId64 "\nclean %d\n",
+                 w->writer_id, w->reserved, w->max_bucket_start_ms, w->last_ack_ms, clean ? 1 : 0);
     BD_ASSERT(len > 0 && (size_t)len < sizeof(buf));
     int rc = 0;
     int fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);

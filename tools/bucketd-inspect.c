@@ -500,8 +500,7 @@ static int resolve_settings(const struct options *o, struct bd_config *cfg, stru
     }
     s->uri = o->given[OPT_URI] ? o->value[OPT_URI] : cfg->mongodb.uri;
     s->database = o->given[OPT_DATABASE] ? o->value[OPT_DATABASE] : cfg->mongodb.database;
-    s->collection =
-        o->given[OPT_COLLECTION] ? o->value[OPT_COLLECTION] : cfg->mongodb.collection;
+    s->collection = o->given[OPT_COLLECTION] ? o->value[OPT_COLLECTION] : cfg->mongodb.collection;
     s->span_ms = cfg->buckets.span_ms;
     s->max_readings = cfg->buckets.max_readings;
     if (o->given[OPT_SPAN]) {
@@ -642,8 +641,8 @@ static int table_field_index(struct table *t, const char *name, size_t *out) {
         }
     }
     char *copy = strdup(name);
-    if (copy == NULL || grow((void **)&t->names, &t->cap_names, t->n_names + 1,
-                             sizeof(*t->names)) < 0) {
+    if (copy == NULL ||
+        grow((void **)&t->names, &t->cap_names, t->n_names + 1, sizeof(*t->names)) < 0) {
         free(copy);
         return -ENOMEM;
     }
@@ -952,8 +951,8 @@ static void problem(struct verifier *v, const char *id, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void warning(struct verifier *v, const char *id, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void reading_problem(struct verifier *v, const char *id, enum rkind k, const char *fmt,
-                            ...) __attribute__((format(printf, 4, 5)));
+static void reading_problem(struct verifier *v, const char *id, enum rkind k, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 static void problem(struct verifier *v, const char *id, const char *fmt, ...) {
     va_list ap;
@@ -1303,8 +1302,8 @@ static void group_finish(struct verifier *v) {
 }
 
 /* Adds a page to the bucket being read (finishing the previous bucket first). */
-static void group_add(struct verifier *v, const char *id, const char *sensor_id,
-                      int64_t start_ms, int64_t page, int64_t n_readings, const bson_t *meta) {
+static void group_add(struct verifier *v, const char *id, const char *sensor_id, int64_t start_ms,
+                      int64_t page, int64_t n_readings, const bson_t *meta) {
     struct group *g = &v->g;
     if (g->active && (strcmp(g->sensor_id, sensor_id) != 0 || g->start_ms != start_ms)) {
         group_finish(v);
@@ -1373,12 +1372,10 @@ static int check_document(struct verifier *v, const bson_t *doc) {
     if (want(v, id, doc, "meta", "meta", T_BIT(BSON_TYPE_DOCUMENT), "document", &it) &&
         sub_document(&it, &meta)) {
         has_meta = true;
-        want(v, id, &meta, "measurement", "meta.measurement", T_BIT(BSON_TYPE_UTF8), "string",
-             &it);
+        want(v, id, &meta, "measurement", "meta.measurement", T_BIT(BSON_TYPE_UTF8), "string", &it);
         want(v, id, &meta, "tags", "meta.tags", T_BIT(BSON_TYPE_DOCUMENT), "document", &it);
     }
-    if (want(v, id, doc, "bucket_start", "bucket_start", T_BIT(BSON_TYPE_DATE_TIME), "date",
-             &it)) {
+    if (want(v, id, doc, "bucket_start", "bucket_start", T_BIT(BSON_TYPE_DATE_TIME), "date", &it)) {
         has_start = true;
         start = bson_iter_date_time(&it);
     }
@@ -1397,8 +1394,7 @@ static int check_document(struct verifier *v, const bson_t *doc) {
         has_count = true;
         count = bson_iter_as_int64(&it);
     }
-    if (want(v, id, doc, "readings", "readings", T_BIT(BSON_TYPE_ARRAY), "array",
-             &readings_it)) {
+    if (want(v, id, doc, "readings", "readings", T_BIT(BSON_TYPE_ARRAY), "array", &readings_it)) {
         has_readings = true;
     }
     if (want(v, id, doc, "summary", "summary", T_BIT(BSON_TYPE_DOCUMENT), "document", &it) &&
@@ -1448,8 +1444,8 @@ static int check_document(struct verifier *v, const bson_t *doc) {
         }
         for (int k = 0; k < N_RKINDS; k++) {
             if (v->rk_count[k] > LIST_PER_KIND) {
-                printf("%s: %" PRIu64 " more %s (not listed)\n", id,
-                       v->rk_count[k] - LIST_PER_KIND, rkind_what[k]);
+                printf("%s: %" PRIu64 " more %s (not listed)\n", id, v->rk_count[k] - LIST_PER_KIND,
+                       rkind_what[k]);
             }
         }
         v->readings += (uint64_t)n;
@@ -1553,8 +1549,8 @@ int main(int argc, char **argv) {
     mongoc_init();
     rc = conn_open(&c, &s, &err);
     if (rc == 0) {
-        rc = o.cmd == CMD_BUCKETS ? cmd_buckets(&c, &o, &s, &err) : cmd_verify(&c, &o, &s, &v,
-                                                                              &err);
+        rc =
+            o.cmd == CMD_BUCKETS ? cmd_buckets(&c, &o, &s, &err) : cmd_verify(&c, &o, &s, &v, &err);
     }
     if (rc < 0) {
         fflush(stdout);

@@ -587,22 +587,22 @@ struct breakage {
 };
 
 static const struct breakage influx_breakage[] = {
-    {"", true, ""},                 /* no field set: the timestamp is taken for a field */
-    {" f0=12.3.4", true, ""},       /* a float with two dots */
-    {" f0=,f1=2i", true, ""},       /* an empty field value */
-    {" f0=1.5 12x4", false, ""},    /* a timestamp that is not a number */
-    {"", false, ""},                /* the head alone: no field set at all */
-    {" f0=1i2", true, ""},          /* an integer suffix in the middle */
-    {" f0=1.5,=2", true, ""},       /* an empty field key */
-    {" f0=1.5", true, " junk"},     /* text after the timestamp */
+    {"", true, ""},              /* no field set: the timestamp is taken for a field */
+    {" f0=12.3.4", true, ""},    /* a float with two dots */
+    {" f0=,f1=2i", true, ""},    /* an empty field value */
+    {" f0=1.5 12x4", false, ""}, /* a timestamp that is not a number */
+    {"", false, ""},             /* the head alone: no field set at all */
+    {" f0=1i2", true, ""},       /* an integer suffix in the middle */
+    {" f0=1.5,=2", true, ""},    /* an empty field key */
+    {" f0=1.5", true, " junk"},  /* text after the timestamp */
 };
 
 static const struct breakage graphite_breakage[] = {
-    {" abc", true, ""},          /* a value that is not a number */
-    {"", false, ""},             /* no value */
-    {" 1.5 12x", false, ""},     /* a timestamp that is not a number */
-    {" 1.5", true, " extra"},    /* text after the timestamp */
-    {" 1.5.2", true, ""},        /* a float with two dots */
+    {" abc", true, ""},       /* a value that is not a number */
+    {"", false, ""},          /* no value */
+    {" 1.5 12x", false, ""},  /* a timestamp that is not a number */
+    {" 1.5", true, " extra"}, /* text after the timestamp */
+    {" 1.5.2", true, ""},     /* a float with two dots */
 };
 
 /* Longest body + tail above, so buffers can be sized from it. */
@@ -642,9 +642,9 @@ struct counters {
     uint64_t datagrams;
     uint64_t bytes;
     uint64_t syscalls;
-    uint64_t retries;      /* sends retried after ENOBUFS/EAGAIN */
-    uint64_t refused;      /* ECONNREFUSED reports: an earlier datagram reached no listener */
-    uint64_t send_errors;  /* datagrams (UDP) or chunks (TCP) given up */
+    uint64_t retries;     /* sends retried after ENOBUFS/EAGAIN */
+    uint64_t refused;     /* ECONNREFUSED reports: an earlier datagram reached no listener */
+    uint64_t send_errors; /* datagrams (UDP) or chunks (TCP) given up */
     uint64_t late;
     uint64_t dup_ts;
     uint64_t out_of_order;
@@ -658,7 +658,7 @@ struct udp_out {
     size_t slot_size; /* a datagram's lines, one more (a line is formatted before it is known to
                        * fit) and slack */
     uint32_t first[UDP_BATCH + 1]; /* datagram d holds sent[first[d], first[d + 1]) */
-    char *carry;      /* a line that did not fit in the last datagram of a batch */
+    char *carry;                   /* a line that did not fit in the last datagram of a batch */
     size_t carry_len;
     struct sent carry_sent;
 };
@@ -672,15 +672,15 @@ struct tcp_out {
 
 struct sim {
     const struct options *o;
-    int64_t unit_ns;   /* timestamp unit on the wire */
-    size_t line_max;   /* upper bound of any line this run makes, '\n' included */
-    size_t slack;      /* room every line buffer keeps past line_max for fixed-size copies */
+    int64_t unit_ns; /* timestamp unit on the wire */
+    size_t line_max; /* upper bound of any line this run makes, '\n' included */
+    size_t slack;    /* room every line buffer keeps past line_max for fixed-size copies */
 
     /* Sensor table, indexed 0..sensors-1 (sensor number = sensor_offset + index). */
-    char *heads;       /* HEAD_STRIDE bytes per sensor: "m1,site=..,sensor=s7" or "sim.s7.value" */
+    char *heads; /* HEAD_STRIDE bytes per sensor: "m1,site=..,sensor=s7" or "sim.s7.value" */
     uint8_t *head_len;
-    int64_t *last_ts;  /* INT64_MIN until the sensor's first reading */
-    uint64_t *count;   /* readings sent */
+    int64_t *last_ts; /* INT64_MIN until the sensor's first reading */
+    uint64_t *count;  /* readings sent */
 
     char field_keys[MAX_FIELDS][8]; /* " f0=", ",f1=", ... */
     uint8_t field_key_len[MAX_FIELDS];
@@ -723,8 +723,7 @@ static void on_stop_signal(int sig) {
 }
 
 /* Measurement and tags of sensor number g, in wire order and sorted (the series key). */
-static int format_sensor(const struct options *o, uint64_t g, bool sorted, char *buf,
-                         size_t cap) {
+static int format_sensor(const struct options *o, uint64_t g, bool sorted, char *buf, size_t cap) {
     if (o->format == BD_FORMAT_GRAPHITE) {
         return snprintf(buf, cap, "sim.s%" PRIu64 ".value", g);
     }
@@ -791,8 +790,8 @@ static int sim_init(struct sim *s, const struct options *o, struct bd_err *err) 
     }
     size_t head_max = 0;
     for (size_t i = 0; i < n; i++) {
-        int len = format_sensor(o, o->sensor_offset + i, false, s->heads + i * HEAD_STRIDE,
-                                HEAD_STRIDE);
+        int len =
+            format_sensor(o, o->sensor_offset + i, false, s->heads + i * HEAD_STRIDE, HEAD_STRIDE);
         BD_ASSERT(len > 0 && len < HEAD_STRIDE);
         s->head_len[i] = (uint8_t)len;
         s->last_ts[i] = INT64_MIN;
@@ -801,17 +800,17 @@ static int sim_init(struct sim *s, const struct options *o, struct bd_err *err) 
 
     size_t keys_len = 0;
     for (uint32_t j = 0; j < o->fields; j++) {
-        int len = snprintf(s->field_keys[j], sizeof(s->field_keys[j]), "%sf%u=",
-                           j == 0 ? " " : ",", j);
+        int len =
+            snprintf(s->field_keys[j], sizeof(s->field_keys[j]), "%sf%u=", j == 0 ? " " : ",", j);
         s->field_key_len[j] = (uint8_t)len;
         keys_len += (size_t)len;
     }
     /* Bound of any line: head, fields or value, seq, " ts", '\n', and room for a breakage. */
-    size_t body = o->format == BD_FORMAT_GRAPHITE ? 1 + 20
-                                                  : keys_len + o->fields * (VALUE_MAX_CHARS + 1);
+    size_t body =
+        o->format == BD_FORMAT_GRAPHITE ? 1 + 20 : keys_len + o->fields * (VALUE_MAX_CHARS + 1);
     size_t seq = o->format == BD_FORMAT_GRAPHITE ? 0 : (o->seq ? sizeof(",seq=") + 21 : 0);
-    s->line_max = head_max + BD_MAX(body + seq, (size_t)BREAKAGE_MAX_EXTRA) + 1 + 20 +
-                  BREAKAGE_MAX_EXTRA + 1;
+    s->line_max =
+        head_max + BD_MAX(body + seq, (size_t)BREAKAGE_MAX_EXTRA) + 1 + 20 + BREAKAGE_MAX_EXTRA + 1;
     /* Formatting may write this far past a line's end before the next part overwrites it. */
     s->slack = HEAD_STRIDE + 8;
 
@@ -839,8 +838,8 @@ static int sim_init(struct sim *s, const struct options *o, struct bd_err *err) 
                               o->max_datagram, s->line_max);
         }
         /* Few lines per datagram need small slots: they stay in cache. */
-        s->udp.slot_size = BD_MIN((size_t)o->max_datagram, o->per_datagram * s->line_max) +
-                           s->line_max + s->slack;
+        s->udp.slot_size =
+            BD_MIN((size_t)o->max_datagram, o->per_datagram * s->line_max) + s->line_max + s->slack;
         s->udp.slots = malloc(UDP_BATCH * s->udp.slot_size);
         s->udp.carry = malloc(s->line_max + s->slack);
         if (s->udp.slots == NULL || s->udp.carry == NULL) {
@@ -1265,8 +1264,8 @@ static size_t tcp_fill(struct sim *s, uint64_t budget, uint64_t *used, uint32_t 
         char *end = format_entry(s, e, s->tcp.chunk + pos);
         pos = (size_t)(end - s->tcp.chunk);
         BD_ASSERT(n < s->sent_cap);
-        s->sent[n++] = (struct sent){.sensor = e->sensor, .end = (uint32_t)pos, .kind = e->kind,
-                                     .flags = e->flags};
+        s->sent[n++] = (struct sent){
+            .sensor = e->sensor, .end = (uint32_t)pos, .kind = e->kind, .flags = e->flags};
         gen_pop(s);
     }
     *n_sent = n;
@@ -1312,10 +1311,10 @@ static void tcp_send(struct sim *s, size_t len, uint32_t n_sent) {
 /* The run                                                                                  */
 
 struct pacer {
-    double rate;   /* readings per second; 0 = flat out */
+    double rate; /* readings per second; 0 = flat out */
     double tokens;
-    double step;   /* readings released at a time: about a millisecond's worth */
-    double burst;  /* tokens kept at most, so a stall is not followed by a flood */
+    double step;  /* readings released at a time: about a millisecond's worth */
+    double burst; /* tokens kept at most, so a stall is not followed by a flood */
     int64_t last_ns;
 };
 
@@ -1361,8 +1360,8 @@ static int64_t run(struct sim *s) {
     const struct options *o = s->o;
     int64_t start = bd_mono_ns();
     int64_t deadline = o->has_duration ? start + o->duration_ns : INT64_MAX;
-    uint64_t batch_readings = o->proto == BD_PROTO_UDP ? (uint64_t)UDP_BATCH * o->per_datagram
-                                                       : TCP_CHUNK / 128;
+    uint64_t batch_readings =
+        o->proto == BD_PROTO_UDP ? (uint64_t)UDP_BATCH * o->per_datagram : TCP_CHUNK / 128;
     struct pacer p;
     pacer_init(&p, o->rate, batch_readings, start);
     bool show = !o->quiet && isatty(STDERR_FILENO);
@@ -1412,11 +1411,10 @@ static void print_summary(const struct sim *s, int64_t elapsed_ns) {
            ",\"bytes\":%" PRIu64 ",\"sensors\":%u,\"elapsed_s\":%.6f,\"readings_per_s\":%.1f"
            ",\"send_errors\":%" PRIu64 ",\"proto\":\"%s\",\"format\":\"%s\",\"per_datagram\":%u",
            s->st.readings, s->st.malformed, s->st.datagrams, s->st.bytes, o->sensors, secs, rate,
-           s->st.send_errors, bd_proto_name(o->proto), bd_format_name(o->format),
-           o->per_datagram);
+           s->st.send_errors, bd_proto_name(o->proto), bd_format_name(o->format), o->per_datagram);
     if (o->proto == BD_PROTO_UDP) {
-        printf(",\"max_datagram\":%u,\"retries\":%" PRIu64 ",\"refused\":%" PRIu64,
-               o->max_datagram, s->st.retries, s->st.refused);
+        printf(",\"max_datagram\":%u,\"retries\":%" PRIu64 ",\"refused\":%" PRIu64, o->max_datagram,
+               s->st.retries, s->st.refused);
     } else {
         printf(",\"connections\":%u", o->connections);
     }

@@ -8,8 +8,8 @@ PACKAGES=(
   # build
   build-essential cmake pkg-config
   libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
-  # tests
-  libcriterion-dev
+  # tests; clang-format checks the house format (.clang-format)
+  libcriterion-dev clang-format
   # MongoDB test server and the Python end-to-end tests (Debian's python3, not a venv)
   python3 python3-mockupdb python3-mongomock python3-pymongo
 )

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up, build and run every bucketd test: the whole suite once plain and once under
+# Set up, check the format, build and run every bucketd test: the whole suite once plain and under
 # AddressSanitizer + UndefinedBehaviorSanitizer, and the ring stress test and the end-to-end
 # tests (the daemon's threads) under ThreadSanitizer, then each parser's libFuzzer target for
 # 60 seconds. This is the command CI runs (.ci/run). Build trees: build/, build-asan/,
@@ -14,6 +14,10 @@ cd "$root"
 jobs="$(nproc 2>/dev/null || echo 2)"
 
 bash tools/install-deps.sh
+
+# The house format (.clang-format, STYLE.md): any C file that clang-format would change fails.
+echo "== format"
+git ls-files '*.c' '*.h' | xargs clang-format --dry-run --Werror
 
 configure_build() { # dir, extra cmake args...
   local dir="$1"; shift

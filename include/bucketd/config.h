@@ -32,8 +32,8 @@ struct bd_listener_config {
 };
 
 struct bd_config {
-    char path[1024]; /* file it was loaded from */
-    char writer_id[128];  /* default: the host name */
+    char path[1024];     /* file it was loaded from */
+    char writer_id[128]; /* default: the host name */
 
     struct bd_listener_config listeners[BD_MAX_LISTENERS];
     uint32_t n_listeners;

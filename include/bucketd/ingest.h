@@ -73,11 +73,11 @@ int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx);
  * Kernel UDP counters. Datagrams the kernel drops never reach us, so only the kernel can count
  * them: udp_socket_drops is the "drops" column of /proc/net/udp and /proc/net/udp6 for our own
  * sockets (found by the inode of their descriptors), udp_kernel_rcvbuf_errors and
- * udp_kernel_in_errors the growth of the host's Udp RcvbufErrors and InErrors in /proc/net/snmp
- * and Udp6RcvbufErrors and Udp6InErrors in /proc/net/snmp6 since bd_ingest_new(). They are read on a 1 s timer and once more by bd_ingest_stop() before
- * the sockets close, and added as deltas, so the stats stay monotonic. If /proc cannot be read,
- * one warning is logged and they stay at 0. The parsers below are pure functions over /proc
- * text, public so that tests can feed them samples.
+ * udp_kernel_in_errors the growth of the host's Udp RcvbufErrors and InErrors in /proc/net/snmp and
+ * Udp6RcvbufErrors and Udp6InErrors in /proc/net/snmp6 since bd_ingest_new(). They are read every
+ * second and once more by bd_ingest_stop() before the sockets close, and added as deltas, so the
+ * stats stay monotonic. If /proc cannot be read, one warning is logged and they stay at 0. The
+ * parsers below are pure functions over /proc text, public so that tests can feed them samples.
  */
 
 /* The host's UDP counters that count receive drops. */
@@ -111,7 +111,6 @@ struct bd_udp_sock {
  * names. Returns how many lines matched. Entries not named are left as they were, so one
  * array can go through both files and through a file read in pieces.
  */
-size_t bd_ingest_parse_udp_drops(const char *text, size_t len, struct bd_udp_sock *socks,
-                                 size_t n);
+size_t bd_ingest_parse_udp_drops(const char *text, size_t len, struct bd_udp_sock *socks, size_t n);
 
 #endif

@@ -97,10 +97,10 @@ struct bd_parser {
     /* The batch being read (bd_parse_begin): private to src/parse.c. */
     const char *buf;
     size_t len;
-    size_t pos;      /* start of the next line */
-    size_t base;     /* offset in buf of the window's first byte */
-    size_t n_words;  /* bitmap words classified, the end mark's word included */
-    uint64_t *masks; /* owned: sep, nl and odd bitmaps, BD_PARSE_WINDOW_WORDS + 1 words each */
+    size_t pos;        /* start of the next line */
+    size_t base;       /* offset in buf of the window's first byte */
+    size_t n_words;    /* bitmap words classified, the end mark's word included */
+    uint64_t *masks;   /* owned: sep, nl and odd bitmaps, BD_PARSE_WINDOW_WORDS + 1 words each */
     uint16_t *sep_pos; /* owned: the positions of the sep bits, in order */
     size_t n_seps;
     size_t sep_next; /* the first of them not yet consumed */

@@ -57,8 +57,8 @@ struct bd_ring {
         struct {
             /* Written by the consumer only; the producer reads tail. */
             _Atomic uint32_t tail;
-            uint32_t head_cache;     /* consumer's copy of head, never ahead of it */
-            uint32_t cons_mask;      /* read-only copies, so the consumer stays in its line */
+            uint32_t head_cache; /* consumer's copy of head, never ahead of it */
+            uint32_t cons_mask;  /* read-only copies, so the consumer stays in its line */
             struct bd_cell *cons_cells;
         };
         unsigned char consumer_line_[BD_RING_CACHELINE];

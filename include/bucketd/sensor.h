@@ -144,8 +144,8 @@ struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t);
  * number of cells it occupies (0 if the ring is empty); fills *ts_ns, vals[0..*n_vals).
  * The caller consumes the cells with bd_ring_consume() once done with them.
  */
-uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns,
-                                struct bd_reading_value *vals, uint32_t *n_vals);
+uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_reading_value *vals,
+                                uint32_t *n_vals);
 
 /* Visit every sensor (any thread, once the ingest thread has stopped). */
 void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* clang-format off */
 /* X(name, help) */
 #define BD_STATS_LIST(X)                                                                   \
     /* ingest thread */                                                                    \
@@ -18,7 +19,8 @@
     X(udp_truncated, "UDP datagrams dropped because they were truncated")                  \
     X(udp_recv_errors, "UDP receive errors reported by libuv")                            \
     X(udp_socket_drops, "datagrams the kernel dropped on bucketd's UDP sockets (/proc/net/udp)") \
-    X(udp_kernel_rcvbuf_errors, "host-wide UDP receive-buffer drops since start (/proc/net/snmp{,6})") \
+    X(udp_kernel_rcvbuf_errors,                                                            \
+      "host-wide UDP receive-buffer drops since start (/proc/net/snmp{,6})")              \
     X(udp_kernel_in_errors, "host-wide UDP InErrors since start (/proc/net/snmp{,6})")        \
     X(udp_pauses, "times UDP reading paused for a ring past its high-water mark")           \
     X(udp_unread_at_stop, "UDP datagrams still queued at a stop past its read-out, discarded") \
@@ -52,6 +54,7 @@
     X(writer_conflicts, "updates refused: a bucket holds a newer sequence of this writer_id")  \
     X(page_lookups, "queries learning the pages of buckets written before this start")       \
     X(readings_lost, "readings given up at shutdown because MongoDB stayed unreachable")
+/* clang-format on */
 
 struct bd_stats {
 #define BD_STATS_FIELD(name, help) _Atomic uint64_t name;
@@ -65,9 +68,9 @@ struct bd_stats {
  * store buffer to drain -- on the ingest hot path that meant waiting, for every reading, on the
  * cache miss of the ring cells just written. Readers still never see a torn value.
  */
-#define BD_STAT_ADD(st, name, n)                                                           \
-    atomic_store_explicit(&(st)->name,                                                     \
-                          atomic_load_explicit(&(st)->name, memory_order_relaxed) + (n),   \
+#define BD_STAT_ADD(st, name, n)                                                                   \
+    atomic_store_explicit(&(st)->name,                                                             \
+                          atomic_load_explicit(&(st)->name, memory_order_relaxed) + (n),           \
                           memory_order_relaxed)
 #define BD_STAT_GET(st, name) atomic_load_explicit(&(st)->name, memory_order_relaxed)
 

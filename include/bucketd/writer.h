@@ -36,12 +36,12 @@ struct bd_writer;
 
 /* What writer.state held when the daemon started (all 0 when there was none). */
 struct bd_writer_prev {
-    bool found;               /* a readable state file existed */
-    bool clean;               /* the previous run stopped cleanly */
-    uint64_t reserved;        /* sequences below this may have been used */
+    bool found;        /* a readable state file existed */
+    bool clean;        /* the previous run stopped cleanly */
+    uint64_t reserved; /* sequences below this may have been used */
     int64_t max_bucket_start_ms;
     int64_t last_ack_ms;
-    char writer_id[128];      /* "" if none */
+    char writer_id[128]; /* "" if none */
 };
 
 /*

@@ -79,7 +79,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 /* ---------------------------------------------------------------------------------------- */
 /* Point invariants                                                                         */
 
-
 /* Whether s holds a control character, a space, a tab or any byte of also. */
 static bool has_any(struct bd_str s, const char *also) {
     for (size_t i = 0; i < s.len; i++) {
@@ -234,7 +233,6 @@ static size_t canonical_line(struct buf *b, const struct bd_point *pt) {
 
 /* ---------------------------------------------------------------------------------------- */
 /* Driver                                                                                   */
-
 
 /* Blank (spaces, tabs, the '\r' of a "\r\n") or a comment: exactly the lines skipped. */
 static bool blank_or_comment(const char *s, size_t n) {

@@ -77,8 +77,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         for (int i = 0; i < N_PREC; i++) {
             size_t max_line = l == 0 ? FUZZ_MAX_LINE : SMALL_MAX_LINE;
             if (bd_parser_init(&parsers[l][i], BD_FORMAT_INFLUX, (enum bd_precision)i, max_line) ||
-                bd_parser_init(&batchers[l][i], BD_FORMAT_INFLUX, (enum bd_precision)i,
-                               max_line)) {
+                bd_parser_init(&batchers[l][i], BD_FORMAT_INFLUX, (enum bd_precision)i, max_line)) {
                 abort();
             }
         }
@@ -96,7 +95,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 /* ---------------------------------------------------------------------------------------- */
 /* Point invariants                                                                         */
-
 
 static bool has_ctl(struct bd_str s) {
     for (size_t i = 0; i < s.len; i++) {
@@ -534,7 +532,6 @@ static void check_json(const struct bd_point *pt) {
 
 /* ---------------------------------------------------------------------------------------- */
 /* Driver                                                                                   */
-
 
 /* Nothing but spaces (and the '\r' of a "\r\n"), or a comment: the lines that may be skipped. */
 static bool blank_or_comment(const char *s, size_t n, bool *blank) {

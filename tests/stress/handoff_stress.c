@@ -130,8 +130,8 @@ static void drain(struct bd_sensor *s) {
 static void check_ring(struct bd_sensor *s, void *arg) {
     uint64_t *round = arg;
     if (bd_ring_used(&s->ring) != 0) {
-        fail("round end: readings left in a ring whose sensor is not queued (lost wake-up)",
-             *round, bd_ring_used(&s->ring));
+        fail("round end: readings left in a ring whose sensor is not queued (lost wake-up)", *round,
+             bd_ring_used(&s->ring));
     }
 }
 

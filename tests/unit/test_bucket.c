@@ -50,8 +50,8 @@ Test(bucket, hour_boundaries) {
     cr_assert_eq(bd_bucket_start_ms(-HOUR_MS * MS, HOUR_MS), -HOUR_MS);
     /* Other spans. */
     cr_assert_eq(bd_bucket_start_ms((h + 61000) * MS, 60000), h + 60000);
-    cr_assert_eq(bd_bucket_start_ms((h + 5 * HOUR_MS) * MS, 24 * HOUR_MS),
-                 h - 14 * HOUR_MS, "day buckets start at midnight UTC");
+    cr_assert_eq(bd_bucket_start_ms((h + 5 * HOUR_MS) * MS, 24 * HOUR_MS), h - 14 * HOUR_MS,
+                 "day buckets start at midnight UTC");
 }
 
 Test(bucket, document_id) {

@@ -77,8 +77,7 @@ static void expect_fail(const char *yaml, const char *pos, const char *key, cons
                      err.msg, prefix);
     } else {
         snprintf(prefix, sizeof(prefix), ": %s: ", key);
-        cr_assert_not_null(strstr(err.msg, prefix), "message \"%s\" lacks \"%s\"", err.msg,
-                           prefix);
+        cr_assert_not_null(strstr(err.msg, prefix), "message \"%s\" lacks \"%s\"", err.msg, prefix);
     }
     cr_assert_not_null(strstr(err.msg, needle), "message \"%s\" lacks \"%s\"", err.msg, needle);
 }
@@ -242,19 +241,39 @@ Test(config, duration_parser) {
     static const struct {
         const char *text;
         uint64_t ms;
-    } good[] = {{"1s", 1000},     {"1500ms", 1500},  {"5m", 300000}, {"1h", 3600000},
-                {"0", 0},         {"0ms", 0},        {"0h", 0},      {"007s", 7000},
-                {"24h", 86400000}, {"1ms", 1},
+    } good[] = {{"1s", 1000},
+                {"1500ms", 1500},
+                {"5m", 300000},
+                {"1h", 3600000},
+                {"0", 0},
+                {"0ms", 0},
+                {"0h", 0},
+                {"007s", 7000},
+                {"24h", 86400000},
+                {"1ms", 1},
                 {"5124095576030h", UINT64_C(18446744073708000000)}};
     static const struct {
         const char *text;
         int rc;
-    } bad[] = {{"1x", -EINVAL},     {"-1s", -EINVAL},   {"", -EINVAL},     {"1", -EINVAL},
-               {" 1s", -EINVAL},    {"1s ", -EINVAL},   {"+1s", -EINVAL},  {"1.5s", -EINVAL},
-               {"s", -EINVAL},      {"1S", -EINVAL},    {"1 s", -EINVAL},  {"1h30m", -EINVAL},
-               {"0x10s", -EINVAL},  {"1sec", -EINVAL},  {"1us", -EINVAL},
-               {"18446744073709551616ms", -ERANGE},     {"99999999999999999999", -ERANGE},
-               {"5124095576031h", -ERANGE},          {"18446744073709552s", -ERANGE}};
+    } bad[] = {{"1x", -EINVAL},
+               {"-1s", -EINVAL},
+               {"", -EINVAL},
+               {"1", -EINVAL},
+               {" 1s", -EINVAL},
+               {"1s ", -EINVAL},
+               {"+1s", -EINVAL},
+               {"1.5s", -EINVAL},
+               {"s", -EINVAL},
+               {"1S", -EINVAL},
+               {"1 s", -EINVAL},
+               {"1h30m", -EINVAL},
+               {"0x10s", -EINVAL},
+               {"1sec", -EINVAL},
+               {"1us", -EINVAL},
+               {"18446744073709551616ms", -ERANGE},
+               {"99999999999999999999", -ERANGE},
+               {"5124095576031h", -ERANGE},
+               {"18446744073709552s", -ERANGE}};
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         uint64_t ms = 42;
         cr_assert_eq(bd_parse_duration_ms(good[i].text, &ms), 0, "\"%s\"", good[i].text);
@@ -273,16 +292,32 @@ Test(config, size_parser) {
     static const struct {
         const char *text;
         uint64_t bytes;
-    } good[] = {{"64KiB", 65536},  {"8MiB", 8u << 20}, {"1GiB", 1u << 30}, {"12", 12},
-                {"12B", 12},       {"0", 0},           {"4096", 4096},     {"1024GiB", 1ull << 40},
+    } good[] = {{"64KiB", 65536},
+                {"8MiB", 8u << 20},
+                {"1GiB", 1u << 30},
+                {"12", 12},
+                {"12B", 12},
+                {"0", 0},
+                {"4096", 4096},
+                {"1024GiB", 1ull << 40},
                 {"17179869183GiB", 17179869183ull << 30}};
     static const struct {
         const char *text;
         int rc;
-    } bad[] = {{"1kb", -EINVAL},   {"1KB", -EINVAL},   {"1k", -EINVAL},     {"1 KiB", -EINVAL},
-               {"-1", -EINVAL},    {"", -EINVAL},      {"1KiBx", -EINVAL},  {"KiB", -EINVAL},
-               {"1.5MiB", -EINVAL}, {"1mib", -EINVAL}, {"1TiB", -EINVAL},   {" 12", -EINVAL},
-               {"17179869184GiB", -ERANGE},            {"99999999999999999999", -ERANGE}};
+    } bad[] = {{"1kb", -EINVAL},
+               {"1KB", -EINVAL},
+               {"1k", -EINVAL},
+               {"1 KiB", -EINVAL},
+               {"-1", -EINVAL},
+               {"", -EINVAL},
+               {"1KiBx", -EINVAL},
+               {"KiB", -EINVAL},
+               {"1.5MiB", -EINVAL},
+               {"1mib", -EINVAL},
+               {"1TiB", -EINVAL},
+               {" 12", -EINVAL},
+               {"17179869184GiB", -ERANGE},
+               {"99999999999999999999", -ERANGE}};
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         uint64_t n = 42;
         cr_assert_eq(bd_parse_size(good[i].text, &n), 0, "\"%s\"", good[i].text);
@@ -315,12 +350,27 @@ Test(config, hostport_parser) {
     cr_assert_eq(port_of(&ss), 65535);
     cr_assert_eq(bd_parse_hostport("127.0.0.1:0", &ss), 0);
 
-    static const char *const bad[] = {
-        "localhost:80", "1.2.3:80",       "10.1:80",    "0x7f.0.0.1:80", "::1:80",
-        "[::1]80",      "[::1]",          "1.2.3.4",    "1.2.3.4:65536", "1.2.3.4:-1",
-        "1.2.3.4:",     ":80",            "1.2.3.4:80x", "[1.2.3.4]:80",  "[::1:80",
-        "",             "1.2.3.4: 80",    " 1.2.3.4:80", "[]:80",         "1.2.3.4:+80",
-        "[::1]:99999999999999999999"};
+    static const char *const bad[] = {"localhost:80",
+                                      "1.2.3:80",
+                                      "10.1:80",
+                                      "0x7f.0.0.1:80",
+                                      "::1:80",
+                                      "[::1]80",
+                                      "[::1]",
+                                      "1.2.3.4",
+                                      "1.2.3.4:65536",
+                                      "1.2.3.4:-1",
+                                      "1.2.3.4:",
+                                      ":80",
+                                      "1.2.3.4:80x",
+                                      "[1.2.3.4]:80",
+                                      "[::1:80",
+                                      "",
+                                      "1.2.3.4: 80",
+                                      " 1.2.3.4:80",
+                                      "[]:80",
+                                      "1.2.3.4:+80",
+                                      "[::1]:99999999999999999999"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         cr_assert_eq(bd_parse_hostport(bad[i], &ss), -EINVAL, "\"%s\"", bad[i]);
     }
@@ -361,8 +411,8 @@ Test(config, typo_in_nested_key) {
     expect_fail(LISTENER "flush:\n  interval: 2s\n  intervall: 2s\n", "6:3", "flush.intervall",
                 "did you mean \"interval\"? valid keys here: interval, max_updates, "
                 "stop_timeout, retry_initial, retry_max");
-    expect_fail("listeners:\n  - proto: udp\n    bnd: \"127.0.0.1:1\"\n", "3:5",
-                "listeners[0].bnd", "did you mean \"bind\"");
+    expect_fail("listeners:\n  - proto: udp\n    bnd: \"127.0.0.1:1\"\n", "3:5", "listeners[0].bnd",
+                "did you mean \"bind\"");
     expect_fail(LISTENER "mongo:\n  uri: x\n", "4:1", "mongo", "did you mean \"mongodb\"");
 }
 
@@ -495,7 +545,8 @@ Test(config, write_concern_timeout) {
     cr_assert_eq(cfg.mongodb.wtimeout_ms, 2500);
     expect_ok(LISTENER "mongodb:\n  wtimeout: 0\n", &cfg);
     cr_assert_eq(cfg.mongodb.wtimeout_ms, 0, "0 = no limit");
-    expect_fail(LISTENER "mongodb:\n  wtimeout: 11m\n", "5:13", "mongodb.wtimeout", "out of range (0 to 10m)");
+    expect_fail(LISTENER "mongodb:\n  wtimeout: 11m\n", "5:13", "mongodb.wtimeout",
+                "out of range (0 to 10m)");
     /* The write concern built from it carries the timeout. */
     mongoc_write_concern_t *wc = NULL;
     cr_assert_eq(bd_mongo_write_concern_new("majority", 2500, &wc, NULL), 0);
@@ -534,9 +585,11 @@ Test(config, uri_tls_and_auth) {
     cr_assert_eq(mongoc_uri_get_option_as_int32(uri, MONGOC_URI_SOCKETTIMEOUTMS, 0), 1234);
     mongoc_uri_destroy(uri);
 
-    expect_fail(LISTENER "mongodb:\n  uri: \"mongodb://db1/?tls=true&tlsCAFile=/nonexistent/ca.pem\"\n",
+    expect_fail(LISTENER
+                "mongodb:\n  uri: \"mongodb://db1/?tls=true&tlsCAFile=/nonexistent/ca.pem\"\n",
                 "5:8", "mongodb.uri", "tlsCAFile '/nonexistent/ca.pem': No such file or directory");
-    expect_fail(LISTENER "mongodb:\n  uri: \"mongodb://db1/?tlsCertificateKeyFile=/nonexistent/k.pem\"\n",
+    expect_fail(LISTENER
+                "mongodb:\n  uri: \"mongodb://db1/?tlsCertificateKeyFile=/nonexistent/k.pem\"\n",
                 "5:8", "mongodb.uri", "tlsCertificateKeyFile '/nonexistent/k.pem'");
     expect_fail(LISTENER "mongodb:\n  uri: \"mongodb://db1:99999/\"\n", "5:8", "mongodb.uri", "");
     expect_fail(LISTENER "mongodb:\n  uri: \"mongodb://u:p@@db1/\"\n", "5:8", "mongodb.uri", "");
@@ -549,8 +602,8 @@ Test(config, span_must_divide_a_day) {
     static const struct {
         const char *span;
         uint64_t ms;
-    } ok[] = {{"1m", 60000}, {"90s", 90000}, {"15m", 900000}, {"6h", 21600000},
-              {"24h", 86400000}, {"1440m", 86400000}};
+    } ok[] = {{"1m", 60000},    {"90s", 90000},    {"15m", 900000},
+              {"6h", 21600000}, {"24h", 86400000}, {"1440m", 86400000}};
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
         char yaml[256];
         snprintf(yaml, sizeof(yaml), LISTENER "buckets:\n  span: %s\n", ok[i].span);
@@ -620,8 +673,8 @@ Test(config, ipv6_bind) {
                 "must be quoted, as in bind: \"[::]:8089\"");
     expect_fail("listeners:\n  - proto: udp\n    bind: [1, 2]\n", "3:11", "listeners[0].bind",
                 "not a list (quote IPv6 addresses");
-    expect_fail("listeners:\n  - proto: udp\n    bind: \"::1:8089\"\n", "3:11",
-                "listeners[0].bind", "needs brackets");
+    expect_fail("listeners:\n  - proto: udp\n    bind: \"::1:8089\"\n", "3:11", "listeners[0].bind",
+                "needs brackets");
 }
 
 Test(config, duplicate_keys) {
@@ -700,8 +753,7 @@ Test(config, reload_check) {
 
     expect_ok(LISTENER "mongodb:\n  database: other\n", &next);
     cr_assert_eq(bd_config_reload_check(&cur, &next, &err), -EINVAL);
-    cr_assert_not_null(strstr(err.msg, "mongodb.database: cannot change on reload"), "%s",
-                       err.msg);
+    cr_assert_not_null(strstr(err.msg, "mongodb.database: cannot change on reload"), "%s", err.msg);
 
     expect_ok("listeners:\n  - proto: udp\n    bind: \"127.0.0.1:9999\"\n", &next);
     cr_assert_eq(bd_config_reload_check(&cur, &next, &err), -EINVAL);

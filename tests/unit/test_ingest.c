@@ -84,14 +84,14 @@ static void sleep_us(long us) {
 }
 
 /* Runs the loop without blocking until cond holds; fails the test after WAIT_NS. */
-#define RUN_UNTIL(f, cond)                                                                     \
-    do {                                                                                       \
-        int64_t deadline_ = bd_mono_ns() + WAIT_NS;                                            \
-        while (!(cond)) {                                                                      \
-            cr_assert(bd_mono_ns() < deadline_, "timed out waiting for %s", #cond);            \
-            uv_run(&(f)->loop, UV_RUN_NOWAIT);                                                 \
-            sleep_us(200);                                                                     \
-        }                                                                                      \
+#define RUN_UNTIL(f, cond)                                                                         \
+    do {                                                                                           \
+        int64_t deadline_ = bd_mono_ns() + WAIT_NS;                                                \
+        while (!(cond)) {                                                                          \
+            cr_assert(bd_mono_ns() < deadline_, "timed out waiting for %s", #cond);                \
+            uv_run(&(f)->loop, UV_RUN_NOWAIT);                                                     \
+            sleep_us(200);                                                                         \
+        }                                                                                          \
     } while (0)
 
 /* Drains the loop the way the daemon does at shutdown and checks nothing is left behind. */
@@ -157,8 +157,7 @@ static int tcp_connect(int port) {
     cr_assert(fd >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect: %s",
-                 strerror(errno));
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect: %s", strerror(errno));
     set_nonblock(fd);
     return fd;
 }
@@ -173,8 +172,7 @@ static void tcp_send(struct fx *f, int fd, const char *data, size_t len) {
             off += (size_t)n;
             continue;
         }
-        cr_assert(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "send: %s",
-                  strerror(errno));
+        cr_assert(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "send: %s", strerror(errno));
         cr_assert(bd_mono_ns() < deadline, "send stalled");
         uv_run(&f->loop, UV_RUN_NOWAIT);
         sleep_us(200);
@@ -747,9 +745,9 @@ Test(ingest, parse_snmp6_reads_udp6_lines_by_name) {
     cr_expect_eq(s.rcvbuf_errors, 5);
     const char *bad[] = {
         "",
-        "Udp6InErrors 17\n",                          /* no RcvbufErrors */
-        "Udp6InErrors 17\nUdp6RcvbufErrors x\n",       /* not a number */
-        "Udp6InErrors\nUdp6RcvbufErrors 5\n",          /* no value */
+        "Udp6InErrors 17\n",                            /* no RcvbufErrors */
+        "Udp6InErrors 17\nUdp6RcvbufErrors x\n",        /* not a number */
+        "Udp6InErrors\nUdp6RcvbufErrors 5\n",           /* no value */
         "UdpLite6InErrors 1\nUdpLite6RcvbufErrors 2\n", /* another protocol */
     };
     for (size_t i = 0; i < BD_ARRAY_LEN(bad); i++) {
@@ -904,8 +902,7 @@ static uint32_t drain_in_order(struct fx *f, uint64_t *next) {
         uint32_t nv, cells;
         while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
             cr_assert_eq(nv, 1);
-            cr_assert_eq((uint64_t)vals[0].v.f, *next, "reading %" PRIu64 " out of order",
-                         *next);
+            cr_assert_eq((uint64_t)vals[0].v.f, *next, "reading %" PRIu64 " out of order", *next);
             (*next)++;
             n++;
             bd_ring_consume(&s->ring, cells);

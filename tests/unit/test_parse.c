@@ -70,9 +70,8 @@ static bool str_is(struct bd_str s, const char *want) {
     return s.len == strlen(want) && memcmp(s.ptr, want, s.len) == 0;
 }
 
-#define expect_str(s, want)                                                                    \
-    cr_assert(str_is((s), (want)), "%s is \"%.*s\", want \"%s\"", #s, (int)(s).len, (s).ptr,  \
-              (want))
+#define expect_str(s, want)                                                                        \
+    cr_assert(str_is((s), (want)), "%s is \"%.*s\", want \"%s\"", #s, (int)(s).len, (s).ptr, (want))
 
 static const struct bd_field *field(const struct bd_point *pt, const char *key) {
     for (uint32_t i = 0; i < pt->n_fields; i++) {
@@ -190,8 +189,15 @@ Test(parse, spaces_between_sections) {
 }
 
 Test(parse, blank_and_comment_lines) {
-    const char *skip[] = {"", "   ", "\r", "  \r", "#", "# a comment", "   # indented comment",
-                          "#comment with \xff bytes\r", "#m v=1 1"};
+    const char *skip[] = {"",
+                          "   ",
+                          "\r",
+                          "  \r",
+                          "#",
+                          "# a comment",
+                          "   # indented comment",
+                          "#comment with \xff bytes\r",
+                          "#m v=1 1"};
     for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++) {
         cr_assert_eq(parse(skip[i]), BD_PARSE_SKIP, "\"%s\"", skip[i]);
     }
@@ -309,8 +315,8 @@ Test(parse, integers) {
     fails("m v=9223372036854775808i", BD_PARSE_ERANGE, "integer out of range");
     fails("m v=-9223372036854775809i", BD_PARSE_ERANGE, "integer out of range");
     fails("m v=99999999999999999999999i", BD_PARSE_ERANGE, NULL);
-    const char *bad[] = {"m v=1.5i", "m v=-i", "m v=1ii", "m v=9e10i", "m v=--1i", "m v=1-i",
-                         "m v=.i"};
+    const char *bad[] = {"m v=1.5i", "m v=-i",  "m v=1ii", "m v=9e10i",
+                         "m v=--1i", "m v=1-i", "m v=.i"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fails(bad[i], BD_PARSE_ESYNTAX, "invalid integer");
     }
@@ -359,8 +365,8 @@ Test(parse, float_forms) {
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         double got = parse_float(cases[i].text);
-        cr_assert(same_double(got, cases[i].want), "%s: got %.17g, want %.17g", cases[i].text,
-                  got, cases[i].want);
+        cr_assert(same_double(got, cases[i].want), "%s: got %.17g, want %.17g", cases[i].text, got,
+                  cases[i].want);
     }
     /* DBL_MAX written out in full, 309 digits. */
     char big[400] = "";
@@ -369,10 +375,9 @@ Test(parse, float_forms) {
 }
 
 Test(parse, float_errors) {
-    const char *bad[] = {"m v=1.1.1", "m v=-",    "m v=.",   "m v=-.",    "m v=1e",
-                         "m v=1e+",   "m v=--1",  "m v=1a",  "m v=0x10",  "m v=0x1p3",
-                         "m v=-inf",  "m v=-Inf", "m v=1_0", "m v=1.5e5.", "m v=1\"",
-                         "m v=+1"};
+    const char *bad[] = {"m v=1.1.1", "m v=-",      "m v=.",    "m v=-.",    "m v=1e",   "m v=1e+",
+                         "m v=--1",   "m v=1a",     "m v=0x10", "m v=0x1p3", "m v=-inf", "m v=-Inf",
+                         "m v=1_0",   "m v=1.5e5.", "m v=1\"",  "m v=+1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         int rc = parse(bad[i]);
         cr_assert_eq(rc, BD_PARSE_ESYNTAX, "\"%s\": rc %d", bad[i], rc);
@@ -428,18 +433,60 @@ Test(parse, float_matches_strtod) {
 /* Where the fast paths end: 2^53, 10^22, 8 characters, 19 digits; each as strtod reads it. */
 Test(parse, float_fast_path_boundaries_match_strtod) {
     static const char *const cases[] = {
-        "9007199254740992", "9007199254740993", "9007199254740993.0", "9007199254740991.5",
-        "-9007199254740993", "900719925474099.3", "1e22", "1e23", "1e-22", "1e-23",
-        "9007199254740992e22", "9007199254740992e-22", "9007199254740993e-22", "12345e-22",
-        "1.5e-23", "4.5e22", "123456789012345678e22", "1e308", "1.7976931348623157e308",
-        "4.9e-324", "5e-324", "2.4703282292062328e-324", "2.2250738585072014e-308",
-        "2.2250738585072011e-308", "1e-320", "1.", ".5", "-.5", "-0", "-0.0", "0", "0.0",
-        "-0.", "-.0", "99999999", "9999999.9", ".9999999", "-.1234567", "12345678",
-        "1234567.8", "0.1234567", "1.2345678", "-99999999", "999999999", "99999999.9",
-        "0.30000000000000004", "1.00000000000000011102230246251565404236316680908203125",
-        "1.00000000000000011102230246251565404236316680908203124", "1234567890123456789",
-        "12345678901234567890", "0.0000000000000000000000001", "3.141592653589793238462643",
-        "00000000000000000000000001", "1.0000000000000000000000000000000000000000000000001",
+        "9007199254740992",
+        "9007199254740993",
+        "9007199254740993.0",
+        "9007199254740991.5",
+        "-9007199254740993",
+        "900719925474099.3",
+        "1e22",
+        "1e23",
+        "1e-22",
+        "1e-23",
+        "9007199254740992e22",
+        "9007199254740992e-22",
+        "9007199254740993e-22",
+        "12345e-22",
+        "1.5e-23",
+        "4.5e22",
+        "123456789012345678e22",
+        "1e308",
+        "1.7976931348623157e308",
+        "4.9e-324",
+        "5e-324",
+        "2.4703282292062328e-324",
+        "2.2250738585072014e-308",
+        "2.2250738585072011e-308",
+        "1e-320",
+        "1.",
+        ".5",
+        "-.5",
+        "-0",
+        "-0.0",
+        "0",
+        "0.0",
+        "-0.",
+        "-.0",
+        "99999999",
+        "9999999.9",
+        ".9999999",
+        "-.1234567",
+        "12345678",
+        "1234567.8",
+        "0.1234567",
+        "1.2345678",
+        "-99999999",
+        "999999999",
+        "99999999.9",
+        "0.30000000000000004",
+        "1.00000000000000011102230246251565404236316680908203125",
+        "1.00000000000000011102230246251565404236316680908203124",
+        "1234567890123456789",
+        "12345678901234567890",
+        "0.0000000000000000000000001",
+        "3.141592653589793238462643",
+        "00000000000000000000000001",
+        "1.0000000000000000000000000000000000000000000000001",
     };
     for (size_t i = 0; i < BD_ARRAY_LEN(cases); i++) {
         double want = strtod(cases[i], NULL);
@@ -459,7 +506,7 @@ Test(parse, short_floats_match_strtod) {
         if (r & 1) {
             text[o++] = '-';
         }
-        size_t digits = 1 + (size_t)((r >> 1) % 9); /* 9: one past what the path takes */
+        size_t digits = 1 + (size_t)((r >> 1) % 9);     /* 9: one past what the path takes */
         size_t dot = (size_t)((r >> 5) % (digits + 2)); /* past the end: no dot */
         for (size_t k = 0; k < digits; k++) {
             if (k == dot) {
@@ -530,10 +577,9 @@ static size_t describe(const struct bd_point *pt, char *out, size_t cap) {
                                   (int)f->v.s.len, f->v.s.ptr);
             continue;
         }
-        o += (size_t)snprintf(out + o, cap - o, "%.*s:%d:%llx;", (int)f->key.len, f->key.ptr,
-                              (int)f->kind,
-                              f->kind == BD_VAL_BOOL ? (unsigned long long)f->v.b
-                                                     : (unsigned long long)bits);
+        o += (size_t)snprintf(
+            out + o, cap - o, "%.*s:%d:%llx;", (int)f->key.len, f->key.ptr, (int)f->kind,
+            f->kind == BD_VAL_BOOL ? (unsigned long long)f->v.b : (unsigned long long)bits);
     }
     if (o < cap) {
         o += (size_t)snprintf(out + o, cap - o, "|%d:%lld", pt->has_time,
@@ -554,11 +600,13 @@ static size_t random_plain_line(uint64_t *seed, char *line, size_t cap) {
     static const char *const names[] = {"m", "cpu", "a=b", "disk_io", "x.y"};
     static const char *const keys[] = {"k", "host", "site", "a", "b", "zone", "f0", "v"};
     static const char *const values[] = {
-        "1", "-2", "3.5", ".5", "1.", "-0", "12345678", "123456789", "1e3", "7i", "8u", "-9i",
-        "t", "true", "F", "x", "-1.25", "0x10", "+1", "99999999.9", "1.5i", "-5u", "", "-",
-        "12.5 ", "4.2e-3", "-.1234567", "1234567.8"};
-    static const char *const times[] = {"", "", " 1", " -1", " 1765432101234567890",
-                                        " 17654321012345678901", " x", " 12 ", "  5", " 1,2"};
+        "1",         "-2",  "3.5",   ".5",    "1.",     "-0",         "12345678",
+        "123456789", "1e3", "7i",    "8u",    "-9i",    "t",          "true",
+        "F",         "x",   "-1.25", "0x10",  "+1",     "99999999.9", "1.5i",
+        "-5u",       "",    "-",     "12.5 ", "4.2e-3", "-.1234567",  "1234567.8"};
+    static const char *const times[] = {
+        "",   "",     " 1",  " -1", " 1765432101234567890", " 17654321012345678901",
+        " x", " 12 ", "  5", " 1,2"};
     static const char *const spaces[] = {" ", " ", " ", "  "};
     static const char slips[] = " ,=.-i9";
     size_t o = (size_t)snprintf(line, cap, "%s", PICK(seed, names));
@@ -569,8 +617,8 @@ static size_t random_plain_line(uint64_t *seed, char *line, size_t cap) {
     o += (size_t)snprintf(line + o, cap - o, "%s", PICK(seed, spaces));
     int n_fields = 1 + (int)((*seed >> 24) % 5);
     for (int k = 0; k < n_fields; k++) {
-        o += (size_t)snprintf(line + o, cap - o, "%s%s=%s", k == 0 ? "" : ",",
-                              PICK(seed, keys), PICK(seed, values));
+        o += (size_t)snprintf(line + o, cap - o, "%s%s=%s", k == 0 ? "" : ",", PICK(seed, keys),
+                              PICK(seed, values));
     }
     o += (size_t)snprintf(line + o, cap - o, "%s", PICK(seed, times));
     lcg_next(seed);
@@ -668,8 +716,8 @@ Test(parse, timestamps_ns) {
     cr_assert_eq(ok("m v=1 -9223372036854775808")->time_ns, INT64_MIN);
     fails("m v=1 9223372036854775808", BD_PARSE_ERANGE, "timestamp out of range");
     fails("m v=1 -9223372036854775809", BD_PARSE_ERANGE, NULL);
-    const char *bad[] = {"m v=1 -", "m v=1 1-2", "m v=1 --5", "m v=1 12a", "m v=1 -1?",
-                         "m v=1 +5", "m v=1 1.5", "m v=1 x"};
+    const char *bad[] = {"m v=1 -",   "m v=1 1-2", "m v=1 --5", "m v=1 12a",
+                         "m v=1 -1?", "m v=1 +5",  "m v=1 1.5", "m v=1 x"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fails(bad[i], BD_PARSE_ESYNTAX, "invalid timestamp");
     }
@@ -706,10 +754,8 @@ Test(parse_setup, timestamp_overflow_after_scaling) {
         enum bd_precision prec;
         const char *line;
     } cases[] = {
-        {BD_PREC_S, "m v=1 9223372037"},
-        {BD_PREC_S, "m v=1 -9223372037"},
-        {BD_PREC_MS, "m v=1 9223372036855"},
-        {BD_PREC_US, "m v=1 9223372036854776"},
+        {BD_PREC_S, "m v=1 9223372037"},         {BD_PREC_S, "m v=1 -9223372037"},
+        {BD_PREC_MS, "m v=1 9223372036855"},     {BD_PREC_US, "m v=1 9223372036854776"},
         {BD_PREC_US, "m v=1 -9223372036854776"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -1100,8 +1146,8 @@ Test(graphite, values) {
     cr_assert_eq(ok("a +7 1")->fields[0].v.f, 7.0);
     cr_assert_eq(ok("a 1e3")->fields[0].v.f, 1000.0);
     cr_assert_eq(ok("a .25")->fields[0].v.f, 0.25);
-    const char *bad[] = {"a nan 1", "a inf 1", "a -inf", "a 1x 1", "a 0x10 1", "a 1,5 1",
-                         "a - 1", "a 1i 1"};
+    const char *bad[] = {"a nan 1",  "a inf 1", "a -inf", "a 1x 1",
+                         "a 0x10 1", "a 1,5 1", "a - 1",  "a 1i 1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fails(bad[i], BD_PARSE_ESYNTAX, "invalid float");
     }
@@ -1145,7 +1191,9 @@ Test(graphite, whitespace_and_skips) {
     cr_assert_eq(parse(""), BD_PARSE_SKIP);
     cr_assert_eq(parse(" \t "), BD_PARSE_SKIP);
     cr_assert_eq(parse("# note"), BD_PARSE_SKIP);
-    fails("a\x01" "b 1", BD_PARSE_ESYNTAX, "invalid character in path");
+    fails("a\x01"
+          "b 1",
+          BD_PARSE_ESYNTAX, "invalid character in path");
     fails("a\xff 1", BD_PARSE_ESYNTAX, "invalid UTF-8");
 }
 
@@ -1169,8 +1217,8 @@ Test(graphite, tags) {
 }
 
 Test(graphite, bad_tags) {
-    const char *bad[] = {"a; 1", "a;k 1", "a;=v 1", "a;k= 1", "a;k=~v 1", "a;k!=v 1",
-                         "a;k^=v 1", "a;k=v; 1", "a;;k=v 1"};
+    const char *bad[] = {"a; 1",     "a;k 1",    "a;=v 1",   "a;k= 1",  "a;k=~v 1",
+                         "a;k!=v 1", "a;k^=v 1", "a;k=v; 1", "a;;k=v 1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fails(bad[i], BD_PARSE_ESYNTAX, "invalid tag");
     }
@@ -1181,10 +1229,9 @@ Test(graphite, bad_tags) {
 /* Printable ASCII lines take memchr to find their tokens; the others the byte loop. Both read
  * the same point out of the same text. */
 Test(graphite, printable_and_other_lines_agree) {
-    const char *lines[] = {"servers.web01.cpu 42.5 1700000000",
-                           "disk.used;rack=a1;dc=ams;host=db=1 12 1700000000.25",
-                           "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p;k=v -0.125e2 1700000001",
-                           "x 1", "x;a=1 2 3"};
+    const char *lines[] = {
+        "servers.web01.cpu 42.5 1700000000", "disk.used;rack=a1;dc=ams;host=db=1 12 1700000000.25",
+        "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p;k=v -0.125e2 1700000001", "x 1", "x;a=1 2 3"};
     for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
         char key[256], name[256], tabbed[256];
         const struct bd_point *pt = ok(lines[i]);
@@ -1206,7 +1253,9 @@ Test(graphite, printable_and_other_lines_agree) {
     /* Non-ASCII names are checked as UTF-8 and kept. */
     const struct bd_point *pt = ok("temp;city=z\xc3\xbcrich 3 4");
     expect_str(pt->tags[0].value, "z\xc3\xbcrich");
-    fails("a\x7f" "b 1", BD_PARSE_ESYNTAX, "invalid character in path");
+    fails("a\x7f"
+          "b 1",
+          BD_PARSE_ESYNTAX, "invalid character in path");
     fails("a.very.long.path\x1f.beyond.eight.bytes 1", BD_PARSE_ESYNTAX,
           "invalid character in path");
     /* 19 digits never overflow while read; 20 and more are out of range, not wrapped. */
@@ -1287,8 +1336,16 @@ static size_t random_graphite_line(uint64_t *seed, char *line, size_t cap);
 
 /* A Graphite stream: random lines (with slips) and the odd ones Graphite has. */
 static size_t graphite_stream(uint64_t seed, char *buf, size_t cap, size_t long_line) {
-    static const char *const odd[] = {"", "# comment", "\ta.b 1 2", "a.b\t1", "a.b 1 2\r",
-                                      "a;k=v 1 2", "p 1", "é.b 1 5", "a;k!=v 1", "  a 1",
+    static const char *const odd[] = {"",
+                                      "# comment",
+                                      "\ta.b 1 2",
+                                      "a.b\t1",
+                                      "a.b 1 2\r",
+                                      "a;k=v 1 2",
+                                      "p 1",
+                                      "é.b 1 5",
+                                      "a;k!=v 1",
+                                      "  a 1",
                                       "a;b=c;d=e;f=g;h=i;j=k;l=m;n=o;p=q;r=s;t=u;v=w;x=y 1 2",
                                       "=;= ;=;=;= ;;;;==== ;; == ; ;=;=;= ;;;;==== ;; == ; ;=;=;"};
     size_t o = 0;
@@ -1347,8 +1404,9 @@ static void batch_check(enum bd_format format) {
             variants++;
             for (uint64_t seed = 1; seed <= 12; seed++) {
                 size_t big = seed % 3 == 0 ? 40000 : 0;
-                size_t len = format == BD_FORMAT_INFLUX ? batch_stream(seed * 7919, buf, cap, big)
-                                                        : graphite_stream(seed * 7919, buf, cap, big);
+                size_t len = format == BD_FORMAT_INFLUX
+                                 ? batch_stream(seed * 7919, buf, cap, big)
+                                 : graphite_stream(seed * 7919, buf, cap, big);
                 bd_parse_begin(&parser, buf, len);
                 size_t pos = 0;
                 for (;;) {
@@ -1376,9 +1434,9 @@ static void batch_check(enum bd_format format) {
                               line.ptr, e1, e2);
                     if (rc == BD_PARSE_OK) {
                         size_t bn = describe(other, b, sizeof(b));
-                        cr_assert(an == bn && memcmp(a, b, an) == 0, "%s/%zu: \"%.*s\":\n%.*s\nvs\n%.*s",
-                                  isas[v], windows[w], (int)line.len, line.ptr, (int)an, a,
-                                  (int)bn, b);
+                        cr_assert(an == bn && memcmp(a, b, an) == 0,
+                                  "%s/%zu: \"%.*s\":\n%.*s\nvs\n%.*s", isas[v], windows[w],
+                                  (int)line.len, line.ptr, (int)an, a, (int)bn, b);
                         accepted++;
                     }
                 }
@@ -1475,12 +1533,21 @@ static size_t random_graphite_line(uint64_t *seed, char *line, size_t cap) {
     static const char *const paths[] = {"a", "plant.l1.dev-7.temp", "x=y", "p.q", "s.t.u"};
     static const char *const keys[] = {"k", "region", "unit", "a", "b", "z", "k!", "^k", ""};
     static const char *const values[] = {"eu", "si", "v=w", "~x", "1", "", "count", "a;b"};
-    static const char *const nums[] = {"1", "-2", "3.5", ".5", "1.", "+7", "-0", "12345678",
-                                       "123456789", "1e3", "7i", "x", "", "+-1", "99.25",
-                                       "-1234.5678"};
-    static const char *const times[] = {"", "", " 1", " -1", " 1736949600", " 1.5",
-                                        " 99999999999", " 9223372037", " 9223372036", " x",
-                                        "  5", " 1 "};
+    static const char *const nums[] = {"1",  "-2",       "3.5",       ".5",        "1.", "+7",
+                                       "-0", "12345678", "123456789", "1e3",       "7i", "x",
+                                       "",   "+-1",      "99.25",     "-1234.5678"};
+    static const char *const times[] = {"",
+                                        "",
+                                        " 1",
+                                        " -1",
+                                        " 1736949600",
+                                        " 1.5",
+                                        " 99999999999",
+                                        " 9223372037",
+                                        " 9223372036",
+                                        " x",
+                                        "  5",
+                                        " 1 "};
     static const char slips[] = " ;=.-\t~!";
     size_t o = (size_t)snprintf(line, cap, "%s", PICK(seed, paths));
     int n_tags = (int)((*seed >> 20) % 4);

@@ -59,7 +59,8 @@ static struct bd_str S(const char *s) {
 }
 
 /* A point "m,tag=v f1=... [t]" built by hand. */
-static void point(const char *key, const char *name, bool has_time, int64_t t) {
+static void
+point(const char *key, const char *name, bool has_time, int64_t t) {
     memset(&pt, 0, sizeof(pt));
     pt.series_key = S(key);
     pt.name = S(name);
@@ -340,8 +341,7 @@ Test(sensor, slot_collisions_with_other_hashes_probe_on) {
 Test(sensor, short_and_long_field_names) {
     /* Names of 1, 7 and 8 bytes, two long ones sharing a prefix, and more fields than the
      * first line holds short forms for; then the same names in another order. */
-    static const char *names[] = {"a", "seven77", "eight888", "temperature1", "temperature2",
-                                  "f5"};
+    static const char *names[] = {"a", "seven77", "eight888", "temperature1", "temperature2", "f5"};
     cfg.limits.max_fields = 8;
     point("m", "m", true, NOW);
     for (int i = 0; i < 6; i++) {
@@ -363,7 +363,7 @@ Test(sensor, short_and_long_field_names) {
     for (int i = 0; i < 6; i++) {
         add_float(names[order[i]], order[i]);
     }
-    add_float("seven7", 99);   /* a prefix of a packed name: new */
+    add_float("seven7", 99);    /* a prefix of a packed name: new */
     add_float("eight8889", 98); /* a long name extending a long name: new */
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     cr_assert_eq(atomic_load(&s->n_fields), 8);
