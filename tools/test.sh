@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up, check the format, build and run every bucketd test: the whole suite once plain and under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and the ring stress test and the end-to-end
-# tests (the daemon's threads) under ThreadSanitizer, then each parser's libFuzzer target for
-# 60 seconds. This is the command CI runs (.ci/run). Build trees: build/, build-asan/,
-# build-tsan/ under the repository root.
+# AddressSanitizer + UndefinedBehaviorSanitizer, the ring stress test and the end-to-end tests
+# (the daemon's threads) under ThreadSanitizer, the whole suite again on an aarch64 build under
+# qemu (tools/test-aarch64.sh), then each parser's libFuzzer target for 60 seconds. This is the
+# command CI runs (.ci/run). Build trees: build/, build-asan/, build-tsan/, build-aarch64/ under
+# the repository root.
 #
 #   bash tools/test.sh            # everything
 #   BD_TEST_QUICK=1 bash ...      # plain build only
@@ -45,6 +46,9 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
   # tests/tsan.supp: races TSan reports inside the uninstrumented libmongoc/libbson (see there).
   TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" run_ctest build-tsan "TSan build: ring stress and end-to-end tests" \
     -L "stress|e2e"
+
+  # The same unit, stress and end-to-end tests on an aarch64 build, run under qemu.
+  bash tools/test-aarch64.sh
 
   # libFuzzer on each parser for 60 s (clang, ASan+UBSan); any finding fails the run.
   echo "== fuzzing the parsers"
