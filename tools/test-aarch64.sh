@@ -4,12 +4,17 @@
 # binaries (portable parser code, char unsigned, arm64 libmongoc/libuv/...) against the same
 # test server. Build tree: build-aarch64/ under the repository root.
 #
-# What it needs from the machine, installed or set up here (as root or with sudo): the arm64
-# architecture added to dpkg, gcc-aarch64-linux-gnu, qemu-user-static, the arm64 -dev packages,
-# and a binfmt_misc entry that makes the kernel run aarch64 programs through qemu (Criterion and
-# the end-to-end tests start the test programs themselves, so they must run like native ones).
-# Where the packages cannot be installed (a mirror without arm64) or binfmt_misc cannot be set up
-# (no privilege to mount or register it), the script says so and exits 0 without testing; any
+# What it needs from the machine, set up here (as root or with sudo): gcc-aarch64-linux-gnu, its C
+# library (libc6-dev-arm64-cross) and qemu-user-static (amd64 packages), arm64 added to dpkg's
+# architectures so that apt can fetch arm64 packages, and a binfmt_misc entry that makes the kernel
+# run aarch64 programs through qemu (Criterion and the end-to-end tests start the test programs
+# themselves, so they must run like native ones). The arm64 libraries are downloaded and unpacked
+# into build-aarch64-sysroot/, never installed: libmongoc-dev and libbson-dev cannot be installed
+# for two architectures at once, and installing the arm64 ones would remove the machine's own. qemu
+# finds them there through QEMU_LD_PREFIX.
+#
+# Where the packages cannot be had (a mirror without arm64) or binfmt_misc cannot be set up (no
+# privilege to mount or register it), the script says so and exits 0 without testing; any
 # other failure (build, a test) fails the run.
 #
 #   bash tools/test-aarch64.sh
@@ -27,34 +32,61 @@ sudo=""
 if [ "$(id -u)" -ne 0 ]; then
     sudo="sudo"
 fi
+skip() {
+    echo "test-aarch64: SKIPPED: $*"
+    exit 0
+}
+export DEBIAN_FRONTEND=noninteractive
 
-# --- Packages -------------------------------------------------------------------------------
+# --- Cross compiler and emulator (amd64 packages) -------------------------------------------
 
-arm_pkgs=(libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
-          libcriterion-dev)
-host_pkgs=(gcc-aarch64-linux-gnu qemu-user-static)
 missing=()
-for p in "${host_pkgs[@]}"; do
+for p in gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
         missing+=("$p")
 done
-for p in "${arm_pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p:arm64" 2>/dev/null | grep -q "install ok installed" ||
-        missing+=("$p:arm64")
-done
 if [ ${#missing[@]} -ne 0 ]; then
     echo "test-aarch64: installing ${missing[*]}"
+    $sudo apt-get update -q
+    $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# --- The arm64 libraries, unpacked ----------------------------------------------------------
+
+arm_pkgs=(libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
+          libcriterion-dev libc6)
+sysroot="$root/build-aarch64-sysroot"
+if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ]; then
     if ! dpkg --print-foreign-architectures | grep -qx arm64; then
         $sudo dpkg --add-architecture arm64
+        $sudo apt-get update -q || skip "apt-get update failed after adding arm64"
+    elif ! apt-cache show libmongoc-dev:arm64 >/dev/null 2>&1; then
+        $sudo apt-get update -q || skip "apt-get update failed"
     fi
-    export DEBIAN_FRONTEND=noninteractive
-    if ! { $sudo apt-get update -q && $sudo apt-get install -y -q --no-install-recommends \
-        "${missing[@]}"; }; then
-        echo "test-aarch64: SKIPPED: the cross compiler or the arm64 packages cannot be" \
-            "installed here (see apt's messages above)"
-        exit 0
+    debs="$root/build-aarch64-debs"
+    rm -rf "$sysroot" "$debs"
+    mkdir -p "$debs/partial" "$sysroot"
+    # The packages and everything they depend on, downloaded only: apt plans the install (which
+    # would swap the amd64 -dev packages out) but carries none of it out.
+    $sudo apt-get install -q -y --download-only --no-install-recommends \
+        -o Dir::Cache::archives="$debs" "${arm_pkgs[@]/%/:arm64}" ||
+        skip "the arm64 packages cannot be downloaded here (see apt's messages above)"
+    for deb in "$debs"/*.deb; do
+        # Not the arm64 libc6-dev: its libc.so names the C library by absolute paths that exist
+        # only on an arm64 machine; the cross compiler links with its own (libc6-dev-arm64-cross).
+        case "$(basename "$deb")" in libc6-dev_*) continue ;; esac
+        dpkg-deb -x "$deb" "$sysroot"
+    done
+    # The arm64 C library, if it is installed already, was not downloaded: take the system's.
+    if [ ! -e "$sysroot/lib/ld-linux-aarch64.so.1" ] && [ -e /lib/ld-linux-aarch64.so.1 ]; then
+        mkdir -p "$sysroot/lib"
+        ln -s /lib/ld-linux-aarch64.so.1 "$sysroot/lib/ld-linux-aarch64.so.1"
     fi
+    echo "${arm_pkgs[*]}" >"$sysroot/.packages"
+    echo "test-aarch64: $(ls "$debs"/*.deb | wc -l) packages unpacked into $sysroot"
 fi
+export BD_AARCH64_SYSROOT="$sysroot"
+export QEMU_LD_PREFIX="$sysroot"
 
 # --- binfmt_misc: run aarch64 ELF files through qemu ----------------------------------------
 
@@ -71,14 +103,13 @@ if [ ! -e "$binfmt/qemu-aarch64" ] && [ -w "$binfmt/register" ]; then
     printf '%s' ":qemu-aarch64:M::$magic:$mask:$qemu:F" >"$binfmt/register" 2>/dev/null || true
 fi
 if [ ! -e "$binfmt/qemu-aarch64" ]; then
-    echo "test-aarch64: SKIPPED: cannot set up binfmt_misc for aarch64 here (needs root)"
-    exit 0
+    skip "cannot set up binfmt_misc for aarch64 here (needs root)"
 fi
 
 # --- Build and test -------------------------------------------------------------------------
 
 cmake -S . -B build-aarch64 -DCMAKE_TOOLCHAIN_FILE="$root/tools/aarch64-toolchain.cmake" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_WERROR=ON >/dev/null
+    -DBD_AARCH64_SYSROOT="$sysroot" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_WERROR=ON >/dev/null
 cmake --build build-aarch64 -j "$jobs"
 if [ "$(head -c 20 build-aarch64/bucketd | od -An -tx1 -j18 -N2 | tr -d ' ')" != "b700" ]; then
     echo "test-aarch64: build-aarch64/bucketd is not an aarch64 program" >&2
