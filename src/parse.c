@@ -1441,6 +1441,14 @@ static inline __attribute__((always_inline)) size_t walk_head(const char *s, siz
 }
 
 /*
+ * After a plain line's last value, at the space i before its end e: true if the timestamp runs
+ * from i + 1 to the end (the next separator, taken from P at *j, is e) and is not empty.
+ */
+static inline bool time_follows(const uint16_t *P, size_t *j, size_t i, size_t e) {
+    return P[(*j)++] == e && i + 1 != e;
+}
+
+/*
  * The timestamp of a plain line, s[t, e): digits only, at most max units of unit_ns each, read
  * fast. False for anything else, which the format's own reader decides.
  */
@@ -1509,9 +1517,7 @@ walk_influx(struct bd_parser *p, const char *s, size_t a, size_t e, struct bd_po
 
     pt->has_time = false;
     if (i != e) {
-        /* A space, and the timestamp runs to the end of the line. */
-        size_t te = P[j++];
-        if (te != e || i + 1 == e) {
+        if (!time_follows(P, &j, i, e)) {
             goto miss;
         }
         if (!plain_time(p, s, i + 1, e, (uint64_t)max_in_unit[p->precision],
@@ -1567,8 +1573,7 @@ walk_graphite(struct bd_parser *p, const char *s, size_t a, size_t e, struct bd_
 
     pt->has_time = false;
     if (ve != e) {
-        size_t te = P[j++];
-        if (te != e || ve + 1 == e) {
+        if (!time_follows(P, &j, ve, e)) {
             goto miss;
         }
         if (!plain_time(p, s, ve + 1, e, (uint64_t)(INT64_MAX / BD_NS_PER_S), BD_NS_PER_S, pt) &&

@@ -53,8 +53,10 @@ fi
 
 # --- The arm64 libraries, unpacked ----------------------------------------------------------
 
+# Their dependencies come along, the arm64 C library included; any already installed is not
+# downloaded, and qemu then finds it where dpkg put it (QEMU_LD_PREFIX falls back to /).
 arm_pkgs=(libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
-          libcriterion-dev libc6)
+          libcriterion-dev)
 sysroot="$root/build-aarch64-sysroot"
 if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ]; then
     if ! dpkg --print-foreign-architectures | grep -qx arm64; then
@@ -77,11 +79,6 @@ if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ]; then
         case "$(basename "$deb")" in libc6-dev_*) continue ;; esac
         dpkg-deb -x "$deb" "$sysroot"
     done
-    # The arm64 C library, if it is installed already, was not downloaded: take the system's.
-    if [ ! -e "$sysroot/lib/ld-linux-aarch64.so.1" ] && [ -e /lib/ld-linux-aarch64.so.1 ]; then
-        mkdir -p "$sysroot/lib"
-        ln -s /lib/ld-linux-aarch64.so.1 "$sysroot/lib/ld-linux-aarch64.so.1"
-    fi
     echo "${arm_pkgs[*]}" >"$sysroot/.packages"
     echo "test-aarch64: $(ls "$debs"/*.deb | wc -l) packages unpacked into $sysroot"
 fi

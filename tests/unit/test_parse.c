@@ -1278,99 +1278,113 @@ Test(graphite, too_many_tags) {
 /* ---------------------------------------------------------------------------------------- */
 /* Batch parsing (bd_parse_begin / bd_parse_next)                                           */
 
+static size_t random_graphite_line(uint64_t *seed, char *line, size_t cap);
+
+/* What a test stream of one format is made of (see make_stream). */
+struct stream_kind {
+    const char *const *odd; /* lines that must leave the fast path */
+    size_t n_odd;
+    size_t (*random_line)(uint64_t *seed, char *line, size_t cap); /* with slips */
+    bool too_long;         /* now and then a line over the parser's max_line (300) */
+    const char *long_head; /* the line longer than the window: this, */
+    char long_fill;        /* then long_line of these, */
+    const char *long_tail; /* then this, and one more ordinary line */
+};
+
 /*
- * A stream as a datagram or TCP read holds it: random plain lines (with slips), and between
- * them every kind of line that must leave the fast path: blank, comment, "\r\n", string values
- * (one with an escaped quote), non-ASCII names, a tab, a line over max_line, and a line longer
+ * Line protocol's odd lines: blank, comment, "\r\n", string values (one with an escaped quote),
+ * non-ASCII names, a tab, a repeated field, a name starting with '=', unsorted tags, and dense
+ * separators.
+ */
+static const char *const influx_odd[] = {
+    "",
+    "# a comment",
+    "   ",
+    "cpu,host=a v=1 1700000000000000000\r",
+    "s,host=b msg=\"a \\\"quoted\\\" word\",v=2i 5",
+    "température,salle=cuisine v=21.5",
+    "tab\tbed v=1",
+    "\r",
+    "cpu v=1,v=2,w=3 7",
+    "=m v=1",
+    "m,b=1,a=2 v=1",
+    /* Dense separators: more than 32 in some half words, every bit of some words. */
+    "m,a=b,c=d,e=f,g=h,i=j,k=l,m=n,o=p,q=r,s=t,u=v,w=x x=1,y=2,z=3,a=4i,b=5u,c=6,d=7 8",
+    "=,= ,=,=,= ,,,,==== ,, == , ,=,=,= ,,,,==== ,, == , ,=,=,= ,,,,==== ,, == , ,=,=,=,,=",
+};
+
+/*
+ * Graphite's: blank, comment, tabs, "\r\n", tags, no timestamp, non-ASCII, '!' in a tag key,
+ * leading spaces, and dense separators.
+ */
+static const char *const graphite_odd[] = {
+    "",
+    "# comment",
+    "\ta.b 1 2",
+    "a.b\t1",
+    "a.b 1 2\r",
+    "a;k=v 1 2",
+    "p 1",
+    "é.b 1 5",
+    "a;k!=v 1",
+    "  a 1",
+    "a;b=c;d=e;f=g;h=i;j=k;l=m;n=o;p=q;r=s;t=u;v=w;x=y 1 2",
+    "=;= ;=;=;= ;;;;==== ;; == ; ;=;=;= ;;;;==== ;; == ; ;=;=;",
+};
+
+static const struct stream_kind influx_stream = {
+    .odd = influx_odd,
+    .n_odd = BD_ARRAY_LEN(influx_odd),
+    .random_line = random_plain_line,
+    .too_long = true,
+    .long_head = "long,host=x v=",
+    .long_fill = '7',
+    .long_tail = "\nafter v=1 3\n",
+};
+
+static const struct stream_kind graphite_stream = {
+    .odd = graphite_odd,
+    .n_odd = BD_ARRAY_LEN(graphite_odd),
+    .random_line = random_graphite_line,
+    .too_long = false,
+    .long_head = "long.path",
+    .long_fill = 'p',
+    .long_tail = " 1 2\nafter 1 3\n",
+};
+
+/*
+ * A stream as a datagram or TCP read holds it: random lines of the format, and between them its
+ * odd lines, a line over max_line (line protocol) and, when long_line is not 0, a line longer
  * than the whole window. Returns its length; the last line has no '\n' when seed says so.
  */
-static size_t batch_stream(uint64_t seed, char *buf, size_t cap, size_t long_line) {
-    static const char *const odd[] = {
-        "",
-        "# a comment",
-        "   ",
-        "cpu,host=a v=1 1700000000000000000\r",
-        "s,host=b msg=\"a \\\"quoted\\\" word\",v=2i 5",
-        "température,salle=cuisine v=21.5",
-        "tab\tbed v=1",
-        "\r",
-        "cpu v=1,v=2,w=3 7",
-        "=m v=1",
-        "m,b=1,a=2 v=1",
-        /* Dense separators: more than 32 in some half words, every bit of some words. */
-        "m,a=b,c=d,e=f,g=h,i=j,k=l,m=n,o=p,q=r,s=t,u=v,w=x x=1,y=2,z=3,a=4i,b=5u,c=6,d=7 8",
-        "=,= ,=,=,= ,,,,==== ,, == , ,=,=,= ,,,,==== ,, == , ,=,=,= ,,,,==== ,, == , ,=,=,=,,=",
-    };
+static size_t make_stream(const struct stream_kind *k, uint64_t seed, char *buf, size_t cap,
+                          size_t long_line) {
     size_t o = 0;
     char line[512];
     for (int n = 0; n < 400 && o + 600 < cap; n++) {
         lcg_next(&seed);
         uint64_t r = seed >> 33;
         if (r % 7 == 0) {
-            o += (size_t)snprintf(buf + o, cap - o, "%s\n", odd[(r >> 3) % BD_ARRAY_LEN(odd)]);
-        } else if (r % 97 == 1) {
+            o += (size_t)snprintf(buf + o, cap - o, "%s\n", k->odd[(r >> 3) % k->n_odd]);
+        } else if (k->too_long && r % 97 == 1) {
             /* Over the parser's max_line (300): counted as too long, never parsed. */
             o += (size_t)snprintf(buf + o, cap - o, "big v=1%0350d\n", 0);
         } else {
-            size_t len = random_plain_line(&seed, line, sizeof(line));
+            size_t len = k->random_line(&seed, line, sizeof(line));
             memcpy(buf + o, line, len);
             o += len;
             buf[o++] = '\n';
         }
     }
     if (long_line > 0 && o + long_line + 1 < cap) {
-        /* A line as long as a few windows, then one more ordinary line. */
-        o += (size_t)snprintf(buf + o, cap - o, "long,host=x v=");
+        o += (size_t)snprintf(buf + o, cap - o, "%s", k->long_head);
         while (long_line-- > 0) {
-            buf[o++] = '7';
+            buf[o++] = k->long_fill;
         }
-        o += (size_t)snprintf(buf + o, cap - o, "\nafter v=1 3\n");
+        o += (size_t)snprintf(buf + o, cap - o, "%s", k->long_tail);
     }
     if ((seed >> 60) & 1) {
         o--; /* no '\n' after the last line */
-    }
-    return o;
-}
-
-static size_t random_graphite_line(uint64_t *seed, char *line, size_t cap);
-
-/* A Graphite stream: random lines (with slips) and the odd ones Graphite has. */
-static size_t graphite_stream(uint64_t seed, char *buf, size_t cap, size_t long_line) {
-    static const char *const odd[] = {"",
-                                      "# comment",
-                                      "\ta.b 1 2",
-                                      "a.b\t1",
-                                      "a.b 1 2\r",
-                                      "a;k=v 1 2",
-                                      "p 1",
-                                      "é.b 1 5",
-                                      "a;k!=v 1",
-                                      "  a 1",
-                                      "a;b=c;d=e;f=g;h=i;j=k;l=m;n=o;p=q;r=s;t=u;v=w;x=y 1 2",
-                                      "=;= ;=;=;= ;;;;==== ;; == ; ;=;=;= ;;;;==== ;; == ; ;=;=;"};
-    size_t o = 0;
-    char line[512];
-    for (int n = 0; n < 400 && o + 600 < cap; n++) {
-        lcg_next(&seed);
-        uint64_t r = seed >> 33;
-        if (r % 7 == 0) {
-            o += (size_t)snprintf(buf + o, cap - o, "%s\n", odd[(r >> 3) % BD_ARRAY_LEN(odd)]);
-        } else {
-            size_t len = random_graphite_line(&seed, line, sizeof(line));
-            memcpy(buf + o, line, len);
-            o += len;
-            buf[o++] = '\n';
-        }
-    }
-    if (long_line > 0 && o + long_line + 1 < cap) {
-        o += (size_t)snprintf(buf + o, cap - o, "long.path");
-        while (long_line-- > 0) {
-            buf[o++] = 'p';
-        }
-        o += (size_t)snprintf(buf + o, cap - o, " 1 2\nafter 1 3\n");
-    }
-    if ((seed >> 60) & 1) {
-        o--;
     }
     return o;
 }
@@ -1404,9 +1418,9 @@ static void batch_check(enum bd_format format) {
             variants++;
             for (uint64_t seed = 1; seed <= 12; seed++) {
                 size_t big = seed % 3 == 0 ? 40000 : 0;
-                size_t len = format == BD_FORMAT_INFLUX
-                                 ? batch_stream(seed * 7919, buf, cap, big)
-                                 : graphite_stream(seed * 7919, buf, cap, big);
+                size_t len =
+                    make_stream(format == BD_FORMAT_INFLUX ? &influx_stream : &graphite_stream,
+                                seed * 7919, buf, cap, big);
                 bd_parse_begin(&parser, buf, len);
                 size_t pos = 0;
                 for (;;) {
