@@ -14,8 +14,10 @@
 # finds them there through QEMU_LD_PREFIX.
 #
 # Where the packages cannot be had (a mirror without arm64) or binfmt_misc cannot be set up (no
-# privilege to mount or register it), the script says so and exits 0 without testing; any
-# other failure (build, a test) fails the run.
+# privilege to mount or register it), the run cannot start: the script says "SKIPPED" and why,
+# appends the skip to BUCKETD_TEST_SKIP_LOG (tools/test.sh lists it at the end of the run) and
+# exits 0 - unless BUCKETD_TEST_REQUIRE_ALL=1 (CI), where it says "FAILED" and exits 1. Any other
+# failure (build, a test) fails the run.
 #
 #   bash tools/test-aarch64.sh
 #
@@ -33,7 +35,14 @@ if [ "$(id -u)" -ne 0 ]; then
     sudo="sudo"
 fi
 skip() {
+    if [ "${BUCKETD_TEST_REQUIRE_ALL:-0}" = "1" ]; then
+        echo "test-aarch64: FAILED: the aarch64 run cannot start: $* (BUCKETD_TEST_REQUIRE_ALL=1)" >&2
+        exit 1
+    fi
     echo "test-aarch64: SKIPPED: $*"
+    if [ -n "${BUCKETD_TEST_SKIP_LOG:-}" ]; then
+        printf 'aarch64\ttools/test-aarch64.sh\t%s\n' "$*" >>"$BUCKETD_TEST_SKIP_LOG"
+    fi
     exit 0
 }
 export DEBIAN_FRONTEND=noninteractive
@@ -113,4 +122,4 @@ if [ "$(head -c 20 build-aarch64/bucketd | od -An -tx1 -j18 -N2 | tr -d ' ')" !=
     exit 1
 fi
 echo "== aarch64 build under qemu: unit, stress and end-to-end tests"
-(cd build-aarch64 && ctest --output-on-failure --no-tests=error)
+(cd build-aarch64 && BUCKETD_TEST_STAGE=aarch64 ctest --output-on-failure --no-tests=error)
