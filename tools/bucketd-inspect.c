@@ -1711,7 +1711,12 @@ static int dl_parse(const char *line, size_t len, struct dl_record *r, char *why
         r->doc = NULL;
         return -EINVAL;
     }
-    return dl_record_id(r->writer_id, r->seq, r->bucket_id, r->id);
+    if (dl_record_id(r->writer_id, r->seq, r->bucket_id, r->id) < 0) {
+        bson_destroy(r->doc);
+        r->doc = NULL;
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 /* Messages are printed on one line. */
