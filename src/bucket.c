@@ -30,6 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
+
+#include "bucketd/alloc.h"
 
 int64_t bd_floor_div(int64_t a, int64_t b) {
     int64_t q = a / b;
@@ -45,8 +48,21 @@ int64_t bd_bucket_start_ms(int64_t ts_ns, uint64_t span_ms) {
 }
 
 int bd_bucket_id(char *buf, size_t cap, const char *sensor_id, int64_t start_ms, uint32_t page) {
-    int n = snprintf(buf, cap, "%s|%" PRId64 "|%" PRIu32, sensor_id, bd_floor_div(start_ms, 1000),
-                     page);
+    size_t len = strlen(sensor_id);
+    int64_t start_s = bd_floor_div(start_ms, 1000);
+    int n;
+    if (len <= BD_BUCKET_ID_MAX_VERBATIM) {
+        n = snprintf(buf, cap, "%s|%" PRId64 "|%" PRIu32, sensor_id, start_s, page);
+    } else {
+        /* Cut before a UTF-8 continuation byte, never inside a character. */
+        size_t keep = BD_BUCKET_ID_PREFIX;
+        while (keep > 0 && ((unsigned char)sensor_id[keep] & 0xC0) == 0x80) {
+            keep--;
+        }
+        XXH128_hash_t h = XXH3_128bits(sensor_id, len);
+        n = snprintf(buf, cap, "%.*s~%016llx%016llx|%" PRId64 "|%" PRIu32, (int)keep, sensor_id,
+                     (unsigned long long)h.high64, (unsigned long long)h.low64, start_s, page);
+    }
     return (n < 0 || (size_t)n >= cap) ? -ENAMETOOLONG : 0;
 }
 
@@ -58,6 +74,7 @@ void bd_delta_init(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, ui
 }
 
 void bd_delta_reset(struct bd_delta *d) {
+    d->bytes = 0;
     d->n_readings = 0;
     d->n_values = 0;
     d->n_summaries = 0;
@@ -78,7 +95,7 @@ static int grow(void **buf, uint32_t *cap, uint32_t need, size_t elem) {
     while (n < need) {
         n *= 2;
     }
-    void *p = realloc(*buf, (size_t)n * elem);
+    void *p = bd_reallocarray(*buf, n, elem);
     if (p == NULL) {
         return -ENOMEM;
     }
@@ -125,8 +142,11 @@ static bool num_less(const struct bd_num *a, const struct bd_num *b) {
     return num_as_double(a) < num_as_double(b);
 }
 
-/* Fold one reading's numeric values into the delta's summaries. */
-static int fold(struct bd_delta *d, const struct bd_reading_value *vals, uint32_t n) {
+/*
+ * Fold one reading's numeric values into the delta's summaries. Needs room for one new summary
+ * per value (see bd_delta_add); never allocates.
+ */
+static void fold(struct bd_delta *d, const struct bd_reading_value *vals, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         struct bd_num num;
         if (!to_num(&vals[i], &num)) {
@@ -140,10 +160,7 @@ static int fold(struct bd_delta *d, const struct bd_reading_value *vals, uint32_
             }
         }
         if (fs == NULL) {
-            if (grow((void **)&d->summaries, &d->cap_summaries, d->n_summaries + 1,
-                     sizeof(*d->summaries)) < 0) {
-                return -ENOMEM;
-            }
+            BD_ASSERT(d->n_summaries < d->cap_summaries);
             fs = &d->summaries[d->n_summaries++];
             fs->field = vals[i].field;
             fs->min = num;
@@ -160,14 +177,53 @@ static int fold(struct bd_delta *d, const struct bd_reading_value *vals, uint32_
         fs->sum += num_as_double(&num);
         fs->count++;
     }
+}
+
+uint64_t bd_reading_bytes(const struct bd_sensor *s, const struct bd_reading_value *vals,
+                          uint32_t n) {
+    /* Array element: type, index key (up to 7 digits) and NUL; the document's length and NUL;
+     * "ts" as a date. Each value: type, key, NUL, 8 bytes (booleans take 1; counted as 8). */
+    uint64_t bytes = 1 + 8 + 5 + (1 + 3 + 8);
+    for (uint32_t i = 0; i < n; i++) {
+        bytes += 1 + strlen(s->field_names[vals[i].field]) + 1 + 8;
+    }
+    return bytes;
+}
+
+uint64_t bd_page_overhead_bytes(const struct bd_sensor *s) {
+    /* _id and sensor_id carry the id (the _id at most its bounded form), meta the measurement
+     * and tags; bucket_start, bucket_end, page, count, the readings array's header and a few
+     * w entries fit in 1 KiB; each field has a summary of five numbers under its name. */
+    uint64_t bytes = 1024 + BD_BUCKET_ID_MAX + s->id_len + strlen(s->measurement);
+    for (uint32_t i = 0; i < s->n_tags; i++) {
+        bytes += strlen(s->tag_keys[i]) + strlen(s->tag_values[i]) + 8;
+    }
+    uint32_t n_fields = atomic_load_explicit(&s->n_fields, memory_order_acquire);
+    for (uint32_t i = 0; i < n_fields; i++) {
+        bytes += strlen(s->field_names[i]) + 16 + 5 * (8 + 8);
+    }
+    return bytes;
+}
+
+int bd_delta_reserve(struct bd_delta *d, uint32_t readings, uint32_t values) {
+    if (grow((void **)&d->readings, &d->cap_readings, d->n_readings + readings,
+             sizeof(*d->readings)) < 0 ||
+        grow((void **)&d->values, &d->cap_values, d->n_values + values, sizeof(*d->values)) < 0 ||
+        grow((void **)&d->summaries, &d->cap_summaries, d->n_summaries + values,
+             sizeof(*d->summaries)) < 0) {
+        return -ENOMEM;
+    }
     return 0;
 }
 
 int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_value *vals,
                  uint32_t n) {
+    /* Every buffer is grown before anything is written, so a failure changes nothing. */
     if (grow((void **)&d->readings, &d->cap_readings, d->n_readings + 1, sizeof(*d->readings)) <
             0 ||
-        grow((void **)&d->values, &d->cap_values, d->n_values + n, sizeof(*d->values)) < 0) {
+        grow((void **)&d->values, &d->cap_values, d->n_values + n, sizeof(*d->values)) < 0 ||
+        grow((void **)&d->summaries, &d->cap_summaries, d->n_summaries + n, sizeof(*d->summaries)) <
+            0) {
         return -ENOMEM;
     }
     struct bd_delta_reading *r = &d->readings[d->n_readings];
@@ -178,26 +234,44 @@ int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_valu
     memcpy(&d->values[d->n_values], vals, n * sizeof(*vals));
     d->n_readings++;
     d->n_values += n;
-    return fold(d, vals, n);
+    if (d->sensor != NULL) {
+        d->bytes += bd_reading_bytes(d->sensor, vals, n);
+    }
+    fold(d, vals, n);
+    return 0;
+}
+
+/*
+ * Cut a delta back to its first `keep` readings (in the order of readings[]) and recompute its
+ * summaries and bytes. Re-folding needs no memory: a delta only shrinks.
+ */
+static void truncate_delta(struct bd_delta *d, uint32_t keep) {
+    d->n_values = keep < d->n_readings ? d->readings[keep].first : d->n_values;
+    d->n_readings = keep;
+    d->n_summaries = 0;
+    d->bytes = 0;
+    for (uint32_t i = 0; i < keep; i++) {
+        const struct bd_delta_reading *r = &d->readings[i];
+        fold(d, &d->values[r->first], r->n);
+        if (d->sensor != NULL) {
+            d->bytes += bd_reading_bytes(d->sensor, &d->values[r->first], r->n);
+        }
+    }
 }
 
 int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst) {
-    BD_ASSERT(keep < src->n_readings);
+    BD_ASSERT(keep <= src->n_readings);
+    /* readings[] is in arrival order until the update is built (which sorts it and is the
+     * delta's last use), so "the first keep" are the first to arrive. */
+    const uint32_t dst_had = dst->n_readings;
     for (uint32_t i = keep; i < src->n_readings; i++) {
         const struct bd_delta_reading *r = &src->readings[i];
         if (bd_delta_add(dst, r->ts_ns, &src->values[r->first], r->n) < 0) {
+            truncate_delta(dst, dst_had);
             return -ENOMEM;
         }
     }
-    src->n_values = src->readings[keep].first;
-    src->n_readings = keep;
-    src->n_summaries = 0;
-    for (uint32_t i = 0; i < keep; i++) {
-        const struct bd_delta_reading *r = &src->readings[i];
-        /* Re-folding needs no new memory: it only revisits fields already summarised. */
-        int rc = fold(src, &src->values[r->first], r->n);
-        BD_ASSERT(rc == 0);
-    }
+    truncate_delta(src, keep);
     return 0;
 }
 
@@ -226,12 +300,35 @@ static void append_value(bson_t *doc, const char *key, const struct bd_reading_v
     }
 }
 
-/* {$add: [{$ifNull: ["$<path>", zero]}, inc]} */
-static void append_add(bson_t *parent, const char *key, const char *path, bool as_int,
-                       int64_t inc_i, double inc_f) {
+/*
+ * A growable string for the dotted paths of field names: names are as long as the parser lets
+ * them be (limits.max_line), so no fixed buffer may hold them.
+ */
+struct path_buf {
+    char *p;
+    size_t cap;
+};
+
+/* "$" if ref, then prefix, name and suffix. NULL on allocation failure. */
+static const char *path_of(struct path_buf *b, bool ref, const char *prefix, const char *name,
+                           const char *suffix) {
+    size_t need = 1 + strlen(prefix) + strlen(name) + strlen(suffix) + 1;
+    if (need > b->cap) {
+        char *p = bd_realloc(b->p, need);
+        if (p == NULL) {
+            return NULL;
+        }
+        b->p = p;
+        b->cap = need;
+    }
+    snprintf(b->p, b->cap, "%s%s%s%s", ref ? "$" : "", prefix, name, suffix);
+    return b->p;
+}
+
+/* {$add: [{$ifNull: [ref, zero]}, inc]} */
+static void append_add(bson_t *parent, const char *key, const char *ref, bool as_int, int64_t inc_i,
+                       double inc_f) {
     bson_t op, args, ifnull, ifargs;
-    char ref[320];
-    snprintf(ref, sizeof(ref), "$%s", path);
     BSON_APPEND_DOCUMENT_BEGIN(parent, key, &op);
     BSON_APPEND_ARRAY_BEGIN(&op, "$add", &args);
     BSON_APPEND_DOCUMENT_BEGIN(&args, "0", &ifnull);
@@ -253,12 +350,10 @@ static void append_add(bson_t *parent, const char *key, const char *path, bool a
     bson_append_document_end(parent, &op);
 }
 
-/* {$min|$max: ["$<path>", value]}: MongoDB ignores the missing field on the first write. */
-static void append_minmax(bson_t *parent, const char *key, const char *op_name, const char *path,
+/* {$min|$max: [ref, value]}: MongoDB ignores the missing field on the first write. */
+static void append_minmax(bson_t *parent, const char *key, const char *op_name, const char *ref,
                           const struct bd_num *n) {
     bson_t op, args;
-    char ref[320];
-    snprintf(ref, sizeof(ref), "$%s", path);
     BSON_APPEND_DOCUMENT_BEGIN(parent, key, &op);
     BSON_APPEND_ARRAY_BEGIN(&op, op_name, &args);
     BSON_APPEND_UTF8(&args, "0", ref);
@@ -321,26 +416,77 @@ static void append_literal_utf8(bson_t *parent, const char *key, const char *val
     bson_append_document_end(parent, &lit);
 }
 
-void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writer_key,
-                           uint64_t seq, bson_t *selector, bson_t *update) {
+/* Stage 1's summary operators for one field: min, max, sum and count. */
+static int append_summary_fold(bson_t *set, struct path_buf *key, struct path_buf *ref,
+                               const char *f, const struct bd_field_summary *fs) {
+    static const char *const parts[] = {".min", ".max", ".sum", ".count"};
+    for (size_t i = 0; i < BD_ARRAY_LEN(parts); i++) {
+        const char *k = path_of(key, false, "summary.", f, parts[i]);
+        const char *r = path_of(ref, true, "summary.", f, parts[i]);
+        if (k == NULL || r == NULL) {
+            return -ENOMEM;
+        }
+        switch (i) {
+        case 0:
+            append_minmax(set, k, "$min", r, &fs->min);
+            break;
+        case 1:
+            append_minmax(set, k, "$max", r, &fs->max);
+            break;
+        case 2:
+            append_add(set, k, r, false, 0, fs->sum);
+            break;
+        default:
+            append_add(set, k, r, true, fs->count, 0);
+            break;
+        }
+    }
+    return 0;
+}
+
+/* Stage 2's avg for one field: {$divide: ["$summary.<f>.sum", "$summary.<f>.count"]}. */
+static int append_summary_avg(bson_t *set, struct path_buf *key, struct path_buf *ref,
+                              const char *f) {
+    bson_t div, args;
+    const char *k = path_of(key, false, "summary.", f, ".avg");
+    if (k == NULL) {
+        return -ENOMEM;
+    }
+    BSON_APPEND_DOCUMENT_BEGIN(set, k, &div);
+    BSON_APPEND_ARRAY_BEGIN(&div, "$divide", &args);
+    const char *r = path_of(ref, true, "summary.", f, ".sum");
+    if (r == NULL) {
+        return -ENOMEM;
+    }
+    BSON_APPEND_UTF8(&args, "0", r);
+    r = path_of(ref, true, "summary.", f, ".count");
+    if (r == NULL) {
+        return -ENOMEM;
+    }
+    BSON_APPEND_UTF8(&args, "1", r);
+    bson_append_array_end(&div, &args);
+    bson_append_document_end(set, &div);
+    return 0;
+}
+
+int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writer_key,
+                          uint64_t seq, bson_t *selector, bson_t *update) {
     struct bd_sensor *s = d->sensor;
-    char id[1024];
-    char key[320];
-    char path[320];
+    char id[BD_BUCKET_ID_MAX];
     char idx[16];
     const char *ikey;
+    struct path_buf key = {0}, ref = {0};
+    int rc = 0;
     bson_t stage, set, lit, arr, rdoc, meta, tags;
 
+    bson_init(selector);
+    bson_init(update);
     BD_ASSERT(d->n_readings > 0);
     qsort(d->readings, d->n_readings, sizeof(*d->readings), cmp_reading);
 
-    /* Sensor ids are bounded by limits.max_line, which config caps far below this buffer's
-     * use; a longer id is truncated consistently, it still names one document. */
-    if (bd_bucket_id(id, sizeof(id), s->id, d->start_ms, d->page) < 0) {
-        id[sizeof(id) - 1] = '\0';
-    }
+    rc = bd_bucket_id(id, sizeof(id), s->id, d->start_ms, d->page);
+    BD_ASSERT(rc == 0); /* BD_BUCKET_ID_MAX holds every id's bounded form */
     bson_t cond, not_cond;
-    bson_init(selector);
     BSON_APPEND_UTF8(selector, "_id", id);
     BSON_APPEND_DOCUMENT_BEGIN(selector, writer_key, &cond);
     BSON_APPEND_DOCUMENT_BEGIN(&cond, "$not", &not_cond);
@@ -348,7 +494,6 @@ void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *wri
     bson_append_document_end(&cond, &not_cond);
     bson_append_document_end(selector, &cond);
 
-    bson_init(update);
     /* Stage 1. */
     BSON_APPEND_DOCUMENT_BEGIN(update, "0", &stage);
     BSON_APPEND_DOCUMENT_BEGIN(&stage, "$set", &set);
@@ -384,18 +529,10 @@ void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *wri
     BSON_APPEND_DATE_TIME(&set, "bucket_end", d->start_ms + (int64_t)span_ms - 1);
     BSON_APPEND_INT32(&set, "page", (int32_t)d->page);
     BSON_APPEND_INT64(&set, writer_key, (int64_t)seq);
-    append_add(&set, "count", "count", true, d->n_readings, 0);
-    for (uint32_t i = 0; i < d->n_summaries; i++) {
+    append_add(&set, "count", "$count", true, d->n_readings, 0);
+    for (uint32_t i = 0; i < d->n_summaries && rc == 0; i++) {
         const struct bd_field_summary *fs = &d->summaries[i];
-        const char *f = s->field_names[fs->field];
-        snprintf(key, sizeof(key), "summary.%s.min", f);
-        append_minmax(&set, key, "$min", key, &fs->min);
-        snprintf(key, sizeof(key), "summary.%s.max", f);
-        append_minmax(&set, key, "$max", key, &fs->max);
-        snprintf(key, sizeof(key), "summary.%s.sum", f);
-        append_add(&set, key, key, false, 0, fs->sum);
-        snprintf(key, sizeof(key), "summary.%s.count", f);
-        append_add(&set, key, key, true, fs->count, 0);
+        rc = append_summary_fold(&set, &key, &ref, s->field_names[fs->field], fs);
     }
     bson_append_document_end(&stage, &set);
     bson_append_document_end(update, &stage);
@@ -404,18 +541,8 @@ void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *wri
     BSON_APPEND_DOCUMENT_BEGIN(update, "1", &stage);
     BSON_APPEND_DOCUMENT_BEGIN(&stage, "$set", &set);
     append_readings_merge(&set, bd_floor_div(d->readings[0].ts_ns, BD_NS_PER_MS));
-    for (uint32_t i = 0; i < d->n_summaries; i++) {
-        const char *f = s->field_names[d->summaries[i].field];
-        bson_t div, args;
-        snprintf(key, sizeof(key), "summary.%s.avg", f);
-        BSON_APPEND_DOCUMENT_BEGIN(&set, key, &div);
-        BSON_APPEND_ARRAY_BEGIN(&div, "$divide", &args);
-        snprintf(path, sizeof(path), "$summary.%s.sum", f);
-        BSON_APPEND_UTF8(&args, "0", path);
-        snprintf(path, sizeof(path), "$summary.%s.count", f);
-        BSON_APPEND_UTF8(&args, "1", path);
-        bson_append_array_end(&div, &args);
-        bson_append_document_end(&set, &div);
+    for (uint32_t i = 0; i < d->n_summaries && rc == 0; i++) {
+        rc = append_summary_avg(&set, &key, &ref, s->field_names[d->summaries[i].field]);
     }
     bson_append_document_end(&stage, &set);
     bson_append_document_end(update, &stage);
@@ -424,4 +551,7 @@ void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *wri
     BSON_APPEND_DOCUMENT_BEGIN(update, "2", &stage);
     BSON_APPEND_UTF8(&stage, "$unset", "_n");
     bson_append_document_end(update, &stage);
+    free(key.p);
+    free(ref.p);
+    return rc;
 }

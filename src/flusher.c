@@ -1,33 +1,40 @@
 /*
- * Flusher thread: drains dirty sensors, builds per-bucket deltas and writes them to MongoDB.
+ * Flusher thread: drains dirty sensors into the pending batch and writes it through the store.
  *
  * Threads: everything in struct bd_flusher below the "flusher thread only" line is touched by
- * the flusher thread alone; the mutex/condition variable pair is the doorbell from the other
- * threads (wake, stop). The mongoc client is popped from the pool once and used only here.
+ * the flusher thread alone (or by a unit test driving bd_flusher_step on a flusher it never
+ * started); the mutex/condition variable pair is the doorbell from the other threads (wake,
+ * stop).
  *
  * Whenever woken (the interval, or a ring past its high-water mark): pop every dirty sensor and
- * move its readings out of the ring into deltas keyed by (sensor, bucket start, page). Once per
- * flush.interval: send the deltas in unordered bulks of at most flush.max_updates upserts. A delta
- * leaves the pending set when MongoDB acknowledged it or rejected it for good (quarantined,
- * counted, logged); on a transient error the remaining deltas are retried after a backoff and
- * nothing new is drained in between, which keeps each bucket's updates in order and memory bounded
- * by the rings.
+ * move its readings out of the ring into deltas keyed by (sensor, bucket start, page); pages.h
+ * says which page each reading goes to. Once per flush.interval: send the deltas in unordered
+ * bulks of at most flush.max_updates upserts. A delta leaves the pending set when MongoDB
+ * acknowledged it, it proved already applied, or it was quarantined (counted, logged, kept in
+ * the dead-letter file). While anything is pending, the batch is retried after a backoff and
+ * nothing new is drained, which keeps each bucket page's updates in sequence order: a page never
+ * receives a later batch's update before an earlier one is settled.
  *
- * Page accounting: each sensor keeps, in flusher_state, the page and reading count of every
- * bucket it still has open (inside the late/future window); a page that reaches
- * buckets.max_readings moves new readings to the next page. A bucket that an earlier run may
- * have written (it starts before the look-up horizon: now + max_future at start-up, or the
- * newest bucket the writer state remembers) is "unknown": its readings collect in one delta
- * with page BD_PAGE_UNKNOWN, and before the batch is first sent one query per chunk of
- * flush.max_updates such deltas reads the existing pages and counts, and the delta is split
- * over the right pages.
+ * What each update's answer means is outcome.h's job; what the flusher does with it:
+ *   applied      settled;
+ *   not_sent, retry   sent again with the next attempt, unbounded (an outage or a failover);
+ *   ambiguous    sent again; marked maybe_applied;
+ *   duplicate    the page is read back: it holds our sequence number or a later one -> applied
+ *                if an attempt may have reached the server, else another daemon uses this
+ *                writer_id (writer_conflicts, quarantined); a lower number or none -> another
+ *                writer's insert raced ours: sent again (bounded);
+ *   too_large    the readings move to new pages after the bucket's last one (an update of one
+ *                reading that is still too large is quarantined);
+ *   refused      sent again up to MAX_REFUSALS times with backoff, then quarantined;
+ *   permanent    quarantined.
+ * Every update is built under BD_UPDATE_MAX_BYTES (a larger one is split before it is sent), so
+ * the driver's client-side size refusal is a safety net: the bulk is then halved until the
+ * refused update is alone, and that one is treated as too large.
  *
  * Exactly once: each batch takes one number from the writer sequence (writer.h) and every
  * update carries it (bucket.c). A retry re-sends the same updates with the same number, so an
- * update MongoDB applied before the reply was lost comes back as duplicate key (11000),
- * counted as already applied. An 11000 on an update that was never sent ambiguously cannot be
- * our own echo: it is another writer's insert racing ours (retried) or, if it persists, a
- * second daemon using this writer_id (counted in writer_conflicts, quarantined, logged).
+ * update MongoDB applied before its reply was lost comes back as duplicate key (11000), and the
+ * read-back above tells it from a race or a conflict.
  */
 #include "bucketd/flusher.h"
 
@@ -39,57 +46,28 @@
 #include <string.h>
 #include <time.h>
 
+#include "bucketd/alloc.h"
+#include "bucketd/batch.h"
 #include "bucketd/bucket.h"
+#include "bucketd/deadletter.h"
 #include "bucketd/log.h"
-#include "bucketd/mongo.h"
+#include "bucketd/outcome.h"
+#include "bucketd/pages.h"
 #include "bucketd/writer.h"
 
 /* Readings the deltas may hold before they are written ahead of the interval (~50 MB). */
 #define MAX_QUEUED (UINT64_C(1) << 20)
 
-/* Page of a delta whose bucket's existing pages are not known yet. */
-#define BD_PAGE_UNKNOWN UINT32_MAX
+/* Refusals (configuration-type errors, repeated size refusals) before an update is quarantined. */
+#define MAX_REFUSALS 8
 
-/* Definitive duplicate-key answers an update may get before it counts as a writer conflict. */
-#define MAX_DUP_REFUSALS 3
-
-struct bucket_state {
-    int64_t start_ms;
-    uint32_t page;
-    uint32_t count; /* readings in the page, as written or pending */
-    bool known;     /* page and count include what earlier runs wrote */
-};
-
-/* Per pending delta: where it stands with MongoDB. */
-struct delta_meta {
-    bool done;          /* acknowledged, already applied or quarantined */
-    bool maybe_applied; /* an attempt ended without a definitive answer */
-    uint8_t dup_refusals;
-};
-
-/*
- * The buckets of one sensor that can still receive readings: those within buckets.max_late
- * of now, up to buckets.max_future ahead. Entries for buckets that fell out of the window are
- * reused, so the array only grows to the number of buckets a sensor really keeps open.
- */
-struct sensor_state {
-    uint32_t n, cap;
-    struct bucket_state b[];
-};
-
-/* Open-addressing index of this flush's deltas by (sensor, start, page). */
-struct delta_slot {
-    uint32_t idx_plus1; /* 0 = empty */
-};
+/* Duplicate-key answers whose read-back found another writer's insert, before quarantine. */
+#define MAX_DUP_CHECKS 3
 
 struct bd_flusher {
     const struct bd_config *cfg;
     struct bd_sensor_table *table;
     struct bd_stats *stats;
-
-    mongoc_uri_t *uri;
-    mongoc_client_pool_t *pool;
-    mongoc_write_concern_t *wc;
 
     pthread_t thread;
     bool started;
@@ -103,25 +81,33 @@ struct bd_flusher {
     void *drained_arg;
 
     /* ---- flusher thread only ---- */
-    mongoc_client_t *client;
-    mongoc_collection_t *coll;
-    bool indexes_ok;
+    struct bd_store *store;     /* NULL with the blackhole sink */
+    struct bd_deadletter *dead; /* NULL with the blackhole sink */
+    struct bd_batch batch;
+    struct bd_pages_limits lim;
+    uint64_t batch_id;          /* the batch being filled or written; starts at 1 */
+    struct bd_sensor *requeued; /* sensors whose drain an allocation failure interrupted */
 
-    struct bd_delta *deltas; /* pending deltas [0, n_deltas); buffers reused */
-    struct delta_meta *meta; /* per delta */
-    uint32_t n_deltas, cap_deltas;
-    struct delta_slot *slots;
-    uint32_t slot_mask;
-
-    uint64_t queued;  /* readings in the deltas */
-    int64_t send_at;  /* monotonic ns of the next scheduled write */
-    uint32_t attempt; /* consecutive failed bulk writes */
-    int64_t retry_at; /* monotonic ns of the next attempt, 0 = none */
-    uint64_t rng;     /* xorshift state for jitter */
-    bool clean_stop;  /* not started, or the thread ended through its stop path */
+    uint64_t queued;    /* readings drained since the last write */
+    int64_t send_at;    /* monotonic ns of the next scheduled write */
+    uint32_t attempt;   /* consecutive failed attempts */
+    int64_t retry_at;   /* monotonic ns of the next attempt, 0 = none */
+    uint32_t chunk_max; /* updates per bulk: flush.max_updates, halved after a driver refusal */
+    uint64_t rng;       /* xorshift state for jitter */
+    bool clean_stop;    /* not started, or the thread ended through its stop path */
+    enum bd_bulk_cause last_cause; /* why the last failed attempt failed */
+    char last_error[512];
     struct bd_ratelimit fail_log;
     struct bd_ratelimit quarantine_log;
     struct bd_ratelimit conflict_log;
+    struct bd_ratelimit oom_log;
+
+    /* One chunk's updates, built before it is sent (flush.max_updates each). */
+    uint32_t *ops;
+    bson_t *selectors, *updates;
+    const bson_t **sel_ptrs, **upd_ptrs;
+    struct bd_op_outcome *outcomes;
+    uint32_t *readback;
 
     struct bd_writer *writer; /* NULL with the blackhole sink */
     char writer_key[160];     /* "w.<writer_id>" */
@@ -179,7 +165,6 @@ static int open_writer(struct bd_flusher *f, struct bd_err *err) {
     if (rc < 0) {
         return rc;
     }
-    snprintf(f->writer_key, sizeof(f->writer_key), BD_WRITER_KEY_PREFIX "%s", f->cfg->writer_id);
     f->seq_known = bd_writer_previous(f->writer)->found;
     int64_t horizon = bd_now_ns() / BD_NS_PER_MS + (int64_t)f->cfg->buckets.max_future_ms;
     f->learn_horizon_ms = BD_MAX(horizon, bd_writer_max_bucket_start(f->writer));
@@ -187,15 +172,9 @@ static int open_writer(struct bd_flusher *f, struct bd_err *err) {
     return 0;
 }
 
-int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
-                   struct bd_sensor_table *table, struct bd_stats *stats, struct bd_err *err) {
-    int rc = 0;
-    bson_error_t berr;
-    struct bd_flusher *f = calloc(1, sizeof(*f));
-    if (f == NULL) {
-        rc = bd_err_set(err, -ENOMEM, "flusher: out of memory");
-        goto out;
-    }
+/* Everything but the store; a NULL store means the blackhole sink. */
+static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_sensor_table *table,
+                 struct bd_stats *stats, struct bd_err *err) {
     f->cfg = cfg;
     f->table = table;
     f->stats = stats;
@@ -203,44 +182,86 @@ int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
     pthread_cond_init(&f->cv, NULL);
     f->rng = (uint64_t)bd_now_ns() | 1;
     f->clean_stop = true; /* a daemon that fails before the thread starts accepted nothing */
-    f->fail_log.interval_ns = 10 * BD_NS_PER_S;
-    f->fail_log.burst = 1;
-    f->quarantine_log.interval_ns = 10 * BD_NS_PER_S;
-    f->quarantine_log.burst = 5;
-    f->conflict_log.interval_ns = 10 * BD_NS_PER_S;
-    f->conflict_log.burst = 3;
-    f->slot_mask = 1024 - 1;
-    f->slots = calloc(f->slot_mask + 1, sizeof(*f->slots));
-    if (f->slots == NULL) {
-        rc = bd_err_set(err, -ENOMEM, "flusher: out of memory");
-        goto out;
+    f->batch_id = 1;
+    f->chunk_max = cfg->flush.max_updates;
+    f->lim = (struct bd_pages_limits){.span_ms = cfg->buckets.span_ms,
+                                      .max_late_ms = cfg->buckets.max_late_ms,
+                                      .max_future_ms = cfg->buckets.max_future_ms,
+                                      .max_readings = cfg->buckets.max_readings,
+                                      .max_bytes = BD_PAGE_MAX_BYTES};
+    f->fail_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 1};
+    f->quarantine_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 5};
+    f->conflict_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 3};
+    f->oom_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 1};
+    snprintf(f->writer_key, sizeof(f->writer_key), BD_WRITER_KEY_PREFIX "%s", cfg->writer_id);
+    uint32_t max = cfg->flush.max_updates;
+    f->ops = bd_calloc(max, sizeof(*f->ops));
+    f->selectors = bd_calloc(max, sizeof(*f->selectors));
+    f->updates = bd_calloc(max, sizeof(*f->updates));
+    f->sel_ptrs = bd_calloc(max, sizeof(*f->sel_ptrs));
+    f->upd_ptrs = bd_calloc(max, sizeof(*f->upd_ptrs));
+    f->outcomes = bd_calloc(max, sizeof(*f->outcomes));
+    f->readback = bd_calloc(max, sizeof(*f->readback));
+    if (f->ops == NULL || f->selectors == NULL || f->updates == NULL || f->sel_ptrs == NULL ||
+        f->upd_ptrs == NULL || f->outcomes == NULL || f->readback == NULL ||
+        bd_batch_init(&f->batch) < 0) {
+        return bd_err_set(err, -ENOMEM, "flusher: out of memory");
     }
+    return 0;
+}
+
+static int open_state(struct bd_flusher *f, struct bd_err *err) {
+    int rc = open_writer(f, err);
+    if (rc < 0) {
+        return rc;
+    }
+    return bd_deadletter_open(&f->dead, f->cfg->spool.dir, err);
+}
+
+int bd_flusher_new_with_store(struct bd_flusher **out, const struct bd_config *cfg,
+                              struct bd_sensor_table *table, struct bd_stats *stats,
+                              struct bd_store *store, struct bd_err *err) {
+    int rc = 0;
+    struct bd_flusher *f = bd_calloc(1, sizeof(*f));
+    if (f == NULL) {
+        bd_store_free(store);
+        return bd_err_set(err, -ENOMEM, "flusher: out of memory");
+    }
+    f->store = store;
+    rc = setup(f, cfg, table, stats, err);
+    if (rc == 0) {
+        rc = open_state(f, err);
+    }
+    if (rc == 0) {
+        *out = f;
+        f = NULL;
+    }
+    bd_flusher_free(f);
+    return rc;
+}
+
+int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
+                   struct bd_sensor_table *table, struct bd_stats *stats, struct bd_err *err) {
     if (cfg->sink == BD_SINK_MONGODB) {
-        f->uri = bd_mongo_uri_new(cfg->mongodb.uri, err);
-        if (f->uri == NULL) {
-            rc = -EINVAL;
-            goto out;
-        }
-        rc = bd_mongo_write_concern_new(cfg->mongodb.write_concern, cfg->mongodb.wtimeout_ms,
-                                        &f->wc, err);
+        char key[160];
+        struct bd_store *store = NULL;
+        snprintf(key, sizeof(key), BD_WRITER_KEY_PREFIX "%s", cfg->writer_id);
+        int rc = bd_store_mongo_new(&store, cfg, key, err);
         if (rc < 0) {
-            goto out;
+            return rc;
         }
-        f->pool = mongoc_client_pool_new_with_error(f->uri, &berr);
-        if (f->pool == NULL) {
-            rc = bd_err_set(err, -EINVAL, "mongodb.uri: %s", berr.message);
-            goto out;
-        }
-        mongoc_client_pool_set_error_api(f->pool, MONGOC_ERROR_API_VERSION_2);
-        mongoc_client_pool_set_appname(f->pool, "bucketd");
-        rc = open_writer(f, err);
-        if (rc < 0) {
-            goto out;
-        }
+        return bd_flusher_new_with_store(out, cfg, table, stats, store, err);
     }
-    *out = f;
-    f = NULL;
-out:
+    int rc = 0;
+    struct bd_flusher *f = bd_calloc(1, sizeof(*f));
+    if (f == NULL) {
+        return bd_err_set(err, -ENOMEM, "flusher: out of memory");
+    }
+    rc = setup(f, cfg, table, stats, err);
+    if (rc == 0) {
+        *out = f;
+        f = NULL;
+    }
     bd_flusher_free(f);
     return rc;
 }
@@ -252,8 +273,10 @@ void bd_flusher_set_drained(struct bd_flusher *f, bd_flusher_drained_cb cb, void
 
 static void release_sensor_state(struct bd_sensor *s, void *arg) {
     (void)arg;
-    free(s->flusher_state);
+    bd_pages_free(s->flusher_state);
     s->flusher_state = NULL;
+    s->flusher_next = NULL;
+    s->flusher_requeued = false;
 }
 
 void bd_flusher_free(struct bd_flusher *f) {
@@ -261,21 +284,20 @@ void bd_flusher_free(struct bd_flusher *f) {
         return;
     }
     BD_ASSERT(!f->started);
-    for (uint32_t i = 0; i < f->cap_deltas; i++) {
-        bd_delta_close(&f->deltas[i]);
-    }
-    free(f->deltas);
-    free(f->meta);
-    free(f->slots);
+    bd_batch_close(&f->batch);
+    free(f->ops);
+    free(f->selectors);
+    free(f->updates);
+    free(f->sel_ptrs);
+    free(f->upd_ptrs);
+    free(f->outcomes);
+    free(f->readback);
     bd_writer_close(f->writer, f->clean_stop);
+    bd_deadletter_close(f->dead);
     if (f->table != NULL) {
         bd_sensor_table_foreach(f->table, release_sensor_state, NULL);
     }
-    if (f->pool != NULL) {
-        mongoc_client_pool_destroy(f->pool);
-    }
-    mongoc_write_concern_destroy(f->wc);
-    mongoc_uri_destroy(f->uri);
+    bd_store_free(f->store);
     pthread_cond_destroy(&f->cv);
     pthread_mutex_destroy(&f->mu);
     free(f);
@@ -288,484 +310,478 @@ void bd_flusher_wake(struct bd_flusher *f) {
     pthread_mutex_unlock(&f->mu);
 }
 
-/* ---- bucket pages --------------------------------------------------------------------- */
-
-static struct bucket_state *bucket_state(struct bd_flusher *f, struct bd_sensor *s,
-                                         int64_t start_ms, int64_t now_ms) {
-    struct sensor_state *ss = s->flusher_state;
-    const int64_t span = (int64_t)f->cfg->buckets.span_ms;
-    /* A bucket ending before this can no longer receive readings. */
-    const int64_t closed_before = now_ms - (int64_t)f->cfg->buckets.max_late_ms - span;
-    uint32_t oldest = 0, reuse = UINT32_MAX;
-    for (uint32_t i = 0; ss != NULL && i < ss->n; i++) {
-        if (ss->b[i].start_ms == start_ms) {
-            return &ss->b[i];
-        }
-        if (ss->b[i].start_ms + span < closed_before && reuse == UINT32_MAX) {
-            reuse = i;
-        }
-        if (ss->b[i].start_ms < ss->b[oldest].start_ms) {
-            oldest = i;
-        }
-    }
-    struct bucket_state *b = NULL;
-    if (reuse != UINT32_MAX) {
-        b = &ss->b[reuse];
-    } else if (ss == NULL || ss->n == ss->cap) {
-        /* The window holds at most max_late/span + max_future/span + 2 buckets; past that
-         * (a clock jump) the oldest is forgotten rather than growing without bound. */
-        uint64_t limit = (f->cfg->buckets.max_late_ms + f->cfg->buckets.max_future_ms) /
-                             f->cfg->buckets.span_ms +
-                         3;
-        uint32_t cap = ss == NULL ? 2 : ss->cap * 2;
-        if (ss != NULL && ss->cap >= limit) {
-            b = &ss->b[oldest];
-        } else {
-            cap = (uint32_t)BD_MIN((uint64_t)cap, limit);
-            struct sensor_state *grown = realloc(ss, sizeof(*ss) + cap * sizeof(ss->b[0]));
-            if (grown == NULL) {
-                return NULL;
-            }
-            if (ss == NULL) {
-                grown->n = 0;
-            }
-            grown->cap = cap;
-            ss = grown;
-            s->flusher_state = ss;
-            b = &ss->b[ss->n++];
-        }
-    } else {
-        b = &ss->b[ss->n++];
-    }
-    b->start_ms = start_ms;
-    b->page = 0;
-    b->count = 0;
-    b->known = f->writer == NULL || start_ms > f->learn_horizon_ms;
-    return b;
+int64_t bd_flusher_retry_at(const struct bd_flusher *f) {
+    return f->retry_at;
 }
 
-/* ---- deltas ---------------------------------------------------------------------------- */
-
-static uint64_t delta_hash(const struct bd_sensor *s, int64_t start_ms, uint32_t page) {
-    uint64_t h = (uint64_t)(uintptr_t)s * UINT64_C(0x9E3779B97F4A7C15);
-    h ^= (uint64_t)start_ms * UINT64_C(0xC2B2AE3D27D4EB4F);
-    h ^= (uint64_t)page * UINT64_C(0x165667B19E3779F9);
-    return h ^ (h >> 29);
+static void log_oom(struct bd_flusher *f, const char *what) {
+    if (bd_ratelimit_ok(&f->oom_log, bd_mono_ns())) {
+        bd_error("flusher: out of memory %s; the readings stay where they are and are tried "
+                 "again",
+                 what);
+    }
 }
 
-static int rebuild_slots(struct bd_flusher *f, uint32_t mask) {
-    struct delta_slot *slots = calloc((size_t)mask + 1, sizeof(*slots));
-    if (slots == NULL) {
-        return -ENOMEM;
-    }
-    free(f->slots);
-    f->slots = slots;
-    f->slot_mask = mask;
-    for (uint32_t i = 0; i < f->n_deltas; i++) {
-        const struct bd_delta *d = &f->deltas[i];
-        uint32_t j = (uint32_t)delta_hash(d->sensor, d->start_ms, d->page) & mask;
-        while (slots[j].idx_plus1 != 0) {
-            j = (j + 1) & mask;
-        }
-        slots[j].idx_plus1 = i + 1;
-    }
-    return 0;
-}
+/* ---- draining ---------------------------------------------------------------------------- */
 
-static struct bd_delta *delta_get(struct bd_flusher *f, struct bd_sensor *s, int64_t start_ms,
-                                  uint32_t page) {
-    uint32_t j = (uint32_t)delta_hash(s, start_ms, page) & f->slot_mask;
-    while (f->slots[j].idx_plus1 != 0) {
-        struct bd_delta *d = &f->deltas[f->slots[j].idx_plus1 - 1];
-        if (d->sensor == s && d->start_ms == start_ms && d->page == page) {
-            return d;
-        }
-        j = (j + 1) & f->slot_mask;
+/* An allocation failure interrupted this sensor's drain: it is drained first next time. */
+static void requeue(struct bd_flusher *f, struct bd_sensor *s) {
+    if (!s->flusher_requeued) {
+        s->flusher_requeued = true;
+        s->flusher_next = f->requeued;
+        f->requeued = s;
     }
-    if (f->n_deltas == f->cap_deltas) {
-        uint32_t cap = f->cap_deltas ? f->cap_deltas * 2 : 256;
-        struct bd_delta *nd = realloc(f->deltas, (size_t)cap * sizeof(*nd));
-        if (nd == NULL) {
-            return NULL;
-        }
-        memset(nd + f->cap_deltas, 0, (size_t)(cap - f->cap_deltas) * sizeof(*nd));
-        f->deltas = nd;
-        struct delta_meta *meta = realloc(f->meta, cap * sizeof(*meta));
-        if (meta == NULL) {
-            return NULL;
-        }
-        f->meta = meta;
-        f->cap_deltas = cap;
-    }
-    struct bd_delta *d = &f->deltas[f->n_deltas];
-    /* Keep the buffers of a delta slot used by an earlier flush. */
-    struct bd_delta keep = *d;
-    bd_delta_init(d, s, start_ms, page);
-    d->readings = keep.readings;
-    d->cap_readings = keep.cap_readings;
-    d->values = keep.values;
-    d->cap_values = keep.cap_values;
-    d->summaries = keep.summaries;
-    d->cap_summaries = keep.cap_summaries;
-    f->meta[f->n_deltas] = (struct delta_meta){0};
-    f->slots[j].idx_plus1 = ++f->n_deltas;
-    if (f->n_deltas * 2 > f->slot_mask && rebuild_slots(f, f->slot_mask * 2 + 1) < 0) {
-        return NULL;
-    }
-    return d;
-}
-
-static void clear_deltas(struct bd_flusher *f) {
-    f->queued = 0;
-    for (uint32_t i = 0; i < f->n_deltas; i++) {
-        bd_delta_reset(&f->deltas[i]);
-    }
-    f->n_deltas = 0;
-    memset(f->slots, 0, ((size_t)f->slot_mask + 1) * sizeof(*f->slots));
-}
-
-static uint64_t pending_readings(const struct bd_flusher *f) {
-    uint64_t n = 0;
-    for (uint32_t i = 0; i < f->n_deltas; i++) {
-        if (!f->meta[i].done) {
-            n += f->deltas[i].n_readings;
-        }
-    }
-    return n;
 }
 
 /*
- * Move every dirty sensor's readings into deltas. Returns the number of readings moved. An
- * allocation failure leaves the rest in the ring (the sensor is re-queued by its next reading
- * or by the next drain) rather than losing it.
+ * Move one sensor's readings into the batch. A reading is added whole or not at all: its page
+ * is decided on a copy of the bucket's slot, committed only once the reading is in its delta
+ * and consumed from the ring. On an allocation failure the rest stays in the ring and the sensor
+ * on the requeue list.
  */
-static uint64_t drain(struct bd_flusher *f) {
-    uint64_t moved = 0;
+static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t wall_ms) {
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
-    struct bd_sensor *s;
+    struct bd_pages **pp = (struct bd_pages **)&s->flusher_state;
     const uint64_t span = f->cfg->buckets.span_ms;
-    const uint32_t cap = f->cfg->buckets.max_readings;
-    const int64_t now_ms = bd_now_ns() / BD_NS_PER_MS;
+    const uint64_t overhead = bd_page_overhead_bytes(s);
+    struct bd_page_slot *slot = NULL;
+    int64_t di = -1, start = 0, lo_ns = 0, hi_ns = 0; /* slot's bucket: [lo_ns, hi_ns) */
+    uint32_t cur_page = 0;
+    uint64_t moved = 0;
+    int64_t ts;
+    uint32_t nv, cells;
 
-    while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
-        int64_t ts;
-        uint32_t nv, cells;
-        /* A sensor's readings mostly fall in one bucket: while they do, its state and delta
-         * are the ones the previous reading used. Both pointers come from the latest
-         * bucket_state / delta_get call (either may move what earlier calls returned). */
-        struct bucket_state *b = NULL;
-        struct bd_delta *d = NULL;
-        int64_t lo_ns = 0, hi_ns = 0; /* b's bucket, [lo_ns, hi_ns) */
-        while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
-            if (b == NULL || ts < lo_ns || ts >= hi_ns) {
-                int64_t start = bd_bucket_start_ms(ts, span);
-                b = bucket_state(f, s, start, now_ms);
-                if (b == NULL) {
-                    break;
-                }
-                d = NULL;
-                lo_ns = start * BD_NS_PER_MS;
-                hi_ns = (start + (int64_t)span) * BD_NS_PER_MS;
+    while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
+        if (slot == NULL || ts < lo_ns || ts >= hi_ns) {
+            start = bd_bucket_start_ms(ts, span);
+            slot = bd_pages_slot(pp, &f->lim, start, wall_ms, f->learn_horizon_ms, f->batch_id);
+            if (slot == NULL) {
+                goto fail;
             }
-            if (b->known && b->count >= cap) {
-                b->page++;
-                b->count = 0;
-                d = NULL;
-            }
-            if (d == NULL) {
-                d = delta_get(f, s, b->start_ms, b->known ? b->page : BD_PAGE_UNKNOWN);
-            }
-            if (d == NULL || bd_delta_add(d, ts, vals, nv) < 0) {
-                bd_error("flusher: out of memory; readings stay in the ring of %s", s->id);
-                break;
-            }
-            b->count++;
-            bd_ring_consume(&s->ring, cells);
-            moved++;
+            di = -1;
+            lo_ns = start * BD_NS_PER_MS;
+            hi_ns = (start + (int64_t)span) * BD_NS_PER_MS;
         }
+        struct bd_page_slot next = *slot;
+        uint64_t rb = bd_reading_bytes(s, vals, nv);
+        uint32_t page = BD_PAGE_UNKNOWN;
+        if (next.known) {
+            page = bd_pages_place(&next, &f->lim, rb, overhead);
+        } else {
+            next.count++;
+            next.bytes += rb;
+        }
+        uint32_t had = f->batch.n;
+        if (di < 0 || page != cur_page) {
+            di = bd_batch_get(&f->batch, s, start, page);
+            if (di < 0) {
+                goto fail;
+            }
+            cur_page = page;
+        }
+        if (bd_delta_add(&f->batch.deltas[di], ts, vals, nv) < 0) {
+            bd_batch_truncate(&f->batch, had); /* a delta created for this reading goes too */
+            goto fail;
+        }
+        next.batch = f->batch_id;
+        *slot = next;
+        bd_ring_consume(&s->ring, cells);
+        moved++;
+    }
+    return moved;
+fail:
+    log_oom(f, "while draining a sensor");
+    requeue(f, s);
+    return moved;
+}
+
+static uint64_t drain(struct bd_flusher *f, int64_t wall_ms) {
+    uint64_t moved = 0;
+    struct bd_sensor *list = f->requeued, *s;
+    f->requeued = NULL;
+    while (list != NULL) {
+        s = list;
+        list = s->flusher_next;
+        s->flusher_next = NULL;
+        s->flusher_requeued = false;
+        moved += drain_sensor(f, s, wall_ms);
+    }
+    while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
+        moved += drain_sensor(f, s, wall_ms);
     }
     return moved;
 }
 
-/* ---- MongoDB ---------------------------------------------------------------------------- */
+/* ---- pages ------------------------------------------------------------------------------- */
 
-static bool ensure_client(struct bd_flusher *f) {
-    if (f->client == NULL) {
-        f->client = mongoc_client_pool_pop(f->pool);
-        f->coll = mongoc_client_get_collection(f->client, f->cfg->mongodb.database,
-                                               f->cfg->mongodb.collection);
-    }
-    return f->client != NULL;
-}
+/* How the readings of a delta get their pages again. */
+enum place_mode {
+    PLACE_LEARNED,  /* the bucket's stored pages were just read back */
+    PLACE_RELOCATE, /* the current page cannot take them: start after it */
+};
 
-/* Idempotent: createIndexes with an existing identical index is a no-op on the server. */
-static void ensure_indexes(struct bd_flusher *f) {
-    if (f->indexes_ok || !ensure_client(f)) {
-        return;
+/*
+ * Put the readings [keep, n) of delta di on pages from its bucket's slot: after a look-up
+ * (learned page/count/bytes) or on new pages after the bucket's last one. All or nothing: the
+ * target deltas are created and given room first, then the readings move (which cannot fail),
+ * then the slot is updated. -ENOMEM leaves everything as it was.
+ */
+static int place_readings(struct bd_flusher *f, uint32_t di, uint32_t keep, enum place_mode mode,
+                          uint32_t page, uint32_t count, uint64_t bytes) {
+    struct bd_delta *d = &f->batch.deltas[di];
+    struct bd_sensor *s = d->sensor;
+    const int64_t start = d->start_ms;
+    const uint32_t n = d->n_readings;
+    struct bd_page_slot *slot = bd_pages_find(s->flusher_state, start);
+    BD_ASSERT(slot != NULL); /* a slot with readings in the pending batch is never dropped */
+    struct bd_page_slot next = *slot;
+    if (mode == PLACE_LEARNED) {
+        bd_pages_learn(&next, page, count, bytes);
+    } else {
+        bd_pages_close_page(&next);
     }
-    bson_t cmd, indexes, idx, key, reply;
-    bson_error_t berr;
-    bson_init(&cmd);
-    BSON_APPEND_UTF8(&cmd, "createIndexes", f->cfg->mongodb.collection);
-    BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &indexes);
-    BSON_APPEND_DOCUMENT_BEGIN(&indexes, "0", &idx);
-    BSON_APPEND_DOCUMENT_BEGIN(&idx, "key", &key);
-    BSON_APPEND_INT32(&key, "sensor_id", 1);
-    BSON_APPEND_INT32(&key, "bucket_start", 1);
-    bson_append_document_end(&idx, &key);
-    BSON_APPEND_UTF8(&idx, "name", "sensor_id_1_bucket_start_1");
-    bson_append_document_end(&indexes, &idx);
-    bson_append_array_end(&cmd, &indexes);
-    mongoc_database_t *db = mongoc_client_get_database(f->client, f->cfg->mongodb.database);
-    if (mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr)) {
-        f->indexes_ok = true;
-        bd_info("indexes ready on %s.%s", f->cfg->mongodb.database, f->cfg->mongodb.collection);
-    } else if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
-        bd_error("cannot create indexes on %s.%s (will retry): %s", f->cfg->mongodb.database,
-                 f->cfg->mongodb.collection, berr.message);
+    const uint64_t overhead = bd_page_overhead_bytes(s);
+    uint32_t *first = bd_malloc((size_t)(n - keep + 1) * sizeof(*first));
+    uint32_t *pages = bd_malloc((size_t)(n - keep + 1) * sizeof(*pages));
+    int64_t *target = bd_malloc((size_t)(n - keep + 1) * sizeof(*target));
+    uint32_t groups = 0, had = f->batch.n;
+    int rc = 0;
+    if (first == NULL || pages == NULL || target == NULL) {
+        rc = -ENOMEM;
+        goto out;
     }
-    mongoc_database_destroy(db);
-    bson_destroy(&reply);
-    bson_destroy(&cmd);
-}
-
-/* Server error codes that mean "try again later" rather than "this update is wrong". */
-static bool transient_code(int64_t code) {
-    static const int64_t codes[] = {
-        6,     /* HostUnreachable */
-        7,     /* HostNotFound */
-        89,    /* NetworkTimeout */
-        91,    /* ShutdownInProgress */
-        189,   /* PrimarySteppedDown */
-        262,   /* ExceededTimeLimit */
-        9001,  /* SocketException */
-        10107, /* NotWritablePrimary */
-        11600, /* InterruptedAtShutdown */
-        11602, /* InterruptedDueToReplStateChange */
-        13435, /* NotPrimaryNoSecondaryOk */
-        13436, /* NotPrimaryOrSecondary */
-        64,    /* WriteConcernFailed */
-        50,    /* MaxTimeMSExpired */
-        112,   /* WriteConflict */
-    };
-    for (size_t i = 0; i < BD_ARRAY_LEN(codes); i++) {
-        if (codes[i] == code) {
-            return true;
+    /* Runs of consecutive readings on one page: pages only grow as readings are placed. */
+    for (uint32_t i = keep; i < n; i++) {
+        const struct bd_delta_reading *r = &d->readings[i];
+        uint32_t p = bd_pages_place(&next, &f->lim, bd_reading_bytes(s, &d->values[r->first], r->n),
+                                    overhead);
+        if (groups == 0 || pages[groups - 1] != p) {
+            first[groups] = i;
+            pages[groups] = p;
+            groups++;
         }
     }
-    return false;
-}
-
-static uint64_t next_rand(struct bd_flusher *f) {
-    f->rng ^= f->rng << 13;
-    f->rng ^= f->rng >> 7;
-    f->rng ^= f->rng << 17;
-    return f->rng;
-}
-
-static void schedule_retry(struct bd_flusher *f) {
-    uint64_t cap = f->cfg->flush.retry_max_ms;
-    uint64_t base = f->cfg->flush.retry_initial_ms;
-    uint32_t shift = f->attempt < 30 ? f->attempt : 30;
-    uint64_t ceiling = base << shift;
-    if (ceiling > cap || ceiling < base) {
-        ceiling = cap;
+    for (uint32_t g = 0; g < groups; g++) {
+        target[g] = bd_batch_get(&f->batch, s, start, pages[g]);
+        if (target[g] < 0) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        BD_ASSERT((uint32_t)target[g] != di);
     }
-    /* Full jitter: spread retries of many daemons over the whole window. */
-    uint64_t delay_ms = ceiling ? next_rand(f) % (ceiling + 1) : 0;
-    f->attempt++;
-    BD_STAT_ADD(f->stats, bulk_retries, 1);
-    f->retry_at = bd_mono_ns() + (int64_t)delay_ms * BD_NS_PER_MS;
-    /* Nothing is drained until the retry succeeds (already said when the write began). */
-    BD_ASSERT(bd_sensor_table_stalled(f->table));
+    d = &f->batch.deltas[di]; /* bd_batch_get may have moved it */
+    for (uint32_t g = 0; g < groups; g++) {
+        uint32_t end = g + 1 < groups ? first[g + 1] : n;
+        uint32_t values =
+            (end < n ? d->readings[end].first : d->n_values) - d->readings[first[g]].first;
+        if (bd_delta_reserve(&f->batch.deltas[target[g]], end - first[g], values) < 0) {
+            rc = -ENOMEM;
+            goto out;
+        }
+    }
+    for (uint32_t g = groups; g-- > 0;) {
+        int moved = bd_delta_split(d, first[g], &f->batch.deltas[target[g]]);
+        BD_ASSERT(moved == 0); /* room was made above */
+    }
+    next.batch = f->batch_id;
+    *slot = next;
+    if (d->n_readings == 0) {
+        f->batch.meta[di].done = true;
+    }
+out:
+    if (rc < 0) {
+        bd_batch_truncate(&f->batch, had);
+    }
+    free(first);
+    free(pages);
+    free(target);
+    return rc;
+}
+
+/* ---- settling ----------------------------------------------------------------------------- */
+
+static void settle_applied(struct bd_flusher *f, uint32_t di) {
+    f->batch.meta[di].done = true;
+    BD_STAT_ADD(f->stats, readings_flushed, f->batch.deltas[di].n_readings);
 }
 
 /*
- * Before a bulk write to MongoDB: nothing is drained until it (and any retry) is done, so UDP
- * listeners paused for a congested ring must read again, into the rings (see
- * bd_sensor_table_set_stalled). The blackhole sink's writes take no time: not said.
+ * Give an update up: counted, logged with its bucket id, and kept in the dead-letter file (with
+ * the update as built, if the caller has it) for an operator to replay.
  */
-static void begin_write(struct bd_flusher *f) {
-    if (f->cfg->sink != BD_SINK_BLACKHOLE && !bd_sensor_table_stalled(f->table)) {
-        bd_sensor_table_set_stalled(f->table, true);
-        if (f->drained != NULL) {
-            f->drained(f->drained_arg);
+static void quarantine(struct bd_flusher *f, uint32_t di, int64_t code, const char *why,
+                       const bson_t *selector, const bson_t *update, int64_t wall_ms,
+                       bool conflict) {
+    struct bd_delta *d = &f->batch.deltas[di];
+    char id[BD_BUCKET_ID_MAX];
+    bd_bucket_id(id, sizeof(id), d->sensor->id, d->start_ms, d->page);
+    f->batch.meta[di].done = true;
+    BD_STAT_ADD(f->stats, updates_quarantined, 1);
+    BD_STAT_ADD(f->stats, readings_quarantined, d->n_readings);
+    if (conflict) {
+        /* A configuration error, not bad data: its own limiter, so bad input cannot hide it. */
+        BD_STAT_ADD(f->stats, writer_conflicts, 1);
+        if (bd_ratelimit_ok(&f->conflict_log, bd_mono_ns())) {
+            bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, "
+                     "which this daemon never sent: another daemon is using writer_id %s; "
+                     "give each daemon its own (%u readings not written)",
+                     id, f->batch_seq, f->cfg->writer_id, f->cfg->writer_id, d->n_readings);
+        }
+    } else if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
+        bd_error("MongoDB rejected the update of bucket %s for good (%u readings quarantined%s): "
+                 "code %" PRId64 ": %s",
+                 id, d->n_readings, f->dead != NULL ? ", kept in the dead-letter file" : "", code,
+                 why);
+    }
+    if (f->dead != NULL && selector != NULL && update != NULL) {
+        struct bd_err err = {0};
+        struct bd_deadletter_record rec = {.time_ms = wall_ms,
+                                           .writer_id = f->cfg->writer_id,
+                                           .seq = f->batch_seq,
+                                           .database = f->cfg->mongodb.database,
+                                           .collection = f->cfg->mongodb.collection,
+                                           .bucket_id = id,
+                                           .n_readings = d->n_readings,
+                                           .code = code,
+                                           .message = why,
+                                           .filter = selector,
+                                           .update = update};
+        if (bd_deadletter_append(f->dead, &rec, &err) < 0 &&
+            bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
+            bd_error("cannot keep the quarantined update of bucket %s in %s: %s", id,
+                     bd_deadletter_path(f->dead), err.msg);
         }
     }
 }
 
-/* Walk writeErrors back to the chunk's deltas: transient ones stay pending, others are
- * quarantined. Returns true if any op needs a retry. */
-static bool handle_write_errors(struct bd_flusher *f, const bson_t *reply, const uint32_t *ops,
-                                uint32_t n_ops, bool *failed) {
-    bson_iter_t it, arr;
-    bool retry = false;
-    if (!bson_iter_init_find(&it, reply, "writeErrors") || !BSON_ITER_HOLDS_ARRAY(&it) ||
-        !bson_iter_recurse(&it, &arr)) {
-        return false;
+/* An update that cannot be sent as it is: half of its readings move to new pages, or, alone,
+ * it is quarantined. Returns -ENOMEM if the move failed (nothing changed). */
+static int shrink_or_quarantine(struct bd_flusher *f, uint32_t di, int64_t code, const char *why,
+                                const bson_t *selector, const bson_t *update, int64_t wall_ms) {
+    struct bd_delta *d = &f->batch.deltas[di];
+    if (d->n_readings > 1) {
+        return place_readings(f, di, d->n_readings / 2, PLACE_RELOCATE, 0, 0, 0);
     }
-    while (bson_iter_next(&arr)) {
-        bson_iter_t e;
-        int64_t index = -1, code = 0;
-        const char *msg = "";
-        if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &e)) {
-            continue;
-        }
-        while (bson_iter_next(&e)) {
-            const char *k = bson_iter_key(&e);
-            if (strcmp(k, "index") == 0) {
-                index = bson_iter_as_int64(&e);
-            } else if (strcmp(k, "code") == 0) {
-                code = bson_iter_as_int64(&e);
-            } else if (strcmp(k, "errmsg") == 0 && BSON_ITER_HOLDS_UTF8(&e)) {
-                msg = bson_iter_utf8(&e, NULL);
-            }
-        }
-        if (index < 0 || (uint64_t)index >= n_ops) {
-            continue;
-        }
-        failed[index] = true;
-        struct delta_meta *m = &f->meta[ops[index]];
-        struct bd_delta *d = &f->deltas[ops[index]];
-        if (code == 11000 && m->maybe_applied) {
-            /* The filter refused our own sequence number: an earlier attempt got through. */
-            m->done = true;
-            BD_STAT_ADD(f->stats, updates_already_applied, 1);
-            BD_STAT_ADD(f->stats, readings_flushed, d->n_readings);
-            continue;
-        }
-        if (code == 11000 && ++m->dup_refusals < MAX_DUP_REFUSALS) {
-            /* Another writer's upsert created the document between our match and our insert;
-             * the next attempt finds it and updates it. */
-            retry = true;
-            continue;
-        }
-        if (code != 11000 && transient_code(code)) {
-            retry = true;
-            continue;
-        }
-        m->done = true;
-        BD_STAT_ADD(f->stats, updates_quarantined, 1);
-        BD_STAT_ADD(f->stats, readings_quarantined, d->n_readings);
-        char id[1024];
-        bd_bucket_id(id, sizeof(id), d->sensor->id, d->start_ms, d->page);
-        if (code == 11000) {
-            /* A configuration error, not bad data: its own limiter, so bad input cannot hide it. */
-            BD_STAT_ADD(f->stats, writer_conflicts, 1);
-            if (bd_ratelimit_ok(&f->conflict_log, bd_mono_ns())) {
-                bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, "
-                         "which this daemon never sent: another daemon is using writer_id %s; "
-                         "give each daemon its own (%u readings not written)",
-                         id, f->batch_seq, f->cfg->writer_id, f->cfg->writer_id, d->n_readings);
-            }
-        } else if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
-            bd_error("MongoDB rejected the update of bucket %s (%u readings dropped): code %" PRId64
-                     ": %s",
-                     id, d->n_readings, code, msg);
-        }
-    }
-    return retry;
-}
-
-static bool array_nonempty(const bson_t *doc, const char *key) {
-    bson_iter_t it, arr;
-    return bson_iter_init_find(&it, doc, key) && BSON_ITER_HOLDS_ARRAY(&it) &&
-           bson_iter_recurse(&it, &arr) && bson_iter_next(&arr);
-}
-
-/* Send one chunk of pending deltas; returns true if all of it is settled. */
-static bool send_chunk(struct bd_flusher *f, uint32_t *ops, uint32_t n_ops, bool *failed) {
-    bson_t opts, upsert_opts, reply, selector, update;
-    bson_error_t berr;
-    bool settled = true;
-
-    bson_init(&opts);
-    BSON_APPEND_BOOL(&opts, "ordered", false);
-    mongoc_write_concern_append(f->wc, &opts);
-    mongoc_bulk_operation_t *bulk =
-        mongoc_collection_create_bulk_operation_with_opts(f->coll, &opts);
-    bson_destroy(&opts);
-    bson_init(&upsert_opts);
-    BSON_APPEND_BOOL(&upsert_opts, "upsert", true);
-    for (uint32_t i = 0; i < n_ops; i++) {
-        struct bd_delta *d = &f->deltas[ops[i]];
-        bd_delta_build_update(d, f->cfg->buckets.span_ms, f->writer_key, f->batch_seq, &selector,
-                              &update);
-        if (!mongoc_bulk_operation_update_one_with_opts(bulk, &selector, &update, &upsert_opts,
-                                                        &berr)) {
-            /* The driver refused the document itself: it can never succeed. */
-            BD_ASSERT(false && "update document refused by the driver");
-        }
-        bson_destroy(&selector);
-        bson_destroy(&update);
-        failed[i] = false;
-    }
-    bson_destroy(&upsert_opts);
-
-    uint32_t ok = mongoc_bulk_operation_execute(bulk, &reply, &berr);
-    BD_STAT_ADD(f->stats, bulk_writes, 1);
-    BD_STAT_ADD(f->stats, updates_sent, n_ops);
-    if (ok) {
-        for (uint32_t i = 0; i < n_ops; i++) {
-            f->meta[ops[i]].done = true;
-            BD_STAT_ADD(f->stats, readings_flushed, f->deltas[ops[i]].n_readings);
-        }
-    } else {
-        bool has_write_errors = array_nonempty(&reply, "writeErrors");
-        bool wc_error = array_nonempty(&reply, "writeConcernErrors");
-        bool retry = handle_write_errors(f, &reply, ops, n_ops, failed);
-        bool net = berr.domain == MONGOC_ERROR_STREAM ||
-                   berr.domain == MONGOC_ERROR_SERVER_SELECTION ||
-                   mongoc_error_has_label(&reply, "RetryableWriteError");
-        /* Network, server selection, write concern or a command-level failure: an update with
-         * no error of its own may or may not have been applied. It stays pending and is marked,
-         * so that the duplicate-key answer to its retry counts as applied. */
-        bool ambiguous = !has_write_errors || wc_error || net;
-        for (uint32_t i = 0; i < n_ops; i++) {
-            struct delta_meta *m = &f->meta[ops[i]];
-            if (m->done || failed[i]) {
-                continue;
-            }
-            if (ambiguous) {
-                m->maybe_applied = true;
-                retry = true;
-            } else {
-                m->done = true;
-                BD_STAT_ADD(f->stats, readings_flushed, f->deltas[ops[i]].n_readings);
-            }
-        }
-        if (retry) {
-            settled = false;
-            if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
-                bd_error("MongoDB write failed (%s); keeping %" PRIu64
-                         " readings and retrying with backoff",
-                         berr.message, pending_readings(f));
-            }
-        }
-    }
-    bson_destroy(&reply);
-    mongoc_bulk_operation_destroy(bulk);
-    return settled;
-}
-
-/* ---- what earlier runs wrote ------------------------------------------------------------ */
-
-/* This writer's sequence number in a bucket document, 0 if it has none. */
-static uint64_t doc_writer_seq(const struct bd_flusher *f, const bson_t *doc) {
-    bson_iter_t it, child;
-    if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, f->writer_key, &child) &&
-        BSON_ITER_HOLDS_NUMBER(&child)) {
-        int64_t v = bson_iter_as_int64(&child);
-        return v > 0 ? (uint64_t)v : 0;
-    }
+    quarantine(f, di, code, why, selector, update, wall_ms, false);
     return 0;
 }
 
-/* what: "MongoDB page look-up", ...: the step before a batch's first write that failed. */
+struct readback_ctx {
+    struct bd_flusher *f;
+    const uint32_t *ops; /* chunk positions to check */
+    uint32_t n;
+    uint64_t *seen; /* per position: w.<writer_id> of its page, 0 if none */
+    bool *found;
+};
+
+static void readback_page(void *arg, const struct bd_page_info *info) {
+    struct readback_ctx *c = arg;
+    for (uint32_t i = 0; i < c->n; i++) {
+        const struct bd_delta *d = &c->f->batch.deltas[c->f->ops[c->ops[i]]];
+        if (d->start_ms == info->start_ms && (int64_t)d->page == info->page &&
+            strcmp(d->sensor->id, info->sensor_id) == 0) {
+            c->found[i] = true;
+            c->seen[i] = info->writer_seq;
+        }
+    }
+}
+
+/*
+ * Duplicate-key answers (and size refusals of updates that may have been applied): read the
+ * pages back and decide. Positions are indices into the chunk (f->ops, f->outcomes).
+ */
+static void settle_readback(struct bd_flusher *f, const uint32_t *pos, uint32_t n,
+                            int64_t wall_ms) {
+    struct bd_page_key *keys = bd_calloc(n, sizeof(*keys));
+    uint64_t *seen = bd_calloc(n, sizeof(*seen));
+    bool *found = bd_calloc(n, sizeof(*found));
+    bson_error_t berr;
+    if (keys == NULL || seen == NULL || found == NULL) {
+        log_oom(f, "while reading pages back");
+        goto out; /* they stay pending: the next attempt asks again */
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const struct bd_delta *d = &f->batch.deltas[f->ops[pos[i]]];
+        keys[i] = (struct bd_page_key){.sensor_id = d->sensor->id, .start_ms = d->start_ms};
+    }
+    struct readback_ctx ctx = {.f = f, .ops = pos, .n = n, .seen = seen, .found = found};
+    BD_STAT_ADD(f->stats, page_lookups, 1);
+    if (!f->store->ops->find_pages(f->store, keys, n, readback_page, &ctx, &berr)) {
+        if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
+            bd_error("reading back %u pages after a duplicate-key answer failed (%s); asking "
+                     "again with the next attempt",
+                     n, berr.message);
+        }
+        goto out;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t p = pos[i], di = f->ops[p];
+        struct bd_batch_meta *m = &f->batch.meta[di];
+        const struct bd_op_outcome *o = &f->outcomes[p];
+        if (found[i] && seen[i] >= f->batch_seq) {
+            if (m->maybe_applied) {
+                /* An earlier attempt of this very update got through. */
+                BD_STAT_ADD(f->stats, updates_already_applied, 1);
+                settle_applied(f, di);
+            } else {
+                quarantine(f, di, o->code, "the page holds this writer's sequence already",
+                           &f->selectors[p], &f->updates[p], wall_ms, true);
+            }
+        } else if (o->kind == BD_OUTCOME_TOO_LARGE) {
+            if (shrink_or_quarantine(f, di, o->code, "larger than MongoDB's document limit",
+                                     &f->selectors[p], &f->updates[p], wall_ms) < 0) {
+                log_oom(f, "while moving readings to a new page");
+            }
+        } else if (++m->dup_checks >= MAX_DUP_CHECKS) {
+            quarantine(f, di, o->code,
+                       "duplicate key again and again, without this writer's sequence in the "
+                       "page",
+                       &f->selectors[p], &f->updates[p], wall_ms, false);
+        }
+    }
+out:
+    free(keys);
+    free(seen);
+    free(found);
+}
+
+/* Act on the outcome of each update of the chunk just sent. */
+static void settle_chunk(struct bd_flusher *f, uint32_t n, const struct bd_bulk_outcome *bulk,
+                         int64_t wall_ms) {
+    uint32_t n_readback = 0;
+    for (uint32_t p = 0; p < n; p++) {
+        uint32_t di = f->ops[p];
+        struct bd_batch_meta *m = &f->batch.meta[di];
+        const struct bd_op_outcome *o = &f->outcomes[p];
+        const char *msg = bd_outcome_message(bulk, o);
+        switch ((enum bd_outcome)o->kind) {
+        case BD_OUTCOME_APPLIED:
+            settle_applied(f, di);
+            break;
+        case BD_OUTCOME_NOT_SENT:
+        case BD_OUTCOME_RETRY:
+            break;
+        case BD_OUTCOME_AMBIGUOUS:
+            m->maybe_applied = true;
+            break;
+        case BD_OUTCOME_DUPLICATE:
+            f->readback[n_readback++] = p;
+            break;
+        case BD_OUTCOME_TOO_LARGE:
+            if (++m->refusals >= MAX_REFUSALS) {
+                quarantine(f, di, o->code, msg, &f->selectors[p], &f->updates[p], wall_ms, false);
+            } else if (m->maybe_applied) {
+                f->readback[n_readback++] = p; /* it may be in the page already */
+            } else if (place_readings(f, di, 0, PLACE_RELOCATE, 0, 0, 0) < 0) {
+                log_oom(f, "while moving readings to a new page");
+            }
+            break;
+        case BD_OUTCOME_REFUSED:
+            if (++m->refusals >= MAX_REFUSALS) {
+                quarantine(f, di, o->code != 0 ? o->code : bulk->code,
+                           *msg != '\0' ? msg : bulk->message, &f->selectors[p], &f->updates[p],
+                           wall_ms, false);
+            }
+            break;
+        case BD_OUTCOME_PERMANENT:
+            quarantine(f, di, o->code, msg, &f->selectors[p], &f->updates[p], wall_ms, false);
+            break;
+        }
+    }
+    if (n_readback > 0) {
+        settle_readback(f, f->readback, n_readback, wall_ms);
+    }
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+static void note_failure(struct bd_flusher *f, enum bd_bulk_cause cause, const char *msg) {
+    f->last_cause = cause;
+    snprintf(f->last_error, sizeof(f->last_error), "%s", msg);
+}
+
+/*
+ * Build the update of delta di into chunk position n. 0: built; 1: not to be sent now (it was
+ * split, and its readings will come round again, or quarantined); -ENOMEM.
+ */
+static int build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int64_t wall_ms) {
+    for (;;) {
+        struct bd_delta *d = &f->batch.deltas[di];
+        bson_t *sel = &f->selectors[n], *upd = &f->updates[n];
+        int rc = bd_delta_build_update(d, f->cfg->buckets.span_ms, f->writer_key, f->batch_seq, sel,
+                                       upd);
+        if (rc == 0 && (uint64_t)sel->len + upd->len <= BD_UPDATE_MAX_BYTES) {
+            return 0;
+        }
+        if (rc == 0) {
+            /* Too large as built: split it before anything is sent. */
+            bool alone = d->n_readings == 1;
+            rc = shrink_or_quarantine(f, di, 10334,
+                                      "the update of one reading is larger than MongoDB's 16 MiB "
+                                      "document limit",
+                                      sel, upd, wall_ms);
+            bson_destroy(sel);
+            bson_destroy(upd);
+            if (rc < 0) {
+                return rc;
+            }
+            if (alone) {
+                return 1;
+            }
+            continue; /* the first half, built again */
+        }
+        bson_destroy(sel);
+        bson_destroy(upd);
+        return rc;
+    }
+}
+
+/*
+ * Send the chunk f->ops[0..n) (built in f->selectors/updates) and settle it. Returns the cause
+ * of a failure, BD_CAUSE_NONE if every update applied.
+ */
+static enum bd_bulk_cause send_chunk(struct bd_flusher *f, uint32_t n, int64_t wall_ms) {
+    bson_t reply;
+    bson_error_t berr = {0};
+    struct bd_bulk_outcome bulk;
+    for (uint32_t i = 0; i < n; i++) {
+        f->sel_ptrs[i] = &f->selectors[i];
+        f->upd_ptrs[i] = &f->updates[i];
+    }
+    bool ok = f->store->ops->bulk_upsert(f->store, f->sel_ptrs, f->upd_ptrs, n, &reply, &berr);
+    bd_outcome_classify(ok, &reply, &berr, n, f->outcomes, &bulk);
+    bson_destroy(&reply);
+    if (bulk.cause != BD_CAUSE_UNREACHABLE && bulk.cause != BD_CAUSE_CLIENT) {
+        BD_STAT_ADD(f->stats, bulk_writes, 1);
+        BD_STAT_ADD(f->stats, updates_sent, n);
+    }
+    if (bulk.cause == BD_CAUSE_CLIENT && !bulk.partly_executed) {
+        /* The driver refused the bulk and sent nothing; it does not say reliably which update
+         * it refused. Halve the bulk until the refused update is alone, then treat it as too
+         * large. */
+        if (n > 1) {
+            f->chunk_max = BD_MAX(1, n / 2);
+        } else {
+            f->outcomes[0].kind = BD_OUTCOME_TOO_LARGE;
+            f->outcomes[0].code = (int32_t)bulk.code;
+        }
+    }
+    if (bulk.cause != BD_CAUSE_NONE) {
+        note_failure(f, bulk.cause, bulk.message);
+    }
+    settle_chunk(f, n, &bulk, wall_ms);
+    for (uint32_t i = 0; i < n; i++) {
+        bson_destroy(&f->selectors[i]);
+        bson_destroy(&f->updates[i]);
+    }
+    return bulk.cause;
+}
+
+/* A store call before a batch's first write failed: log (rate-limited) what. */
 static void log_lookup_failure(struct bd_flusher *f, const char *what, const char *msg) {
     if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
         bd_error("%s failed (%s); keeping %" PRIu64 " readings and retrying with backoff", what,
-                 msg, pending_readings(f));
+                 msg, bd_batch_pending_readings(&f->batch));
     }
 }
 
@@ -782,38 +798,16 @@ static bool raise_sequence(struct bd_flusher *f, uint64_t seen) {
 /*
  * Without a writer state on disk (first start, or the spool directory was lost) the sequence
  * must continue above the highest number this writer id left in the collection, or the filter
- * would refuse its first updates. One query, once, sorted on w.<writer_id>: a collection scan
- * on a large collection, which is why the number is normally kept on disk.
+ * would refuse its first updates.
  */
 static bool recover_sequence(struct bd_flusher *f) {
+    uint64_t seen = 0;
+    bson_error_t berr;
     if (f->seq_known) {
         return true;
     }
-    bson_t filter, cond, opts, sort, proj;
-    const bson_t *doc;
-    bson_error_t berr;
-    uint64_t seen = 0;
-    bson_init(&filter);
-    BSON_APPEND_DOCUMENT_BEGIN(&filter, f->writer_key, &cond);
-    BSON_APPEND_BOOL(&cond, "$exists", true);
-    bson_append_document_end(&filter, &cond);
-    bson_init(&opts);
-    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
-    BSON_APPEND_INT32(&sort, f->writer_key, -1);
-    bson_append_document_end(&opts, &sort);
-    BSON_APPEND_INT64(&opts, "limit", 1);
-    BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
-    BSON_APPEND_INT32(&proj, f->writer_key, 1);
-    bson_append_document_end(&opts, &proj);
-    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(f->coll, &filter, &opts, NULL);
-    while (mongoc_cursor_next(cur, &doc)) {
-        seen = BD_MAX(seen, doc_writer_seq(f, doc));
-    }
-    bool ok = !mongoc_cursor_error(cur, &berr);
-    mongoc_cursor_destroy(cur);
-    bson_destroy(&opts);
-    bson_destroy(&filter);
-    if (!ok) {
+    if (!f->store->ops->max_writer_seq(f->store, &seen, &berr)) {
+        note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
         log_lookup_failure(f, "MongoDB sequence look-up", berr.message);
         return false;
     }
@@ -847,148 +841,73 @@ static int cmp_learn(const void *a, const void *b) {
     return cmp_learn_key(a, y->sensor_id, y->start_ms);
 }
 
-static struct learn_item *find_item(struct learn_item *items, uint32_t n, const char *sensor_id,
-                                    int64_t start_ms) {
-    uint32_t lo = 0, hi = n;
+struct learn_ctx {
+    struct learn_item *items;
+    uint32_t n;
+    uint64_t max_seq;
+};
+
+/* Fold one returned page into its item: the highest page wins. */
+static void learn_page(void *arg, const struct bd_page_info *info) {
+    struct learn_ctx *c = arg;
+    c->max_seq = BD_MAX(c->max_seq, info->writer_seq);
+    uint32_t lo = 0, hi = c->n;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        int c = cmp_learn_key(&items[mid], sensor_id, start_ms);
-        if (c == 0) {
-            return &items[mid];
+        int cmp = cmp_learn_key(&c->items[mid], info->sensor_id, info->start_ms);
+        if (cmp == 0) {
+            struct learn_item *item = &c->items[mid];
+            if (info->page < BD_PAGE_UNKNOWN &&
+                (item->count == UINT32_MAX || (uint32_t)info->page > item->page ||
+                 ((uint32_t)info->page == item->page && (uint64_t)info->count > item->count))) {
+                item->page = (uint32_t)info->page;
+                item->count = (uint32_t)BD_MAX(0, BD_MIN(info->count, (int64_t)UINT32_MAX - 1));
+            }
+            return;
         }
-        if (c < 0) {
+        if (cmp < 0) {
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    return NULL;
-}
-
-/*
- * Put an unknown delta's readings on the right pages, given the last existing page and its
- * count: what still fits stays on that page, the rest fills the next ones (arrival order).
- */
-static bool repage(struct bd_flusher *f, uint32_t di, uint32_t page, uint32_t count,
-                   int64_t now_ms) {
-    const uint32_t cap = f->cfg->buckets.max_readings;
-    struct bd_sensor *s = f->deltas[di].sensor;
-    const int64_t start = f->deltas[di].start_ms;
-    struct bucket_state *b = bucket_state(f, s, start, now_ms);
-    if (b == NULL) {
-        return false;
-    }
-    if (count >= cap) {
-        page++;
-        count = 0;
-    }
-    f->deltas[di].page = page;
-    while (count + f->deltas[di].n_readings > cap) {
-        struct bd_delta *next = delta_get(f, s, start, page + 1);
-        if (next == NULL) {
-            return false;
-        }
-        uint32_t ni = (uint32_t)(next - f->deltas);
-        if (bd_delta_split(&f->deltas[di], cap - count, next) < 0) {
-            bd_delta_reset(next);
-            f->meta[ni].done = true; /* empty: nothing to send */
-            return false;
-        }
-        di = ni;
-        page++;
-        count = 0;
-    }
-    b->page = page;
-    b->count = count + f->deltas[di].n_readings;
-    b->known = true;
-    return true;
-}
-
-/* {$or: [{sensor_id, bucket_start}, ...]} for the items, with the fields page look-up needs. */
-static mongoc_cursor_t *query_pages(struct bd_flusher *f, const struct learn_item *items,
-                                    uint32_t n) {
-    bson_t filter, or, clause, opts, proj;
-    char idx[16];
-    const char *key;
-    bson_init(&filter);
-    BSON_APPEND_ARRAY_BEGIN(&filter, "$or", & or);
-    for (uint32_t i = 0; i < n; i++) {
-        bson_uint32_to_string(i, &key, idx, sizeof(idx));
-        BSON_APPEND_DOCUMENT_BEGIN(& or, key, &clause);
-        BSON_APPEND_UTF8(&clause, "sensor_id", items[i].sensor_id);
-        BSON_APPEND_DATE_TIME(&clause, "bucket_start", items[i].start_ms);
-        bson_append_document_end(& or, &clause);
-    }
-    bson_append_array_end(&filter, & or);
-    bson_init(&opts);
-    BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
-    BSON_APPEND_INT32(&proj, "sensor_id", 1);
-    BSON_APPEND_INT32(&proj, "bucket_start", 1);
-    BSON_APPEND_INT32(&proj, "page", 1);
-    BSON_APPEND_INT32(&proj, "count", 1);
-    BSON_APPEND_INT32(&proj, f->writer_key, 1);
-    bson_append_document_end(&opts, &proj);
-    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(f->coll, &filter, &opts, NULL);
-    bson_destroy(&opts);
-    bson_destroy(&filter);
-    return cur;
-}
-
-/* Fold one returned page into its item: the highest page wins. */
-static uint64_t note_page(const struct bd_flusher *f, struct learn_item *items, uint32_t n,
-                          const bson_t *doc) {
-    bson_iter_t it;
-    const char *sensor_id = NULL;
-    int64_t start = 0, page = -1, count = 0;
-    if (!bson_iter_init(&it, doc)) {
-        return 0;
-    }
-    while (bson_iter_next(&it)) {
-        const char *k = bson_iter_key(&it);
-        if (strcmp(k, "sensor_id") == 0 && BSON_ITER_HOLDS_UTF8(&it)) {
-            sensor_id = bson_iter_utf8(&it, NULL);
-        } else if (strcmp(k, "bucket_start") == 0 && BSON_ITER_HOLDS_DATE_TIME(&it)) {
-            start = bson_iter_date_time(&it);
-        } else if (strcmp(k, "page") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
-            page = bson_iter_as_int64(&it);
-        } else if (strcmp(k, "count") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
-            count = bson_iter_as_int64(&it);
-        }
-    }
-    struct learn_item *item = sensor_id == NULL ? NULL : find_item(items, n, sensor_id, start);
-    if (item != NULL && page >= 0 && page < BD_PAGE_UNKNOWN &&
-        (item->count == UINT32_MAX || (uint32_t)page > item->page ||
-         ((uint32_t)page == item->page && (uint64_t)count > item->count))) {
-        item->page = (uint32_t)page;
-        item->count = count < 0 ? 0 : (uint32_t)BD_MIN(count, (int64_t)UINT32_MAX - 1);
-    }
-    return doc_writer_seq(f, doc);
 }
 
 /* Look up one chunk of unknown deltas and put them on their pages. */
 static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t n,
                         uint64_t *max_seq) {
-    const bson_t *doc;
     bson_error_t berr;
-    qsort(items, n, sizeof(*items), cmp_learn);
-    mongoc_cursor_t *cur = query_pages(f, items, n);
-    BD_STAT_ADD(f->stats, page_lookups, 1);
-    while (mongoc_cursor_next(cur, &doc)) {
-        *max_seq = BD_MAX(*max_seq, note_page(f, items, n, doc));
+    struct bd_page_key *keys = bd_calloc(n, sizeof(*keys));
+    if (keys == NULL) {
+        log_oom(f, "while looking pages up");
+        return false;
     }
-    bool ok = !mongoc_cursor_error(cur, &berr);
-    mongoc_cursor_destroy(cur);
+    qsort(items, n, sizeof(*items), cmp_learn);
+    for (uint32_t i = 0; i < n; i++) {
+        keys[i] =
+            (struct bd_page_key){.sensor_id = items[i].sensor_id, .start_ms = items[i].start_ms};
+    }
+    struct learn_ctx ctx = {.items = items, .n = n};
+    BD_STAT_ADD(f->stats, page_lookups, 1);
+    bool ok = f->store->ops->find_pages(f->store, keys, n, learn_page, &ctx, &berr);
+    free(keys);
+    *max_seq = BD_MAX(*max_seq, ctx.max_seq);
     if (!ok) {
+        note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
         log_lookup_failure(f, "MongoDB page look-up", berr.message);
         return false;
     }
-    int64_t now_ms = bd_now_ns() / BD_NS_PER_MS;
     for (uint32_t i = 0; i < n; i++) {
+        const struct bd_delta *d = &f->batch.deltas[items[i].delta];
         bool none = items[i].count == UINT32_MAX;
-        if (!repage(f, items[i].delta, none ? 0 : items[i].page, none ? 0 : items[i].count,
-                    now_ms)) {
-            f->deltas[items[i].delta].page = BD_PAGE_UNKNOWN;
-            bd_error("flusher: out of memory while placing readings on pages; retrying");
+        uint32_t count = none ? 0 : items[i].count;
+        /* The stored page's size, estimated from its count and this delta's readings. */
+        uint64_t bytes = count == 0 ? 0
+                                    : bd_page_overhead_bytes(d->sensor) +
+                                          count * (d->bytes / BD_MAX(d->n_readings, 1));
+        if (place_readings(f, items[i].delta, 0, PLACE_LEARNED, none ? 0 : items[i].page, count,
+                           bytes) < 0) {
+            log_oom(f, "while placing readings on pages");
             return false;
         }
     }
@@ -998,16 +917,19 @@ static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t
 /* Learn the pages of every unknown delta: one query per flush.max_updates of them. */
 static bool learn_pages(struct bd_flusher *f) {
     const uint32_t max = f->cfg->flush.max_updates;
-    struct learn_item *items = malloc((size_t)max * sizeof(*items));
+    struct learn_item *items = bd_malloc((size_t)max * sizeof(*items));
     uint64_t max_seq = 0;
     bool ok = items != NULL;
     uint32_t next = 0;
+    if (!ok) {
+        log_oom(f, "while looking pages up");
+    }
     while (ok) {
         uint32_t n = 0;
-        /* Deltas added by splits are appended with known pages, so one pass suffices. */
-        for (; next < f->n_deltas && n < max; next++) {
-            if (!f->meta[next].done && f->deltas[next].page == BD_PAGE_UNKNOWN) {
-                const struct bd_delta *d = &f->deltas[next];
+        /* Deltas added by placing readings have known pages, so one pass suffices. */
+        for (; next < f->batch.n && n < max; next++) {
+            const struct bd_delta *d = &f->batch.deltas[next];
+            if (!f->batch.meta[next].done && d->page == BD_PAGE_UNKNOWN && d->n_readings > 0) {
                 items[n++] = (struct learn_item){.sensor_id = d->sensor->id,
                                                  .start_ms = d->start_ms,
                                                  .delta = next,
@@ -1020,10 +942,6 @@ static bool learn_pages(struct bd_flusher *f) {
         ok = learn_chunk(f, items, n, &max_seq);
     }
     free(items);
-    /* Pages changed under the index. */
-    if (rebuild_slots(f, f->slot_mask) < 0) {
-        ok = false;
-    }
     /* A number above ours here means the state on disk is behind the collection. */
     return ok && raise_sequence(f, max_seq);
 }
@@ -1039,114 +957,185 @@ static bool prepare_batch(struct bd_flusher *f) {
         return false;
     }
     f->batch_max_start_ms = INT64_MIN;
-    for (uint32_t i = 0; i < f->n_deltas; i++) {
-        f->batch_max_start_ms = BD_MAX(f->batch_max_start_ms, f->deltas[i].start_ms);
+    for (uint32_t i = 0; i < f->batch.n; i++) {
+        f->batch_max_start_ms = BD_MAX(f->batch_max_start_ms, f->batch.deltas[i].start_ms);
     }
     f->have_seq = true;
     return true;
 }
 
-/* Write every pending delta; true when none is left pending. */
-static bool send_pending(struct bd_flusher *f) {
-    uint32_t max = f->cfg->flush.max_updates;
-    uint32_t *ops = malloc((size_t)max * sizeof(*ops));
-    bool *failed = malloc((size_t)max * sizeof(*failed));
-    bool all = true;
-    if (ops == NULL || failed == NULL) {
-        all = false;
-        goto out;
-    }
-    if (!ensure_client(f)) {
-        all = false;
-        goto out;
-    }
-    ensure_indexes(f);
-    uint32_t n = 0;
-    if (!f->have_seq && !prepare_batch(f)) {
-        all = false;
-        goto out;
-    }
-    for (uint32_t i = 0; i < f->n_deltas; i++) {
-        if (f->meta[i].done) {
-            continue;
-        }
-        ops[n++] = i;
-        if (n == max) {
-            all = send_chunk(f, ops, n, failed) && all;
-            n = 0;
-            if (!all) {
-                /* Stop at the first failing chunk: later chunks wait for the retry. */
-                goto out;
-            }
+static bool batch_settled(const struct bd_flusher *f) {
+    for (uint32_t i = 0; i < f->batch.n; i++) {
+        if (!f->batch.meta[i].done && f->batch.deltas[i].n_readings > 0) {
+            return false;
         }
     }
-    if (n > 0) {
-        all = send_chunk(f, ops, n, failed) && all;
-    }
-out:
-    free(ops);
-    free(failed);
-    return all;
+    return true;
 }
 
-/* Write what the deltas hold: one bulk per flush.max_updates deltas. */
-static void write_pending(struct bd_flusher *f) {
-    if (f->cfg->sink == BD_SINK_BLACKHOLE) {
-        for (uint32_t i = 0; i < f->n_deltas; i++) {
-            BD_STAT_ADD(f->stats, readings_flushed, f->deltas[i].n_readings);
+/* Write every pending delta; true when none is left pending. */
+static bool send_pending(struct bd_flusher *f, int64_t wall_ms) {
+    bson_error_t berr;
+    if (!f->store->ops->prepare(f->store, &berr)) {
+        note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
+        return false;
+    }
+    if (!f->have_seq && !prepare_batch(f)) {
+        return false;
+    }
+    uint32_t next = 0;
+    for (;;) {
+        uint32_t n = 0;
+        int rc = 0;
+        /* Deltas appended while building (split readings) are picked up by later chunks. */
+        while (n < f->chunk_max && next < f->batch.n) {
+            uint32_t di = next;
+            if (f->batch.meta[di].done || f->batch.deltas[di].n_readings == 0) {
+                f->batch.meta[di].done = true;
+                next++;
+                continue;
+            }
+            rc = build_one(f, di, n, wall_ms);
+            if (rc < 0) {
+                break;
+            }
+            if (rc == 0) {
+                f->ops[n++] = di;
+                next++;
+            } else if (f->batch.meta[di].done) {
+                next++; /* quarantined; a split delta is built again (its first half) */
+            }
         }
-        clear_deltas(f);
+        if (rc < 0) {
+            for (uint32_t i = 0; i < n; i++) {
+                bson_destroy(&f->selectors[i]);
+                bson_destroy(&f->updates[i]);
+            }
+            log_oom(f, "while building updates");
+            note_failure(f, BD_CAUSE_CLIENT, "out of memory while building updates");
+            return false;
+        }
+        if (n == 0) {
+            break;
+        }
+        uint32_t chunk_max = f->chunk_max;
+        enum bd_bulk_cause cause = send_chunk(f, n, wall_ms);
+        if (cause == BD_CAUSE_UNREACHABLE || cause == BD_CAUSE_CONNECTION) {
+            break; /* the rest waits for the next attempt */
+        }
+        if (f->chunk_max < chunk_max) {
+            next = f->ops[0]; /* halved after a driver refusal: the same updates, fewer a bulk */
+        }
+    }
+    return batch_settled(f);
+}
+
+static uint64_t next_rand(struct bd_flusher *f) {
+    f->rng ^= f->rng << 13;
+    f->rng ^= f->rng >> 7;
+    f->rng ^= f->rng << 17;
+    return f->rng;
+}
+
+static void schedule_retry(struct bd_flusher *f, int64_t mono_ns) {
+    uint64_t cap = f->cfg->flush.retry_max_ms;
+    uint64_t base = f->cfg->flush.retry_initial_ms;
+    uint32_t shift = f->attempt < 30 ? f->attempt : 30;
+    uint64_t ceiling = base << shift;
+    if (ceiling > cap || ceiling < base) {
+        ceiling = cap;
+    }
+    /* Full jitter: spread retries of many daemons over the whole window. */
+    uint64_t delay_ms = ceiling ? next_rand(f) % (ceiling + 1) : 0;
+    f->attempt++;
+    BD_STAT_ADD(f->stats, bulk_retries, 1);
+    f->retry_at = mono_ns + (int64_t)delay_ms * BD_NS_PER_MS;
+    if (f->retry_at == 0) {
+        f->retry_at = 1;
+    }
+    if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
+        bd_error("MongoDB write failed (%s); keeping %" PRIu64
+                 " readings and retrying with backoff",
+                 f->last_error, bd_batch_pending_readings(&f->batch));
+    }
+}
+
+/*
+ * Before a bulk write to MongoDB: nothing is drained until it (and any retry) is done, so UDP
+ * listeners paused for a congested ring must read again, into the rings (see
+ * bd_sensor_table_set_stalled). The blackhole sink's writes take no time: not said.
+ */
+static void begin_write(struct bd_flusher *f) {
+    if (f->store != NULL && !bd_sensor_table_stalled(f->table)) {
+        bd_sensor_table_set_stalled(f->table, true);
+        if (f->drained != NULL) {
+            f->drained(f->drained_arg);
+        }
+    }
+}
+
+static void batch_done(struct bd_flusher *f) {
+    bd_batch_clear(&f->batch);
+    f->queued = 0;
+    f->batch_id++;
+}
+
+/* Write what the batch holds: one bulk per flush.max_updates deltas. */
+static void write_pending(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
+    if (f->store == NULL) {
+        for (uint32_t i = 0; i < f->batch.n; i++) {
+            BD_STAT_ADD(f->stats, readings_flushed, f->batch.deltas[i].n_readings);
+        }
+        batch_done(f);
         return;
     }
-    if (send_pending(f)) {
+    if (send_pending(f, wall_ms)) {
         if (f->attempt > 0) {
             bd_info("MongoDB writes succeed again after %u failed attempts", f->attempt);
         }
         f->attempt = 0;
         f->retry_at = 0;
+        f->chunk_max = f->cfg->flush.max_updates;
+        f->last_cause = BD_CAUSE_NONE;
         bd_sensor_table_set_stalled(f->table, false);
         f->have_seq = false;
-        bd_writer_acked(f->writer, bd_now_ns() / BD_NS_PER_MS, f->batch_max_start_ms);
-        clear_deltas(f);
+        bd_writer_acked(f->writer, wall_ms, f->batch_max_start_ms);
+        batch_done(f);
     } else {
-        schedule_retry(f);
+        schedule_retry(f, mono_ns);
     }
 }
 
-/*
- * One step of the flusher. Draining and writing are separate: a ring past its high-water mark
- * wakes the flusher to move readings into the deltas (freeing the ring), but the write waits
- * for the interval, so each bucket still gets one update per flush.interval however small the
- * rings are. The deltas are bounded: a full bulk (flush.max_updates) or MAX_QUEUED readings
- * are written at once. While a failed write waits for its retry nothing is drained, so the
- * batch being retried never changes and the rings are the buffer.
- */
-static void flush_step(struct bd_flusher *f, int64_t now, bool stopping) {
+void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
     int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
     if (f->retry_at != 0) {
-        if (now >= f->retry_at) {
+        if (mono_ns >= f->retry_at) {
             begin_write(f);
-            write_pending(f);
+            write_pending(f, mono_ns, wall_ms);
         }
         return;
     }
-    f->queued += drain(f);
+    f->queued += drain(f, wall_ms);
     if (f->drained != NULL) {
         f->drained(f->drained_arg);
     }
-    if (f->n_deltas == 0) {
-        if (now >= f->send_at) {
-            f->send_at = now + interval_ns;
+    if (f->batch.n == 0) {
+        if (mono_ns >= f->send_at) {
+            f->send_at = mono_ns + interval_ns;
         }
         return;
     }
-    if (stopping || now >= f->send_at || f->n_deltas >= f->cfg->flush.max_updates ||
+    if (stopping || mono_ns >= f->send_at || f->batch.n >= f->cfg->flush.max_updates ||
         f->queued >= MAX_QUEUED) {
         BD_STAT_ADD(f->stats, flushes, 1);
         begin_write(f);
-        write_pending(f);
-        f->send_at = now + interval_ns;
+        write_pending(f, mono_ns, wall_ms);
+        f->send_at = mono_ns + interval_ns;
     }
+}
+
+bool bd_flusher_idle(struct bd_flusher *f) {
+    return batch_settled(f) && f->requeued == NULL && !bd_sensor_table_has_dirty(f->table);
 }
 
 /* Readings still in rings at the end: counted as lost, rings emptied. */
@@ -1154,7 +1143,15 @@ static uint64_t discard_rings(struct bd_flusher *f) {
     uint64_t lost = 0;
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
     struct bd_sensor *s;
-    while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
+    for (;;) {
+        if (f->requeued != NULL) {
+            s = f->requeued;
+            f->requeued = s->flusher_next;
+            s->flusher_next = NULL;
+            s->flusher_requeued = false;
+        } else if ((s = bd_sensor_table_next_dirty(f->table)) == NULL) {
+            break;
+        }
         int64_t ts;
         uint32_t nv, cells;
         while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
@@ -1162,6 +1159,39 @@ static uint64_t discard_rings(struct bd_flusher *f) {
             lost++;
         }
     }
+    return lost;
+}
+
+uint64_t bd_flusher_abandon(struct bd_flusher *f) {
+    uint64_t pending = bd_batch_pending_readings(&f->batch);
+    uint64_t lost = pending + discard_rings(f);
+    BD_STAT_ADD(f->stats, readings_lost, lost);
+    if (lost > 0) {
+        const char *why;
+        switch (f->last_cause) {
+        case BD_CAUSE_UNREACHABLE:
+            why = "MongoDB was unreachable";
+            break;
+        case BD_CAUSE_CONNECTION:
+            why = "the connection to MongoDB kept failing during writes";
+            break;
+        case BD_CAUSE_SERVER:
+            why = "MongoDB kept refusing updates that were still being retried";
+            break;
+        case BD_CAUSE_CLIENT:
+            why = "updates could not be built or were refused by the driver";
+            break;
+        default:
+            why = pending > 0 ? "writes were still being retried" : "they were never drained";
+            break;
+        }
+        bd_error("stop deadline (flush.stop_timeout=%" PRIu64 "ms) passed: %" PRIu64
+                 " accepted readings were not stored: %s%s%s%s",
+                 f->cfg->flush.stop_timeout_ms, lost, why, f->last_error[0] ? " (" : "",
+                 f->last_error, f->last_error[0] ? ")" : "");
+    }
+    batch_done(f);
+    f->retry_at = 0;
     return lost;
 }
 
@@ -1177,9 +1207,10 @@ static void *flusher_main(void *arg) {
     int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
     int64_t stop_deadline = 0;
     bool have_deadline = false;
+    bson_error_t berr;
 
-    if (f->cfg->sink == BD_SINK_MONGODB && ensure_client(f)) {
-        ensure_indexes(f);
+    if (f->store != NULL) {
+        f->store->ops->prepare(f->store, &berr);
     }
     f->send_at = bd_mono_ns() + interval_ns;
     for (;;) {
@@ -1200,20 +1231,15 @@ static void *flusher_main(void *arg) {
         }
         pthread_mutex_unlock(&f->mu);
 
-        flush_step(f, bd_mono_ns(), stopping);
+        bd_flusher_step(f, bd_mono_ns(), bd_now_ns() / BD_NS_PER_MS, stopping);
         if (!stopping) {
             continue;
         }
-        if (f->n_deltas == 0 && !bd_sensor_table_has_dirty(f->table)) {
+        if (bd_flusher_idle(f)) {
             break;
         }
         if (bd_mono_ns() >= stop_deadline) {
-            uint64_t lost = pending_readings(f) + discard_rings(f);
-            BD_STAT_ADD(f->stats, readings_lost, lost);
-            bd_error("stop deadline (flush.stop_timeout=%" PRIu64 "ms) passed with MongoDB "
-                     "unreachable: %" PRIu64 " accepted readings were not stored",
-                     f->cfg->flush.stop_timeout_ms, lost);
-            clear_deltas(f);
+            bd_flusher_abandon(f);
             break;
         }
         if (f->retry_at != 0) {
@@ -1227,11 +1253,8 @@ static void *flusher_main(void *arg) {
         }
     }
     f->clean_stop = true;
-    if (f->client != NULL) {
-        mongoc_collection_destroy(f->coll);
-        mongoc_client_pool_push(f->pool, f->client);
-        f->coll = NULL;
-        f->client = NULL;
+    if (f->store != NULL) {
+        f->store->ops->release(f->store);
     }
     return NULL;
 }

@@ -18,8 +18,30 @@ int64_t bd_floor_div(int64_t a, int64_t b);
 /* Start of the bucket (ms since the epoch) holding a reading taken at ts_ns. */
 int64_t bd_bucket_start_ms(int64_t ts_ns, uint64_t span_ms);
 
-/* Deterministic document id "<sensor_id>|<bucket_start_unix_seconds>|<page>" into buf. */
+/*
+ * Sensor ids up to this many bytes appear verbatim in a bucket's _id. A longer id is shortened to
+ * its first BD_BUCKET_ID_PREFIX bytes (cut at a UTF-8 character boundary), '~' and the 32 hex
+ * digits of the XXH3-128 digest of the whole id, so that ids of any accepted length keep
+ * distinct, bounded _ids; the full id is always in the document's sensor_id.
+ */
+#define BD_BUCKET_ID_MAX_VERBATIM 256
+#define BD_BUCKET_ID_PREFIX 192
+
+/*
+ * Deterministic document id "<sensor_id or its digest form>|<bucket_start_unix_seconds>|<page>"
+ * into buf; -ENAMETOOLONG if it does not fit in cap (BD_BUCKET_ID_MAX always fits).
+ */
+#define BD_BUCKET_ID_MAX (BD_BUCKET_ID_MAX_VERBATIM + 48)
 int bd_bucket_id(char *buf, size_t cap, const char *sensor_id, int64_t start_ms, uint32_t page);
+
+/*
+ * Size limits of what the flusher sends. A page closes when its estimated BSON size would pass
+ * BD_PAGE_MAX_BYTES (half of MongoDB's 16 MiB document limit, so estimates never bring it
+ * close); an update whose own BSON is larger than BD_UPDATE_MAX_BYTES (the server's document
+ * limit; the driver refuses statements above it plus 16 KiB) is never sent as built.
+ */
+#define BD_PAGE_MAX_BYTES (UINT64_C(8) << 20)
+#define BD_UPDATE_MAX_BYTES (UINT64_C(16) << 20)
 
 /* A numeric value as stored: kept in its own BSON type (double or int64). */
 struct bd_num {
@@ -49,6 +71,7 @@ struct bd_delta {
     struct bd_sensor *sensor;
     int64_t start_ms;
     uint32_t page;
+    uint64_t bytes; /* estimated BSON bytes of the readings in a stored document */
 
     struct bd_delta_reading *readings;
     uint32_t n_readings, cap_readings;
@@ -63,16 +86,32 @@ void bd_delta_init(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, ui
 void bd_delta_reset(struct bd_delta *d);
 void bd_delta_close(struct bd_delta *d);
 
-/* Add one reading (values of numeric kinds are folded into the summaries). -ENOMEM on OOM. */
+/*
+ * Add one reading (values of numeric kinds are folded into the summaries). All or nothing:
+ * -ENOMEM leaves the delta exactly as it was.
+ */
 int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_value *vals,
                  uint32_t n);
 
 /*
- * Move the readings after the first `keep` (arrival order) into dst, which must be initialised
- * (it may already hold readings), and recompute src's summaries. For a bucket page that
- * fills up: keep is what still fits. -ENOMEM leaves src whole (dst may hold copies; reset it).
+ * Move the readings after the first `keep` (arrival order; 0 moves all) into dst, which must be
+ * initialised (it may already hold readings), and recompute src's summaries. For a bucket page
+ * that fills up: keep is what still fits. -ENOMEM leaves src whole and dst as it was.
  */
 int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst);
+
+/*
+ * Make room for `readings` more readings holding `values` values (and as many new summaries), so
+ * that adding them cannot fail. -ENOMEM leaves the contents as they were.
+ */
+int bd_delta_reserve(struct bd_delta *d, uint32_t readings, uint32_t values);
+
+/* Estimated BSON bytes of one reading inside a document's readings array (an upper bound). */
+uint64_t bd_reading_bytes(const struct bd_sensor *s, const struct bd_reading_value *vals,
+                          uint32_t n);
+
+/* Estimated BSON bytes of a page document without its readings (an upper bound for one writer). */
+uint64_t bd_page_overhead_bytes(const struct bd_sensor *s);
 
 /* Dotted path of a writer's sequence in a bucket document: "w.<writer_id>". */
 #define BD_WRITER_KEY_PREFIX "w."
@@ -80,10 +119,11 @@ int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst);
 /*
  * Build the upsert for this delta: *selector = {_id, <writer_key>: {$not: {$gte: seq}}},
  * *update = the update pipeline (see bucket.c for the document it maintains), which also sets
- * <writer_key> to seq. Sorts the delta's readings by time. Both bson_t are initialised by this
- * call; the caller destroys them.
+ * <writer_key> to seq. Sorts the delta's readings by time. The delta must hold a reading. Both
+ * bson_t are initialised by this call, also on failure; the caller destroys them. Returns 0, or
+ * -ENOMEM. Names of any length are written whole.
  */
-void bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writer_key,
-                           uint64_t seq, bson_t *selector, bson_t *update);
+int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writer_key,
+                          uint64_t seq, bson_t *selector, bson_t *update);
 
 #endif

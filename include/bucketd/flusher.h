@@ -1,11 +1,15 @@
 /*
  * The flusher: its own thread that drains dirty sensors' rings (every flush.interval, and early
- * when a ring crosses its high-water mark), folds the readings into per-bucket deltas and,
- * once per flush.interval, writes them with one unordered bulk of upserts through a pooled
- * mongoc client: one update per bucket page per interval, whatever the ring size.
- * Transient MongoDB failures keep the batch and retry it with exponential backoff and full
- * jitter; while a batch is pending no new readings are drained, so the rings are the bounded
- * buffer and overflow is counted at ingest.
+ * when a ring crosses its high-water mark), folds the readings into per-bucket-page deltas
+ * (pages.h keeps the page accounting, batch.h the pending deltas) and, once per flush.interval,
+ * writes them with unordered bulks of upserts through a store (store.h: MongoDB, or a scripted
+ * one in unit tests): one update per bucket page per interval, whatever the ring size. What
+ * became of each update (outcome.h) decides whether it is settled, sent again, split over new
+ * pages or quarantined (deadletter.h). While a batch is pending no new readings are drained, so
+ * the rings are the bounded buffer and overflow is counted at ingest.
+ *
+ * The decisions run in bd_flusher_step(), which takes its clocks as arguments: the thread calls
+ * it in a loop, unit tests call it directly on a flusher that was never started.
  */
 #ifndef BUCKETD_FLUSHER_H
 #define BUCKETD_FLUSHER_H
@@ -13,6 +17,7 @@
 #include "bucketd/config.h"
 #include "bucketd/sensor.h"
 #include "bucketd/stats.h"
+#include "bucketd/store.h"
 
 struct bd_flusher;
 
@@ -20,9 +25,19 @@ struct bd_flusher;
  * uv_async_send so TCP connections paused by backpressure resume). */
 typedef void (*bd_flusher_drained_cb)(void *arg);
 
-/* Parses the URI and write concern and creates the client pool; does not connect yet. */
+/*
+ * With the mongodb sink: parses the URI and write concern, creates the client pool (does not
+ * connect yet), opens the writer state and the dead-letter file under spool.dir.
+ */
 int bd_flusher_new(struct bd_flusher **out, const struct bd_config *cfg,
                    struct bd_sensor_table *table, struct bd_stats *stats, struct bd_err *err);
+/*
+ * The same with a store the caller made (the flusher owns it from here, also on failure). The
+ * writer state and dead-letter file are opened under cfg->spool.dir as with MongoDB.
+ */
+int bd_flusher_new_with_store(struct bd_flusher **out, const struct bd_config *cfg,
+                              struct bd_sensor_table *table, struct bd_stats *stats,
+                              struct bd_store *store, struct bd_err *err);
 void bd_flusher_set_drained(struct bd_flusher *f, bd_flusher_drained_cb cb, void *arg);
 int bd_flusher_start(struct bd_flusher *f, struct bd_err *err);
 /* Any thread: flush now instead of at the next interval. */
@@ -30,10 +45,30 @@ void bd_flusher_wake(struct bd_flusher *f);
 /*
  * Final drain and flush, retried until deadline_mono_ns (bd_mono_ns() clock); joins the thread.
  * Call after ingest has stopped. Readings that could not be written by the deadline are counted
- * in readings_lost and logged.
+ * in readings_lost and logged with the reason.
  */
 void bd_flusher_stop(struct bd_flusher *f, int64_t deadline_mono_ns);
 void bd_flusher_free(struct bd_flusher *f);
+
+/*
+ * One step at monotonic time mono_ns and wall-clock time wall_ms: drain what the sensors hold
+ * (unless a batch waits for its retry), and write the batch when it is due (stopping: now),
+ * settling every update by its outcome. Flusher thread, or a unit test on a flusher that was
+ * never started.
+ */
+void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping);
+
+/* Readings accepted but not settled: in the batch, or still in a ring or the requeue list. */
+bool bd_flusher_idle(struct bd_flusher *f);
+
+/* Monotonic time of the next retry of a failed write (0: none scheduled). */
+int64_t bd_flusher_retry_at(const struct bd_flusher *f);
+
+/*
+ * Give up what is not settled: count it in readings_lost and log how many and why (MongoDB
+ * unreachable, refusing, or still retrying). Returns the number lost.
+ */
+uint64_t bd_flusher_abandon(struct bd_flusher *f);
 
 /* Route mongo-c-driver's log lines into bd_log (call once, after mongoc_init). */
 void bd_flusher_install_driver_log(void);

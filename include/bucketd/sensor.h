@@ -57,7 +57,11 @@ struct bd_sensor {
     /* The names themselves, NUL-terminated; entries below n_fields are immutable. */
     char *field_names[BD_SENSOR_MAX_FIELDS];
 
-    void *flusher_state; /* flusher thread only */
+    /* Flusher thread only: its page accounting, and its link in the flusher's own list of
+     * sensors whose drain an allocation failure interrupted (flusher_requeued: on that list). */
+    void *flusher_state;
+    struct bd_sensor *flusher_next;
+    bool flusher_requeued;
 
     /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
      * sensor, so their cache miss overlaps the first line's instead of following it. */

@@ -1,0 +1,284 @@
+/*
+ * The MongoDB store (see include/bucketd/store.h): mongo-c-driver behind the flusher's store
+ * interface. The client is popped from the pool on first use by the flusher thread and pushed
+ * back by release() when that thread ends.
+ */
+#include "bucketd/store.h"
+
+#include <errno.h>
+#include <mongoc/mongoc.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucketd/alloc.h"
+#include "bucketd/log.h"
+#include "bucketd/mongo.h"
+
+struct mongo_store {
+    struct bd_store base;
+    const struct bd_config *cfg;
+    char writer_key[160];
+    mongoc_uri_t *uri;
+    mongoc_client_pool_t *pool;
+    mongoc_write_concern_t *wc;
+    mongoc_client_t *client;
+    mongoc_collection_t *coll;
+    bool indexes_ok;
+    struct bd_ratelimit index_log;
+};
+
+static bool ensure_client(struct mongo_store *m) {
+    if (m->client == NULL) {
+        m->client = mongoc_client_pool_pop(m->pool);
+        if (m->client == NULL) {
+            return false;
+        }
+        m->coll = mongoc_client_get_collection(m->client, m->cfg->mongodb.database,
+                                               m->cfg->mongodb.collection);
+    }
+    return true;
+}
+
+/* Idempotent: createIndexes with an existing identical index is a no-op on the server. */
+static void ensure_indexes(struct mongo_store *m) {
+    if (m->indexes_ok) {
+        return;
+    }
+    bson_t cmd, indexes, idx, key, reply;
+    bson_error_t berr;
+    bson_init(&cmd);
+    BSON_APPEND_UTF8(&cmd, "createIndexes", m->cfg->mongodb.collection);
+    BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &indexes);
+    BSON_APPEND_DOCUMENT_BEGIN(&indexes, "0", &idx);
+    BSON_APPEND_DOCUMENT_BEGIN(&idx, "key", &key);
+    BSON_APPEND_INT32(&key, "sensor_id", 1);
+    BSON_APPEND_INT32(&key, "bucket_start", 1);
+    bson_append_document_end(&idx, &key);
+    BSON_APPEND_UTF8(&idx, "name", "sensor_id_1_bucket_start_1");
+    bson_append_document_end(&indexes, &idx);
+    bson_append_array_end(&cmd, &indexes);
+    mongoc_database_t *db = mongoc_client_get_database(m->client, m->cfg->mongodb.database);
+    if (mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr)) {
+        m->indexes_ok = true;
+        bd_info("indexes ready on %s.%s", m->cfg->mongodb.database, m->cfg->mongodb.collection);
+    } else if (bd_ratelimit_ok(&m->index_log, bd_mono_ns())) {
+        bd_error("cannot create indexes on %s.%s (will retry): %s", m->cfg->mongodb.database,
+                 m->cfg->mongodb.collection, berr.message);
+    }
+    mongoc_database_destroy(db);
+    bson_destroy(&reply);
+    bson_destroy(&cmd);
+}
+
+static bool m_prepare(struct bd_store *st, bson_error_t *error) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    if (!ensure_client(m)) {
+        bson_set_error(error, MONGOC_ERROR_CLIENT, MONGOC_ERROR_CLIENT_TOO_BIG,
+                       "no client available from the pool");
+        return false;
+    }
+    ensure_indexes(m);
+    return true;
+}
+
+static bool m_bulk_upsert(struct bd_store *st, const bson_t *const *selectors,
+                          const bson_t *const *updates, uint32_t n, bson_t *reply,
+                          bson_error_t *error) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    bson_t opts, upsert_opts;
+    bool ok = true;
+    bson_init(&opts);
+    BSON_APPEND_BOOL(&opts, "ordered", false);
+    mongoc_write_concern_append(m->wc, &opts);
+    mongoc_bulk_operation_t *bulk =
+        mongoc_collection_create_bulk_operation_with_opts(m->coll, &opts);
+    bson_destroy(&opts);
+    bson_init(&upsert_opts);
+    BSON_APPEND_BOOL(&upsert_opts, "upsert", true);
+    for (uint32_t i = 0; i < n && ok; i++) {
+        /* The driver checks each statement here; a refusal means nothing was sent. */
+        ok = mongoc_bulk_operation_update_one_with_opts(bulk, selectors[i], updates[i],
+                                                        &upsert_opts, error);
+    }
+    bson_destroy(&upsert_opts);
+    if (ok) {
+        ok = mongoc_bulk_operation_execute(bulk, reply, error) != 0;
+    } else {
+        bson_init(reply);
+    }
+    mongoc_bulk_operation_destroy(bulk);
+    return ok;
+}
+
+static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
+                         bd_store_page_cb fn, void *arg, bson_error_t *error) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    bson_t filter, or, clause, opts, proj;
+    char idx[16];
+    const char *key;
+    const bson_t *doc;
+    bson_init(&filter);
+    BSON_APPEND_ARRAY_BEGIN(&filter, "$or", & or);
+    for (uint32_t i = 0; i < n; i++) {
+        bson_uint32_to_string(i, &key, idx, sizeof(idx));
+        BSON_APPEND_DOCUMENT_BEGIN(& or, key, &clause);
+        BSON_APPEND_UTF8(&clause, "sensor_id", keys[i].sensor_id);
+        BSON_APPEND_DATE_TIME(&clause, "bucket_start", keys[i].start_ms);
+        bson_append_document_end(& or, &clause);
+    }
+    bson_append_array_end(&filter, & or);
+    bson_init(&opts);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
+    BSON_APPEND_INT32(&proj, "sensor_id", 1);
+    BSON_APPEND_INT32(&proj, "bucket_start", 1);
+    BSON_APPEND_INT32(&proj, "page", 1);
+    BSON_APPEND_INT32(&proj, "count", 1);
+    BSON_APPEND_INT32(&proj, m->writer_key, 1);
+    bson_append_document_end(&opts, &proj);
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(m->coll, &filter, &opts, NULL);
+    bson_destroy(&opts);
+    bson_destroy(&filter);
+    while (mongoc_cursor_next(cur, &doc)) {
+        bson_iter_t it, child;
+        struct bd_page_info info = {.page = -1};
+        if (!bson_iter_init(&it, doc)) {
+            continue;
+        }
+        while (bson_iter_next(&it)) {
+            const char *k = bson_iter_key(&it);
+            if (strcmp(k, "sensor_id") == 0 && BSON_ITER_HOLDS_UTF8(&it)) {
+                info.sensor_id = bson_iter_utf8(&it, NULL);
+            } else if (strcmp(k, "bucket_start") == 0 && BSON_ITER_HOLDS_DATE_TIME(&it)) {
+                info.start_ms = bson_iter_date_time(&it);
+            } else if (strcmp(k, "page") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
+                info.page = bson_iter_as_int64(&it);
+            } else if (strcmp(k, "count") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
+                info.count = bson_iter_as_int64(&it);
+            }
+        }
+        if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, m->writer_key, &child) &&
+            BSON_ITER_HOLDS_NUMBER(&child)) {
+            int64_t v = bson_iter_as_int64(&child);
+            info.writer_seq = v > 0 ? (uint64_t)v : 0;
+        }
+        if (info.sensor_id != NULL && info.page >= 0) {
+            fn(arg, &info);
+        }
+    }
+    bool ok = !mongoc_cursor_error(cur, error);
+    mongoc_cursor_destroy(cur);
+    return ok;
+}
+
+/*
+ * One query sorted on w.<writer_id>: a collection scan on a large collection, which is why the
+ * number is normally kept on disk (writer.h).
+ */
+static bool m_max_writer_seq(struct bd_store *st, uint64_t *seq, bson_error_t *error) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    bson_t filter, cond, opts, sort, proj;
+    const bson_t *doc;
+    uint64_t seen = 0;
+    bson_init(&filter);
+    BSON_APPEND_DOCUMENT_BEGIN(&filter, m->writer_key, &cond);
+    BSON_APPEND_BOOL(&cond, "$exists", true);
+    bson_append_document_end(&filter, &cond);
+    bson_init(&opts);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+    BSON_APPEND_INT32(&sort, m->writer_key, -1);
+    bson_append_document_end(&opts, &sort);
+    BSON_APPEND_INT64(&opts, "limit", 1);
+    BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
+    BSON_APPEND_INT32(&proj, m->writer_key, 1);
+    bson_append_document_end(&opts, &proj);
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(m->coll, &filter, &opts, NULL);
+    while (mongoc_cursor_next(cur, &doc)) {
+        bson_iter_t it, child;
+        if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, m->writer_key, &child) &&
+            BSON_ITER_HOLDS_NUMBER(&child)) {
+            int64_t v = bson_iter_as_int64(&child);
+            seen = BD_MAX(seen, v > 0 ? (uint64_t)v : 0);
+        }
+    }
+    bool ok = !mongoc_cursor_error(cur, error);
+    mongoc_cursor_destroy(cur);
+    bson_destroy(&opts);
+    bson_destroy(&filter);
+    *seq = seen;
+    return ok;
+}
+
+static void m_release(struct bd_store *st) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    if (m->client != NULL) {
+        mongoc_collection_destroy(m->coll);
+        mongoc_client_pool_push(m->pool, m->client);
+        m->coll = NULL;
+        m->client = NULL;
+    }
+}
+
+static void m_destroy(struct bd_store *st) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    m_release(st);
+    if (m->pool != NULL) {
+        mongoc_client_pool_destroy(m->pool);
+    }
+    mongoc_write_concern_destroy(m->wc);
+    mongoc_uri_destroy(m->uri);
+    free(m);
+}
+
+static const struct bd_store_ops mongo_ops = {
+    .prepare = m_prepare,
+    .bulk_upsert = m_bulk_upsert,
+    .find_pages = m_find_pages,
+    .max_writer_seq = m_max_writer_seq,
+    .release = m_release,
+    .destroy = m_destroy,
+};
+
+int bd_store_mongo_new(struct bd_store **out, const struct bd_config *cfg, const char *writer_key,
+                       struct bd_err *err) {
+    int rc = 0;
+    bson_error_t berr;
+    struct mongo_store *m = bd_calloc(1, sizeof(*m));
+    if (m == NULL) {
+        return bd_err_set(err, -ENOMEM, "store: out of memory");
+    }
+    m->base.ops = &mongo_ops;
+    m->cfg = cfg;
+    snprintf(m->writer_key, sizeof(m->writer_key), "%s", writer_key);
+    m->index_log.interval_ns = 10 * BD_NS_PER_S;
+    m->index_log.burst = 1;
+    m->uri = bd_mongo_uri_new(cfg->mongodb.uri, err);
+    if (m->uri == NULL) {
+        rc = -EINVAL;
+        goto out;
+    }
+    rc = bd_mongo_write_concern_new(cfg->mongodb.write_concern, cfg->mongodb.wtimeout_ms, &m->wc,
+                                    err);
+    if (rc < 0) {
+        goto out;
+    }
+    m->pool = mongoc_client_pool_new_with_error(m->uri, &berr);
+    if (m->pool == NULL) {
+        rc = bd_err_set(err, -EINVAL, "mongodb.uri: %s", berr.message);
+        goto out;
+    }
+    mongoc_client_pool_set_error_api(m->pool, MONGOC_ERROR_API_VERSION_2);
+    mongoc_client_pool_set_appname(m->pool, "bucketd");
+    *out = &m->base;
+    m = NULL;
+out:
+    if (m != NULL) {
+        m_destroy(&m->base);
+    }
+    return rc;
+}
+
+void bd_store_free(struct bd_store *st) {
+    if (st != NULL) {
+        st->ops->destroy(st);
+    }
+}
