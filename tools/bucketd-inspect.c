@@ -1466,10 +1466,10 @@ static int check_document(struct verifier *v, const bson_t *doc) {
         has_summary = true;
     }
 
-    if (sensor_id != NULL && has_start && has_page && id_is_string) {
-        /* The format of bd_bucket_id(). */
-        want_id = bson_strdup_printf("%s|%" PRId64 "|%" PRId64, sensor_id,
-                                     bd_floor_div(start, 1000), page);
+    if (sensor_id != NULL && has_start && has_page && page <= UINT32_MAX && id_is_string) {
+        /* What the daemon writes: bd_bucket_id() (long sensor ids in their digest form). */
+        want_id = bson_malloc(BD_BUCKET_ID_MAX);
+        bd_bucket_id(want_id, BD_BUCKET_ID_MAX, sensor_id, start, (uint32_t)page);
         if (strcmp(id, want_id) != 0) {
             problem(v, id,
                     "_id does not match sensor_id, bucket_start and page (expected %s, "

@@ -1,0 +1,467 @@
+/*
+ * The flusher's decisions (src/flusher.c with pages, batch, outcome and bucket), driven through
+ * bd_flusher_step on one thread with the clocks passed in, against a scripted store
+ * (fake_store.h): what is stored, how often, on which pages, under which sequence number, and
+ * what is counted, for each kind of answer MongoDB can give, and for allocation failures at
+ * every allocation of a step. Expected values come from what each test sent.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucketd/alloc.h"
+#include "bucketd/bucket.h"
+#include "bucketd/config.h"
+#include "bucketd/deadletter.h"
+#include "bucketd/flusher.h"
+#include "bucketd/sensor.h"
+#include "fake_store.h"
+
+#define MS BD_NS_PER_MS
+#define HOUR_MS INT64_C(3600000)
+
+static struct bd_config cfg;
+static struct bd_stats stats;
+static struct bd_sensor_table *table;
+static struct bd_flusher *flusher;
+static struct fake_store fs;
+static char dir[64];
+static int64_t now_ms; /* wall clock of the test: two days ahead, past the look-up horizon */
+static int64_t mono;
+static struct bd_point pt;
+
+static void configure(void) {
+    bd_config_defaults(&cfg);
+    snprintf(cfg.writer_id, sizeof(cfg.writer_id), "t1");
+    cfg.limits.max_sensors = 64;
+    cfg.limits.ring_size = 1 << 17;
+    cfg.limits.max_fields = 64;
+    snprintf(dir, sizeof(dir), "/tmp/bd-flusher-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cfg.spool.dir, sizeof(cfg.spool.dir), "%s", dir);
+    now_ms = (bd_now_ns() / MS / HOUR_MS + 48) * HOUR_MS + 10 * 60000;
+    mono = 1;
+}
+
+static void start(void) {
+    struct bd_err err = {0};
+    memset(&stats, 0, sizeof(stats));
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0, "%s", err.msg);
+    fake_init(&fs, cfg.writer_id);
+    cr_assert_eq(bd_flusher_new_with_store(&flusher, &cfg, table, &stats, &fs.base, &err), 0, "%s",
+                 err.msg);
+}
+
+static void setup(void) {
+    configure();
+    start();
+}
+
+static void stop(void) {
+    bd_alloc_fail_after(-1, 0);
+    bd_flusher_free(flusher);
+    flusher = NULL;
+    bd_sensor_table_free(table);
+    table = NULL;
+    fake_free(&fs);
+}
+
+static void teardown(void) {
+    stop();
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(flusher, .init = setup, .fini = teardown);
+
+static struct bd_str S(const char *s) {
+    return (struct bd_str){s, strlen(s)};
+}
+
+/* One reading of sensor id with the given fields (value v each) at ts_ms, accepted at now_ms. */
+static void
+accept_fields(const char *id, const char *const *fields, uint32_t n, double v, int64_t ts_ms) {
+    memset(&pt, 0, sizeof(pt));
+    pt.series_key = S(id);
+    pt.name = S(id);
+    pt.has_time = true;
+    pt.time_ns = ts_ms * MS;
+    for (uint32_t i = 0; i < n; i++) {
+        struct bd_field *f = &pt.fields[pt.n_fields++];
+        f->key = S(fields[i]);
+        f->kind = BD_VAL_FLOAT;
+        f->v.f = v;
+    }
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, now_ms * MS), 0, "reading of %s refused", id);
+}
+
+static void accept1(const char *id, double v, int64_t ts_ms) {
+    static const char *const f[] = {"v"};
+    accept_fields(id, f, 1, v, ts_ms);
+}
+
+static void publish(void) {
+    bd_sensor_table_publish(table);
+}
+
+/* Step until nothing is pending (retries taken as soon as they are due); steps taken. */
+static int run(int max_steps) {
+    publish();
+    for (int i = 0; i < max_steps; i++) {
+        bd_flusher_step(flusher, mono, now_ms, true);
+        if (bd_flusher_idle(flusher)) {
+            return i + 1;
+        }
+        int64_t retry = bd_flusher_retry_at(flusher);
+        mono = retry > mono ? retry : mono + 1;
+    }
+    return -1;
+}
+
+static const char *sensor_name(char *buf, size_t cap, int i) {
+    snprintf(buf, cap, "m,s=%d", i);
+    return buf;
+}
+
+/* n sensors, k readings each, one bucket; returns the readings sent. */
+static int64_t send_sensors(int n, int k) {
+    char name[32];
+    int64_t start = now_ms / HOUR_MS * HOUR_MS;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < k; j++) {
+            accept1(sensor_name(name, sizeof(name), i), i * 100 + j, start + j * 1000);
+        }
+    }
+    return (int64_t)n * k;
+}
+
+static void assert_stored(int n, int k) {
+    char name[32];
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), i)), k, "sensor %d", i);
+    }
+}
+
+static int dead_letters(void) {
+    char path[128], line[1 << 16];
+    snprintf(path, sizeof(path), "%s/%s", dir, BD_DEADLETTER_FILE);
+    FILE *fp = fopen(path, "r");
+    int n = 0;
+    if (fp == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        n++;
+    }
+    fclose(fp);
+    return n;
+}
+
+#define STAT(name) BD_STAT_GET(&stats, name)
+
+Test(flusher, every_reading_stored_once_with_one_update_per_page) {
+    int64_t sent = send_sensors(3, 10);
+    cr_assert_gt(run(10), 0);
+    assert_stored(3, 10);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+    cr_assert_eq(STAT(updates_sent), 3);
+    cr_assert_eq(fs.bulks, 1);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+}
+
+Test(flusher, bulks_are_chunked_at_max_updates_with_one_sequence_number) {
+    stop();
+    cfg.flush.max_updates = 3;
+    start();
+    send_sensors(7, 2);
+    cr_assert_gt(run(10), 0);
+    assert_stored(7, 2);
+    cr_assert_eq(fs.bulks, 3);
+    cr_assert_eq(fs.bulk_sizes[0], 3);
+    cr_assert_eq(fs.bulk_sizes[1], 3);
+    cr_assert_eq(fs.bulk_sizes[2], 1);
+    cr_assert_eq(fs.seqs[0], fs.seqs[1]);
+    cr_assert_eq(fs.seqs[1], fs.seqs[2]);
+    /* The next batch takes a higher number. */
+    send_sensors(1, 1);
+    cr_assert_gt(run(10), 0);
+    cr_assert_gt(fs.seqs[3], fs.seqs[2]);
+}
+
+Test(flusher, a_lost_reply_is_resent_with_the_same_number_and_counted_applied_once) {
+    fake_script(&fs, FAULT_LOST_REPLY, 0);
+    int64_t sent = send_sensors(4, 5);
+    cr_assert_gt(run(10), 0);
+    assert_stored(4, 5); /* applied once, not twice */
+    cr_assert_eq(fs.bulks, 2);
+    cr_assert_eq(fs.seqs[0], fs.seqs[1]);
+    cr_assert_eq(STAT(updates_already_applied), 4);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+}
+
+Test(flusher, a_write_concern_error_is_ambiguous_and_applied_once) {
+    fake_script(&fs, FAULT_WC_ERROR, 64);
+    int64_t sent = send_sensors(2, 3);
+    cr_assert_gt(run(10), 0);
+    assert_stored(2, 3);
+    cr_assert_eq(STAT(updates_already_applied), 2);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+}
+
+Test(flusher, nothing_sent_then_a_racing_insert_is_retried_not_counted_applied) {
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    fs.races = 1;
+    int64_t sent = send_sensors(1, 15);
+    cr_assert_gt(run(10), 0);
+    assert_stored(1, 15);
+    cr_assert_eq(STAT(updates_already_applied), 0);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+    cr_assert_eq(STAT(updates_sent), 2); /* the refused insert and its retry; not the unsent one */
+}
+
+Test(flusher, another_daemon_with_this_writer_id_is_a_conflict_not_applied) {
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    fs.races = 1;
+    fs.race_wseq = UINT64_C(1) << 40;
+    send_sensors(1, 5);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 0);
+    cr_assert_eq(STAT(writer_conflicts), 1);
+    cr_assert_eq(STAT(updates_already_applied), 0);
+    cr_assert_eq(STAT(readings_flushed), 0);
+    cr_assert_eq(STAT(readings_quarantined), 5);
+    cr_assert_eq(dead_letters(), 1);
+}
+
+Test(flusher, a_permanent_refusal_quarantines_one_update_and_the_rest_is_stored) {
+    fs.poison = "m,s=1";
+    send_sensors(3, 4);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 4);
+    cr_assert_eq(fake_stored(&fs, "m,s=1"), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=2"), 4);
+    cr_assert_eq(STAT(updates_quarantined), 1);
+    cr_assert_eq(STAT(readings_quarantined), 4);
+    cr_assert_eq(STAT(readings_flushed), 8);
+    cr_assert_eq(dead_letters(), 1);
+    cr_assert_eq(fs.bulks, 1); /* not retried */
+}
+
+Test(flusher, transient_command_errors_are_retried_without_limit) {
+    for (int i = 0; i < 12; i++) {
+        fake_script(&fs, FAULT_CMD_ERROR, 91);
+    }
+    send_sensors(2, 2);
+    cr_assert_gt(run(40), 0);
+    assert_stored(2, 2);
+    cr_assert_eq(fs.bulks, 13);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(bulk_retries), 12);
+}
+
+Test(flusher, refusals_are_bounded_then_quarantined) {
+    for (int i = 0; i < 30; i++) {
+        fake_script(&fs, FAULT_CMD_ERROR, 13);
+    }
+    send_sensors(2, 3);
+    cr_assert_gt(run(40), 0);
+    cr_assert_eq(STAT(updates_quarantined), 2);
+    cr_assert_eq(STAT(readings_quarantined), 6);
+    cr_assert_eq(fs.bulks, 8); /* MAX_REFUSALS */
+    cr_assert_eq(dead_letters(), 2);
+}
+
+Test(flusher, a_driver_refusal_halves_the_bulk_until_the_refused_update_is_alone) {
+    stop();
+    cfg.flush.max_updates = 4;
+    start();
+    fs.client_max_ops = 1;
+    send_sensors(4, 3);
+    cr_assert_gt(run(10), 0);
+    assert_stored(4, 3);
+    cr_assert_eq(fs.bulk_sizes[0], 4);
+    cr_assert_eq(fs.bulk_sizes[1], 2);
+    cr_assert_eq(fs.bulk_sizes[2], 1);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(bulk_writes), 4); /* the refused bulks never reached the server */
+}
+
+Test(flusher, an_update_refused_client_side_alone_moves_to_a_new_page) {
+    fake_script(&fs, FAULT_CLIENT_LARGE, 0);
+    send_sensors(1, 6);
+    cr_assert_gt(run(10), 0);
+    assert_stored(1, 6);
+    cr_assert_eq(fs.n_docs, 1);
+    cr_assert_eq(fs.docs[0].page, 1);
+}
+
+/* Defect 1: one sensor whose page would pass 16 MiB (32 fields with 200-character names, 3,000
+ * readings) beside five normal sensors. */
+Test(flusher, an_oversized_page_is_split_and_never_blocks_other_sensors) {
+    static char names[32][201];
+    const char *fields[32];
+    for (int i = 0; i < 32; i++) {
+        memset(names[i], 'a' + (i % 26), 200);
+        names[i][0] = (char)('A' + i);
+        names[i][200] = '\0';
+        fields[i] = names[i];
+    }
+    int64_t start = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 3000; j++) {
+        accept_fields("big", fields, 32, j, start + j);
+    }
+    send_sensors(5, 40);
+    cr_assert_gt(run(20), 0);
+    cr_assert_eq(fake_stored(&fs, "big"), 3000);
+    assert_stored(5, 40);
+    cr_assert_leq(fs.max_update_bytes, BD_UPDATE_MAX_BYTES);
+    cr_assert_leq(fake_max_count(&fs), cfg.buckets.max_readings);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(readings_flushed), 3200);
+    int big_pages = 0;
+    for (uint32_t i = 0; i < fs.n_docs; i++) {
+        big_pages += strcmp(fs.docs[i].sensor_id, "big") == 0;
+    }
+    cr_assert_geq(big_pages, 3, "20 MB of readings need three 8 MiB pages");
+}
+
+Test(flusher, a_document_size_refusal_moves_readings_to_the_next_page) {
+    fs.max_doc_bytes = 6000;
+    int64_t start = now_ms / HOUR_MS * HOUR_MS;
+    int64_t sent = 0;
+    for (int round = 0; round < 6; round++) {
+        for (int j = 0; j < 20; j++) {
+            accept1("grow", j, start + round * 100 + j);
+            sent++;
+        }
+        cr_assert_gt(run(20), 0);
+    }
+    cr_assert_eq(fake_stored(&fs, "grow"), sent);
+    cr_assert_gt(fs.n_docs, 1);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+}
+
+/* Defect 3: late readings of a bucket whose slot was dropped after an outage go back to its
+ * stored pages, not to a fresh page 0. */
+Test(flusher, a_forgotten_bucket_is_learned_again_and_keeps_its_page_cap) {
+    stop();
+    cfg.buckets.span_ms = 60000;
+    cfg.buckets.max_readings = 5;
+    cfg.buckets.max_late_ms = 5000;
+    start();
+    int64_t b0 = now_ms / 60000 * 60000;
+    now_ms = b0 + 4500;
+    for (int j = 0; j < 5; j++) {
+        accept1("late", j, b0 + j * 1000);
+    }
+    cr_assert_gt(run(10), 0);
+    /* Near the end of b0: one reading of b1 first, then late readings of b0 (still within
+     * max_late when accepted), drained only after an outage of three minutes. */
+    now_ms = b0 + 62000;
+    accept1("late", 100, b0 + 61000);
+    for (int j = 0; j < 3; j++) {
+        accept1("late", 10 + j, b0 + 58000 + j);
+    }
+    now_ms = b0 + 240000;
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "late"), 9);
+    cr_assert_leq(fake_max_count(&fs), 5, "a page holds at most max_readings readings");
+    int b0_pages = 0;
+    for (uint32_t i = 0; i < fs.n_docs; i++) {
+        b0_pages += fs.docs[i].start_ms == b0;
+    }
+    cr_assert_eq(b0_pages, 2);
+}
+
+/* Every allocation of a step fails once, in turn; the readings are then all stored once. */
+Test(flusher, each_allocation_failure_delays_but_never_loses_or_duplicates) {
+    static const char *const fields[] = {"a", "b", "c"};
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    /* Count the allocations of a clean run of the same work. */
+    bd_alloc_fail_after(-1, 0);
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < 12; j++) {
+            char id[16];
+            snprintf(id, sizeof(id), "m,s=%d", i);
+            accept_fields(id, fields, 1 + (uint32_t)(j % 3), j, t0 - (j % 2) * HOUR_MS + j);
+        }
+    }
+    publish();
+    bd_alloc_fail_after(-1, 0);
+    cr_assert_gt(run(10), 0);
+    long allocations = bd_alloc_fail_after(-1, 0);
+    cr_assert_gt(allocations, 5);
+    for (long k = 0; k < allocations + 2; k++) {
+        stop();
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
+        cr_assert_eq(system(cmd), 0);
+        start();
+        for (int i = 0; i < 3; i++) {
+            for (int j = 0; j < 12; j++) {
+                char id[16];
+                snprintf(id, sizeof(id), "m,s=%d", i);
+                accept_fields(id, fields, 1 + (uint32_t)(j % 3), j, t0 - (j % 2) * HOUR_MS + j);
+            }
+        }
+        publish();
+        bd_alloc_fail_after(k, 0);
+        bd_flusher_step(flusher, mono, now_ms, true);
+        bd_alloc_fail_after(-1, 0);
+        cr_assert_gt(run(20), 0, "allocation %ld", k);
+        assert_stored(3, 12);
+        cr_assert_eq(STAT(readings_flushed), 36, "allocation %ld", k);
+        cr_assert_eq(STAT(readings_lost), 0);
+        cr_assert_eq(STAT(updates_quarantined), 0);
+    }
+}
+
+/* Memory never comes back: at the deadline, what was not written is counted lost. */
+Test(flusher, at_a_stop_without_memory_everything_unwritten_is_counted_lost) {
+    int64_t sent = send_sensors(3, 4);
+    publish();
+    bd_alloc_fail_after(0, 1);
+    cr_assert_eq(run(5), -1);
+    uint64_t lost = bd_flusher_abandon(flusher);
+    bd_alloc_fail_after(-1, 0);
+    cr_assert_eq(lost + STAT(readings_flushed), (uint64_t)sent);
+    cr_assert_eq(STAT(readings_lost), lost);
+    cr_assert_eq(lost, (uint64_t)sent);
+}
+
+Test(flusher, an_unreachable_server_at_the_deadline_loses_what_is_pending_counted) {
+    for (int i = 0; i < 10; i++) {
+        fake_script(&fs, FAULT_UNREACHABLE, 0);
+    }
+    int64_t sent = send_sensors(2, 5);
+    cr_assert_eq(run(5), -1);
+    cr_assert_eq(bd_flusher_abandon(flusher), (uint64_t)sent);
+    cr_assert_eq(STAT(readings_lost), (uint64_t)sent);
+    cr_assert_eq(STAT(updates_sent), 0, "nothing reached the server");
+    cr_assert_eq(STAT(bulk_writes), 0);
+}
+
+/* Defect 5: long ids keep distinct documents. */
+Test(flusher, sensor_ids_sharing_a_long_prefix_keep_their_own_documents) {
+    static char a[1101], b[1101];
+    memset(a, 'x', 1100);
+    memset(b, 'x', 1100);
+    a[1099] = 'a';
+    b[1099] = 'b';
+    int64_t start = now_ms / HOUR_MS * HOUR_MS;
+    for (int h = 0; h < 3; h++) {
+        accept1(a, h, start - h * HOUR_MS);
+        accept1(b, h, start - h * HOUR_MS);
+    }
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fs.n_docs, 6);
+    cr_assert_eq(fake_stored(&fs, a), 3);
+    cr_assert_eq(fake_stored(&fs, b), 3);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+}
