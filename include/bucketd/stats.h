@@ -45,10 +45,10 @@
     /* flusher thread */                                                                   \
     X(readings_flushed, "readings written to the sink")                                    \
     X(flushes, "flush cycles with data")                                                   \
-    X(bulk_writes, "bulk writes sent")                                                     \
-    X(updates_sent, "bucket updates sent (one per bucket page per flush)")                 \
+    X(bulk_writes, "bulk writes that reached MongoDB")                                                     \
+    X(updates_sent, "bucket updates that reached MongoDB (one per bucket page per flush and attempt)")                 \
     X(bulk_retries, "bulk writes retried after a transient error")                         \
-    X(updates_quarantined, "bucket updates rejected by MongoDB and dropped")               \
+    X(updates_quarantined, "bucket updates given up (kept in the dead-letter file)")               \
     X(readings_quarantined, "readings inside quarantined updates")                         \
     X(updates_already_applied, "bucket updates MongoDB had already applied (a retried write)") \
     X(writer_conflicts, "updates refused: a bucket holds a newer sequence of this writer_id")  \
