@@ -25,7 +25,32 @@ other clients need and the libraries lack or get wrong:
   across types, missing versus null, int32/int64/double arithmetic and
   promotion, $sortArray, $arrayElemAt with negative indexes, ...;
 * unique secondary indexes that are checked without scanning;
-* an O(1) path for {_id: X} filters.
+* an O(1) path for {_id: X} filters;
+* MongoDB's limits: a document over 16 MiB is not stored (the one write fails: 17419 for an
+  update, 17420 for the insert of an upsert, BadValue for an insert), a command or one
+  document of an OP_MSG document sequence over 16 MiB + 16 KiB fails the command
+  (BSONObjectTooLarge, 10334), a message over maxMessageSizeBytes ends the connection; and a
+  standalone's refusal of transaction numbers (IllegalOperation, 20);
+* collection validators (create / collMod with validator, validationLevel,
+  validationAction; query operators and a top-level $jsonSchema subset): a write whose
+  result fails it fails alone with DocumentValidationFailure (121);
+* the failCommand fail point of mongod's test commands, on the admin database:
+
+    {configureFailPoint: "failCommand",
+     mode: "alwaysOn" | "off" | {times: N} | {skip: N},
+     data: {failCommands: ["update", ...] | failAllCommands: true,
+            appName: "...", namespace: "db.coll",          # optional filters
+            errorCode: N, errorLabels: [...],               # fail before running
+            closeConnection: true,                          # drop it, no reply
+            blockConnection: true, blockTimeMS: N,          # hold the command first
+            writeConcernError: {code, codeName, errmsg, errInfo}}}  # run, then report
+
+  with mongod's semantics (src/mongo/db/commands.cpp evaluateFailCommandFailPoint,
+  src/mongo/util/fail_point.cpp): a pass counts only for a command the data names; errorCode
+  fails it unapplied with {ok: 0, code, codeName, errmsg: "Failing command via 'failCommand'
+  failpoint"} and the data's errorLabels; writeConcernError lets the write apply and adds the
+  error to its reply.  A standalone never adds RetryableWriteError by itself (that label is
+  for retryable writes, which need a replica set); the reply's "count" is the times entered.
 
 It is a correctness reference for tests, not a performance one.
 """
@@ -78,6 +103,10 @@ VERSION_ARRAY = [6, 0, 0, 0]
 MAX_WIRE_VERSION = 17
 MAX_BSON_SIZE = 16 * 1024 * 1024
 BATCH_HEADROOM = 64 * 1024
+# BSONObjMaxInternalSize: the largest document mongod parses off the wire (a command or one
+# document of an OP_MSG document sequence); BSONObjMaxUserSize (MAX_BSON_SIZE) is the largest
+# it stores.
+MAX_INTERNAL_BSON_SIZE = MAX_BSON_SIZE + 16 * 1024
 MAX_MESSAGE_SIZE = 48000000
 MAX_WRITE_BATCH = 100000
 SESSION_TIMEOUT_MINUTES = 30
@@ -99,6 +128,13 @@ CODE_NAMES = {
     85: 'IndexOptionsConflict', 86: 'IndexKeySpecsConflict',
     238: 'NotImplemented', 10334: 'BSONObjectTooLarge', 11000: 'DuplicateKey',
     17276: 'Location17276',
+    6: 'HostUnreachable', 7: 'HostNotFound', 17: 'ProtocolError', 50: 'MaxTimeMSExpired',
+    64: 'WriteConcernFailed', 89: 'NetworkTimeout', 91: 'ShutdownInProgress',
+    112: 'WriteConflict', 121: 'DocumentValidationFailure', 134:
+    'ReadConcernMajorityNotAvailableYet', 189: 'PrimarySteppedDown', 262: 'ExceededTimeLimit',
+    266: 'FailPointSetFailed', 9001: 'SocketException', 10107: 'NotWritablePrimary',
+    11600: 'InterruptedAtShutdown', 11602: 'InterruptedDueToReplStateChange',
+    13435: 'NotPrimaryNoSecondaryOk', 13436: 'NotPrimaryOrSecondary', 40415: 'Location40415',
 }
 
 
@@ -858,6 +894,7 @@ def _first_last(op, pick):
 
 def _x_concat_arrays(p, v):
     out = []
+    parts = []
     for e in _args(v, '$concatArrays'):
         x = p.eval(e)
         if nullish(x):
@@ -865,6 +902,8 @@ def _x_concat_arrays(p, v):
         if not isinstance(x, list):
             fail(28664, '$concatArrays only supports arrays, not %s' % type_name(x))
         out.extend(x)
+        parts.append(x)
+    note_list_parts(out, parts)
     return out
 
 
@@ -894,8 +933,11 @@ def _x_sort_array(p, v):
         fail(2, 'The input argument to $sortArray must be an array, but was of type: %s'
              % type_name(arr))
     if keys is None:
-        return sort_values(arr, _num_value(sort_by) < 0)
-    return sort_docs(arr, keys)
+        out = sort_values(arr, _num_value(sort_by) < 0)
+    else:
+        out = sort_docs(arr, keys)
+    note_list_parts(out, [arr])
+    return out
 
 
 def _accumulator_inputs(p, v):
@@ -1823,6 +1865,12 @@ class FastCollection(mm_collection.Collection):
     share it safely."""
 
     _cow = False
+    _cow_originals = None
+    # What _insert is doing, for the error MongoDB gives a document over 16 MiB: a plain
+    # insert or the insert half of an upsert.
+    _insert_kind = 'insert'
+    # bypassDocumentValidation of the command being run.
+    _bypass_validation = False
 
     def _docs(self):
         store = self._store
@@ -1855,17 +1903,26 @@ class FastCollection(mm_collection.Collection):
 
     def _copy_on_write(self, matches):
         docs = self._docs()
+        originals = self._cow_originals
         for doc in matches:
             mine = copy.deepcopy(doc)
-            docs[id_key(doc['_id'])] = mine
+            idk = id_key(doc['_id'])
+            if originals is not None:
+                originals.setdefault(idk, doc)
+            docs[idk] = mine
             yield mine
 
     def _update(self, *args, **kwargs):
+        # mongomock's classic update loop: documents are copied before they change, and the
+        # originals are kept so that a document refused after the change (too large, failing
+        # validation) can be put back, as MongoDB never stores it.
         self._cow = True
+        self._cow_originals = {}
         try:
             return super(FastCollection, self)._update(*args, **kwargs)
         finally:
             self._cow = False
+            self._cow_originals = None
 
     def _insert(self, data, session=None, ordered=True):
         if not isinstance(data, dict):
@@ -1887,9 +1944,10 @@ class FastCollection(mm_collection.Collection):
         k = id_key(_id)
         if k in docs:
             raise self._dup_error('_id_', {'_id': 1}, {'_id': _id})
+        self.check_write(data, self._insert_kind)
         docs[k] = data
         try:
-            self._ensure_uniques(data)
+            self.add_uniques(data)
         except DuplicateKeyError:
             del docs[k]
             raise
@@ -1921,6 +1979,31 @@ class FastCollection(mm_collection.Collection):
         return st
 
     def _ensure_uniques(self, new_data):
+        """mongomock calls this for every document its classic update loop changed: the
+        place to refuse what MongoDB would refuse, and to restore the original if so."""
+        if self._cow:
+            idk = id_key(new_data['_id'])
+            old = (self._cow_originals or {}).get(idk)
+            try:
+                self.check_write(new_data, 'update', old)
+            except Exception:
+                if old is not None:
+                    self._docs()[idk] = old
+                raise
+        self.add_uniques(new_data)
+
+    def check_write(self, doc, kind, old=None):
+        """Refuse a document MongoDB would not store: over 16 MiB of BSON, or failing the
+        collection's validator.  kind: 'insert', 'upsert' (the insert of an upsert) or
+        'update' (old is then the document before the update)."""
+        size = bson_size(doc)
+        if size > MAX_BSON_SIZE:
+            raise WriteError(*_too_large(kind, size))
+        options = getattr(self._store, '_bd_options', None)
+        if options and options.get('validator') and not self._bypass_validation:
+            _check_validator(self.full_name, options, doc, kind, old)
+
+    def add_uniques(self, new_data):
         st = self._unique_state()
         if st is None:
             return
@@ -1966,6 +2049,276 @@ class DupKeyError(DuplicateKeyError):
         return {'keyPattern': self.key_pattern, 'keyValue': self.key_value}
 
 
+# --------------------------------------------------------------------------
+# What MongoDB refuses to store: documents over 16 MiB, documents failing validation
+# --------------------------------------------------------------------------
+
+# BSON bytes of a value after its type byte and key, for the types of fixed size.
+_FIXED_SIZE = {float: 8, bool: 1, datetime.datetime: 8, Int64: 8, type(None): 0,
+               ObjectId: 12, Decimal128: 16, Timestamp: 8, MinKey: 0, MaxKey: 0}
+
+# BSON sizes of arrays and of the documents inside arrays (bucket readings), by identity, and
+# how arrays made by $concatArrays and $sortArray were made (from which arrays): the size of
+# an appended readings array is then the stored array's size plus the new readings', not a
+# walk over every reading.  Stored documents are never modified in place (FastCollection is
+# copy-on-write, update pipelines build new containers), and an entry holds its object, so an
+# id cannot be reused while its entry lives.  What the entries keep alive after the documents
+# let go of it (older versions of a readings array, dropped collections) is bounded: both
+# tables are emptied when the memory they hold, roughly counted, passes a budget, and when a
+# collection or database is dropped.
+_SIZE_MEMO = {}
+_LIST_PARTS = {}
+_MEMO_BUDGET = 128 * 1024 * 1024
+_memo_bytes = [0]
+
+
+def clear_size_memo():
+    _SIZE_MEMO.clear()
+    _LIST_PARTS.clear()
+    _memo_bytes[0] = 0
+
+
+def _memo_pin(obj):
+    """Account for keeping obj (a dict or a list) alive; empties the tables when full."""
+    cost = 64 + (40 if type(obj) is dict else 8) * len(obj)
+    if _memo_bytes[0] + cost > _MEMO_BUDGET:
+        clear_size_memo()
+    _memo_bytes[0] += cost
+
+
+def note_list_parts(out, parts):
+    """out is a new array holding the elements of parts (concatenated, or one array
+    reordered); for bson_size."""
+    if len(out) > 64:
+        for part in parts:
+            _memo_pin(part)
+        _LIST_PARTS[id(out)] = (out, parts)
+
+
+def _index_keys_size(n):
+    """Bytes of the keys "0", "1", ... "n-1" of an n-element BSON array, with their type
+    bytes and NULs."""
+    total = 2 * n
+    digits, start = 1, 0
+    while start < n:
+        end = min(n, 10 ** digits)
+        total += digits * (end - start)
+        start, digits = end, digits + 1
+    return total
+
+
+def _list_size(v):
+    hit = _SIZE_MEMO.get(id(v))
+    if hit is not None and hit[0] is v:
+        return hit[1]
+    total = 5 + _index_keys_size(len(v))
+    src = _LIST_PARTS.get(id(v))
+    if src is not None and src[0] is v:
+        for part in src[1]:
+            total += _list_size(part) - 5 - _index_keys_size(len(part))
+    else:
+        memo = _SIZE_MEMO
+        for e in v:
+            if type(e) is dict:
+                hit = memo.get(id(e))
+                if hit is not None and hit[0] is e:
+                    total += hit[1]
+                    continue
+                size = bson_size(e)
+                _memo_pin(e)
+                memo[id(e)] = (e, size)
+                total += size
+            else:
+                total += _value_size(e)
+    if len(v) > 64:
+        _memo_pin(v)
+        _SIZE_MEMO[id(v)] = (v, total)
+    return total
+
+
+def _value_size(v):
+    t = type(v)
+    size = _FIXED_SIZE.get(t)
+    if size is not None:
+        return size
+    if t is str:
+        return (len(v) if v.isascii() else len(v.encode('utf-8', 'surrogatepass'))) + 5
+    if t is int:
+        return 4 if INT32_MIN <= v <= INT32_MAX else 8
+    if t is dict:
+        return bson_size(v)
+    if t is list:
+        return _list_size(v)
+    # Anything else (binary, regex, code, ...): let the encoder say.
+    return len(bson.encode({'': v})) - 7
+
+
+def bson_size(doc):
+    """len(bson.encode(doc)) for a stored document, without encoding it (this bson has no C
+    extension here: encoding a bucket of 3600 readings takes ~13 ms, this ~0.5 ms)."""
+    total = 5
+    for k, v in doc.items():
+        total += (len(k) if k.isascii() else len(k.encode('utf-8', 'surrogatepass'))) + 2
+        total += _value_size(v)
+    return total
+
+
+def _too_large(kind, size):
+    """(message, code) for a document of size bytes over the 16 MiB limit.
+
+    As mongod 6.0 words them: src/mongo/db/exec/update_stage.cpp (17419, an update of an
+    existing document: "Resulting document after update is larger than 16777216"),
+    src/mongo/db/exec/upsert_stage.cpp (17420, the document an upsert inserts: "Document to
+    upsert is larger than 16777216"), src/mongo/db/ops/insert.cpp fixDocumentForInsert
+    (BadValue, an insert: "object to insert too large. size in bytes: N, max size: 16777216").
+    Newer servers (8.x, src/mongo/db/update/update_util.cpp) answer an update with
+    BSONObjectTooLarge (10334) and the same message."""
+    if kind == 'update':
+        return 'Resulting document after update is larger than %d' % MAX_BSON_SIZE, 17419
+    if kind == 'upsert':
+        return 'Document to upsert is larger than %d' % MAX_BSON_SIZE, 17420
+    return ('object to insert too large. size in bytes: %d, max size: %d'
+            % (size, MAX_BSON_SIZE), 2)
+
+
+class DocumentValidationError(WriteError):
+    """A write refused by the collection's validator (code 121, DocumentValidationFailure)."""
+
+    def __init__(self, doc_id, details):
+        WriteError.__init__(self, 'Document failed validation', 121)
+        self.err_info = {'failingDocumentId': doc_id, 'details': details}
+
+
+VALIDATION_LEVELS = ('off', 'strict', 'moderate')
+VALIDATION_ACTIONS = ('error', 'warn')
+
+
+def _check_validator(ns, options, doc, kind, old):
+    """Apply a collection's validator the way mongod does (validationLevel: "strict" checks
+    every insert and update, "moderate" skips updates of documents that were already invalid,
+    "off" nothing; validationAction "warn" logs and lets the write through)."""
+    level = options.get('validationLevel', 'strict')
+    if level == 'off':
+        return
+    validator = options['validator']
+    if level == 'moderate' and kind == 'update' and old is not None and \
+            not validator_matches(validator, old):
+        return
+    if validator_matches(validator, doc):
+        return
+    if options.get('validationAction', 'error') == 'warn':
+        sys.stderr.write('mongo_server: %s: document %s failed validation (validationAction '
+                         'warn: written anyway)\n' % (ns, fmt_value(doc.get('_id'))))
+        return
+    # mongod explains which rule failed in errInfo.details; this test server only names the
+    # validator, which is enough for a client that logs it.
+    raise DocumentValidationError(doc.get('_id'), {'operatorName': '$and',
+                                                   'specifiedAs': validator})
+
+
+def validator_matches(validator, doc):
+    """True if doc passes a validator: query operators (through mongomock's matcher) and a
+    top-level $jsonSchema (the subset in _schema_ok)."""
+    rest = validator
+    if '$jsonSchema' in validator:
+        if not _schema_ok(validator['$jsonSchema'], doc):
+            return False
+        rest = {k: v for k, v in validator.items() if k != '$jsonSchema'}
+    return not rest or mm_filtering.filter_applies(rest, doc)
+
+
+_SCHEMA_KEYWORDS = frozenset((
+    'bsonType', 'type', 'required', 'properties', 'additionalProperties', 'minimum', 'maximum',
+    'exclusiveMinimum', 'exclusiveMaximum', 'enum', 'minLength', 'maxLength', 'pattern',
+    'items', 'minItems', 'maxItems', 'minProperties', 'maxProperties', 'title', 'description'))
+
+# $jsonSchema "type" names (JSON Schema) and the bsonType names they stand for.
+_JSON_TYPES = {'object': ('object',), 'array': ('array',), 'string': ('string',),
+               'boolean': ('bool',), 'null': ('null',),
+               'number': ('int', 'long', 'double', 'decimal')}
+
+
+def check_json_schema(schema, path='$jsonSchema'):
+    """Refuse a $jsonSchema this test server cannot evaluate (rather than ignore it)."""
+    if not isinstance(schema, dict):
+        raise CommandError(14, '%s must be an object' % path)
+    unknown = set(schema) - _SCHEMA_KEYWORDS
+    if unknown:
+        raise CommandError(238, '$jsonSchema keyword %s is not supported by the test server'
+                           % sorted(unknown)[0])
+    for name, sub in (schema.get('properties') or {}).items():
+        check_json_schema(sub, '%s.properties.%s' % (path, name))
+    if isinstance(schema.get('items'), dict):
+        check_json_schema(schema['items'], path + '.items')
+    if isinstance(schema.get('additionalProperties'), dict):
+        check_json_schema(schema['additionalProperties'], path + '.additionalProperties')
+
+
+def _schema_types(schema):
+    names = []
+    for key in ('bsonType', 'type'):
+        v = schema.get(key)
+        if v is None:
+            continue
+        for t in (v if isinstance(v, list) else [v]):
+            if key == 'type':
+                names.extend(_JSON_TYPES.get(t, (t,)))
+            elif t == 'number':
+                names.extend(_JSON_TYPES['number'])
+            else:
+                names.append(t)
+    return names
+
+
+def _schema_ok(schema, value):
+    """$jsonSchema keywords MongoDB implements, on one value (a missing field is never
+    checked: only "required" asks for presence)."""
+    types = _schema_types(schema)
+    if types and type_name(value) not in types:
+        return False
+    if 'enum' in schema and not any(bson_eq(value, e) for e in schema['enum']):
+        return False
+    if is_number(value):
+        v = _num_value(value)
+        if 'minimum' in schema and (v < schema['minimum'] or (
+                schema.get('exclusiveMinimum') is True and v == schema['minimum'])):
+            return False
+        if 'maximum' in schema and (v > schema['maximum'] or (
+                schema.get('exclusiveMaximum') is True and v == schema['maximum'])):
+            return False
+    if isinstance(value, str):
+        n = len(value)
+        if n < schema.get('minLength', 0) or n > schema.get('maxLength', n):
+            return False
+        if 'pattern' in schema and not re.search(schema['pattern'], value):
+            return False
+    if isinstance(value, list):
+        n = len(value)
+        if n < schema.get('minItems', 0) or n > schema.get('maxItems', n):
+            return False
+        items = schema.get('items')
+        if isinstance(items, dict) and not all(_schema_ok(items, x) for x in value):
+            return False
+    if isinstance(value, dict):
+        n = len(value)
+        if n < schema.get('minProperties', 0) or n > schema.get('maxProperties', n):
+            return False
+        if any(k not in value for k in schema.get('required', ())):
+            return False
+        props = schema.get('properties') or {}
+        for k, sub in props.items():
+            if k in value and not _schema_ok(sub, value[k]):
+                return False
+        extra = schema.get('additionalProperties', True)
+        if extra is not True:
+            for k, v in value.items():
+                if k in props:
+                    continue
+                if extra is False or (isinstance(extra, dict) and not _schema_ok(extra, v)):
+                    return False
+    return True
+
+
 class _DbView(object):
     """What mongomock's $lookup/$out stages need from a database."""
 
@@ -2009,7 +2362,10 @@ def _write_error_entry(index, exc):
         msg = str(exc)
         if not code:
             code = 66 if "(immutable) field '_id'" in msg else 2
-        return {'index': index, 'code': code, 'errmsg': msg}
+        entry = {'index': index, 'code': code, 'errmsg': msg}
+        if getattr(exc, 'err_info', None) is not None:
+            entry['errInfo'] = exc.err_info
+        return entry
     if isinstance(exc, CommandError):
         return {'index': index, 'code': exc.code, 'errmsg': exc.msg}
     if isinstance(exc, NotImplementedError):
@@ -2113,6 +2469,104 @@ def _check_update_conflicts(update):
                                        "'%s'" % (p, prefix))
 
 
+# --------------------------------------------------------------------------
+# Fail points (what mongod offers tests with --setParameter enableTestCommands=1)
+# --------------------------------------------------------------------------
+
+class FailPoint(object):
+    """One fail point and its mode, as src/mongo/util/fail_point.cpp keeps it: "off",
+    "alwaysOn", {times: N} (the next N passes, then off) or {skip: N} (every pass after the
+    first N).  A pass is counted only when the caller's condition holds (the command is one
+    the data names), as FailPoint::executeIf checks the predicate before the mode."""
+
+    __slots__ = ('mode', 'value', 'data', 'entered')
+
+    def __init__(self):
+        self.mode = 'off'
+        self.value = 0
+        self.data = {}
+        self.entered = 0
+
+    def configure(self, cmd):
+        """Parse a configureFailPoint command like FailPoint::parseBSON; returns the number
+        of times the fail point was entered so far (the reply's "count")."""
+        if 'mode' not in cmd:
+            raise CommandError(20, "When setting a failpoint, you must supply a 'mode'")
+        mode = cmd['mode']
+        value = 0
+        if isinstance(mode, str):
+            if mode not in ('off', 'alwaysOn'):
+                raise CommandError(2, 'unknown mode: %s' % mode)
+        elif isinstance(mode, dict):
+            for key in ('times', 'skip'):
+                if key in mode:
+                    v = mode[key]
+                    if not is_number(v) or isinstance(v, Decimal128):
+                        raise CommandError(14, "Expected field \"%s\" to have numeric type, but "
+                                               "found %s" % (key, type_name(v)))
+                    value = int(v)
+                    if value < 0:
+                        raise CommandError(2, "'%s' option to 'mode' must be positive" % key)
+                    if value > INT32_MAX:
+                        raise CommandError(2, "'%s' option to 'mode' is too large" % key)
+                    break
+            else:
+                if 'activationProbability' in mode:
+                    raise CommandError(238, 'activationProbability is not supported by the '
+                                            'test server')
+                raise CommandError(2, "'mode' must be one of 'off', 'alwaysOn', '{times:n}', "
+                                      "'{skip:n}' or '{activationProbability:p}'")
+            mode = key
+            if mode == 'times' and value == 0:
+                mode = 'off'
+        else:
+            raise CommandError(14, "'mode' must be a string or JSON object")
+        data = cmd.get('data', {})
+        if not isinstance(data, dict):
+            raise CommandError(14, "the 'data' option must be a JSON object")
+        self.mode, self.value, self.data = mode, value, data
+        return self.entered
+
+    def enter(self):
+        """One pass whose condition held: the data if the fail point fires, else None."""
+        if self.mode == 'off':
+            return None
+        if self.mode == 'times':
+            self.value -= 1
+            if self.value <= 0:
+                self.mode = 'off'
+        elif self.mode == 'skip' and self.value > 0:
+            self.value -= 1
+            return None
+        self.entered += 1
+        return self.data
+
+
+# The names under which one command answers (Command::hasAlias): a failCommands entry names
+# the command by any of them.
+_COMMAND_ALIASES = {'isMaster': 'hello', 'ismaster': 'hello', 'buildinfo': 'buildInfo',
+                    'findandmodify': 'findAndModify', 'getlasterror': 'getLastError',
+                    'deleteIndexes': 'dropIndexes'}
+
+# Commands for which Command::supportsWriteConcern is true, i.e. that a failCommand
+# writeConcernError can be attached to.
+WRITE_CONCERN_COMMANDS = frozenset((
+    'insert', 'update', 'delete', 'findAndModify', 'create', 'drop', 'dropDatabase',
+    'createIndexes', 'dropIndexes', 'renameCollection', 'collMod'))
+
+FAIL_COMMAND_MSG = "Failing command via 'failCommand' failpoint"
+
+
+class FailAction(object):
+    """What failCommand does to one command before it runs."""
+    __slots__ = ('block_ms', 'close', 'reply')
+
+    def __init__(self):
+        self.block_ms = 0
+        self.close = False
+        self.reply = None
+
+
 class Backend(object):
     """Executes commands against the in-memory data.  One lock serialises
     all commands: mongomock is not thread-safe."""
@@ -2130,6 +2584,11 @@ class Backend(object):
         self.opcounters = dict.fromkeys(
             ('insert', 'query', 'update', 'delete', 'getmore', 'command'), 0)
         self.process_id = ObjectId()
+        # Fail points (configureFailPoint) and the appName each connection gave in its
+        # handshake; both are read by connection threads outside self.lock.
+        self.fp_lock = threading.Lock()
+        self.fail_points = {'failCommand': FailPoint()}
+        self.conn_app = {}
         self.commands = {}
         for name in dir(self):
             if name.startswith('cmd_'):
@@ -2164,6 +2623,11 @@ class Backend(object):
             return error_reply(59, "no such command: '%s'" % name)
         try:
             _check_db_name(db)
+            if 'txnNumber' in cmd:
+                # A standalone mongod (what hello says this is) has no retryable writes or
+                # transactions; drivers know and never send a txnNumber to one.
+                raise CommandError(20, 'Transaction numbers are only allowed on a replica set '
+                                       'member or mongos')
             with self.lock:
                 return handler(db, cmd, name, conn_id)
         except CommandError as e:
@@ -2194,6 +2658,110 @@ class Backend(object):
             if isinstance(w, str) and w != 'majority':
                 raise CommandError(79, "No write concern mode named '%s' found in replica "
                                        "set configuration" % w)
+
+    # -- fail points ---------------------------------------------------------
+
+    def cmd_configureFailPoint(self, db, cmd, name, conn):
+        if db != 'admin':
+            raise CommandError(13, 'configureFailPoint may only be run against the admin '
+                                   'database.')
+        fp_name = cmd[name]
+        with self.fp_lock:
+            fp = self.fail_points.get(fp_name) if isinstance(fp_name, str) else None
+            if fp is None:
+                raise CommandError(266, '%s not found' % (fp_name,))
+            count = fp.configure(cmd)
+        return {'count': Int64(count), 'ok': 1.0}
+
+    def note_client(self, conn_id, cmd):
+        """Remember the appName a connection's handshake gave (failCommand's appName)."""
+        client = cmd.get('client')
+        app = client.get('application') if isinstance(client, dict) else None
+        name = app.get('name') if isinstance(app, dict) else None
+        if isinstance(name, str):
+            self.conn_app[conn_id] = name
+
+    def forget_connection(self, conn_id):
+        self.conn_app.pop(conn_id, None)
+
+    def _fail_command_applies(self, data, db, name, cmd, conn_id):
+        """CommandHelpers::shouldActivateFailCommandFailPoint (src/mongo/db/commands.cpp)."""
+        if name == 'configureFailPoint':  # banned even if listed
+            return False
+        if 'appName' in data and data['appName'] != self.conn_app.get(conn_id, ''):
+            return False
+        if 'namespace' in data:
+            target = cmd.get(name)
+            ns = '%s.%s' % (db, target) if isinstance(target, str) else db
+            if data['namespace'] != ns:
+                return False
+        if data.get('failAllCommands'):
+            return True
+        canonical = _COMMAND_ALIASES.get(name, name)
+        names = data.get('failCommands')
+        return isinstance(names, list) and any(
+            isinstance(n, str) and _COMMAND_ALIASES.get(n, n) == canonical for n in names)
+
+    def fail_command_before(self, db, name, cmd, conn_id):
+        """CommandHelpers::evaluateFailCommandFailPoint: a FailAction, or None when the fail
+        point does not fire.  Only data with closeConnection, blockConnection or an integer
+        errorCode counts a pass here."""
+        if name not in self.commands:
+            return None
+        with self.fp_lock:
+            fp = self.fail_points['failCommand']
+            if fp.mode == 'off':
+                return None
+            data = fp.data
+            close = data.get('closeConnection') is True
+            block = data.get('blockConnection') is True
+            code = data.get('errorCode')
+            has_code = is_number(code) and not isinstance(code, Decimal128)
+            if not (close or block or has_code):
+                return None
+            if not self._fail_command_applies(data, db, name, cmd, conn_id):
+                return None
+            data = fp.enter()
+        if data is None:
+            return None
+        action = FailAction()
+        labels = data.get('errorLabels')
+        if block:
+            ms = data.get('blockTimeMS')
+            if not is_number(ms) or isinstance(ms, Decimal128):
+                action.reply = error_reply(72, "must specify 'blockTimeMS' when "
+                                               "'blockConnection' is true")
+                return action
+            if ms < 0:
+                action.reply = error_reply(72, "'blockTimeMS' must be non-negative")
+                return action
+            action.block_ms = int(ms)
+        if close:
+            action.close = True
+            return action
+        if has_code:
+            action.reply = error_reply(int(code), FAIL_COMMAND_MSG)
+            # errorLabels in the data replace whatever labels the server would have given
+            # (errorLabelsOverride); none otherwise, since a standalone has no retryable
+            # writes to label.
+            if isinstance(labels, list) and labels:
+                action.reply['errorLabels'] = list(labels)
+        return action
+
+    def fail_command_after(self, db, name, cmd, conn_id, reply):
+        """The writeConcernError of a failCommand, attached to the reply of a command that
+        ran (its writes applied), in place of waiting for the write concern."""
+        if _COMMAND_ALIASES.get(name, name) not in WRITE_CONCERN_COMMANDS:
+            return
+        with self.fp_lock:
+            fp = self.fail_points['failCommand']
+            if fp.mode == 'off' or 'writeConcernError' not in fp.data:
+                return
+            if not self._fail_command_applies(fp.data, db, name, cmd, conn_id):
+                return
+            data = fp.enter()
+        if data is not None:
+            reply['writeConcernError'] = data['writeConcernError']
 
     # -- cursors -----------------------------------------------------------
 
@@ -2425,7 +2993,8 @@ class Backend(object):
         flt = cmd.get('filter') or {}
         out = []
         for cname in sorted(dstore.list_created_collection_names()):
-            entry = {'name': cname, 'type': 'collection', 'options': {},
+            options = dict(getattr(dstore[cname], '_bd_options', None) or {})
+            entry = {'name': cname, 'type': 'collection', 'options': options,
                      'info': {'readOnly': False, 'uuid': self._collection_uuid(dstore[cname])},
                      'idIndex': {'v': 2, 'key': {'_id': 1}, 'name': '_id_'}}
             if flt and not mm_filtering.filter_applies(flt, entry):
@@ -2438,11 +3007,64 @@ class Backend(object):
                                  _as_int(batch, 'batchSize', 0) if batch is not None
                                  else len(out))
 
+    def _validation_options(self, db, cmd, name):
+        """validator / validationLevel / validationAction of a create or collMod, checked
+        as mongod checks them."""
+        out = {}
+        if 'validator' in cmd:
+            validator = cmd['validator']
+            if not isinstance(validator, dict):
+                raise CommandError(14, "BSON field '%s.validator' is the wrong type '%s', "
+                                       "expected type 'object'" % (name, type_name(validator)))
+            if validator and db in ('admin', 'local', 'config'):
+                raise CommandError(72, 'Document validators not allowed on system collection '
+                                       '%s.%s' % (db, cmd[name]))
+            if '$jsonSchema' in validator:
+                check_json_schema(validator['$jsonSchema'])
+            try:  # unknown operators are refused now, not at the first write
+                validator_matches(validator, {})
+            except NotImplementedError as e:
+                raise CommandError(238, 'not supported by the test server: %s' % e)
+            out['validator'] = validator
+        if 'validationLevel' in cmd:
+            level = cmd['validationLevel']
+            if level not in VALIDATION_LEVELS:
+                raise CommandError(2, "Enumeration value '%s' for field '%s.validationLevel' "
+                                      "is not a valid value." % (level, name))
+            out['validationLevel'] = level
+        if 'validationAction' in cmd:
+            action = cmd['validationAction']
+            if action not in VALIDATION_ACTIONS:
+                raise CommandError(2, "Enumeration value '%s' for field '%s.validationAction' "
+                                      "is not a valid value." % (action, name))
+            out['validationAction'] = action
+        return out
+
     def cmd_create(self, db, cmd, name, conn):
         coll_name, coll = self._collection_arg(db, cmd, name)
         if coll._store.is_created:
             raise CommandError(48, 'Collection %s.%s already exists.' % (db, coll_name))
+        options = self._validation_options(db, cmd, name)
         coll._store.create()
+        coll._store._bd_options = options or None
+        return {'ok': 1.0}
+
+    def cmd_collMod(self, db, cmd, name, conn):
+        coll_name, coll = self._collection_arg(db, cmd, name)
+        store = coll._store
+        if not store.is_created:
+            raise CommandError(26, 'ns does not exist: %s.%s' % (db, coll_name))
+        for key in cmd:
+            if key in (name, 'validator', 'validationLevel', 'validationAction',
+                       'writeConcern', 'lsid', '$db', '$readPreference', '$clusterTime'):
+                continue
+            if key in ('index', 'expireAfterSeconds', 'viewOn', 'pipeline',
+                       'changeStreamPreAndPostImages', 'timeseries', 'recordPreImages'):
+                raise CommandError(238, 'collMod %s is not supported by the test server' % key)
+            raise CommandError(40415, "BSON field 'collMod.%s' is an unknown field." % key)
+        options = dict(getattr(store, '_bd_options', None) or {})
+        options.update(self._validation_options(db, cmd, name))
+        store._bd_options = options or None
         return {'ok': 1.0}
 
     def _kill_ns_cursors(self, prefix):
@@ -2456,6 +3078,8 @@ class Backend(object):
             raise CommandError(26, 'ns not found')
         n = 1 + len(store.indexes)
         store.drop()
+        store._bd_options = None
+        clear_size_memo()
         self._kill_ns_cursors('%s.%s' % (db, coll_name))
         return {'nIndexesWas': n, 'ns': '%s.%s' % (db, coll_name), 'ok': 1.0}
 
@@ -2463,6 +3087,8 @@ class Backend(object):
         dstore = self.server_store[db]
         for cname in list(dstore._collections):
             dstore[cname].drop()
+            dstore[cname]._bd_options = None
+        clear_size_memo()
         self._kill_ns_cursors(db + '.')
         return {'dropped': db, 'ok': 1.0}
 
@@ -2483,6 +3109,7 @@ class Backend(object):
             if not cmd.get('dropTarget'):
                 raise CommandError(48, 'target namespace exists')
             dstore[dcoll].drop()
+            dstore[dcoll]._bd_options = None
         dstore.rename(scoll, dcoll)
         for key in [(sdb, scoll), (sdb, dcoll)]:
             self.colls.pop(key, None)
@@ -2679,23 +3306,34 @@ class Backend(object):
         ordered = cmd.get('ordered', True)
         n = 0
         errors = []
-        for i, doc in enumerate(docs):
-            self.opcounters['insert'] += 1
-            try:
-                if not isinstance(doc, dict):
-                    raise CommandError(14, 'documents must be objects')
-                coll._insert(doc)
-                n += 1
-            except Exception as exc:  # one failed write never stops the server
-                errors.append(_write_error_entry(i, exc))
-                if ordered:
-                    break
+        coll._bypass_validation = bool(cmd.get('bypassDocumentValidation'))
+        try:
+            for i, doc in enumerate(docs):
+                self.opcounters['insert'] += 1
+                try:
+                    if not isinstance(doc, dict):
+                        raise CommandError(14, 'documents must be objects')
+                    coll._insert(doc)
+                    n += 1
+                except Exception as exc:  # one failed write never stops the server
+                    errors.append(_write_error_entry(i, exc))
+                    if ordered:
+                        break
+        finally:
+            coll._bypass_validation = False
         return self._write_reply(n, errors)
 
     def apply_update(self, coll, spec, update, upsert=False, multi=False, let=None,
                      array_filters=None):
         """Apply one update statement.  Returns (matched, modified, upserted_id)
         where upserted_id is MISSING when nothing was inserted."""
+        coll._insert_kind = 'upsert'
+        try:
+            return self._apply_update(coll, spec, update, upsert, multi, let, array_filters)
+        finally:
+            coll._insert_kind = 'insert'
+
+    def _apply_update(self, coll, spec, update, upsert, multi, let, array_filters):
         if not isinstance(spec, dict):
             raise CommandError(14, "BSON field 'q' is the wrong type '%s', expected type "
                                    "'object'" % type_name(spec))
@@ -2745,7 +3383,8 @@ class Backend(object):
                                  "immutable field '_id'", 66)
             new = _with_id_first(new, old['_id'])
             if not _identical(new, old):
-                coll._ensure_uniques(new)
+                coll.check_write(new, 'update', old)
+                coll.add_uniques(new)
                 docs[id_key(old['_id'])] = new
                 modified += 1
             if not multi:
@@ -2780,24 +3419,28 @@ class Backend(object):
         n = modified = 0
         upserted = []
         errors = []
-        for i, u in enumerate(updates):
-            self.opcounters['update'] += 1
-            try:
-                if not isinstance(u, dict) or 'q' not in u or 'u' not in u:
-                    raise CommandError(40414, "BSON field 'update.updates.q' is missing but a "
-                                              "required field")
-                m, mod, up = self.apply_update(coll, u['q'], u['u'], bool(u.get('upsert')),
-                                               bool(u.get('multi')), let,
-                                               u.get('arrayFilters'))
-            except Exception as exc:  # one failed write never stops the server
-                errors.append(_write_error_entry(i, exc))
-                if ordered:
-                    break
-                continue
-            n += m
-            modified += mod
-            if up is not MISSING:
-                upserted.append({'index': i, '_id': up})
+        coll._bypass_validation = bool(cmd.get('bypassDocumentValidation'))
+        try:
+            for i, u in enumerate(updates):
+                self.opcounters['update'] += 1
+                try:
+                    if not isinstance(u, dict) or 'q' not in u or 'u' not in u:
+                        raise CommandError(40414, "BSON field 'update.updates.q' is missing "
+                                                  "but a required field")
+                    m, mod, up = self.apply_update(coll, u['q'], u['u'], bool(u.get('upsert')),
+                                                   bool(u.get('multi')), let,
+                                                   u.get('arrayFilters'))
+                except Exception as exc:  # one failed write never stops the server
+                    errors.append(_write_error_entry(i, exc))
+                    if ordered:
+                        break
+                    continue
+                n += m
+                modified += mod
+                if up is not MISSING:
+                    upserted.append({'index': i, '_id': up})
+        finally:
+            coll._bypass_validation = False
         extra = {'nModified': modified}
         if upserted:
             extra['upserted'] = upserted
@@ -2833,6 +3476,13 @@ class Backend(object):
     def cmd_findAndModify(self, db, cmd, name, conn):
         self._check_write_concern(cmd)
         coll_name, coll = self._collection_arg(db, cmd, name)
+        coll._bypass_validation = bool(cmd.get('bypassDocumentValidation'))
+        try:
+            return self._find_and_modify(db, cmd, coll)
+        finally:
+            coll._bypass_validation = False
+
+    def _find_and_modify(self, db, cmd, coll):
         query = cmd.get('query') or {}
         remove = bool(cmd.get('remove'))
         update = cmd.get('update')
@@ -3030,6 +3680,59 @@ def _encode_reply(doc):
     return payload
 
 
+def _oversized_section(body):
+    """The error message if an OP_MSG carries a document over BSONObjMaxInternalSize (its
+    body, or one document of a sequence, e.g. one update statement), else None.  Only the
+    length prefixes are read; anything malformed is left to the parser."""
+    try:
+        flags = struct.unpack_from('<I', body, 0)[0]
+        end = len(body) - (4 if flags & 1 else 0)
+        pos = 4
+        while pos < end:
+            kind = body[pos]
+            pos += 1
+            if kind == 0:
+                starts = [pos]
+                pos += struct.unpack_from('<i', body, pos)[0]
+            elif kind == 1:
+                size = struct.unpack_from('<i', body, pos)[0]
+                if size < 5:
+                    return None
+                section_end = pos + size
+                p = body.index(b'\x00', pos + 4) + 1
+                starts = []
+                while p < section_end:
+                    starts.append(p)
+                    n = struct.unpack_from('<i', body, p)[0]
+                    if n < 5:
+                        return None
+                    p += n
+                pos = section_end
+            else:
+                return None
+            for start in starts:
+                n = struct.unpack_from('<i', body, start)[0]
+                if n > MAX_INTERNAL_BSON_SIZE:
+                    key_end = body.index(b'\x00', start + 5)
+                    first = body[start + 5:key_end].decode('utf-8', 'replace')
+                    # As BSONObj::_assertInvalid words it (src/mongo/bson/bsonobj.cpp).
+                    return ('BSONObj size: %d (0x%X) is invalid. Size must be between 0 and '
+                            '%d(%dMB) First element: %s: ?' % (
+                                n, n, MAX_INTERNAL_BSON_SIZE,
+                                MAX_INTERNAL_BSON_SIZE // (1024 * 1024), first))
+    except (struct.error, ValueError, IndexError):
+        return None
+    return None
+
+
+def _send_msg(sock, response_to, doc):
+    """An OP_MSG reply built by hand (for requests mockupdb never parsed)."""
+    payload = _encode_reply(doc)
+    header = struct.pack('<iiiiIb', 21 + len(payload), next(_reply_ids) & 0x7fffffff,
+                         response_to, mockupdb.OP_MSG, 0, 0)
+    sock.sendall(header + payload)
+
+
 def send_reply(request, doc, query_failure=False):
     """Answer a request in kind: OP_MSG for OP_MSG, OP_REPLY for OP_QUERY."""
     reply_id = next(_reply_ids) & 0x7fffffff
@@ -3078,6 +3781,14 @@ class WireServer(mockupdb.MockupDB):
                     body = _recv_exact(client, length - 16)
                 except (OSError, EOFError):
                     break
+                if opcode == mockupdb.OP_MSG:
+                    too_large = _oversized_section(body)
+                    if too_large is not None:
+                        # mongod fails the command while parsing it (BSONObj's size check)
+                        # and answers with the error; the connection stays usable.
+                        if not struct.unpack_from('<I', body, 0)[0] & OP_MSG_MORE_TO_COME:
+                            _send_msg(client, request_id, error_reply(10334, too_large))
+                        continue
                 cls = mockupdb.OPCODES.get(opcode)
                 if cls is None:
                     self._log_line('connection %d: unsupported opcode %d' % (conn_id, opcode))
@@ -3089,11 +3800,13 @@ class WireServer(mockupdb.MockupDB):
                     break
                 self._requests_count += 1
                 try:
-                    self.handle(request, conn_id)
+                    if self.handle(request, conn_id) is False:
+                        break  # closeConnection of a fail point
                 except OSError:
                     break
         finally:
             backend.connections.pop(conn_id, None)
+            backend.forget_connection(conn_id)
             try:
                 client.close()
             except OSError:
@@ -3114,7 +3827,22 @@ class WireServer(mockupdb.MockupDB):
                 if '$query' in cmd and isinstance(cmd['$query'], dict):
                     cmd = cmd['$query']
             started = time.perf_counter()
-            reply = self._backend.run(db, cmd, conn_id)
+            backend = self._backend
+            name = next(iter(cmd)) if cmd else ''
+            if name in ('hello', 'isMaster', 'ismaster'):
+                backend.note_client(conn_id, cmd)
+            action = backend.fail_command_before(db, name, cmd, conn_id)
+            reply = None
+            if action is not None:
+                if action.block_ms:
+                    time.sleep(action.block_ms / 1000.0)
+                if action.close:
+                    self._log_line('conn%d %s: closeConnection (failCommand)' % (conn_id, name))
+                    return False
+                reply = action.reply
+            if reply is None:
+                reply = backend.run(db, cmd, conn_id)
+                backend.fail_command_after(db, name, cmd, conn_id, reply)
             send_reply(request, reply)
             if self._bd_verbose:
                 name = next(iter(cmd)) if cmd else '?'
