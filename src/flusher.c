@@ -196,8 +196,9 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
     snprintf(f->writer_key, sizeof(f->writer_key), BD_WRITER_KEY_PREFIX "%s", cfg->writer_id);
     uint32_t max = cfg->flush.max_updates;
     f->ops = bd_calloc(max, sizeof(*f->ops));
-    f->selectors = bd_calloc(max, sizeof(*f->selectors));
-    f->updates = bd_calloc(max, sizeof(*f->updates));
+    /* bson_t is declared 128-byte aligned: calloc does not promise that. */
+    f->selectors = aligned_alloc(BSON_ALIGNOF(bson_t), (size_t)max * sizeof(*f->selectors));
+    f->updates = aligned_alloc(BSON_ALIGNOF(bson_t), (size_t)max * sizeof(*f->updates));
     f->sel_ptrs = bd_calloc(max, sizeof(*f->sel_ptrs));
     f->upd_ptrs = bd_calloc(max, sizeof(*f->upd_ptrs));
     f->outcomes = bd_calloc(max, sizeof(*f->outcomes));
