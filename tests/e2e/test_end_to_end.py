@@ -1,6 +1,10 @@
 #!/usr/bin/python3
 """End-to-end: readings in over UDP and TCP (influx and graphite), bucket documents out.
 
+No assertion depends on how fast anything runs: before a count is checked, the test waits (with
+a generous deadline, asserted) until the documents hold every reading sent, and "late" readings
+are sent only once the others are stored.
+
 Run: /usr/bin/python3 tests/e2e/test_end_to_end.py   (see bdtest.py for the environment)
 """
 
@@ -16,7 +20,8 @@ from bdtest import send_readings as sr  # noqa: E402
 
 SPAN_S = 3600
 FLUSH_S = 0.2
-SETTLE_S = 1.0  # after the last send, before SIGTERM: lets the daemon read its sockets
+# Deadline for readings sent to be stored (a bound on a wait, never asserted as a duration).
+STORE_DEADLINE = 120.0
 
 
 def bucket_starts(docs):
@@ -25,6 +30,26 @@ def bucket_starts(docs):
 
 class EndToEnd(bdtest.E2ECase):
     db_prefix = "e2e"
+
+    def assertStored(self, client, db, n, daemon):
+        """Wait until the documents hold exactly n readings (every one sent so far)."""
+        stored = bdtest.wait_stored(client, db, n, STORE_DEADLINE)
+        if stored != n:
+            self.fail("the documents hold %d readings, %d were sent (waited up to %ds)\n"
+                      "--- log tail %s ---\n%s" % (stored, n, STORE_DEADLINE, daemon.log_path,
+                                                   bdtest.log_tail(daemon.log(), 30)))
+
+    def send_then_late(self, daemon, client, db, main, late, **kw):
+        """Send main, wait until it is stored, then send late (so the newer buckets of the
+        same sensors were written before the late readings came) and wait for those too.
+        Returns the two summaries added up."""
+        kw.setdefault("udp", daemon.addr("udp"))
+        kw.setdefault("tcp", daemon.addr("tcp"))
+        first = sr.send(main, **kw)
+        self.assertStored(client, db, len(main), daemon)
+        second = sr.send(late, **kw)
+        self.assertStored(client, db, len(main) + len(late), daemon)
+        return {k: first[k] + second[k] for k in ("readings", "datagrams", "bytes")}
 
     def test_exactly_once_udp_tcp_graphite(self):
         """Thousands of shuffled readings, some late: each stored once, in its own bucket."""
@@ -60,8 +85,9 @@ class EndToEnd(bdtest.E2ECase):
                 g.tcp_line(r.line)
             s.flush()
             g.flush()
-            # Late readings: sent after newer buckets have been flushed.
-            time.sleep(4 * FLUSH_S)
+            # Late readings: sent once everything else is stored, so after the newer buckets of
+            # their sensors have been written.
+            self.assertStored(client, db, len(main) + len(g_main), d)
             for r in late:
                 s.send_reading(r)
             for r in g_late:
@@ -70,7 +96,7 @@ class EndToEnd(bdtest.E2ECase):
             g.flush()
             sent = s.summary()
             gsent = g.summary()
-        time.sleep(SETTLE_S)
+        self.assertStored(client, db, len(everything), d)
         self.assertTrue(d.alive(), "bucketd died while receiving")
         stats = d.stop()
         self.assertIsNotNone(stats, "no stats line")
@@ -114,9 +140,7 @@ class EndToEnd(bdtest.E2ECase):
                                     start_ns=now - span - 60 * sr.NS_PER_S, span_ns=span)
         main, late = sr.split_late(sr.shuffle(readings, seed=22), fraction=0.1, seed=22)
         d.start()
-        summary = sr.send(main, udp=d.addr("udp"), tcp=d.addr("tcp"), lines_per_datagram=8,
-                          late=late, late_delay=4 * FLUSH_S)
-        time.sleep(SETTLE_S)
+        summary = self.send_then_late(d, client, db, main, late, lines_per_datagram=8)
         stats = d.stop()
         self.assertStat(stats, "udp_datagrams", summary["datagrams"], d)
         self.assertStat(stats, "readings_accepted", len(readings), d)
@@ -154,9 +178,7 @@ class EndToEnd(bdtest.E2ECase):
         # of the ~20 buckets per sensor is reopened after its newer neighbours.
         first, second = sr.split_late(sr.shuffle(readings, seed=32), fraction=0.5, seed=32)
         d.start()
-        sr.send(first, udp=d.addr("udp"), tcp=d.addr("tcp"), lines_per_datagram=8,
-                late=second, late_delay=4 * FLUSH_S)
-        time.sleep(SETTLE_S)
+        self.send_then_late(d, client, db, first, second, lines_per_datagram=8)
         stats = d.stop()
         self.assertStat(stats, "readings_flushed", len(readings), d)
         docs = self.documents(client, db)
@@ -174,14 +196,14 @@ class EndToEnd(bdtest.E2ECase):
         d.start()
         started = time.monotonic()
         sr.send(sr.shuffle(readings, seed=62), tcp=d.addr("tcp"))
-        stored = bdtest.wait_stored(client, db, len(readings), 120)
+        self.assertStored(client, db, len(readings), d)
         stats = d.stop()
         elapsed = time.monotonic() - started
         # Rings this small pass their high-water mark many times a second; those wake-ups only
-        # drain, the writes still come once per flush interval (plus the final one at stop).
+        # drain, the writes still come once per flush interval (plus the final one at stop). A
+        # slow machine only makes the bound larger.
         self.assertLessEqual(int(stats["bulk_writes"]), elapsed / FLUSH_S + 2,
                              "writes per flush interval")
-        self.assertEqual(stored, len(readings), "stored before SIGTERM")
         self.assertStat(stats, "drop_ring_full", 0, d)
         self.assertStat(stats, "readings_accepted", len(readings), d)
         self.assertStat(stats, "readings_flushed", len(readings), d)
@@ -207,7 +229,7 @@ class EndToEnd(bdtest.E2ECase):
                 return None
             return None
 
-        ix = bdtest.wait_for(has_index, 10.0, 0.2)
+        ix = bdtest.wait_for(has_index, 60.0, 0.2)
         indexes = []
         try:
             indexes = [dict(i) for i in coll.list_indexes()]
@@ -219,13 +241,17 @@ class EndToEnd(bdtest.E2ECase):
             indexes, bdtest.log_tail(d.log(), 20)))
 
     def test_write_amplification(self):
-        """One update per bucket page per flush: updates_sent is far below the readings."""
+        """One update per bucket page per flush, however the readings spread over the flushes.
+
+        How far below the readings the updates stay depends on how many readings arrive per
+        flush interval, i.e. on the machine's speed: that ratio is measured by bench/suite.py
+        (figure 6, updates per reading), not asserted here."""
         uri, client, db = self.new_database("e2e_amp")
         d = self.daemon(uri, db)
         readings = sr.make_readings(sensors=20, per_sensor=300, seed=31)
         d.start()
         sr.send(sr.shuffle(readings, seed=32), tcp=d.addr("tcp"))
-        time.sleep(SETTLE_S)
+        self.assertStored(client, db, len(readings), d)
         stats = d.stop()
         self.assertStat(stats, "readings_flushed", len(readings), d)
         docs = self.documents(client, db)
@@ -239,7 +265,6 @@ class EndToEnd(bdtest.E2ECase):
         self.assertGreaterEqual(updates, len(docs), "every document needs at least one update")
         self.assertLessEqual(updates, flushes * len(docs),
                              "more than one update per bucket page per flush")
-        self.assertLessEqual(updates * 10, len(readings), "updates_sent not far below readings")
         self.assertGreaterEqual(stats.get("bulk_writes", 0), 1)
         self.assertLessEqual(stats.get("bulk_writes", 0), updates)
 

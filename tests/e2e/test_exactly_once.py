@@ -8,6 +8,11 @@ sequence number sent must be stored exactly once, every document invariant must 
 (bdtest.check_documents and `bucketd-inspect verify`), and the counters must show that the
 fault really happened (retries, updates MongoDB had already applied).
 
+Expectations come from what was sent (the simulator's summary: how many readings the kernel
+took, and with --seq their sequence numbers are 0..n-1 from --seq-start), never from what was
+stored. Every wait is on stored readings or on the proxy's counters, with a generous deadline,
+and its result is asserted; no assertion depends on how fast anything runs.
+
 Run: /usr/bin/python3 tests/e2e/test_exactly_once.py
 Environment (besides bdtest.py's): BUCKETD_SIM_BIN, BUCKETD_INSPECT_BIN (defaults under
 <repo>/build). With BUCKETD_TEST_MONGODB_URI the same tests run against a real MongoDB.
@@ -17,6 +22,7 @@ import collections
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +41,10 @@ INSPECT = (os.environ.get("BUCKETD_INSPECT_BIN") or
            os.path.join(bdtest.REPO, "build", "bucketd-inspect"))
 SPAN_S = 3600
 CAP = 40  # readings per page: small, so pages fill up and restarts must find the right one
+# Bound on every wait (seconds); never asserted as a duration.
+DEADLINE = 120.0
+# Sequence numbers of the readings Faults.poke() sends.
+POKE_SEQ = 900000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,6 +65,11 @@ class Load:
 
     def seqs(self):
         return set(range(self.seq_start, self.seq_start + self.count))
+
+    def sent_seqs(self, summary):
+        """The sequence numbers of the readings the kernel took, by the simulator's summary: one
+        TCP connection, no reordering, so the first summary["readings"] of them."""
+        return set(range(self.seq_start, self.seq_start + summary["readings"]))
 
     def finish(self, timeout=120):
         out, err = self.proc.communicate(timeout=timeout)
@@ -121,6 +136,14 @@ class ExactlyOnceCase(bdtest.E2ECase):
         self.assertEqual(summary["readings"], count)
         return load
 
+    def finish_killed_load(self, load):
+        """The summary of a load whose daemon was killed under it (the simulator may have seen
+        its connection die: exit status 1, but the summary still counts what the kernel took)."""
+        rc, summary, err = load.finish()
+        self.assertIsNotNone(summary, "bucketd-sim printed no summary (exit %s): %s" % (rc, err))
+        self.assertLessEqual(summary["readings"], load.count)
+        return summary
+
     def assertExactlyOnce(self, uri, client, db, want, daemons=(), lost_ok=None):
         """Every seq in want stored exactly once (lost_ok: seqs that may be missing), nothing
         else stored, all invariants true."""
@@ -144,8 +167,27 @@ class ExactlyOnceCase(bdtest.E2ECase):
         self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
         return missing
 
-    def wait_all_stored(self, client, db, n, timeout=60):
-        return bdtest.wait_stored(client, db, n, timeout)
+    def wait_all_stored(self, client, db, n, timeout=DEADLINE, daemons=()):
+        """Wait until the documents hold exactly n readings; fails otherwise."""
+        stored = bdtest.wait_stored(client, db, n, timeout)
+        logs = "".join("\n--- log %s ---\n%s" % (d.log_path, bdtest.log_tail(d.log(), 30))
+                       for d in daemons)
+        self.assertEqual(stored, n, "readings stored (waited up to %ds)%s" % (timeout, logs))
+        return stored
+
+    def wait_seqs_stored(self, client, db, want, daemons=()):
+        """Wait until every sequence number in want is stored; fails otherwise."""
+        last = [None]
+
+        def done():
+            last[0] = want - set(stored_seqs(self.documents(client, db)))
+            return not last[0]
+
+        ok = bdtest.wait_for(done, DEADLINE, 0.5)
+        logs = "".join("\n--- log %s ---\n%s" % (d.log_path, bdtest.log_tail(d.log(), 30))
+                       for d in daemons)
+        self.assertTrue(ok, "%d of %d readings not stored, e.g. %s%s" % (
+            len(last[0]), len(want), sorted(last[0])[:5], logs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +203,7 @@ class Restarts(ExactlyOnceCase):
         spool = os.path.join(self.workdir, "spool")
         d1 = self.new_daemon(uri, db, "d1", spool=spool).start()
         l1 = self.run_load(d1.addr("tcp"), 0, 3000, 3000)
-        self.wait_all_stored(client, db, 3000)
+        self.wait_all_stored(client, db, 3000, daemons=(d1,))
         st1 = d1.stop()
         self.assertStat(st1, "readings_flushed", 3000, d1)
 
@@ -169,7 +211,7 @@ class Restarts(ExactlyOnceCase):
         self.assertFalse([l for l in d2.log_lines(max_priority=4)
                           if "did not stop cleanly" in l], "a clean stop is not reported")
         l2 = self.run_load(d2.addr("tcp"), 3000, 3000, 3000)
-        self.wait_all_stored(client, db, 6000)
+        self.wait_all_stored(client, db, 6000, daemons=(d2,))
         st2 = d2.stop()
         self.assertStat(st2, "readings_flushed", 3000, d2)
         self.assertGreater(st2["page_lookups"], 0, "the restart looked up existing pages")
@@ -179,39 +221,44 @@ class Restarts(ExactlyOnceCase):
         docs = self.documents(client, db)
         self.assertGreater(max(doc["page"] for doc in docs), 1)
 
-    def test_sigkill_loses_only_the_last_interval_and_duplicates_nothing(self):
+    def test_sigkill_loses_only_unwritten_readings_and_duplicates_nothing(self):
+        """SIGKILL while readings arrive and are written, then a restart on the same spool:
+        every reading stored before the kill is still there once, nothing is stored twice, and
+        of what was sent only readings the daemon had not yet written are missing."""
         uri, client, db = self.new_database()
         spool = os.path.join(self.workdir, "spool")
-        rate = 2000
         d1 = self.new_daemon(uri, db, "d1", spool=spool, flush_interval="300ms").start()
-        l1 = Load(d1.addr("tcp"), 0, 20000, rate)
-        # Kill while readings are arriving and being flushed.
-        bdtest.wait_for(lambda: bdtest.stored_count(client, db) >= 3000, 30)
+        l1 = Load(d1.addr("tcp"), 0, 20000, 2000)
+        # Kill while readings are being written: once some are stored (or the load is over,
+        # on a machine too slow to store 3000 readings while 20000 are sent).
+        self.assertTrue(bdtest.wait_for(lambda: bdtest.stored_count(client, db) >= 3000 or
+                                        l1.proc.poll() is not None, DEADLINE), d1.log())
+        stored_before_kill = set(stored_seqs(self.documents(client, db)))
+        self.assertTrue(stored_before_kill, "nothing stored before the kill\n" + d1.log())
         d1.kill()
-        l1.finish()  # the simulator sees the connection die; what it wrote is the upper bound
-        sent1 = bdtest.stored_count(client, db)
+        sent1 = l1.sent_seqs(self.finish_killed_load(l1))
 
         d2 = self.new_daemon(uri, db, "d2", spool=spool).start()
         warn = [l for l in d2.log_lines(max_priority=4) if "did not stop cleanly" in l]
         self.assertEqual(len(warn), 1, "the restart reports the unclean stop:\n" + d2.log())
         l2 = self.run_load(d2.addr("tcp"), 100000, 3000, 3000)
-        self.wait_all_stored(client, db, sent1 + 3000)
+        self.wait_seqs_stored(client, db, l2.seqs(), (d2,))
         st2 = d2.stop()
         self.assertStat(st2, "writer_conflicts", 0, d2)
         self.assertStat(st2, "readings_flushed", 3000, d2)
 
-        # Everything from before the kill that reached MongoDB is there once; what is missing
-        # of the first load was accepted in the last interval or never left the socket
-        # buffers. Bound loosely: at most a few seconds of the load.
-        docs = self.documents(client, db)
-        seqs = stored_seqs(docs)
-        first = {s for s in seqs if s < 100000}
-        self.assertGreaterEqual(len(first), 3000)
-        top = max(first)
-        missing_below_top = set(range(0, top)) - first
-        self.assertLessEqual(len(missing_below_top), 3 * rate,
-                             "losses spread beyond the last flush interval")
-        self.assertExactlyOnce(uri, client, db, first | l2.seqs(), (d1, d2))
+        # The allowed loss, as a bound: the readings that were not stored when the kill came.
+        # Those are the readings accepted since the daemon's last write (about one flush
+        # interval of the load), those a write in flight at the kill carried if the server had
+        # not applied it yet, and those still in socket buffers. Any reading stored before the
+        # kill was written by an applied write and must survive the restart, once; the restart
+        # must add nothing twice (a write in flight that the server applied after the snapshot
+        # is covered by the exactly-once check).
+        missing = self.assertExactlyOnce(uri, client, db, sent1 | l2.seqs(), (d1, d2),
+                                         lost_ok=sent1 - stored_before_kill)
+        self.assertFalse(set(missing) & stored_before_kill)
+        sys.stderr.write("\n    sent %d before the kill, %d stored before it, %d lost\n" % (
+            len(sent1), len(stored_before_kill), len(missing)))
 
     def test_lost_state_file_is_recovered_from_the_collection(self):
         """Without writer.state the sequence continues above what the collection holds."""
@@ -219,13 +266,13 @@ class Restarts(ExactlyOnceCase):
         spool = os.path.join(self.workdir, "spool")
         d1 = self.new_daemon(uri, db, "d1", spool=spool).start()
         l1 = self.run_load(d1.addr("tcp"), 0, 2000, 4000)
-        self.wait_all_stored(client, db, 2000)
+        self.wait_all_stored(client, db, 2000, daemons=(d1,))
         d1.stop()
         os.unlink(os.path.join(spool, "writer.state"))
 
         d2 = self.new_daemon(uri, db, "d2", spool=spool).start()
         l2 = self.run_load(d2.addr("tcp"), 2000, 2000, 4000)
-        self.wait_all_stored(client, db, 4000)
+        self.wait_all_stored(client, db, 4000, daemons=(d2,))
         st2 = d2.stop()
         self.assertStat(st2, "writer_conflicts", 0, d2)
         self.assertStat(st2, "updates_already_applied", 0, d2)
@@ -280,7 +327,7 @@ class Writers(ExactlyOnceCase):
         for load in (la, lb):
             rc, _, err = load.finish()
             self.assertEqual(rc, 0, err)
-        self.wait_all_stored(client, db, 8000)
+        self.wait_all_stored(client, db, 8000, daemons=(da, db_))
         for d in (da, db_):
             st = d.stop()
             self.assertStat(st, "writer_conflicts", 0, d)
@@ -299,14 +346,14 @@ class Writers(ExactlyOnceCase):
         uri, client, db = self.new_database()
         da = self.new_daemon(uri, db, "a", writer_id="dup").start()
         self.run_load(da.addr("tcp"), 0, 500, 5000, sensors=2, spread=0)
-        self.wait_all_stored(client, db, 500)
+        self.wait_all_stored(client, db, 500, daemons=(da,))
         dz = self.new_daemon(uri, db, "z", writer_id="dup").start()
         self.run_load(dz.addr("tcp"), 10000, 500, 5000, sensors=2, spread=0)
-        self.wait_all_stored(client, db, 1000)
+        self.wait_all_stored(client, db, 1000, daemons=(dz,))
         self.run_load(da.addr("tcp"), 20000, 500, 5000, sensors=2, spread=0)
         ok = bdtest.wait_for(lambda: (da.stats() or {}).get("writer_conflicts", 0) > 0 or
                              any("another daemon is using writer_id dup" in l
-                                 for l in da.log_lines()), 30)
+                                 for l in da.log_lines()), DEADLINE)
         st = da.stop()
         dz.stop()
         self.assertTrue(ok, da.log())
@@ -342,7 +389,7 @@ class ErrorClasses(ExactlyOnceCase):
         def good_stored():
             return sum(doc.get("count", 0) for doc in
                        client[db]["buckets"].find({"_id": {"$ne": bad_id}}, {"count": 1}))
-        self.assertTrue(bdtest.wait_for(lambda: good_stored() >= 100, 30), d.log())
+        self.assertTrue(bdtest.wait_for(lambda: good_stored() >= 100, DEADLINE), d.log())
         st = d.stop()
         self.assertStat(st, "readings_flushed", 100, d)
         self.assertStat(st, "readings_quarantined", 50, d)
@@ -384,101 +431,162 @@ class Faults(ExactlyOnceCase):
     def start_daemon(self, db, name="d", **kw):
         return self.new_daemon(self.proxied_uri, db, name, **kw).start()
 
+    def poke(self, d):
+        """Send d one more reading (its own sensor, seq from POKE_SEQ up), so that it has
+        something to write while a fault is on, whether or not the load is still running."""
+        seq = POKE_SEQ + len(self.poked)
+        self.poked.add(seq)
+        with socket.create_connection(d.addr("tcp"), timeout=DEADLINE) as c:
+            c.sendall(b"poke,sensor=p0 v=1i,seq=%di %d\n" % (seq, time.time_ns()))
+
     def run_with_fault(self, apply_fault, n=6000, rate=3000, wait_writes=2, **daemon_kw):
-        """Load the daemon, call apply_fault() once some writes went through, and wait until
-        everything is stored. Returns (daemon stats, proxy stats, database, client, load)."""
+        """Load the daemon, call apply_fault(daemon) once some writes went through, and wait
+        until everything is stored. Returns (daemon stats, proxy stats, database, client,
+        load)."""
         uri, client, db = self.new_database()
         d = self.start_daemon(db, **daemon_kw)
+        self.poked = set()
         load = Load(d.addr("tcp"), 0, n, rate)
         self.assertTrue(bdtest.wait_for(
-            lambda: self.proxy.stats()["writes_forwarded"] >= wait_writes, 30),
+            lambda: self.proxy.stats()["writes_forwarded"] >= wait_writes, DEADLINE),
             "no write reached the proxy\n" + d.log())
-        apply_fault()
+        apply_fault(d)
         rc, summary, err = load.finish()
         self.assertEqual(rc, 0, err)
         self.proxy.set_fault("pass")
-        stored = self.wait_all_stored(client, db, n, timeout=90)
-        self.assertEqual(stored, n, d.log())
+        want = load.seqs() | self.poked
+        self.wait_all_stored(client, db, len(want), daemons=(d,))
         st = d.stop()
-        self.assertStat(st, "readings_flushed", n, d)
+        self.assertStat(st, "readings_flushed", len(want), d)
         self.assertStat(st, "writer_conflicts", 0, d)
         self.assertStat(st, "updates_quarantined", 0, d)
-        self.assertExactlyOnce(uri, client, db, load.seqs(), (d,))
+        self.assertExactlyOnce(uri, client, db, want, (d,))
         return st, self.proxy.stats(), db, client, load
+
+    def wait_proxy(self, what, cond, d):
+        """Wait until cond(proxy stats) holds; fails otherwise."""
+        self.assertTrue(bdtest.wait_for(lambda: cond(self.proxy.stats()), DEADLINE),
+                        "%s: proxy %r\n%s" % (what, self.proxy.stats(), d.log()))
+
+    def wait_write_failed(self, d, before):
+        """Wait until the daemon logs an error beyond the first `before` ones: a write failed
+        (the driver's own warnings, e.g. a monitoring check that timed out, do not count)."""
+        self.assertTrue(bdtest.wait_for(lambda: len(d.log_lines(max_priority=3)) > before,
+                                        DEADLINE), "no failed write logged\n" + d.log())
 
     def test_reply_lost_after_the_write_was_applied(self):
         """The ambiguous failure: the update reached the server, its reply did not."""
-        st, ps, *_ = self.run_with_fault(
-            lambda: self.proxy.set_fault("drop_reply", writes_only=True, count=3))
+        def fault(d):
+            self.proxy.set_fault("drop_reply", writes_only=True, count=3)
+            self.poke(d)
+            self.wait_proxy("three replies dropped", lambda ps: ps["replies_dropped"] >= 3, d)
+        st, ps, *_ = self.run_with_fault(fault)
         self.assertEqual(ps["replies_dropped"], 3)
         self.assertGreater(st["bulk_retries"], 0)
         self.assertGreater(st["updates_already_applied"], 0,
                            "a retry found updates the lost replies had applied")
 
     def test_slow_replies(self):
-        def fault():
+        def fault(d):
             self.proxy.set_fault("delay", seconds=0.4, writes_only=True)
-            time.sleep(1.5)
+            self.poke(d)
+            self.wait_proxy("a reply delayed", lambda ps: ps["replies_delayed"] >= 1, d)
         st, ps, *_ = self.run_with_fault(fault)
         self.assertGreater(ps["replies_delayed"], 0)
 
     def test_reply_later_than_the_socket_timeout(self):
-        """The driver gives up; the write is applied anyway; the retry must not apply it twice."""
-        st, ps, *_ = self.run_with_fault(lambda: self.proxy.set_fault(
-            "delay", seconds=self.SOCKET_TIMEOUT_MS / 1000 * 2, writes_only=True, count=2))
+        """The driver gives up; the write is applied anyway; the retry must not apply it twice.
+        The two replies held never come (longer than the test): the driver's socket timeout
+        fires however slow the machine is."""
+        def fault(d):
+            self.proxy.set_fault("delay", seconds=3600, writes_only=True, count=2)
+            self.poke(d)
+            self.wait_proxy("two replies held", lambda ps: ps["replies_delayed"] >= 2, d)
+        st, ps, *_ = self.run_with_fault(fault)
         self.assertGreater(st["bulk_retries"], 0)
         self.assertGreater(st["updates_already_applied"], 0)
 
     def test_stall_longer_than_the_socket_timeout(self):
-        def fault():
+        """Nothing gets through until the daemon has noticed (its socket timeout fired); the
+        requests held meanwhile are then delivered, late, as after a healed partition."""
+        def fault(d):
+            before = len(d.log_lines(max_priority=3))
             self.proxy.set_fault("stall")
-            time.sleep(self.SOCKET_TIMEOUT_MS / 1000 * 3)
+            self.poke(d)
+            self.wait_proxy("a request stalled", lambda ps: ps["messages_stalled"] > 0, d)
+            self.wait_write_failed(d, before)
         st, ps, *_ = self.run_with_fault(fault)
         self.assertGreater(st["bulk_retries"], 0)
 
     def test_connections_refused_and_reset(self):
-        def fault():
-            self.proxy.set_fault("refuse")
-            time.sleep(1.5)
-            self.proxy.set_fault("pass")
-            time.sleep(0.5)
-            self.proxy.set_fault("reset")
-            time.sleep(1.0)
-            self.proxy.set_fault("unlisten")
-            time.sleep(1.0)
+        def fault(d):
+            p = self.proxy
+            p.set_fault("refuse")  # closes the open connections too
+            self.poke(d)
+            self.wait_proxy("a connection refused", lambda ps: ps["connections_refused"] > 0, d)
+            w = p.stats()["writes_forwarded"]
+            p.set_fault("pass")
+            self.poke(d)
+            self.wait_proxy("writes again", lambda ps: ps["writes_forwarded"] > w, d)
+            a = p.stats()["connections_accepted"]
+            p.set_fault("reset")  # resets the open connections and every new one
+            self.poke(d)
+            self.wait_proxy("a new connection reset", lambda ps: ps["connections_accepted"] > a,
+                            d)
+            p.set_fault("unlisten")
+            self.poke(d)
+            time.sleep(1.0)  # how long nobody listens; nothing asserted depends on it
         st, ps, *_ = self.run_with_fault(fault)
         self.assertGreater(st["bulk_retries"], 0)
-        self.assertGreater(ps["connections_refused"] + ps["connections_reset"], 0)
+        self.assertGreater(ps["connections_refused"], 0)
+        self.assertGreater(ps["connections_reset"], 0)
 
     def test_sigkill_while_a_write_is_in_flight(self):
-        """SIGKILL after the bulk reached the server, before its reply: the restart neither
-        re-sends it nor has its sequence refused."""
+        """SIGKILL after a bulk write reached the server and was applied, before its reply got
+        back: after a restart on the same spool that bulk's readings are stored exactly once
+        (the restart neither re-sends them nor has its sequence refused), nothing is stored
+        twice, and only readings no write had carried are missing."""
         uri, client, db = self.new_database()
         spool = os.path.join(self.workdir, "spool")
-        d1 = self.start_daemon(db, "d1", spool=spool)
+        # d1 waits for a reply as long as it takes: its own socket timeout cannot fire and
+        # retry before the kill, however slow the machine is.
+        d1 = self.new_daemon(with_uri_options(self.proxied_uri, socketTimeoutMS=3600000), db,
+                             "d1", spool=spool).start()
         load = Load(d1.addr("tcp"), 0, 20000, 2000)
-        self.assertTrue(bdtest.wait_for(
-            lambda: self.proxy.stats()["writes_forwarded"] >= 3, 30), d1.log())
-        self.proxy.set_fault("delay", seconds=5.0, writes_only=True)
-        before = self.proxy.stats()["writes_forwarded"]
-        self.assertTrue(bdtest.wait_for(
-            lambda: self.proxy.stats()["writes_forwarded"] > before, 30), d1.log())
-        time.sleep(0.3)  # the server has applied it; the reply waits in the proxy
+        self.wait_proxy("three writes", lambda ps: ps["writes_forwarded"] >= 3, d1)
+        before_fault = set(stored_seqs(self.documents(client, db)))
+        # Hold the reply of the next write for longer than the test. Once it is held the
+        # server has applied that write, and d1, waiting for the reply, sends nothing more.
+        self.proxy.set_fault("delay", seconds=3600, writes_only=True, count=1)
+        self.wait_proxy("a reply held", lambda ps: ps["replies_delayed"] >= 1, d1)
+        stored_at_kill = set(stored_seqs(self.documents(client, db)))
+        # The held write's readings (and those of any write acknowledged between the first
+        # snapshot and the fault): applied by the server, never acknowledged to d1.
+        in_flight = stored_at_kill - before_fault
+        self.assertTrue(in_flight, "the write held at the kill carried no reading")
         d1.kill()
-        load.finish()
+        sent1 = load.sent_seqs(self.finish_killed_load(load))
         self.proxy.set_fault("pass")
-        sent_before = stored_seqs(self.documents(client, db))
 
         d2 = self.start_daemon(db, "d2", spool=spool)
         self.assertTrue(any("did not stop cleanly" in l for l in d2.log_lines(max_priority=4)),
                         d2.log())
         l2 = self.run_load(d2.addr("tcp"), 100000, 3000, 3000)
-        self.wait_all_stored(client, db, sum(sent_before.values()) + 3000)
+        self.wait_seqs_stored(client, db, l2.seqs(), (d2,))
         st = d2.stop()
         self.assertStat(st, "writer_conflicts", 0, d2)
         self.assertStat(st, "readings_flushed", 3000, d2)
-        self.assertExactlyOnce(uri, client, db, set(sent_before) | l2.seqs(), (d1, d2))
-
+        seqs = stored_seqs(self.documents(client, db))
+        self.assertEqual({q: seqs[q] for q in in_flight if seqs[q] != 1}, {},
+                         "readings of the write in flight at the kill not stored exactly once")
+        # The allowed loss, as a bound: readings sent that no write had carried when d1 died,
+        # i.e. accepted after the held write was drained (d1 could not write them while it
+        # waited for the reply) or still in socket buffers: sent - stored_at_kill.
+        missing = self.assertExactlyOnce(uri, client, db, sent1 | l2.seqs(), (d1, d2),
+                                         lost_ok=sent1 - stored_at_kill)
+        sys.stderr.write("\n    sent %d before the kill, %d in the write held at the kill, "
+                         "%d stored at the kill, %d lost\n" % (
+                             len(sent1), len(in_flight), len(stored_at_kill), len(missing)))
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
