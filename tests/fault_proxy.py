@@ -26,6 +26,16 @@ Faults (one at a time, switchable at runtime while connections are open):
   reset       accept new connections and reset them (SO_LINGER 0: the client sees ECONNRESET).
   unlisten    close the listening socket (the client sees ECONNREFUSED); reopened on the same
               port when the fault changes.
+  race_insert MongoDB's window between an upsert's match and its insert, opened on purpose: when
+              an OP_MSG "update" command carries a statement with upsert: true whose filter's _id
+              is `match_id` (any _id when none is given), the proxy first inserts a document with
+              that _id into the same database and collection over its own connection to the
+              server (`fields` added to {_id}, or `document` as given), waits for the insert's
+              reply, and only then forwards the client's request (held meanwhile; later requests
+              of that connection wait behind it).  The client's upsert then finds the racing
+              document: if its filter has conditions that document does not meet, it tries to
+              insert and gets duplicate key (11000), as it would from a concurrent writer.
+              Options: match_id, fields, document, count (statements raced, then back to pass).
 
 `existing` says what happens to the connections open when a fault is set: "keep", "close" (FIN)
 or "reset" (RST).  refuse and unlisten close them by default, reset resets them, the others keep
@@ -59,11 +69,14 @@ and answers one line, "ok ..." or "error ...":
     $ nc 127.0.0.1 CONTROL_PORT
     drop_reply writes count=2        delay 0.5 writes         stall          pass
     refuse [existing=keep]           reset                    unlisten       kill [close]
+    race_insert id=ID count=1 fields='{"w": {"other": 1}}'      (Extended JSON; quote as in sh)
     stats                            fault                    help           quit | shutdown
 
 Give the client directConnection=true (and no replicaSet): otherwise a driver that learns the
 real server addresses from hello connects there and bypasses the proxy.  TLS cannot be proxied
-(the proxy must read the messages).
+(the proxy must read the messages).  race_insert's own connection uses pymongo (Debian's
+python3-pymongo) to mongodb://UPSTREAM/?directConnection=true, or `upstream_uri` /
+--upstream-uri when the server needs credentials.
 """
 
 import argparse
@@ -71,6 +84,7 @@ import collections
 import errno
 import json
 import selectors
+import shlex
 import signal
 import socket
 import struct
@@ -116,7 +130,9 @@ STALL = 'stall'
 REFUSE = 'refuse'
 RESET = 'reset'
 UNLISTEN = 'unlisten'
-FAULT_KINDS = (PASS, DROP_REPLY, DELAY, STALL, REFUSE, RESET, UNLISTEN)
+RACE_INSERT = 'race_insert'
+FAULT_KINDS = (PASS, DROP_REPLY, DELAY, STALL, REFUSE, RESET, UNLISTEN, RACE_INSERT)
+ANY_ID = object()  # race_insert without match_id: every upsert's _id
 EXISTING_ACTIONS = ('keep', 'close', 'reset')
 DEFAULT_EXISTING = {REFUSE: 'close', RESET: 'reset', UNLISTEN: 'close'}
 
@@ -223,6 +239,52 @@ def _op_msg_command(body, flags):
     return None
 
 
+def decode_op_msg(data):
+    """(body, {sequence name: [documents]}) of a complete OP_MSG (or OP_COMPRESSED OP_MSG)
+    message, decoded with pymongo's bson; None for anything else."""
+    import bson
+    _, _, _, opcode = HEADER.unpack_from(data, 0)
+    body = data
+    if opcode == OP_COMPRESSED:
+        opcode = INT32.unpack_from(data, 16)[0]
+        body = data[:16] + _decompress(data[24], data[25:])
+    if opcode != OP_MSG:
+        return None
+    flags = UINT32.unpack_from(body, 16)[0]
+    end = len(body) - (4 if flags & MSG_CHECKSUM_PRESENT else 0)
+    pos = 20
+    doc = None
+    sequences = {}
+    while pos < end:
+        kind = body[pos]
+        pos += 1
+        if kind == 0:
+            n = INT32.unpack_from(body, pos)[0]
+            doc = bson.decode(body[pos:pos + n])
+            pos += n
+        elif kind == 1:
+            size = INT32.unpack_from(body, pos)[0]
+            section_end = pos + size
+            name, p = _cstring(body, pos + 4)
+            docs = []
+            while p < section_end:
+                n = INT32.unpack_from(body, p)[0]
+                docs.append(bson.decode(body[p:p + n]))
+                p += n
+            sequences[name] = docs
+            pos = section_end
+        else:
+            return None
+    if doc is None:
+        return None
+    return doc, sequences
+
+
+def _same_value(a, b):
+    """a and b are one BSON value (Python's 1 == True must not make them so)."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
 def _op_query_command(body):
     # flags, fullCollectionName, numberToSkip, numberToReturn, query.  Old drivers wrap the
     # command as {$query: {...}, $readPreference: ...}; the name is then the inner first key.
@@ -242,13 +304,41 @@ class Fault(object):
     """The current fault and its options (owned by the proxy thread once it runs)."""
 
     def __init__(self, kind=PASS, seconds=0.0, writes_only=False, commands=None, count=None,
-                 rst=False):
+                 rst=False, match_id=ANY_ID, fields=None, document=None):
         self.kind = kind
         self.seconds = seconds
         self.writes_only = writes_only
         self.commands = commands
         self.remaining = count
         self.rst = rst
+        self.match_id = match_id
+        self.fields = fields
+        self.document = document
+
+    def race_matches(self, statement):
+        """The _id of an update statement this race_insert fault acts on, else ANY_ID."""
+        if not isinstance(statement, dict) or statement.get('upsert') is not True:
+            return ANY_ID
+        q = statement.get('q')
+        if not isinstance(q, dict) or '_id' not in q:
+            return ANY_ID
+        _id = q['_id']
+        if isinstance(_id, dict):
+            if list(_id) != ['$eq']:
+                return ANY_ID  # not one value: nothing the upsert could insert
+            _id = _id['$eq']
+        if self.match_id is not ANY_ID and not _same_value(_id, self.match_id):
+            return ANY_ID
+        return _id
+
+    def race_document(self, _id):
+        if self.document is not None:
+            doc = dict(self.document)
+            doc.setdefault('_id', _id)
+        else:
+            doc = {'_id': _id}
+            doc.update(self.fields or {})
+        return doc
 
     def matches(self, msg):
         if self.kind not in (DROP_REPLY, DELAY) or not msg.expects_reply:
@@ -267,6 +357,9 @@ class Fault(object):
             words.append('writes')
         if self.commands is not None:
             words.append('commands=%s' % ','.join(sorted(self.commands)))
+        if self.kind == RACE_INSERT:
+            words.append('id=%s' % ('*' if self.match_id is ANY_ID else
+                                    json.dumps(self.match_id, default=str)))
         if self.remaining is not None:
             words.append('left=%d' % self.remaining)
         if self.rst:
@@ -342,9 +435,15 @@ class FaultProxy(object):
     they are safe from any thread and take effect before they return."""
 
     def __init__(self, upstream_host, upstream_port, listen_host='127.0.0.1', listen_port=0,
-                 log=None):
+                 log=None, upstream_uri=None):
         self.upstream_host = upstream_host
         self.upstream_port = int(upstream_port)
+        # race_insert's own connection to the server (a pymongo client, made on first use).
+        self.upstream_uri = upstream_uri
+        self._race_client = None
+        self._race_lock = threading.Lock()
+        self._race_error = None
+        self._race_threads = []
         self.listen_host = listen_host
         self.port = int(listen_port)
         self._log_fn = log
@@ -401,6 +500,13 @@ class FaultProxy(object):
         self._stopping = True
         self._wake()
         thread.join(timeout)
+        for t in self._race_threads:
+            t.join(timeout)
+        self._race_threads = []
+        with self._race_lock:
+            if self._race_client is not None:
+                self._race_client.close()
+                self._race_client = None
         if thread.is_alive():
             raise RuntimeError('fault proxy thread did not stop within %.1fs' % timeout)
         self._thread = None
@@ -409,8 +515,12 @@ class FaultProxy(object):
             raise RuntimeError('fault proxy thread failed: %r' % (error,)) from error
 
     def set_fault(self, kind, seconds=None, writes_only=False, commands=None, count=None,
-                  rst=False, existing=None):
-        """Switch to fault `kind` (see the module docstring); returns its description."""
+                  rst=False, existing=None, match_id=ANY_ID, fields=None, document=None):
+        """Switch to fault `kind` (see the module docstring); returns its description.
+
+        race_insert: match_id (the _id of the upserts to race; every upsert's when not
+        given), fields (added to {_id: <that id>} for the racing document) or document (the
+        racing document itself; its _id defaults to the upsert's), count (statements raced)."""
         if kind not in FAULT_KINDS:
             raise ValueError('unknown fault %r (one of %s)' % (kind, ', '.join(FAULT_KINDS)))
         if kind == DELAY:
@@ -418,9 +528,21 @@ class FaultProxy(object):
                 raise ValueError('delay needs seconds >= 0')
         elif seconds is not None:
             raise ValueError('seconds only applies to delay')
-        matching = kind in (DROP_REPLY, DELAY)
+        if kind != RACE_INSERT and (match_id is not ANY_ID or fields is not None or
+                                    document is not None):
+            raise ValueError('match_id, fields and document apply to race_insert')
+        if fields is not None and document is not None:
+            raise ValueError('give fields or document, not both')
+        for name, value in (('fields', fields), ('document', document)):
+            if value is not None and not isinstance(value, dict):
+                raise ValueError('%s must be a document' % name)
+        if kind == RACE_INSERT and (writes_only or commands is not None):
+            raise ValueError('race_insert acts on upserts; writes_only and commands do not '
+                             'apply')
+        matching = kind in (DROP_REPLY, DELAY, RACE_INSERT)
         if not matching and (writes_only or commands is not None or count is not None):
-            raise ValueError('writes_only, commands and count apply to drop_reply and delay')
+            raise ValueError('writes_only, commands and count apply to drop_reply, delay and '
+                             'race_insert')
         if rst and kind != DROP_REPLY:
             raise ValueError('rst applies to drop_reply (use reset for connections)')
         if count is not None and (int(count) != count or count < 1):
@@ -433,7 +555,9 @@ class FaultProxy(object):
             commands = [commands]
         fault = Fault(kind, float(seconds or 0.0), bool(writes_only),
                       frozenset(commands) if commands is not None else None,
-                      int(count) if count is not None else None, bool(rst))
+                      int(count) if count is not None else None, bool(rst),
+                      match_id, dict(fields) if fields is not None else None,
+                      dict(document) if document is not None else None)
         return self._call(lambda: self._apply_fault(fault, existing))
 
     def fault(self):
@@ -460,6 +584,9 @@ class FaultProxy(object):
         requests_forwarded, writes_forwarded (insert/update/delete and legacy write opcodes)
         replies_forwarded, replies_dropped, replies_delayed
         messages_stalled       messages that had to wait for a stall to end
+        races                  upsert statements race_insert acted on (one racing insert each)
+        race_inserts           racing documents the server stored
+        race_insert_errors     racing inserts that failed (race_insert_error: the last message)
         bytes_to_upstream, bytes_to_client, faults_set, faults_expired (count used up)
         listening, fault (description), commands ({command name: requests forwarded})
         """
@@ -542,12 +669,15 @@ class FaultProxy(object):
             'requests_forwarded': 0, 'writes_forwarded': 0, 'replies_forwarded': 0,
             'replies_dropped': 0, 'replies_delayed': 0, 'messages_stalled': 0,
             'bytes_to_upstream': 0, 'bytes_to_client': 0, 'faults_set': 0, 'faults_expired': 0,
+            'races': 0, 'race_inserts': 0, 'race_insert_errors': 0,
         }
         snap.update(self._counters)
         snap['connections_active'] = len(self._links)
         snap['listening'] = self._listener is not None
         snap['fault'] = self._fault.describe()
         snap['commands'] = dict(self._command_counts)
+        if self._race_error:
+            snap['race_insert_error'] = self._race_error
         return snap
 
     # -- listener ------------------------------------------------------------------------------
@@ -736,7 +866,7 @@ class FaultProxy(object):
                     if action.delay > 0:
                         self._counters['replies_delayed'] += 1
                         release_at = now + action.delay
-            d.held.append([release_at, data, msg, False])
+            d.held.append([release_at, data, msg, False, False])
             d.held_bytes += len(data)
 
     def _write(self, link, d):
@@ -765,7 +895,11 @@ class FaultProxy(object):
                         self._counters['messages_stalled'] += 1
             else:
                 while d.held and d.held[0][0] <= now and not link.closed:
-                    _, data, msg, _ = d.held.popleft()
+                    entry = d.held[0]
+                    if d.upstream and not entry[4] and self._fault.kind == RACE_INSERT and \
+                            self._start_race(link, entry):
+                        break  # held until the racing insert has its reply
+                    _, data, msg, _, _ = d.held.popleft()
                     d.held_bytes -= len(data)
                     if d.upstream:
                         self._on_request_forwarded(link, msg)
@@ -802,6 +936,92 @@ class FaultProxy(object):
                 self._fault = Fault()
                 self._counters['faults_expired'] += 1
                 self._log('fault: %s used up, back to pass', fault.kind)
+
+    def _start_race(self, link, entry):
+        """race_insert: if the request in entry is an update with upserts the fault names,
+        hold it and insert the racing documents from a helper thread; True if held."""
+        msg = entry[2]
+        entry[4] = True  # decided once per request
+        if msg.command != 'update':
+            return False
+        try:
+            decoded = decode_op_msg(entry[1])
+        except Exception as e:  # noqa: BLE001 - forwarded untouched, as any unreadable message
+            self._log('race_insert: cannot read an update: %s', e)
+            return False
+        if decoded is None:
+            return False
+        body, sequences = decoded
+        db, coll = body.get('$db'), body.get('update')
+        statements = sequences.get('updates', body.get('updates'))
+        if not isinstance(db, str) or not isinstance(coll, str) or \
+                not isinstance(statements, list):
+            return False
+        fault = self._fault
+        docs = []
+        for st in statements:
+            if fault.remaining is not None and fault.remaining <= len(docs):
+                break
+            _id = fault.race_matches(st)
+            if _id is not ANY_ID:
+                docs.append(fault.race_document(_id))
+        if not docs:
+            return False
+        self._counters['races'] += len(docs)
+        if fault.remaining is not None:
+            fault.remaining -= len(docs)
+            if fault.remaining <= 0:
+                self._fault = Fault()
+                self._counters['faults_expired'] += 1
+                self._log('fault: race_insert used up, back to pass')
+        entry[0] = float('inf')
+        self._log('link %d: race_insert of %d document(s) into %s.%s before forwarding',
+                  link.id, len(docs), db, coll)
+        t = threading.Thread(target=self._race, args=(link, entry, db, coll, docs),
+                             name='fault-proxy-race:%d' % self.port, daemon=True)
+        self._race_threads = [x for x in self._race_threads if x.is_alive()] + [t]
+        t.start()
+        return True
+
+    def _race(self, link, entry, db, coll, docs):
+        """Helper thread: insert the racing documents, then let the held request go."""
+        inserted, error = 0, None
+        try:
+            client = self._upstream_client()
+            for doc in docs:
+                try:
+                    client[db][coll].insert_one(doc)
+                    inserted += 1
+                except Exception as e:  # noqa: BLE001 - reported in the counters
+                    error = '%s: %s' % (type(e).__name__, e)
+        except Exception as e:  # noqa: BLE001 - no client: the request still goes on
+            error = '%s: %s' % (type(e).__name__, e)
+
+        def release():
+            self._counters['race_inserts'] += inserted
+            if error is not None:
+                self._counters['race_insert_errors'] += len(docs) - inserted
+                self._race_error = error
+                self._log('race_insert: %s', error)
+            entry[0] = 0.0  # the request may go (if its connection is still there)
+        self._post(release)
+
+    def _upstream_client(self):
+        with self._race_lock:
+            if self._race_client is None:
+                import pymongo
+                uri = self.upstream_uri or 'mongodb://%s:%d/?directConnection=true' % (
+                    ('[%s]' % self.upstream_host) if ':' in self.upstream_host
+                    else self.upstream_host, self.upstream_port)
+                self._race_client = pymongo.MongoClient(
+                    uri, serverSelectionTimeoutMS=10000, connectTimeoutMS=10000,
+                    socketTimeoutMS=30000, appname='fault_proxy race_insert')
+            return self._race_client
+
+    def _post(self, fn):
+        """Run fn in the proxy thread without waiting for it (helper threads)."""
+        self._commands.append((fn, threading.Event(), {}))
+        self._wake()
 
     def _update_interest(self, link):
         want_client = 0
@@ -850,10 +1070,23 @@ class FaultProxy(object):
 
 CONTROL_HELP = ('pass | drop_reply [writes] [commands=a,b] [count=N] [rst] | '
                 'delay SECONDS [writes] [commands=a,b] [count=N] | stall | '
-                'refuse|reset|unlisten [existing=keep|close|reset] | kill [close] | '
+                'refuse|reset|unlisten [existing=keep|close|reset] | '
+                'race_insert [id=ID] [count=N] [fields=JSON | document=JSON] | kill [close] | '
                 'stats | fault | help | quit | shutdown')
 
 _TRUE = ('1', 'true', 'yes', 'on')
+
+
+def _json_value(text):
+    """A value given on the control port: Extended JSON when it starts like JSON (a quoted
+    string, an object, an array), else the text itself (most _ids are plain strings)."""
+    if text[:1] in ('"', '{', '['):
+        from bson import json_util
+        try:
+            return json_util.loads(text)
+        except ValueError as e:
+            raise ValueError('bad JSON %r: %s' % (text, e))
+    return text
 
 
 def parse_fault_words(words):
@@ -881,14 +1114,22 @@ def parse_fault_words(words):
             opts['commands'] = [c for c in value.split(',') if c]
         elif key == 'existing':
             opts['existing'] = value
+        elif key == 'id':
+            opts['match_id'] = _json_value(value)
+        elif key in ('fields', 'document'):
+            opts[key] = _json_value(value)
         else:
             raise ValueError('unknown option %r' % key)
     return kind, opts
 
 
 def control_command(proxy, line):
-    """Run one control line; returns (reply line, keep the connection, shut down)."""
-    words = line.split()
+    """Run one control line; returns (reply line, keep the connection, shut down).  Words
+    are split as a shell would (quotes keep JSON with spaces together)."""
+    try:
+        words = shlex.split(line)
+    except ValueError as e:
+        return 'error %s' % e, True, False
     if not words:
         return None, True, False
     cmd = words[0].lower()
@@ -982,6 +1223,9 @@ def main(argv=None):
                         help='address for clients (default 127.0.0.1:0, a free port)')
     parser.add_argument('--upstream', type=_hostport, required=True,
                         help='the MongoDB server, HOST:PORT')
+    parser.add_argument('--upstream-uri', default=None,
+                        help='URI for race_insert\'s own connection to the server (default '
+                             'mongodb://UPSTREAM/?directConnection=true)')
     parser.add_argument('--control', type=_hostport, default=('127.0.0.1', 0),
                         help='line-based control port (default 127.0.0.1:0, a free port)')
     parser.add_argument('--fault', default='pass',
@@ -993,8 +1237,8 @@ def main(argv=None):
     log = (lambda line: print('fault_proxy: ' + line, file=sys.stderr, flush=True)) \
         if args.verbose else None
     proxy = FaultProxy(args.upstream[0], args.upstream[1], args.listen[0], args.listen[1],
-                       log=log)
-    kind, opts = parse_fault_words(args.fault.split())
+                       log=log, upstream_uri=args.upstream_uri)
+    kind, opts = parse_fault_words(shlex.split(args.fault))
     proxy.set_fault(kind, **opts)
     control_sock = socket.create_server(args.control, reuse_port=False)
     stop_flag = []

@@ -14,6 +14,7 @@ Timing is only ever bounded from below (a delayed reply takes at least the delay
 counters are polled with generous deadlines, so a slow machine makes the tests slower, not red.
 """
 
+import datetime
 import os
 import socket
 import subprocess
@@ -35,7 +36,9 @@ from fault_proxy import FaultProxy, parse_message  # noqa: E402
 import bson  # noqa: E402
 import pymongo  # noqa: E402
 from pymongo import uri_parser  # noqa: E402
-from pymongo.errors import ConnectionFailure, NetworkTimeout  # noqa: E402
+from pymongo import UpdateOne  # noqa: E402
+from pymongo.errors import (BulkWriteError, ConnectionFailure, DuplicateKeyError,  # noqa: E402
+                            NetworkTimeout)
 
 PROXY_SCRIPT = os.path.join(os.path.dirname(HERE), 'fault_proxy.py')
 EXTERNAL = external_uri() is not None
@@ -421,6 +424,101 @@ class StallTest(ProxyCase):
         self.assertTrue(wait_for(lambda: self.truth.find_one({'_id': 'late'}), 10))
 
 
+class RaceInsertTest(ProxyCase):
+    """race_insert: a racing document inserted over the proxy's own connection before the
+    client's upsert reaches the server (MongoDB's window between an upsert's match and its
+    insert).  Against a real MongoDB the racing connection uses the test URI's credentials."""
+
+    def setUp(self):
+        self.proxy = FaultProxy(*upstream, upstream_uri=server.uri)
+        self.port = self.proxy.start()
+        self.clients = []
+        self.client = self.connect()
+        self.coll = self.client[db_name][self._testMethodName]
+        self.truth = direct[db_name][self._testMethodName]
+        self.truth.drop()
+
+    def test_upsert_with_other_conditions_gets_duplicate_key(self):
+        self.assertEqual(self.proxy.set_fault('race_insert', match_id='r1',
+                                              fields={'v': 0, 'who': 'racer'}, count=1),
+                         'race_insert id="r1" left=1')
+        # The racing document fails the filter (v is 0): the upsert inserts, and collides.
+        with self.assertRaises(DuplicateKeyError):
+            self.coll.update_one({'_id': 'r1', 'v': {'$ne': 0}}, {'$set': {'mine': True}},
+                                 upsert=True)
+        self.assertEqual(self.truth.find_one({'_id': 'r1'}), {'_id': 'r1', 'v': 0, 'who': 'racer'})
+        stats = self.proxy.stats()
+        self.assertEqual((stats['races'], stats['race_inserts'], stats['race_insert_errors']),
+                         (1, 1, 0))
+        self.assertEqual(stats['fault'], 'pass')
+        # Used up: the same upsert now simply runs.
+        self.coll.update_one({'_id': 'r1b', 'v': {'$ne': 0}}, {'$set': {'mine': True}},
+                             upsert=True)
+        self.assertEqual(self.truth.find_one({'_id': 'r1b'}), {'_id': 'r1b', 'mine': True})
+        self.assertEqual(self.proxy.stats()['races'], 1)
+
+    def test_upsert_whose_filter_matches_updates_the_racing_document(self):
+        self.proxy.set_fault('race_insert', match_id='r2', fields={'other': 1}, count=1)
+        res = self.coll.update_one({'_id': 'r2'}, {'$set': {'mine': 2}}, upsert=True)
+        self.assertEqual((res.matched_count, res.upserted_id), (1, None))
+        self.assertEqual(self.truth.find_one({'_id': 'r2'}), {'_id': 'r2', 'other': 1, 'mine': 2})
+
+    def test_only_upserts_of_the_named_id(self):
+        self.proxy.set_fault('race_insert', match_id='r3', fields={'v': 0}, count=2)
+        self.coll.update_one({'_id': 'elsewhere', 'v': {'$ne': 0}}, {'$set': {'a': 1}},
+                             upsert=True)
+        self.coll.update_one({'_id': 'r3'}, {'$set': {'a': 1}})  # not an upsert
+        self.coll.insert_one({'_id': 'plain'})
+        self.assertEqual(self.proxy.stats()['races'], 0)
+        self.assertIsNone(self.truth.find_one({'_id': 'r3'}))
+        with self.assertRaises(DuplicateKeyError):
+            self.coll.update_one({'_id': {'$eq': 'r3'}, 'v': {'$ne': 0}}, {'$set': {'a': 1}},
+                                 upsert=True)
+        self.assertEqual(self.proxy.fault(), 'race_insert id="r3" left=1')
+        self.assertEqual(self.proxy.stats()['races'], 1)
+
+    def test_any_id_in_an_unordered_bulk(self):
+        self.proxy.set_fault('race_insert', fields={'v': 0}, count=2)
+        ops = [UpdateOne({'_id': 'b%d' % i, 'v': {'$ne': 0}}, {'$set': {'mine': i}}, upsert=True)
+               for i in range(3)]
+        with self.assertRaises(BulkWriteError) as cm:
+            self.coll.bulk_write(ops, ordered=False)
+        details = cm.exception.details
+        self.assertEqual([(e['index'], e['code']) for e in details['writeErrors']],
+                         [(0, 11000), (1, 11000)])
+        self.assertEqual(details['nUpserted'], 1)
+        self.assertEqual({d['_id']: d for d in self.truth.find()},
+                         {'b0': {'_id': 'b0', 'v': 0}, 'b1': {'_id': 'b1', 'v': 0},
+                          'b2': {'_id': 'b2', 'mine': 2}})
+        self.assertEqual(self.proxy.stats()['fault'], 'pass')
+
+    def test_failed_racing_insert_still_forwards_the_request(self):
+        self.truth.insert_one({'_id': 'r5', 'first': True})
+        self.proxy.set_fault('race_insert', match_id='r5', count=1)
+        self.coll.update_one({'_id': 'r5'}, {'$set': {'mine': 1}}, upsert=True)
+        self.assertEqual(self.truth.find_one({'_id': 'r5'}), {'_id': 'r5', 'first': True,
+                                                              'mine': 1})
+        stats = self.proxy.stats()
+        self.assertEqual((stats['races'], stats['race_inserts'], stats['race_insert_errors']),
+                         (1, 0, 1))
+        self.assertIn('DuplicateKeyError', stats['race_insert_error'])
+
+    def test_whole_document_and_bad_arguments(self):
+        self.proxy.set_fault('race_insert', match_id='r6',
+                             document={'v': 0, 'nested': {'x': [1, 2]}}, count=1)
+        with self.assertRaises(DuplicateKeyError):
+            self.coll.update_one({'_id': 'r6', 'v': 1}, {'$set': {'a': 1}}, upsert=True)
+        self.assertEqual(self.truth.find_one({'_id': 'r6'}),
+                         {'_id': 'r6', 'v': 0, 'nested': {'x': [1, 2]}})
+        for bad in (dict(kind='race_insert', fields={'a': 1}, document={'b': 1}),
+                    dict(kind='race_insert', writes_only=True),
+                    dict(kind='race_insert', fields=[1]),
+                    dict(kind='delay', seconds=1, match_id='x'),
+                    dict(kind='race_insert', count=0)):
+            with self.assertRaises(ValueError, msg=bad):
+                self.proxy.set_fault(**bad)
+
+
 class LifecycleTest(unittest.TestCase):
 
     def test_stop_is_prompt_with_busy_connections(self):
@@ -536,7 +634,7 @@ class CommandLineTest(unittest.TestCase):
 
     def test_control_channel_drives_the_proxy(self):
         proc = subprocess.Popen([PYTHON, PROXY_SCRIPT, '--listen', '127.0.0.1:0', '--upstream',
-                                 '%s:%d' % upstream],
+                                 '%s:%d' % upstream, '--upstream-uri', server.uri],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, close_fds=True)
         try:
@@ -575,6 +673,18 @@ class CommandLineTest(unittest.TestCase):
                 started = time.monotonic()
                 coll.insert_one({'_id': 'slow'})
                 self.assertGreaterEqual(time.monotonic() - started, 0.2)
+                # race_insert: quoted Extended JSON (a date) for the racing document.
+                reply = command('race_insert id=cli-race count=1 fields=\'{"v": 0, '
+                                '"at": {"$date": "2025-01-15T14:00:00Z"}}\'')
+                self.assertEqual(reply, 'ok race_insert id="cli-race" left=1')
+                self.assertTrue(command('race_insert fields=\'{"v": ').startswith('error '))
+                with self.assertRaises(DuplicateKeyError):
+                    coll.update_one({'_id': 'cli-race', 'v': 1}, {'$set': {'a': 1}},
+                                    upsert=True)
+                racer = direct[db_name].cli.find_one({'_id': 'cli-race'})
+                self.assertEqual(racer['v'], 0)
+                self.assertEqual(racer['at'].replace(tzinfo=None),
+                                 datetime.datetime(2025, 1, 15, 14, 0, 0))
                 self.assertTrue(command('kill').startswith('ok reset '))
             self.assertEqual(command('shutdown'), 'ok shutting down')
             ctl.close()
