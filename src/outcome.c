@@ -9,7 +9,7 @@
  *      "refused", anything else is permanent.
  *   3. Updates without an entry of their own follow the bulk's error:
  *      - server selection, a connection that could not be opened, or the driver refusing the
- *        bulk with nothing executed: not sent;
+ *        bulk, with nothing executed: not sent (after part of the bulk ran: ambiguous);
  *      - a writeConcernErrors entry: applied on the primary but not confirmed: ambiguous;
  *      - a failure of the connection, a timeout, an unknown error, or any error after the
  *        server executed part of the bulk: ambiguous;
@@ -203,8 +203,10 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
 
     enum bd_outcome rest;
     if (not_connected(error)) {
+        /* A bulk the driver split into several commands may fail to reach a server after an
+         * earlier command of it was executed: then nothing says which updates ran. */
         bulk->cause = BD_CAUSE_UNREACHABLE;
-        rest = BD_OUTCOME_NOT_SENT;
+        rest = bulk->partly_executed || any_own ? BD_OUTCOME_AMBIGUOUS : BD_OUTCOME_NOT_SENT;
     } else if (client_refusal(error)) {
         bulk->cause = BD_CAUSE_CLIENT;
         rest = bulk->partly_executed || any_own ? BD_OUTCOME_AMBIGUOUS : BD_OUTCOME_NOT_SENT;
