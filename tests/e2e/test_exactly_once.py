@@ -414,6 +414,7 @@ class Faults(ExactlyOnceCase):
 
     def setUp(self):
         super().setUp()
+        self.poked = set()
         uri = self.mongo_uri()
         self.proxy = fault_proxy.FaultProxy(*mongo_hostport(uri))
         self.proxy.start()
@@ -445,7 +446,6 @@ class Faults(ExactlyOnceCase):
         load)."""
         uri, client, db = self.new_database()
         d = self.start_daemon(db, **daemon_kw)
-        self.poked = set()
         load = Load(d.addr("tcp"), 0, n, rate)
         self.assertTrue(bdtest.wait_for(
             lambda: self.proxy.stats()["writes_forwarded"] >= wait_writes, DEADLINE),
@@ -558,6 +558,7 @@ class Faults(ExactlyOnceCase):
         # Hold the reply of the next write for longer than the test. Once it is held the
         # server has applied that write, and d1, waiting for the reply, sends nothing more.
         self.proxy.set_fault("delay", seconds=3600, writes_only=True, count=1)
+        self.poke(d1)  # something to write, even if the load is over
         self.wait_proxy("a reply held", lambda ps: ps["replies_delayed"] >= 1, d1)
         stored_at_kill = set(stored_seqs(self.documents(client, db)))
         # The held write's readings (and those of any write acknowledged between the first
@@ -565,7 +566,7 @@ class Faults(ExactlyOnceCase):
         in_flight = stored_at_kill - before_fault
         self.assertTrue(in_flight, "the write held at the kill carried no reading")
         d1.kill()
-        sent1 = load.sent_seqs(self.finish_killed_load(load))
+        sent1 = load.sent_seqs(self.finish_killed_load(load)) | self.poked
         self.proxy.set_fault("pass")
 
         d2 = self.start_daemon(db, "d2", spool=spool)
