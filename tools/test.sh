@@ -30,6 +30,16 @@ bash tools/install-deps.sh
 mkdir -p build
 export BUCKETD_TEST_SKIP_LOG="$root/build/test-skips.log"
 : >"$BUCKETD_TEST_SKIP_LOG"
+# A run that fails part-way still lists what it had skipped until then.
+list_skips_on_failure() {
+  local rc=$?
+  if [ "$rc" -ne 0 ] && [ -s "$BUCKETD_TEST_SKIP_LOG" ]; then
+    BUCKETD_TEST_REQUIRE_ALL=0 /usr/bin/python3 tests/run_test.py --report \
+      "$BUCKETD_TEST_SKIP_LOG" "$root/.ci/allowed-skips" || true
+  fi
+  return "$rc"
+}
+trap list_skips_on_failure EXIT
 
 # The house format (.clang-format, STYLE.md): any C file that clang-format would change fails.
 # The C sources live under these top-level directories; found with find(1), not git, so that the
@@ -96,6 +106,7 @@ else
 fi
 
 # Every skip of the run, checked against .ci/allowed-skips under BUCKETD_TEST_REQUIRE_ALL=1.
+trap - EXIT
 if [ -s "$BUCKETD_TEST_SKIP_LOG" ]; then
   /usr/bin/python3 tests/run_test.py --report "$BUCKETD_TEST_SKIP_LOG" "$root/.ci/allowed-skips"
   echo "test runs passed, except for the skips listed above (see build/test-skips.log)"
