@@ -1,0 +1,567 @@
+#!/usr/bin/python3
+"""Flusher regressions: one test per defect of the flusher found with the test server's and the
+fault proxy's new abilities (16 MiB documents, validators, fail points, racing inserts).
+
+Each test states the behaviour DESIGN.md §3 promises and, in its docstring, how the flusher of
+18e0a24 (before the flusher was split into outcome/pages/batch/store) failed it, with the
+numbers of a run here. Expectations come from what the test sent; waits are on stored readings,
+log lines or the proxy's counters, never on the clock alone.
+
+Run: /usr/bin/python3 tests/e2e/test_flusher_regressions.py
+Environment (besides bdtest.py's): BUCKETD_INSPECT_BIN. With BUCKETD_TEST_MONGODB_URI the same
+tests run against a real MongoDB; the fail point tests then need it started with
+--setParameter enableTestCommands=1.
+"""
+
+import collections
+import datetime
+import os
+import subprocess
+import sys
+import time
+import unittest
+import urllib.parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tests/, for fault_proxy
+
+import bdtest  # noqa: E402
+import fault_proxy  # noqa: E402
+import send_readings  # noqa: E402  (tools/send_readings.py, on bdtest's path)
+
+import bson  # noqa: E402
+from bson.int64 import Int64  # noqa: E402
+
+INSPECT = (os.environ.get("BUCKETD_INSPECT_BIN") or
+           os.path.join(bdtest.REPO, "build", "bucketd-inspect"))
+NS = 1_000_000_000
+MS = 1_000_000
+HOUR_S = 3600
+DEADLINE = 60           # seconds to wait for an event that should come in a few
+MAX_BSON = 16 * 1024 * 1024
+WRITER = "regress"      # writer_id of every daemon here
+
+
+# ---------------------------------------------------------------------------------------------
+# Readings and checks
+# ---------------------------------------------------------------------------------------------
+
+def reading(sensor_id, measurement, tags, seq, ts_ns, fields, seq_field="seq"):
+    """A send_readings.Reading for an influx line with the given fields (name -> value; ints
+    are sent as i-integers, floats as floats). fields must include seq_field = seq."""
+    assert fields[seq_field] == seq
+    head = measurement + "".join(",%s=%s" % (k, v) for k, v in sorted(tags.items()))
+    parts = []
+    for name, value in fields.items():
+        parts.append("%s=%di" % (name, value) if isinstance(value, int) else
+                     "%s=%r" % (name, value))
+    line = "%s %s %d" % (head, ",".join(parts), ts_ns)
+    return send_readings.Reading(0, sensor_id, measurement, tags, seq, ts_ns, dict(fields),
+                                 line.encode(), "influx")
+
+
+def send_tcp(addr, readings):
+    summary = send_readings.send(readings, tcp=addr)
+    assert summary["readings"] == len(readings), summary
+    return summary
+
+
+def dt_of_ms(ms):
+    return datetime.datetime(1970, 1, 1) + datetime.timedelta(milliseconds=ms)
+
+
+def hour_aligned_base(length_ns, before_ns):
+    """A start time about before_ns ago such that [start, start + length_ns) lies in one hour
+    (the next hour's start, a little in the future, if now is too close to the hour)."""
+    base = time.time_ns() - before_ns
+    hour = HOUR_S * NS
+    if base // hour != (base + length_ns) // hour:
+        base = (base // hour + 1) * hour
+    return base
+
+
+def seq_counts(docs, seq_field_of):
+    """Counter of (sensor_id, sequence number) over every stored reading."""
+    out = collections.Counter()
+    for doc in docs:
+        sid = doc.get("sensor_id")
+        name = seq_field_of(sid)
+        for r in doc.get("readings") or []:
+            out[(sid, r.get(name))] += 1
+    return out
+
+
+def inspect_verify(uri, database, max_readings, span="1h"):
+    p = subprocess.run([INSPECT, "--uri", uri, "--database", database, "verify",
+                        "--max-readings", str(max_readings), "--span", span],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+    return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
+
+
+def with_uri_options(uri, **opts):
+    parts = urllib.parse.urlsplit(uri)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    query.update({k: str(v) for k, v in opts.items()})
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/",
+                                    urllib.parse.urlencode(query), ""))
+
+
+def primary_hostport(client, uri):
+    """Where writes go: a replica set's primary, else the URI's first host."""
+    primary = client.admin.command("hello").get("primary")
+    if primary:
+        host, _, port = primary.rpartition(":")
+        return host.strip("[]"), int(port)
+    netloc = urllib.parse.urlsplit(uri).netloc.rsplit("@", 1)[-1]
+    host, _, port = netloc.split(",")[0].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------------------------
+
+class FlusherRegressions(bdtest.E2ECase):
+    db_prefix = "e2e_regress"
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.access(INSPECT, os.X_OK):
+            raise AssertionError("%s not found (set BUCKETD_INSPECT_BIN)" % INSPECT)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def new_daemon(self, uri, db, max_readings=3600, flush_interval="200ms", extra=None,
+                   name="d"):
+        cfg = {"writer_id": WRITER,
+               "flush": {"retry_initial": "50ms", "retry_max": "1s"}}
+        cfg = bdtest.deep_merge(cfg, extra or {})
+        return self.daemon(uri, db, name=name, max_readings=max_readings,
+                           flush_interval=flush_interval, extra=cfg,
+                           listeners=[{"name": "tcp", "proto": "tcp", "format": "influx"}])
+
+    def proxy_for(self, uri, client):
+        """A fault proxy in front of the server, and the URI the daemon uses through it."""
+        proxy = fault_proxy.FaultProxy(*primary_hostport(client, uri), upstream_uri=uri)
+        proxy.start()
+        self.addCleanup(proxy.stop)
+        parts = urllib.parse.urlsplit(uri)
+        auth = parts.netloc.rpartition("@")[0]
+        netloc = ("%s@" % auth if auth else "") + "127.0.0.1:%d" % proxy.port
+        proxied = with_uri_options(
+            urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")),
+            directConnection="true", connectTimeoutMS=1000, serverSelectionTimeoutMS=1000,
+            heartbeatFrequencyMS=500)
+        return proxy, proxied
+
+    def go_unreachable(self, proxy, d):
+        """Refuse connections, and wait until the daemon's driver has tried one (its monitor
+        then knows the server is down): from here a write fails at server selection, with
+        nothing sent."""
+        proxy.set_fault("refuse")
+        self.assertTrue(bdtest.wait_for(lambda: proxy.stats()["connections_refused"] >= 1,
+                                        DEADLINE), "the driver never tried to reconnect\n" +
+                        bdtest.log_tail(d.log(), 20))
+
+    def fail_point(self, client, mode, **data):
+        """failCommand on the server (not through any proxy); off again after the test."""
+        self.addCleanup(lambda: client.admin.command("configureFailPoint", "failCommand",
+                                                    mode="off"))
+        return client.admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
+
+    def wait_log(self, d, what, pred, since=0, timeout=DEADLINE):
+        """Wait until a log line after offset `since` satisfies pred; returns it or None."""
+        def find():
+            for line in d.log()[since:].splitlines():
+                if pred(line):
+                    return line
+            return None
+        return bdtest.wait_for(find, timeout, 0.1)
+
+    def wait_stored(self, client, db, n, d, timeout=DEADLINE):
+        stored = bdtest.wait_stored(client, db, n, timeout)
+        self.assertEqual(stored, n, "readings stored (waited up to %ds)\n%s" % (
+            timeout, bdtest.log_tail(d.log(), 40)))
+
+    def settle(self, client, db, n, d, timeout=DEADLINE):
+        """Wait (up to timeout) until n readings are stored, then stop the daemon; returns
+        its stats.  The count is asserted after the stop, so that a failure shows the
+        daemon's counters."""
+        stored = bdtest.wait_stored(client, db, n, timeout)
+        st = d.stop()
+        self.assertEqual(stored, n, "readings stored (waited up to %ds); stats %r\n%s" % (
+            timeout, st, bdtest.log_tail(d.log(), 20)))
+        return st
+
+    def assertExactlyOnce(self, docs, sent, seq_field_of=lambda sid: "seq", daemon=None):
+        """Every reading sent stored once, nothing else stored."""
+        want = collections.Counter((r.sensor_id, r.seq) for r in sent)
+        got = seq_counts(docs, seq_field_of)
+        twice = sorted(k for k, n in got.items() if n > 1)
+        extra = sorted((k for k in got if k not in want), key=repr)
+        missing = sorted(k for k in want if k not in got)
+        log = "" if daemon is None else "\n" + bdtest.log_tail(daemon.log(), 40)
+        self.assertEqual(
+            (len(missing), len(twice), len(extra)), (0, 0, 0),
+            "of %d readings sent: %d missing (e.g. %s), %d stored twice (e.g. %s), %d never "
+            "sent (e.g. %s)%s" % (len(want), len(missing), [m[1] for m in missing[:5]],
+                                  len(twice), twice[:3], len(extra), extra[:3], log))
+
+    def assertPagesBounded(self, docs, max_readings):
+        for doc in docs:
+            size = len(bson.encode(doc))
+            self.assertLess(size, MAX_BSON, "%s: %d bytes" % (str(doc["_id"])[:80], size))
+            self.assertLessEqual(len(doc.get("readings") or []), max_readings, doc["_id"])
+            self.assertEqual(doc.get("count"), len(doc.get("readings") or []), doc["_id"])
+
+    # -- 1. updates over 16 MiB ---------------------------------------------------------------
+
+    def test_oversized_update_is_split_not_lost(self):
+        """3,000 readings of 32 fields with 200-character names from one sensor in one flush
+        (20 MB of BSON: no single update can carry them), beside five ordinary sensors.
+
+        On 18e0a24: the bulk never succeeds (libmongoc refuses the 20 MB statement before
+        sending; the flusher takes that for an ambiguous failure and retries it with every
+        other sensor's update until the stop deadline): stored 0 of 3,200, readings_flushed=0,
+        readings_lost=3200, the daemon needs all of flush.stop_timeout to stop."""
+        uri, client, db = self.new_database()
+        d = self.new_daemon(uri, db, flush_interval="5s",
+                            extra={"limits": {"ring_size": 131072}}).start()
+        names = ["f%02d_" % i + "n" * 196 for i in range(32)]
+        self.assertTrue(all(len(n) == 200 for n in names))
+        base = hour_aligned_base(10 * NS, 120 * NS)
+        big = []
+        for k in range(3000):
+            fields = {names[0]: k + 1}
+            fields.update((n, float(i) + k / 1000.0) for i, n in enumerate(names[1:], 1))
+            big.append(reading("wide,sensor=big", "wide", {"sensor": "big"}, k + 1,
+                               base + k * MS, fields, seq_field=names[0]))
+        small = send_readings.make_readings(sensors=5, per_sensor=40, start_ns=base,
+                                            span_ns=5 * NS, prefix="plain", seq_base=10000)
+        send_tcp(d.addr("tcp"), big + small)
+        sent = big + small
+        self.assertEqual(len(sent), 3200)
+        st = self.settle(client, db, 3200, d, timeout=90)
+        docs = self.documents(client, db)
+        self.assertExactlyOnce(docs, sent, lambda sid: names[0] if sid.startswith("wide")
+                               else "seq", d)
+        self.assertPagesBounded(docs, 3600)
+        self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 3600, strict_pages=False),
+                              "invariants", d)
+        for name in ("updates_quarantined", "readings_lost"):
+            self.assertStat(st, name, 0, d)
+        self.assertStat(st, "readings_flushed", 3200, d)
+        rc, out = inspect_verify(uri, db, 3600)
+        self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
+
+    def test_oversized_page_of_short_fields(self):
+        """100,000 readings of 10 short fields with buckets.max_readings 100000: one page by
+        count, 19 MB by bytes, so it must be split across pages.
+
+        On 18e0a24: as above, the statement is over the wire limit and retried until the stop
+        deadline: stored 0 of 100,000, readings_lost=100000."""
+        uri, client, db = self.new_database()
+        d = self.new_daemon(uri, db, max_readings=100000, flush_interval="5s",
+                            extra={"limits": {"ring_size": 65536}}).start()
+        names = ["seq"] + ["value_%d" % i for i in range(1, 10)]
+        base = hour_aligned_base(110 * NS, 150 * NS)
+        sent = []
+        for k in range(100000):
+            fields = {"seq": k + 1}
+            fields.update((n, float(i) + (k % 1000) / 8.0) for i, n in enumerate(names[1:], 1))
+            sent.append(reading("narrow,sensor=n1", "narrow", {"sensor": "n1"}, k + 1,
+                                base + k * MS, fields))
+        send_tcp(d.addr("tcp"), sent)
+        st = self.settle(client, db, 100000, d, timeout=90)
+        docs = self.documents(client, db)
+        self.assertExactlyOnce(docs, sent, daemon=d)
+        self.assertPagesBounded(docs, 100000)
+        self.assertGreater(len(docs), 1, "19 MB of readings cannot be one document")
+        self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 100000, strict_pages=False),
+                              "invariants", d)
+        for name in ("updates_quarantined", "readings_lost"):
+            self.assertStat(st, name, 0, d)
+        self.assertStat(st, "readings_flushed", 100000, d)
+        rc, out = inspect_verify(uri, db, 100000)
+        self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
+
+    # -- 2. nothing sent is not "maybe applied" -----------------------------------------------
+
+    def run_nothing_sent_then_race(self, racing_w):
+        """Five readings fill page 0; MongoDB becomes unreachable (server selection fails:
+        nothing can have been sent); five more readings, for page 1, wait; MongoDB comes back
+        with another writer's page 1 inserted just before the daemon's upsert reaches it.
+        Returns (daemon, stats, client, db, sent, page 1's _id)."""
+        uri, client, db = self.new_database()
+        proxy, proxied = self.proxy_for(uri, client)
+        d = self.new_daemon(proxied, db, max_readings=5).start()
+        sid, meta = "race,sensor=s1", {"measurement": "race", "tags": {"sensor": "s1"}}
+        base = hour_aligned_base(5 * NS, 30 * NS)
+        sent = [reading(sid, "race", {"sensor": "s1"}, k + 1, base + k * 100 * MS,
+                        {"v": 0.5 * k, "seq": k + 1}) for k in range(10)]
+        send_tcp(d.addr("tcp"), sent[:5])
+        self.wait_stored(client, db, 5, d)
+
+        self.go_unreachable(proxy, d)
+        mark = len(d.log())
+        send_tcp(d.addr("tcp"), sent[5:])
+        self.assertTrue(self.wait_log(d, "a failed attempt", lambda l: "retrying" in l, mark),
+                        "no failed write while MongoDB was unreachable\n" + d.log()[mark:])
+
+        start_ms = base // MS // (HOUR_S * 1000) * (HOUR_S * 1000)
+        page1 = "%s|%d|1" % (sid, start_ms // 1000)
+        racer = {"sensor_id": sid, "meta": meta, "bucket_start": dt_of_ms(start_ms),
+                 "bucket_end": dt_of_ms(start_ms + HOUR_S * 1000 - 1), "page": 1,
+                 "count": Int64(0), "readings": [], "w": racing_w}
+        proxy.set_fault("race_insert", match_id=page1, fields=racer, count=1)
+        self.assertTrue(bdtest.wait_for(lambda: proxy.stats()["race_inserts"] >= 1, DEADLINE),
+                        "no upsert of %s reached the proxy: %r\n%s" % (
+                            page1, proxy.stats(), d.log()[mark:]))
+        return d, client, db, sent, page1
+
+    def test_nothing_sent_then_another_writers_page(self):
+        """Variant A: the racing page is another writer's (w: {other: 1}); the daemon's update
+        finds it and appends to it.
+
+        On 18e0a24: passes (the racing document matches the update's filter, so no duplicate
+        key comes back for the wrongly "maybe applied" update to be mistaken on)."""
+        d, client, db, sent, page1 = self.run_nothing_sent_then_race({"other": Int64(1)})
+        st = self.settle(client, db, len(sent), d)
+        docs = self.documents(client, db)
+        self.assertExactlyOnce(docs, sent, daemon=d)
+        theirs = client[db].buckets.find_one({"_id": page1})
+        self.assertEqual(theirs["w"]["other"], 1)
+        self.assertEqual(theirs["count"], 5)
+        self.assertStat(st, "updates_already_applied", 0, d)
+        self.assertStat(st, "readings_flushed", len(sent), d)
+        self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 5), "invariants", d)
+
+    def test_nothing_sent_then_a_writer_id_clash(self):
+        """Variant B: the racing page carries this daemon's writer_id with a sequence far
+        ahead (a second daemon configured with the same writer_id): a writer conflict, and the
+        five readings are not written, so they must not be counted as written.
+
+        On 18e0a24: the attempt that failed at server selection marked the update "maybe
+        applied", so the duplicate key of the racing page was taken for its own earlier write:
+        updates_already_applied=1, readings_flushed=10 of 10 sent (5 never stored),
+        writer_conflicts=0, readings_quarantined=0, no conflict logged."""
+        d, client, db, sent, page1 = self.run_nothing_sent_then_race(
+            {WRITER: Int64(1 << 62)})
+        conflict = self.wait_log(d, "the conflict", lambda l: (
+            "another daemon is using writer_id %s" % WRITER) in l, timeout=30)
+        st = d.stop()
+        self.assertTrue(conflict, "no writer conflict logged; stats %r\n%s" % (
+            st, bdtest.log_tail(d.log(), 20)))
+        self.assertGreaterEqual(st.get("writer_conflicts", 0), 1, st)
+        self.assertEqual(st.get("readings_flushed", 0) + st.get("readings_quarantined", 0),
+                         len(sent), st)
+        self.assertEqual(st.get("readings_flushed"), 5, st)
+        self.assertStat(st, "updates_already_applied", 0, d)
+        docs = [doc for doc in self.documents(client, db) if doc["_id"] != page1]
+        self.assertExactlyOnce(docs, sent[:5], daemon=d)
+        self.assertEqual(client[db].buckets.find_one({"_id": page1})["readings"], [])
+
+    # -- 3. the page cap across a long outage -------------------------------------------------
+
+    def test_page_cap_across_a_long_outage(self):
+        """span 1m, max_readings 5, max_late 10s. While MongoDB is unreachable: readings of
+        bucket B0, then of the next bucket B1, then late readings of B0; MongoDB returns only
+        when B0 is older than span + max_late (so its page bookkeeping can be dropped while
+        its readings still wait to be written).
+
+        Takes 70 to 140 s: the outage must outlast two spans plus max_late counted from the
+        start of B0 (1m is the smallest span the config allows).
+
+        On 18e0a24: B1 took over B0's bookkeeping slot when the readings were finally
+        drained, the late B0 readings started B0 again at page 0 and went there on top of
+        the readings already headed for it: a page of 8 readings (cap 5), bucketd-inspect
+        verify exit 1 (see the assertion message of a run for the page)."""
+        max_late = 10
+        uri, client, db = self.new_database()
+        proxy, proxied = self.proxy_for(uri, client)
+        d = self.new_daemon(proxied, db, max_readings=5,
+                            extra={"buckets": {"span": "1m", "max_late": "%ds" % max_late}}
+                            ).start()
+        # B0 is the current minute, with time left in it for the sends below.
+        now = time.time_ns()
+        if now % (60 * NS) > 40 * NS:
+            time.sleep((60 * NS - now % (60 * NS)) / NS + 0.2)
+        b0 = time.time_ns() // (60 * NS) * (60 * NS)
+        sid, tags = "cap,sensor=c1", {"sensor": "c1"}
+        seq = iter(range(1, 100))
+
+        def r(ts_ns):
+            s = next(seq)
+            return reading(sid, "cap", tags, s, ts_ns, {"v": float(s), "seq": s})
+
+        self.go_unreachable(proxy, d)
+        mark = len(d.log())
+        t = time.time_ns()
+        first = [r(t)]                                        # B0: makes a write fail
+        send_tcp(d.addr("tcp"), first)
+        self.assertTrue(self.wait_log(d, "a failed attempt", lambda l: "retrying" in l, mark),
+                        "no failed write while MongoDB was unreachable\n" + d.log()[mark:])
+        t = time.time_ns()
+        more_b0 = [r(t + k * MS) for k in range(1, 7)]        # B0: 7 in all, pages 0 and 1
+        b1 = [r(b0 + 60 * NS + k * MS) for k in range(3)]      # B1 (ahead: max_future 10m)
+        late_b0 = [r(t + k * MS) for k in range(10, 13)]       # B0 again, after B1
+        self.assertTrue(all(x.ts_ns // (60 * NS) * (60 * NS) == b0
+                            for x in first + more_b0 + late_b0))
+        send_tcp(d.addr("tcp"), more_b0 + b1 + late_b0)
+        sent = first + more_b0 + b1 + late_b0
+
+        # MongoDB comes back once B0 ended more than span + max_late ago.
+        back = b0 + (120 + max_late + 5) * NS
+        while time.time_ns() < back:
+            time.sleep(min(1.0, (back - time.time_ns()) / NS + 0.01))
+        proxy.set_fault("pass")
+        st = self.settle(client, db, len(sent), d)
+        docs = self.documents(client, db)
+        pages = sorted((doc["bucket_start"], doc["page"], doc["count"]) for doc in docs)
+        self.assertTrue(all(n <= 5 for _, _, n in pages), "pages over the cap of 5: %s" % pages)
+        self.assertExactlyOnce(docs, sent, daemon=d)
+        self.assertNoProblems(bdtest.check_documents(docs, 60, 5, strict_pages=False),
+                              "invariants", d)
+        self.assertStat(st, "readings_lost", 0, d)
+        rc, out = inspect_verify(uri, db, 5, "1m")
+        self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
+
+    # -- 4. long names ----------------------------------------------------------------------
+
+    def test_long_sensor_ids_and_field_keys_stay_apart(self):
+        """Two sensor ids of 1,100 bytes that share their first 1,050, one reading each in
+        three hours; and one sensor with two field keys of 331 bytes sharing 330.
+
+        On 18e0a24: the _ids of the two long sensors were cut to the same 1,023 bytes, so the
+        second sensor's updates hit the first one's documents: 3 documents instead of 6 (all
+        with the first sensor's id), writer_conflicts=3, updates_quarantined=3, 3 readings
+        missing; the two field keys were cut to one (see the assertion message of a run)."""
+        uri, client, db = self.new_database()
+        d = self.new_daemon(uri, db, extra={"buckets": {"max_late": "4h"}}).start()
+        measurement = "m" + "L" * 1049
+        ids, sent = [], []
+        now = time.time_ns()
+        for tail in ("a" * 47, "b" * 47):
+            tags = {"k": tail}
+            sid = "%s,k=%s" % (measurement, tail)
+            self.assertEqual(len(sid), 1100)
+            ids.append(sid)
+            for h in range(3):
+                seq = len(sent) + 1
+                sent.append(reading(sid, measurement, tags, seq,
+                                    now - h * HOUR_S * NS - 60 * NS, {"v": 1.5 * seq,
+                                                                      "seq": seq}))
+        self.assertEqual(ids[0][:1050], ids[1][:1050])
+        k1, k2 = "F" * 330 + "a", "F" * 330 + "b"
+        fk = reading("fk", "fk", {}, 100, now - 30 * NS, {k1: 1.25, k2: -7.5, "seq": 100})
+        send_tcp(d.addr("tcp"), sent + [fk])
+        st = self.settle(client, db, len(sent) + 1, d)
+        docs = self.documents(client, db)
+        long_docs = [doc for doc in docs if doc.get("sensor_id") in ids]
+        got = sorted((doc["sensor_id"][-47:], doc["bucket_start"], doc["page"], doc["count"])
+                     for doc in long_docs)
+        want = sorted((r.sensor_id[-47:], dt_of_ms(r.ts_ns // MS // 3600000 * 3600000), 0, 1)
+                      for r in sent)
+        self.assertEqual(got, want, "documents of the long sensor ids (their last 47 bytes, "
+                                    "bucket, page, count)")
+        self.assertEqual(len({doc["_id"] for doc in long_docs}), 6)
+        self.assertExactlyOnce(docs, sent + [fk], daemon=d)
+        # Every invariant but the _id's form (a fix may put a digest in a long id's _id).
+        problems = [p for p in bdtest.check_documents(docs, HOUR_S, 3600)
+                    if ": _id " not in p]
+        self.assertNoProblems(problems, "invariants", d)
+        fk_doc = [doc for doc in docs if doc.get("sensor_id") == "fk"]
+        self.assertEqual(len(fk_doc), 1)
+        summary = fk_doc[0]["summary"]
+        for key, value in ((k1, 1.25), (k2, -7.5)):
+            self.assertIn(key, summary, sorted(k[-3:] for k in summary))
+            self.assertEqual((summary[key]["min"], summary[key]["max"], summary[key]["sum"],
+                              summary[key]["count"], summary[key]["avg"]),
+                             (value, value, value, 1, value))
+        self.assertEqual(fk_doc[0]["readings"][0][k1], 1.25)
+        self.assertEqual(fk_doc[0]["readings"][0][k2], -7.5)
+        for name in ("updates_quarantined", "writer_conflicts", "readings_lost"):
+            self.assertStat(st, name, 0, d)
+
+    # -- 5. a permanent error of one document ------------------------------------------------
+
+    def test_validator_refusal_is_isolated(self):
+        """A collection validator refuses every document of sensor "poison": its readings are
+        quarantined (counted), everyone else's are stored, also after the refusal.
+
+        On 18e0a24: passes (a writeErrors entry with code 121 quarantines that update alone)."""
+        uri, client, db = self.new_database()
+        client[db].create_collection("buckets", validator={"sensor_id": {"$ne": "poison"}})
+        d = self.new_daemon(uri, db).start()
+        base = time.time_ns() - 90 * NS
+        normal = send_readings.make_readings(sensors=5, per_sensor=30, start_ns=base,
+                                             span_ns=20 * NS, prefix="ok")
+        poison = [reading("poison", "poison", {}, 9000 + k, base + k * 10 * MS,
+                          {"v": float(k), "seq": 9000 + k}) for k in range(25)]
+        send_tcp(d.addr("tcp"), normal + poison)
+        self.wait_stored(client, db, len(normal), d)
+        refused = self.wait_log(d, "the refusal", lambda l: "poison" in l and "121" in l)
+        self.assertTrue(refused, "the refusal of the poison sensor's update is not logged\n" +
+                        bdtest.log_tail(d.log(), 40))
+        later = send_readings.make_readings(sensors=5, per_sensor=10, start_ns=base + 30 * NS,
+                                            span_ns=20 * NS, prefix="ok", seq_base=5000)
+        send_tcp(d.addr("tcp"), later)
+        self.wait_stored(client, db, len(normal) + len(later), d)
+        self.assertTrue(d.alive())
+        st = d.stop()
+        docs = self.documents(client, db)
+        self.assertExactlyOnce(docs, normal + later, daemon=d)
+        self.assertGreaterEqual(st.get("updates_quarantined", 0), 1, st)
+        self.assertStat(st, "readings_quarantined", len(poison), d)
+        self.assertStat(st, "readings_flushed", len(normal) + len(later), d)
+
+    # -- 6. transient errors -----------------------------------------------------------------
+
+    def test_shutdown_in_progress_is_retried(self):
+        """failCommand: the next three updates of the daemon's collection fail with
+        ShutdownInProgress (91), unapplied. Every reading is stored once.
+
+        On 18e0a24: passes."""
+        uri, client, db = self.new_database()
+        before = self.fail_point(client, {"times": 3}, failCommands=["update"], errorCode=91,
+                                 namespace="%s.buckets" % db)["count"]
+        d = self.new_daemon(uri, db).start()
+        sent = send_readings.make_readings(sensors=5, per_sensor=40,
+                                           start_ns=time.time_ns() - 120 * NS, span_ns=60 * NS)
+        send_tcp(d.addr("tcp"), sent)
+        st = self.settle(client, db, len(sent), d)
+        after = client.admin.command("configureFailPoint", "failCommand", mode="off")["count"]
+        self.assertEqual(after - before, 3, "the fail point did not fail three updates")
+        docs = self.documents(client, db)
+        self.assertExactlyOnce(docs, sent, daemon=d)
+        self.assertStat(st, "readings_flushed", len(sent), d)
+        self.assertStat(st, "updates_quarantined", 0, d)
+        self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 3600), "invariants", d)
+
+    def test_write_concern_error_is_already_applied(self):
+        """failCommand: the next two updates of the daemon's collection apply and then report
+        a write concern error (64). The retry must find them applied, not apply them again.
+
+        On 18e0a24: passes."""
+        uri, client, db = self.new_database()
+        wce = {"code": 64, "codeName": "WriteConcernFailed",
+               "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": True}}
+        before = self.fail_point(client, {"times": 2}, failCommands=["update"],
+                                 writeConcernError=wce, namespace="%s.buckets" % db)["count"]
+        d = self.new_daemon(uri, db).start()
+        sent = send_readings.make_readings(sensors=5, per_sensor=40,
+                                           start_ns=time.time_ns() - 120 * NS, span_ns=60 * NS)
+        send_tcp(d.addr("tcp"), sent)
+        st = self.settle(client, db, len(sent), d)
+        after = client.admin.command("configureFailPoint", "failCommand", mode="off")["count"]
+        self.assertEqual(after - before, 2, "the fail point did not hit two updates")
+        docs = self.documents(client, db)
+        self.assertExactlyOnce(docs, sent, daemon=d)
+        self.assertGreaterEqual(st.get("updates_already_applied", 0), 1, st)
+        self.assertStat(st, "readings_flushed", len(sent), d)
+        self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 3600), "invariants", d)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
