@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bucketd/alloc.h"
 #include "bucketd/common.h"
 
 bool bd_outcome_transient_code(int64_t code) {
@@ -187,7 +188,7 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
     bool has_own_small[64];
     bool *has_own = has_own_small;
     if (n_ops > BD_ARRAY_LEN(has_own_small)) {
-        has_own = calloc(n_ops, sizeof(*has_own));
+        has_own = bd_calloc(n_ops, sizeof(*has_own));
     } else {
         memset(has_own, 0, sizeof(has_own_small));
     }

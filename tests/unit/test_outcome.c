@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bucketd/common.h"
+#include "bucketd/alloc.h"
 #include "bucketd/outcome.h"
 
 static const char kind_letters[] = "AN?RDLFP";
@@ -708,32 +709,8 @@ Test(outcome, names) {
 
 /*
  * Out of memory for the marks of a bulk of more than 64 updates: nothing can be judged, so
- * every update is ambiguous. src/outcome.c takes them from calloc (not bd_calloc), so this test
- * replaces calloc for the one call it targets; glibc's own stays underneath. Sanitizer runtimes
- * replace the allocator themselves, and there the replacement is left out.
+ * every update is ambiguous. The marks come from bd_calloc, whose failure switch reaches them.
  */
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                         \
-    __has_feature(memory_sanitizer)
-#define OUTCOME_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define OUTCOME_SANITIZED 1
-#endif
-
-#if defined(__GLIBC__) && !defined(OUTCOME_SANITIZED)
-extern void *__libc_calloc(size_t count, size_t size);
-static size_t calloc_fail_count; /* the next calloc(calloc_fail_count, 1) fails; 0: none */
-
-void *calloc(size_t count, size_t size) {
-    if (calloc_fail_count != 0 && count == calloc_fail_count && size == sizeof(bool)) {
-        calloc_fail_count = 0;
-        return NULL;
-    }
-    return __libc_calloc(count, size);
-}
-
 Test(outcome, out_of_memory_for_a_large_bulk) {
     enum { N = 1001 };
     static struct bd_op_outcome ops[N];
@@ -743,9 +720,9 @@ Test(outcome, out_of_memory_for_a_large_bulk) {
     const int32_t codes[] = {121};
     bson_t *reply = reply_with_errors(0, at, codes, NULL, 1);
     error_of(&err, SERVER, 121, "x");
-    calloc_fail_count = N;
+    bd_alloc_fail_after(0, 0);
     bd_outcome_classify(false, reply, &err, N, ops, &bulk);
-    cr_assert_eq(calloc_fail_count, 0, "the marks came from calloc");
+    cr_assert_eq(bd_alloc_fail_after(-1, 0), 1, "one allocation, the marks");
     cr_assert_eq(bulk.cause, BD_CAUSE_CONNECTION);
     for (uint32_t i = 0; i < N; i++) {
         cr_assert_eq(ops[i].kind, BD_OUTCOME_AMBIGUOUS, "update %u", i);
@@ -753,4 +730,3 @@ Test(outcome, out_of_memory_for_a_large_bulk) {
     }
     bson_destroy(reply);
 }
-#endif
