@@ -483,6 +483,10 @@ static int place_readings(struct bd_flusher *f, uint32_t di, uint32_t keep, enum
     for (uint32_t g = groups; g-- > 0;) {
         int moved = bd_delta_split(d, first[g], &f->batch.deltas[target[g]]);
         BD_ASSERT(moved == 0); /* room was made above */
+        /* Readings moved for their size keep their count of refusals, so a page that MongoDB
+         * refuses whatever its size cannot move them on forever. */
+        struct bd_batch_meta *tm = &f->batch.meta[target[g]];
+        tm->refusals = BD_MAX(tm->refusals, f->batch.meta[di].refusals);
     }
     next.batch = f->batch_id;
     *slot = next;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bucketd/bucket.h"
 #include "bucketd/store.h"
 
 enum fake_fault {
@@ -22,6 +23,7 @@ enum fake_fault {
     FAULT_RETRYABLE,    /* like FAULT_CMD_ERROR, labelled RetryableWriteError */
     FAULT_WC_ERROR,     /* applied, then a writeConcernError (code 64) */
     FAULT_CLIENT_LARGE, /* the driver refuses the bulk client-side: nothing sent */
+    FAULT_LOST_REQUEST, /* the connection fails before the server executed anything */
 };
 
 struct fake_doc {
@@ -49,6 +51,8 @@ struct fake_store {
     uint64_t race_wseq;      /* the racing insert's w.<writer_id> (0: another writer id) */
     uint64_t max_doc_bytes;  /* 0: no limit; else 17419/17420 past it */
     const char *poison;      /* sensor id refused with 121 */
+    const char *dup_always;  /* sensor id always answered 11000, nothing stored */
+    const char *too_large;   /* sensor id always answered 17419/17420 */
     uint32_t client_max_ops; /* > 0: bulks larger than this are refused client-side */
 
     uint32_t bulks;     /* bulk_upsert calls */
@@ -168,6 +172,11 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
                        "Document 0 is too large for the cluster");
         return false;
     }
+    if (fault == FAULT_LOST_REQUEST) {
+        bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_SOCKET,
+                       "Failed to send the request: connection reset");
+        return false;
+    }
     if (fault == FAULT_CMD_ERROR || fault == FAULT_RETRYABLE) {
         BSON_APPEND_INT32(reply, "nMatched", 0);
         if (fault == FAULT_RETRYABLE) {
@@ -191,6 +200,16 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
         fs->sent++;
         if (fs->poison != NULL && u.sensor_id != NULL && strcmp(u.sensor_id, fs->poison) == 0) {
             fake_write_error(&errs, &n_errs, i, 121, "Document failed validation");
+            continue;
+        }
+        if (fs->dup_always != NULL && u.sensor_id != NULL &&
+            strcmp(u.sensor_id, fs->dup_always) == 0) {
+            fake_write_error(&errs, &n_errs, i, 11000, "E11000 duplicate key error");
+            continue;
+        }
+        if (fs->too_large != NULL && u.sensor_id != NULL &&
+            strcmp(u.sensor_id, fs->too_large) == 0) {
+            fake_write_error(&errs, &n_errs, i, 17420, "Document to upsert is too large");
             continue;
         }
         struct fake_doc *d = fake_find(fs, u.id);
@@ -329,6 +348,19 @@ static void fake_free(struct fake_store *fs) {
         free(fs->docs[i].sensor_id);
     }
     free(fs->docs);
+}
+
+/* A page an earlier run stored. */
+static void fake_put(struct fake_store *fs, const char *sensor_id, int64_t start_ms, int64_t page,
+                     int64_t count, uint64_t wseq) {
+    char id[BD_BUCKET_ID_MAX];
+    bd_bucket_id(id, sizeof(id), sensor_id, start_ms, (uint32_t)page);
+    struct fake_doc *d = fake_insert(fs, id);
+    d->sensor_id = strdup(sensor_id);
+    d->start_ms = start_ms;
+    d->page = page;
+    d->count = count;
+    d->wseq = wseq;
 }
 
 static void fake_script(struct fake_store *fs, enum fake_fault fault, int32_t code) {

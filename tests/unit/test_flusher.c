@@ -145,15 +145,15 @@ static void assert_stored(int n, int k) {
 }
 
 static int dead_letters(void) {
-    char path[128], line[1 << 16];
+    char path[128];
     snprintf(path, sizeof(path), "%s/%s", dir, BD_DEADLETTER_FILE);
     FILE *fp = fopen(path, "r");
-    int n = 0;
+    int n = 0, c;
     if (fp == NULL) {
         return 0;
     }
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        n++;
+    while ((c = fgetc(fp)) != EOF) {
+        n += c == '\n';
     }
     fclose(fp);
     return n;
@@ -464,4 +464,163 @@ Test(flusher, sensor_ids_sharing_a_long_prefix_keep_their_own_documents) {
     cr_assert_eq(fake_stored(&fs, b), 3);
     cr_assert_eq(STAT(updates_quarantined), 0);
     cr_assert_eq(STAT(writer_conflicts), 0);
+}
+
+/* After a restart every bucket up to the look-up horizon may hold pages: they are read back and
+ * new readings continue the last page, up to the cap. */
+Test(flusher, stored_pages_are_learned_before_appending) {
+    stop();
+    cfg.buckets.max_readings = 12;
+    start();
+    now_ms = bd_now_ns() / MS; /* inside the horizon: every bucket is looked up */
+    int64_t b = now_ms / HOUR_MS * HOUR_MS;
+    fake_put(&fs, "m,s=0", b, 0, 12, 5);
+    fake_put(&fs, "m,s=0", b, 1, 10, 5);
+    fake_put(&fs, "m,s=1", b, 0, 2, 7);
+    for (int i = 0; i < 3; i++) {
+        char id[16];
+        snprintf(id, sizeof(id), "m,s=%d", i);
+        for (int j = 0; j < 5; j++) {
+            accept1(id, j, b + j * 1000);
+        }
+    }
+    cr_assert_gt(run(10), 0);
+    cr_assert_gt(fs.seqs[0], 7, "the sequence continues above what the pages hold");
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 12 + 10 + 5);
+    cr_assert_eq(fake_stored(&fs, "m,s=1"), 2 + 5);
+    cr_assert_eq(fake_stored(&fs, "m,s=2"), 5);
+    cr_assert_leq(fake_max_count(&fs), 12);
+    char id[BD_BUCKET_ID_MAX];
+    bd_bucket_id(id, sizeof(id), "m,s=0", b, 2);
+    struct fake_doc *p2 = fake_find(&fs, id);
+    cr_assert_not_null(p2, "page 1 filled to the cap, the rest on page 2");
+    cr_assert_eq(p2->count, 3);
+    cr_assert_geq(STAT(page_lookups), 1);
+}
+
+Test(flusher, a_failed_look_up_keeps_the_readings_and_is_tried_again) {
+    now_ms = bd_now_ns() / MS;
+    fs.find_fails = true;
+    int64_t b = now_ms / HOUR_MS * HOUR_MS;
+    accept1("m,s=0", 1, b);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, true);
+    cr_assert_eq(fs.bulks, 0, "nothing is written before the sequence and pages are known");
+    cr_assert_neq(bd_flusher_retry_at(flusher), 0);
+    fs.find_fails = false;
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 1);
+    cr_assert_eq(STAT(readings_flushed), 1);
+}
+
+/* 64 fields with 16 KiB names: a page of 8 MiB (estimated) makes an update of more than 16 MiB
+ * (each name appears in the summary operators too): it is split before it is sent. */
+Test(flusher, an_update_over_16_MiB_is_split_before_it_is_sent) {
+    static char names[64][16385];
+    const char *fields[64];
+    for (int i = 0; i < 64; i++) {
+        memset(names[i], 'a' + (i % 26), 16384);
+        snprintf(names[i], 8, "f%02d", i);
+        names[i][3] = 'x';
+        names[i][16384] = '\0';
+        fields[i] = names[i];
+    }
+    int64_t b = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 20; j++) {
+        accept_fields("wide", fields, 64, j, b + j);
+    }
+    cr_assert_gt(run(20), 0);
+    cr_assert_eq(fake_stored(&fs, "wide"), 20);
+    cr_assert_leq(fs.max_update_bytes, BD_UPDATE_MAX_BYTES);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+}
+
+/* A reading whose update alone passes 16 MiB cannot be sent in any form: quarantined, kept. */
+Test(flusher, a_single_reading_too_large_to_send_is_quarantined) {
+    static char names[64][30001];
+    const char *fields[64];
+    for (int i = 0; i < 64; i++) {
+        memset(names[i], 'a' + (i % 26), 30000);
+        snprintf(names[i], 8, "f%02d", i);
+        names[i][3] = 'x';
+        names[i][30000] = '\0';
+        fields[i] = names[i];
+    }
+    int64_t b = now_ms / HOUR_MS * HOUR_MS;
+    accept_fields("huge", fields, 64, 1, b);
+    accept1("m,s=0", 1, b);
+    cr_assert_gt(run(20), 0);
+    cr_assert_eq(STAT(readings_quarantined), 1);
+    cr_assert_eq(fake_stored(&fs, "huge"), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 1);
+    cr_assert_eq(dead_letters(), 1);
+}
+
+/* Refused for its size after an attempt that may have reached the server: read back first; a
+ * page refused whatever its size is quarantined after MAX_REFUSALS, not moved on forever. */
+Test(flusher, size_refusals_after_an_ambiguous_attempt_are_bounded) {
+    fake_script(&fs, FAULT_LOST_REQUEST, 0);
+    fs.too_large = "m,s=0";
+    send_sensors(2, 4);
+    cr_assert_gt(run(100), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=1"), 4);
+    cr_assert_eq(STAT(readings_quarantined), 4);
+    cr_assert_eq(STAT(readings_flushed), 4);
+    cr_assert_geq(STAT(page_lookups), 1, "the ambiguous update's page was read back");
+}
+
+Test(flusher, a_duplicate_key_without_our_sequence_is_retried_a_bounded_number_of_times) {
+    fs.dup_always = "m,s=0";
+    send_sensors(2, 3);
+    cr_assert_gt(run(20), 0);
+    cr_assert_eq(STAT(readings_quarantined), 3);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(updates_already_applied), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=1"), 3);
+    cr_assert_eq(dead_letters(), 1);
+}
+
+Test(flusher, a_failed_read_back_leaves_the_update_pending) {
+    send_sensors(1, 1);
+    cr_assert_gt(run(10), 0);
+    int64_t b = now_ms / HOUR_MS * HOUR_MS;
+    accept1("other", 1, b);
+    fs.races = 1;
+    fs.find_fails = true;
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, true);
+    cr_assert_eq(STAT(readings_flushed), 1, "the raced update is not settled yet");
+    fs.find_fails = false;
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "other"), 1);
+    cr_assert_eq(STAT(readings_flushed), 2);
+    cr_assert_eq(STAT(updates_already_applied), 0);
+}
+
+Test(flusher, the_blackhole_sink_counts_and_discards) {
+    stop();
+    cfg.sink = BD_SINK_BLACKHOLE;
+    struct bd_err err = {0};
+    memset(&stats, 0, sizeof(stats));
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    fake_init(&fs, cfg.writer_id);
+    cr_assert_eq(bd_flusher_new(&flusher, &cfg, table, &stats, &err), 0, "%s", err.msg);
+    int64_t sent = send_sensors(3, 7);
+    cr_assert_gt(run(5), 0);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+    cr_assert_eq(STAT(bulk_writes), 0);
+}
+
+Test(flusher, a_stop_gives_up_what_keeps_failing_and_counts_it) {
+    for (int i = 0; i < 10; i++) {
+        fake_script(&fs, FAULT_LOST_REQUEST, 0);
+    }
+    int64_t sent = send_sensors(2, 2);
+    cr_assert_eq(run(5), -1);
+    cr_assert_eq(bd_flusher_abandon(flusher), (uint64_t)sent);
+    cr_assert_eq(STAT(readings_lost), (uint64_t)sent);
+    /* Nothing is left: the next stop has nothing to give up. */
+    cr_assert(bd_flusher_idle(flusher));
+    cr_assert_eq(bd_flusher_abandon(flusher), 0);
 }
