@@ -378,12 +378,9 @@ Test(flusher, a_forgotten_bucket_is_learned_again_and_keeps_its_page_cap) {
     cr_assert_eq(b0_pages, 2);
 }
 
-/* Every allocation of a step fails once, in turn; the readings are then all stored once. */
-Test(flusher, each_allocation_failure_delays_but_never_loses_or_duplicates) {
+/* The same readings for every round of the allocation sweep: three sensors, two buckets. */
+static void sweep_readings(int64_t t0) {
     static const char *const fields[] = {"a", "b", "c"};
-    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
-    /* Count the allocations of a clean run of the same work. */
-    bd_alloc_fail_after(-1, 0);
     for (int i = 0; i < 3; i++) {
         for (int j = 0; j < 12; j++) {
             char id[16];
@@ -392,6 +389,26 @@ Test(flusher, each_allocation_failure_delays_but_never_loses_or_duplicates) {
         }
     }
     publish();
+}
+
+/*
+ * Every allocation of a step fails once, in turn; the readings are then all stored once. With
+ * look_up, the buckets are inside the look-up horizon and pages exist already, so the failures
+ * also hit reading pages back and placing readings on them.
+ */
+static void allocation_sweep(bool look_up) {
+    stop();
+    cfg.buckets.max_readings = 5;
+    start();
+    if (look_up) {
+        now_ms = bd_now_ns() / MS;
+    }
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    /* Count the allocations of a clean run of the same work. */
+    if (look_up) {
+        fake_put(&fs, "m,s=0", t0, 0, 4, 3);
+    }
+    sweep_readings(t0);
     bd_alloc_fail_after(-1, 0);
     cr_assert_gt(run(10), 0);
     long allocations = bd_alloc_fail_after(-1, 0);
@@ -402,23 +419,30 @@ Test(flusher, each_allocation_failure_delays_but_never_loses_or_duplicates) {
         snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
         cr_assert_eq(system(cmd), 0);
         start();
-        for (int i = 0; i < 3; i++) {
-            for (int j = 0; j < 12; j++) {
-                char id[16];
-                snprintf(id, sizeof(id), "m,s=%d", i);
-                accept_fields(id, fields, 1 + (uint32_t)(j % 3), j, t0 - (j % 2) * HOUR_MS + j);
-            }
+        if (look_up) {
+            fake_put(&fs, "m,s=0", t0, 0, 4, 3);
         }
-        publish();
+        sweep_readings(t0);
         bd_alloc_fail_after(k, 0);
         bd_flusher_step(flusher, mono, now_ms, true);
         bd_alloc_fail_after(-1, 0);
         cr_assert_gt(run(20), 0, "allocation %ld", k);
-        assert_stored(3, 12);
+        cr_assert_eq(fake_stored(&fs, "m,s=0"), 12 + (look_up ? 4 : 0), "allocation %ld", k);
+        cr_assert_eq(fake_stored(&fs, "m,s=1"), 12, "allocation %ld", k);
+        cr_assert_eq(fake_stored(&fs, "m,s=2"), 12, "allocation %ld", k);
+        cr_assert_leq(fake_max_count(&fs), 5, "allocation %ld", k);
         cr_assert_eq(STAT(readings_flushed), 36, "allocation %ld", k);
         cr_assert_eq(STAT(readings_lost), 0);
         cr_assert_eq(STAT(updates_quarantined), 0);
     }
+}
+
+Test(flusher, each_allocation_failure_delays_but_never_loses_or_duplicates) {
+    allocation_sweep(false);
+}
+
+Test(flusher, each_allocation_failure_around_a_page_look_up_is_safe) {
+    allocation_sweep(true);
 }
 
 /* Memory never comes back: at the deadline, what was not written is counted lost. */
