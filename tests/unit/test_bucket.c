@@ -241,3 +241,75 @@ Test(bucket, split_moves_the_tail_and_recomputes_summaries) {
     bd_delta_close(&d);
     bd_delta_close(&tail);
 }
+
+/* Ids past BD_BUCKET_ID_MAX_VERBATIM bytes: a prefix cut at a character boundary and a digest
+ * of the whole id; ids that differ anywhere keep apart, the form always fits. */
+Test(bucket, long_ids_keep_their_own_bounded_id) {
+    static char a[1101], b[1101], id_a[BD_BUCKET_ID_MAX], id_b[BD_BUCKET_ID_MAX];
+    memset(a, 'x', 1100);
+    memset(b, 'x', 1100);
+    b[1099] = 'y';
+    cr_assert_eq(bd_bucket_id(id_a, sizeof(id_a), a, 0, 0), 0);
+    cr_assert_eq(bd_bucket_id(id_b, sizeof(id_b), b, 0, 0), 0);
+    cr_assert_str_neq(id_a, id_b);
+    cr_assert_eq(strlen(id_a), BD_BUCKET_ID_PREFIX + 1 + 32 + strlen("|0|0"));
+    cr_assert_eq(strncmp(id_a, a, BD_BUCKET_ID_PREFIX), 0);
+    cr_assert_eq(id_a[BD_BUCKET_ID_PREFIX], '~');
+    /* Same id, other bucket or page: other _id. */
+    cr_assert_eq(bd_bucket_id(id_b, sizeof(id_b), a, 3600000, 0), 0);
+    cr_assert_str_neq(id_a, id_b);
+    cr_assert_eq(bd_bucket_id(id_b, sizeof(id_b), a, 0, 1), 0);
+    cr_assert_str_neq(id_a, id_b);
+    /* Exactly at the limit: verbatim. One byte more: digest form. */
+    a[BD_BUCKET_ID_MAX_VERBATIM] = '\0';
+    cr_assert_eq(bd_bucket_id(id_a, sizeof(id_a), a, 0, 0), 0);
+    cr_assert_eq(strncmp(id_a, a, BD_BUCKET_ID_MAX_VERBATIM), 0);
+    cr_assert_eq(id_a[BD_BUCKET_ID_MAX_VERBATIM], '|');
+    a[BD_BUCKET_ID_MAX_VERBATIM] = 'x';
+    a[BD_BUCKET_ID_MAX_VERBATIM + 1] = '\0';
+    cr_assert_eq(bd_bucket_id(id_a, sizeof(id_a), a, 0, 0), 0);
+    cr_assert_eq(id_a[BD_BUCKET_ID_PREFIX], '~');
+}
+
+Test(bucket, a_long_id_is_cut_before_a_character_not_inside_it) {
+    static char a[400], id[BD_BUCKET_ID_MAX];
+    memset(a, 'x', sizeof(a) - 1);
+    a[sizeof(a) - 1] = '\0';
+    /* A three-byte character (U+20AC) straddling the prefix's end. */
+    memcpy(a + BD_BUCKET_ID_PREFIX - 1, "\xe2\x82\xac", 3);
+    cr_assert_eq(bd_bucket_id(id, sizeof(id), a, 0, 0), 0);
+    cr_assert_eq(id[BD_BUCKET_ID_PREFIX - 1], '~', "the character goes whole into the digest");
+    cr_assert_eq(strncmp(id, a, BD_BUCKET_ID_PREFIX - 1), 0);
+}
+
+/* Field names of any length are written whole and stay apart in the summaries. */
+Test(bucket, long_field_names_keep_their_own_summaries) {
+    static char k1[332], k2[332];
+    memset(k1, 'f', 331);
+    memset(k2, 'f', 331);
+    k2[330] = 'g';
+    sensor.field_names[0] = k1;
+    sensor.field_names[1] = k2;
+    struct bd_delta d;
+    bd_delta_init(&d, &sensor, 0, 0);
+    struct bd_reading_value v[2] = {fv(0, 1.5), fv(1, 2.5)};
+    cr_assert_eq(bd_delta_add(&d, 0, v, 2), 0);
+    bson_t sel, upd;
+    cr_assert_eq(bd_delta_build_update(&d, HOUR_MS, "w.t", 1, &sel, &upd), 0);
+    char want1[400], want2[400];
+    snprintf(want1, sizeof(want1), "summary.%s.min", k1);
+    snprintf(want2, sizeof(want2), "summary.%s.min", k2);
+    bson_iter_t it, set;
+    int found = 0;
+    cr_assert(bson_iter_init(&it, &upd) && bson_iter_find_descendant(&it, "0.$set", &set));
+    bson_iter_t keys;
+    bson_iter_recurse(&set, &keys);
+    while (bson_iter_next(&keys)) {
+        const char *k = bson_iter_key(&keys);
+        found += strcmp(k, want1) == 0 ? 1 : strcmp(k, want2) == 0 ? 2 : 0;
+    }
+    cr_assert_eq(found, 3, "both summaries, under their whole names");
+    bson_destroy(&sel);
+    bson_destroy(&upd);
+    bd_delta_close(&d);
+}
