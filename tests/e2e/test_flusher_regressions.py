@@ -4,8 +4,13 @@ fault proxy's new abilities (16 MiB documents, validators, fail points, racing i
 
 Each test states the behaviour DESIGN.md §3 promises and, in its docstring, how the flusher of
 18e0a24 (before the flusher was split into outcome/pages/batch/store) failed it, with the
-numbers of a run here. Expectations come from what the test sent; waits are on stored readings,
-log lines or the proxy's counters, never on the clock alone.
+numbers of a run here. Five reproduce a defect of 18e0a24 (the two oversized-page tests, the
+writer_id clash after a nothing-sent failure, the page cap across an outage, long names); the
+other four passed there already and guard what the rewrite must keep (a racing page of another
+writer, a validator refusing one sensor, errors that fail or only half-fail a write).
+Expectations come from what the test sent; waits are on stored readings, log lines or the
+proxy's counters, never on the clock alone. test_page_cap_across_a_long_outage takes two
+minutes or more (see there); the others well under one.
 
 Run: /usr/bin/python3 tests/e2e/test_flusher_regressions.py
 Environment (besides bdtest.py's): BUCKETD_INSPECT_BIN. With BUCKETD_TEST_MONGODB_URI the same
@@ -221,10 +226,11 @@ class FlusherRegressions(bdtest.E2ECase):
         """3,000 readings of 32 fields with 200-character names from one sensor in one flush
         (20 MB of BSON: no single update can carry them), beside five ordinary sensors.
 
-        On 18e0a24: the bulk never succeeds (libmongoc refuses the 20 MB statement before
-        sending; the flusher takes that for an ambiguous failure and retries it with every
-        other sensor's update until the stop deadline): stored 0 of 3,200, readings_flushed=0,
-        readings_lost=3200, the daemon needs all of flush.stop_timeout to stop."""
+        On 18e0a24: the bulk never succeeds. libmongoc refuses it before sending ("Document 0
+        is too large for the cluster. Document is 20311738 bytes, max is 16777216."), the
+        flusher takes that for an ambiguous failure and retries the whole bulk, the five small
+        sensors' updates with it, until the stop deadline: 168 bulk attempts, stored 0 of
+        3,200, readings_flushed=0, readings_lost=3200."""
         uri, client, db = self.new_database()
         d = self.new_daemon(uri, db, flush_interval="5s",
                             extra={"limits": {"ring_size": 131072}}).start()
@@ -259,8 +265,8 @@ class FlusherRegressions(bdtest.E2ECase):
         """100,000 readings of 10 short fields with buckets.max_readings 100000: one page by
         count, 19 MB by bytes, so it must be split across pages.
 
-        On 18e0a24: as above, the statement is over the wire limit and retried until the stop
-        deadline: stored 0 of 100,000, readings_lost=100000."""
+        On 18e0a24: as above ("Document is 18994377 bytes, max is 16777216"), retried until
+        the stop deadline: 159 bulk attempts, stored 0 of 100,000, readings_lost=100000."""
         uri, client, db = self.new_database()
         d = self.new_daemon(uri, db, max_readings=100000, flush_interval="5s",
                             extra={"limits": {"ring_size": 65536}}).start()
@@ -365,19 +371,23 @@ class FlusherRegressions(bdtest.E2ECase):
     # -- 3. the page cap across a long outage -------------------------------------------------
 
     def test_page_cap_across_a_long_outage(self):
-        """span 1m, max_readings 5, max_late 10s. While MongoDB is unreachable: readings of
-        bucket B0, then of the next bucket B1, then late readings of B0; MongoDB returns only
-        when B0 is older than span + max_late (so its page bookkeeping can be dropped while
-        its readings still wait to be written).
+        """span 1m, max_readings 5, max_late 3s (the late readings arrive within milliseconds
+        of their timestamps). While MongoDB is unreachable: readings of bucket B0, then of the
+        next bucket B1, then late readings of B0; MongoDB returns only when B0 ended more than
+        span + max_late ago (so its page bookkeeping may be dropped while its readings still
+        wait to be written).
 
-        Takes 70 to 140 s: the outage must outlast two spans plus max_late counted from the
-        start of B0 (1m is the smallest span the config allows).
+        Takes 85 to 150 s, over the minute the other tests keep to: the outage must outlast
+        two spans plus max_late counted from the start of B0, and 1m is the smallest span the
+        config allows.
 
-        On 18e0a24: B1 took over B0's bookkeeping slot when the readings were finally
-        drained, the late B0 readings started B0 again at page 0 and went there on top of
-        the readings already headed for it: a page of 8 readings (cap 5), bucketd-inspect
-        verify exit 1 (see the assertion message of a run for the page)."""
-        max_late = 10
+        On 18e0a24: when the readings were finally drained, B1 took over B0's bookkeeping
+        slot, the late B0 readings started B0 again and were put on page 0 beside the readings
+        already headed there, so one bulk carried two updates of page 0 under one flush
+        sequence number; the second was refused by the first's number (11000) three times and
+        then taken for another daemon using this writer_id: stored 10 of 13 readings,
+        writer_conflicts=1, updates_quarantined=1, readings_quarantined=3 (the late ones)."""
+        max_late = 3
         uri, client, db = self.new_database()
         proxy, proxied = self.proxy_for(uri, client)
         d = self.new_daemon(proxied, db, max_readings=5,
@@ -412,7 +422,7 @@ class FlusherRegressions(bdtest.E2ECase):
         sent = first + more_b0 + b1 + late_b0
 
         # MongoDB comes back once B0 ended more than span + max_late ago.
-        back = b0 + (120 + max_late + 5) * NS
+        back = b0 + (120 + max_late + 3) * NS
         while time.time_ns() < back:
             time.sleep(min(1.0, (back - time.time_ns()) / NS + 0.01))
         proxy.set_fault("pass")
@@ -433,10 +443,12 @@ class FlusherRegressions(bdtest.E2ECase):
         """Two sensor ids of 1,100 bytes that share their first 1,050, one reading each in
         three hours; and one sensor with two field keys of 331 bytes sharing 330.
 
-        On 18e0a24: the _ids of the two long sensors were cut to the same 1,023 bytes, so the
-        second sensor's updates hit the first one's documents: 3 documents instead of 6 (all
-        with the first sensor's id), writer_conflicts=3, updates_quarantined=3, 3 readings
-        missing; the two field keys were cut to one (see the assertion message of a run)."""
+        On 18e0a24: the _ids of the long sensors were cut to 1,023 bytes, before the bucket
+        start and page, so all six updates aimed at one document: stored 2 of 7 readings (one
+        long sensor's first, and the field-key sensor's), writer_conflicts=5,
+        updates_quarantined=5, readings_quarantined=5. And the field-key sensor's summary held
+        one entry, both keys cut to the same 311 bytes, with the value null (the reading kept
+        both keys whole)."""
         uri, client, db = self.new_database()
         d = self.new_daemon(uri, db, extra={"buckets": {"max_late": "4h"}}).start()
         measurement = "m" + "L" * 1049
