@@ -74,7 +74,6 @@ void bd_delta_init(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, ui
 }
 
 void bd_delta_reset(struct bd_delta *d) {
-    d->bytes = 0;
     d->n_readings = 0;
     d->n_values = 0;
     d->n_summaries = 0;
@@ -190,6 +189,14 @@ uint64_t bd_reading_bytes(const struct bd_sensor *s, const struct bd_reading_val
     return bytes;
 }
 
+uint64_t bd_reading_bytes_max(const struct bd_sensor *s, uint32_t n_fields) {
+    uint64_t bytes = 1 + 8 + 5 + (1 + 3 + 8);
+    for (uint32_t i = 0; i < n_fields; i++) {
+        bytes += 1 + strlen(s->field_names[i]) + 1 + 8;
+    }
+    return bytes;
+}
+
 uint64_t bd_page_overhead_bytes(const struct bd_sensor *s) {
     /* _id and sensor_id carry the id (the _id at most its bounded form), meta the measurement
      * and tags; bucket_start, bucket_end, page, count, the readings array's header and a few
@@ -234,28 +241,21 @@ int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_valu
     memcpy(&d->values[d->n_values], vals, n * sizeof(*vals));
     d->n_readings++;
     d->n_values += n;
-    if (d->sensor != NULL) {
-        d->bytes += bd_reading_bytes(d->sensor, vals, n);
-    }
     fold(d, vals, n);
     return 0;
 }
 
 /*
  * Cut a delta back to its first `keep` readings (in the order of readings[]) and recompute its
- * summaries and bytes. Re-folding needs no memory: a delta only shrinks.
+ * summaries. Re-folding needs no memory: a delta only shrinks.
  */
 static void truncate_delta(struct bd_delta *d, uint32_t keep) {
     d->n_values = keep < d->n_readings ? d->readings[keep].first : d->n_values;
     d->n_readings = keep;
     d->n_summaries = 0;
-    d->bytes = 0;
     for (uint32_t i = 0; i < keep; i++) {
         const struct bd_delta_reading *r = &d->readings[i];
         fold(d, &d->values[r->first], r->n);
-        if (d->sensor != NULL) {
-            d->bytes += bd_reading_bytes(d->sensor, &d->values[r->first], r->n);
-        }
     }
 }
 

@@ -345,6 +345,14 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
     struct bd_pages **pp = (struct bd_pages **)&s->flusher_state;
     const uint64_t span = f->cfg->buckets.span_ms;
     const uint64_t overhead = bd_page_overhead_bytes(s);
+    /* Sizing each reading costs a strlen per field. When even readings holding every field the
+     * sensor has cannot fill a page before max_readings does, they are all charged that upper
+     * bound instead: the byte limit cannot be reached, and the count limit decides as before.
+     * Once the sensor has more fields than the bound counted, readings are sized exactly (a
+     * relaxed load suffices: the reading's fields were published before the reading). */
+    const uint32_t n_known = atomic_load_explicit(&s->n_fields, memory_order_acquire);
+    const uint64_t rb_max = bd_reading_bytes_max(s, n_known);
+    const bool exact = overhead + (uint64_t)f->lim.max_readings * rb_max > f->lim.max_bytes;
     struct bd_page_slot *slot = NULL;
     int64_t di = -1, start = 0, lo_ns = 0, hi_ns = 0; /* slot's bucket: [lo_ns, hi_ns) */
     uint32_t cur_page = 0;
@@ -363,29 +371,35 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
             lo_ns = start * BD_NS_PER_MS;
             hi_ns = (start + (int64_t)span) * BD_NS_PER_MS;
         }
-        struct bd_page_slot next = *slot;
-        uint64_t rb = bd_reading_bytes(s, vals, nv);
+        /* All or nothing: the slot's counts are put back if the reading cannot be added. */
+        const uint32_t was_page = slot->page, was_count = slot->count;
+        const uint64_t was_bytes = slot->bytes;
+        uint64_t rb = rb_max;
+        if (exact || atomic_load_explicit(&s->n_fields, memory_order_relaxed) != n_known) {
+            rb = bd_reading_bytes(s, vals, nv);
+        }
         uint32_t page = BD_PAGE_UNKNOWN;
-        if (next.known) {
-            page = bd_pages_place(&next, &f->lim, rb, overhead);
+        if (slot->known) {
+            page = bd_pages_place(slot, &f->lim, rb, overhead);
         } else {
-            next.count++;
-            next.bytes += rb;
+            slot->count++;
+            slot->bytes += rb;
         }
         uint32_t had = f->batch.n;
         if (di < 0 || page != cur_page) {
             di = bd_batch_get(&f->batch, s, start, page);
-            if (di < 0) {
-                goto fail;
-            }
             cur_page = page;
         }
-        if (bd_delta_add(&f->batch.deltas[di], ts, vals, nv) < 0) {
-            bd_batch_truncate(&f->batch, had); /* a delta created for this reading goes too */
+        if (di < 0 || bd_delta_add(&f->batch.deltas[di], ts, vals, nv) < 0) {
+            if (di >= 0) {
+                bd_batch_truncate(&f->batch, had); /* a delta created for this reading goes too */
+            }
+            slot->page = was_page;
+            slot->count = was_count;
+            slot->bytes = was_bytes;
             goto fail;
         }
-        next.batch = f->batch_id;
-        *slot = next;
+        slot->batch = f->batch_id;
         bd_ring_consume(&s->ring, cells);
         moved++;
     }
@@ -907,9 +921,13 @@ static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t
         bool none = items[i].count == UINT32_MAX;
         uint32_t count = none ? 0 : items[i].count;
         /* The stored page's size, estimated from its count and this delta's readings. */
-        uint64_t bytes = count == 0 ? 0
-                                    : bd_page_overhead_bytes(d->sensor) +
-                                          count * (d->bytes / BD_MAX(d->n_readings, 1));
+        uint64_t per_reading = 0;
+        for (uint32_t r = 0; r < d->n_readings; r++) {
+            const struct bd_delta_reading *dr = &d->readings[r];
+            per_reading += bd_reading_bytes(d->sensor, &d->values[dr->first], dr->n);
+        }
+        per_reading /= BD_MAX(d->n_readings, 1);
+        uint64_t bytes = count == 0 ? 0 : bd_page_overhead_bytes(d->sensor) + count * per_reading;
         if (place_readings(f, items[i].delta, 0, PLACE_LEARNED, none ? 0 : items[i].page, count,
                            bytes) < 0) {
             log_oom(f, "while placing readings on pages");

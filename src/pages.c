@@ -79,23 +79,6 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
     return s;
 }
 
-uint32_t bd_pages_place(struct bd_page_slot *s, const struct bd_pages_limits *lim,
-                        uint64_t reading_bytes, uint64_t overhead_bytes) {
-    BD_ASSERT(s->known);
-    if (s->count == 0 && s->bytes < overhead_bytes) {
-        s->bytes = overhead_bytes;
-    }
-    if (s->count > 0 &&
-        (s->count >= lim->max_readings || s->bytes + reading_bytes > lim->max_bytes)) {
-        s->page++;
-        s->count = 0;
-        s->bytes = overhead_bytes;
-    }
-    s->count++;
-    s->bytes += reading_bytes;
-    return s->page;
-}
-
 void bd_pages_learn(struct bd_page_slot *s, uint32_t page, uint32_t count, uint64_t est_bytes) {
     s->page = page;
     s->count = count;

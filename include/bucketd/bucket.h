@@ -71,7 +71,6 @@ struct bd_delta {
     struct bd_sensor *sensor;
     int64_t start_ms;
     uint32_t page;
-    uint64_t bytes; /* estimated BSON bytes of the readings in a stored document */
 
     struct bd_delta_reading *readings;
     uint32_t n_readings, cap_readings;
@@ -109,6 +108,10 @@ int bd_delta_reserve(struct bd_delta *d, uint32_t readings, uint32_t values);
 /* Estimated BSON bytes of one reading inside a document's readings array (an upper bound). */
 uint64_t bd_reading_bytes(const struct bd_sensor *s, const struct bd_reading_value *vals,
                           uint32_t n);
+
+/* The same for a reading that holds every one of the sensor's first n_fields fields: an upper
+ * bound of bd_reading_bytes for any reading using only those fields. */
+uint64_t bd_reading_bytes_max(const struct bd_sensor *s, uint32_t n_fields);
 
 /* Estimated BSON bytes of a page document without its readings (an upper bound for one writer). */
 uint64_t bd_page_overhead_bytes(const struct bd_sensor *s);

@@ -24,6 +24,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "bucketd/common.h"
+
 /* Page of a delta whose bucket's stored pages are not known yet. */
 #define BD_PAGE_UNKNOWN UINT32_MAX
 
@@ -66,10 +68,24 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
  * Known slot: the page a reading of reading_bytes goes to, counted in. overhead_bytes is the
  * page's size without readings (bd_page_overhead_bytes), charged when a page opens. A reading
  * too large for any page still gets a page of its own (the update builder decides whether it
- * can be sent).
+ * can be sent). Inline: the flusher calls it for every reading it drains.
  */
-uint32_t bd_pages_place(struct bd_page_slot *s, const struct bd_pages_limits *lim,
-                        uint64_t reading_bytes, uint64_t overhead_bytes);
+static inline uint32_t bd_pages_place(struct bd_page_slot *s, const struct bd_pages_limits *lim,
+                                      uint64_t reading_bytes, uint64_t overhead_bytes) {
+    BD_ASSERT(s->known);
+    if (s->count == 0 && s->bytes < overhead_bytes) {
+        s->bytes = overhead_bytes;
+    }
+    if (s->count > 0 &&
+        (s->count >= lim->max_readings || s->bytes + reading_bytes > lim->max_bytes)) {
+        s->page++;
+        s->count = 0;
+        s->bytes = overhead_bytes;
+    }
+    s->count++;
+    s->bytes += reading_bytes;
+    return s->page;
+}
 
 /*
  * What MongoDB holds of the bucket: its last page and that page's readings (page 0, count 0 if
