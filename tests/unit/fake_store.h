@@ -60,6 +60,7 @@ struct fake_store {
     uint64_t seqs[256]; /* the sequence number of each bulk call (first 256) */
     uint32_t bulk_sizes[256];
     uint64_t max_update_bytes;
+    uint32_t empty_updates; /* updates that carried no reading (the flusher must send none) */
 };
 
 static struct fake_doc *fake_find(struct fake_store *fs, const char *id) {
@@ -198,6 +199,7 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
         uint64_t size = (uint64_t)sels[i]->len + upds[i]->len;
         fs->max_update_bytes = size > fs->max_update_bytes ? size : fs->max_update_bytes;
         fs->sent++;
+        fs->empty_updates += u.n == 0;
         if (fs->poison != NULL && u.sensor_id != NULL && strcmp(u.sensor_id, fs->poison) == 0) {
             fake_write_error(&errs, &n_errs, i, 121, "Document failed validation");
             continue;

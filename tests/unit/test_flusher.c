@@ -6,6 +6,7 @@
  * every allocation of a step. Expected values come from what each test sent.
  */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -647,4 +648,80 @@ Test(flusher, a_stop_gives_up_what_keeps_failing_and_counts_it) {
     /* Nothing is left: the next stop has nothing to give up. */
     cr_assert(bd_flusher_idle(flusher));
     cr_assert_eq(bd_flusher_abandon(flusher), 0);
+}
+
+/*
+ * Property: random readings of a few sensors, in and out of order, late and early, across
+ * buckets, through outages (nothing sent), lost replies, racing inserts and jumps of the wall
+ * clock, with a small page cap. After every settled flush: every accepted reading stored exactly
+ * once, no page over the cap, no update without readings.
+ */
+Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
+    stop();
+    cfg.buckets.span_ms = 60000;
+    cfg.buckets.max_readings = 4;
+    cfg.buckets.max_late_ms = 150000;
+    cfg.buckets.max_future_ms = 30000;
+    cfg.flush.max_updates = 5;
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        start();
+        uint64_t rng = seed * UINT64_C(0x9E3779B97F4A7C15);
+        int64_t sent[4] = {0};
+        now_ms = bd_now_ns() / MS + 48 * HOUR_MS;
+        for (int step = 0; step < 120; step++) {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            uint32_t r = (uint32_t)(rng >> 32);
+            int n = 1 + (int)(r % 7);
+            for (int k = 0; k < n; k++) {
+                int sensor = (int)((r >> (3 + k)) % 4);
+                /* Anywhere in the accepted window: late, out of order, or a little ahead. */
+                int64_t age = (int64_t)((r >> (5 + k)) % 170000) - 25000;
+                char id[16];
+                snprintf(id, sizeof(id), "m,s=%d", sensor);
+                accept1(id, step, now_ms - age);
+                sent[sensor]++;
+            }
+            switch (r % 11) {
+            case 0:
+                fake_script(&fs, FAULT_UNREACHABLE, 0); /* an outage: nothing sent */
+                fake_script(&fs, FAULT_UNREACHABLE, 0);
+                break;
+            case 1:
+                fake_script(&fs, FAULT_LOST_REPLY, 0);
+                break;
+            case 2:
+                fs.races = 1;
+                break;
+            case 3:
+                now_ms += 10 * 60000; /* the clock jumps ahead: buckets close, slots go */
+                break;
+            case 4:
+                now_ms -= 3 * 60000; /* and back */
+                break;
+            default:
+                now_ms += 7000;
+                break;
+            }
+            if (r % 3 == 0) {
+                cr_assert_gt(run(60), 0, "seed %" PRIu64 " step %d", seed, step);
+                for (int i = 0; i < 4; i++) {
+                    char id[16];
+                    snprintf(id, sizeof(id), "m,s=%d", i);
+                    cr_assert_eq(fake_stored(&fs, id), sent[i], "seed %" PRIu64 " step %d", seed,
+                                 step);
+                }
+                cr_assert_leq(fake_max_count(&fs), 4, "seed %" PRIu64 " step %d", seed, step);
+            }
+        }
+        cr_assert_eq(fs.empty_updates, 0);
+        cr_assert_eq(STAT(updates_quarantined), 0);
+        cr_assert_eq(STAT(writer_conflicts), 0);
+        stop();
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
+        cr_assert_eq(system(cmd), 0);
+    }
+    start(); /* for teardown */
 }
