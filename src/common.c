@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 int bd_err_set(struct bd_err *err, int code, const char *fmt, ...) {
     if (err != NULL) {
@@ -35,4 +36,20 @@ int64_t bd_now_ns(void) {
 
 int64_t bd_mono_ns(void) {
     return clock_ns(CLOCK_MONOTONIC);
+}
+
+int bd_write_all(int fd, const void *buf, size_t len) {
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
 }

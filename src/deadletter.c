@@ -55,21 +55,6 @@ static int pread_all(int fd, char *buf, size_t len, off_t off) {
     return 0;
 }
 
-static int write_all(int fd, const char *buf, size_t len) {
-    while (len > 0) {
-        ssize_t n = write(fd, buf, len);
-        if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return -errno;
-        }
-        buf += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 /* Offset just past the last '\n' before `size` (0 if there is none). */
 static int find_line_start(int fd, uint64_t size, uint64_t *out) {
     char *buf = malloc(SCAN_CHUNK);
@@ -144,7 +129,7 @@ static int repair_tail(int fd, const char *path, uint64_t *size, struct bd_err *
         return bd_err_set(err, rc, "%s: %s", path, strerror(-rc));
     }
     if (tail_is_record(fd, start, *size)) {
-        rc = write_all(fd, "\n", 1);
+        rc = bd_write_all(fd, "\n", 1);
         if (rc == 0 && fsync(fd) < 0) {
             rc = -errno;
         }
@@ -330,7 +315,7 @@ int bd_deadletter_append(struct bd_deadletter *dl, const struct bd_deadletter_re
     }
     /* One write(2) of the whole line: O_APPEND puts it at the end in one piece. The loop only
      * matters for a short write (a signal, a full disk), after which the rest follows it. */
-    rc = write_all(fd, line, len);
+    rc = bd_write_all(fd, line, len);
     if (rc == 0 && fsync(fd) < 0) {
         rc = -errno;
     }

@@ -80,21 +80,6 @@ static int read_state(struct bd_writer *w, struct bd_err *err) {
     return 0;
 }
 
-static int write_all(int fd, const char *buf, size_t len) {
-    while (len > 0) {
-        ssize_t n = write(fd, buf, len);
-        if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return -errno;
-        }
-        buf += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 /* Replace writer.state with the current values; with sync, durable before returning. */
 static int save_state(struct bd_writer *w, bool clean, bool sync, struct bd_err *err) {
     char buf[512];
@@ -109,7 +94,7 @@ static int save_state(struct bd_writer *w, bool clean, bool sync, struct bd_err 
     if (fd < 0) {
         return bd_err_set(err, -errno, "%s: %s", w->tmp_path, strerror(errno));
     }
-    rc = write_all(fd, buf, (size_t)len);
+    rc = bd_write_all(fd, buf, (size_t)len);
     if (rc == 0 && sync && fsync(fd) < 0) {
         rc = -errno;
     }

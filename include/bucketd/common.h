@@ -33,6 +33,9 @@ int64_t bd_now_ns(void);
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC), for timeouts and rates. */
 int64_t bd_mono_ns(void);
 
+/* write(2) all of buf, retrying short writes and EINTR. 0 or -errno. */
+int bd_write_all(int fd, const void *buf, size_t len);
+
 #define BD_NS_PER_MS INT64_C(1000000)
 #define BD_NS_PER_S INT64_C(1000000000)
 

@@ -300,17 +300,32 @@ Test(flusher, an_update_refused_client_side_alone_moves_to_a_new_page) {
     cr_assert_eq(fs.docs[0].page, 1);
 }
 
+/* n distinct field names of len bytes each ("fNN" then filler), for size limits; free_names
+ * gives them back. */
+static const char **long_names(int n, size_t len) {
+    const char **fields = calloc((size_t)n, sizeof(*fields));
+    for (int i = 0; i < n; i++) {
+        char *name = malloc(len + 1);
+        memset(name, 'a' + (i % 26), len);
+        snprintf(name, 4, "f%02d", i);
+        name[3] = 'x';
+        name[len] = '\0';
+        fields[i] = name;
+    }
+    return fields;
+}
+
+static void free_names(const char **fields, int n) {
+    for (int i = 0; i < n; i++) {
+        free((char *)fields[i]);
+    }
+    free(fields);
+}
+
 /* Defect 1: one sensor whose page would pass 16 MiB (32 fields with 200-character names, 3,000
  * readings) beside five normal sensors. */
 Test(flusher, an_oversized_page_is_split_and_never_blocks_other_sensors) {
-    static char names[32][201];
-    const char *fields[32];
-    for (int i = 0; i < 32; i++) {
-        memset(names[i], 'a' + (i % 26), 200);
-        names[i][0] = (char)('A' + i);
-        names[i][200] = '\0';
-        fields[i] = names[i];
-    }
+    const char **fields = long_names(32, 200);
     int64_t start = now_ms / HOUR_MS * HOUR_MS;
     for (int j = 0; j < 3000; j++) {
         accept_fields("big", fields, 32, j, start + j);
@@ -328,6 +343,7 @@ Test(flusher, an_oversized_page_is_split_and_never_blocks_other_sensors) {
         big_pages += strcmp(fs.docs[i].sensor_id, "big") == 0;
     }
     cr_assert_geq(big_pages, 3, "20 MB of readings need three 8 MiB pages");
+    free_names(fields, 32);
 }
 
 Test(flusher, a_document_size_refusal_moves_readings_to_the_next_page) {
@@ -541,15 +557,7 @@ Test(flusher, a_failed_look_up_keeps_the_readings_and_is_tried_again) {
 /* 64 fields with 16 KiB names: a page of 8 MiB (estimated) makes an update of more than 16 MiB
  * (each name appears in the summary operators too): it is split before it is sent. */
 Test(flusher, an_update_over_16_MiB_is_split_before_it_is_sent) {
-    static char names[64][16385];
-    const char *fields[64];
-    for (int i = 0; i < 64; i++) {
-        memset(names[i], 'a' + (i % 26), 16384);
-        snprintf(names[i], 8, "f%02d", i);
-        names[i][3] = 'x';
-        names[i][16384] = '\0';
-        fields[i] = names[i];
-    }
+    const char **fields = long_names(64, 16384);
     int64_t b = now_ms / HOUR_MS * HOUR_MS;
     for (int j = 0; j < 20; j++) {
         accept_fields("wide", fields, 64, j, b + j);
@@ -558,19 +566,12 @@ Test(flusher, an_update_over_16_MiB_is_split_before_it_is_sent) {
     cr_assert_eq(fake_stored(&fs, "wide"), 20);
     cr_assert_leq(fs.max_update_bytes, BD_UPDATE_MAX_BYTES);
     cr_assert_eq(STAT(updates_quarantined), 0);
+    free_names(fields, 64);
 }
 
 /* A reading whose update alone passes 16 MiB cannot be sent in any form: quarantined, kept. */
 Test(flusher, a_single_reading_too_large_to_send_is_quarantined) {
-    static char names[64][30001];
-    const char *fields[64];
-    for (int i = 0; i < 64; i++) {
-        memset(names[i], 'a' + (i % 26), 30000);
-        snprintf(names[i], 8, "f%02d", i);
-        names[i][3] = 'x';
-        names[i][30000] = '\0';
-        fields[i] = names[i];
-    }
+    const char **fields = long_names(64, 30000);
     int64_t b = now_ms / HOUR_MS * HOUR_MS;
     accept_fields("huge", fields, 64, 1, b);
     accept1("m,s=0", 1, b);
@@ -579,6 +580,7 @@ Test(flusher, a_single_reading_too_large_to_send_is_quarantined) {
     cr_assert_eq(fake_stored(&fs, "huge"), 0);
     cr_assert_eq(fake_stored(&fs, "m,s=0"), 1);
     cr_assert_eq(dead_letters(), 1);
+    free_names(fields, 64);
 }
 
 /* Refused for its size after an attempt that may have reached the server: read back first; a
