@@ -307,8 +307,9 @@ static const char **long_names(int n, size_t len) {
     for (int i = 0; i < n; i++) {
         char *name = malloc(len + 1);
         memset(name, 'a' + (i % 26), len);
-        snprintf(name, 4, "f%02d", i);
-        name[3] = 'x';
+        char tag[16];
+        snprintf(tag, sizeof(tag), "f%02dx", i % 100);
+        memcpy(name, tag, 4);
         name[len] = '\0';
         fields[i] = name;
     }
