@@ -344,14 +344,26 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
     struct bd_pages **pp = (struct bd_pages **)&s->flusher_state;
     const uint64_t span = f->cfg->buckets.span_ms;
-    const uint64_t overhead = bd_page_overhead_bytes(s);
     /* Sizing each reading costs a strlen per field. When even readings holding every field the
      * sensor has cannot fill a page before max_readings does, they are all charged that upper
      * bound instead: the byte limit cannot be reached, and the count limit decides as before.
      * Once the sensor has more fields than the bound counted, readings are sized exactly (a
-     * relaxed load suffices: the reading's fields were published before the reading). */
+     * relaxed load suffices: the reading's fields were published before the reading). The
+     * bound and the page overhead are kept with the sensor's pages until its fields change. */
     const uint32_t n_known = atomic_load_explicit(&s->n_fields, memory_order_acquire);
-    const uint64_t rb_max = bd_reading_bytes_max(s, n_known);
+    uint64_t overhead, rb_max;
+    if (*pp != NULL && (*pp)->sized_fields == n_known) {
+        overhead = (*pp)->overhead_bytes;
+        rb_max = (*pp)->reading_max_bytes;
+    } else {
+        overhead = bd_page_overhead_bytes(s);
+        rb_max = bd_reading_bytes_max(s, n_known);
+        if (*pp != NULL) {
+            (*pp)->sized_fields = n_known;
+            (*pp)->overhead_bytes = overhead;
+            (*pp)->reading_max_bytes = rb_max;
+        }
+    }
     const bool exact = overhead + (uint64_t)f->lim.max_readings * rb_max > f->lim.max_bytes;
     struct bd_page_slot *slot = NULL;
     int64_t di = -1, start = 0, lo_ns = 0, hi_ns = 0; /* slot's bucket: [lo_ns, hi_ns) */

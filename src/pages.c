@@ -65,6 +65,7 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
             if (p == NULL) {
                 grown->n = 0;
                 grown->forgot_max_ms = INT64_MIN;
+                grown->sized_fields = UINT32_MAX;
             }
             grown->cap = cap;
             p = grown;

@@ -50,6 +50,10 @@ struct bd_page_slot {
 struct bd_pages {
     uint32_t n, cap;
     int64_t forgot_max_ms; /* newest bucket start whose slot was dropped (INT64_MIN: none) */
+    /* The sensor's page sizes as the flusher last worked them out, while it had sized_fields
+     * field names (UINT32_MAX: not yet): a page's overhead and the largest reading's bytes. */
+    uint32_t sized_fields;
+    uint64_t overhead_bytes, reading_max_bytes;
     struct bd_page_slot slot[];
 };
 
