@@ -24,6 +24,7 @@
 #include "bucketd/flusher.h"
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
+#include "bucketd/mongo.h"
 #include "bucketd/sensor.h"
 #include "bucketd/stats.h"
 
@@ -156,7 +157,7 @@ int bd_daemon_run(const struct bd_config *cfg) {
     d->cfg = cfg;
     pthread_mutex_init(&d->drained_mu, NULL);
     signal(SIGPIPE, SIG_IGN);
-    mongoc_init();
+    bd_mongo_init();
     bd_flusher_install_driver_log();
 
     if (bd_sensor_table_new(&d->table, cfg, &d->stats, &err) < 0 ||
