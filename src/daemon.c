@@ -24,7 +24,6 @@
 #include "bucketd/flusher.h"
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
-#include "bucketd/mongo.h"
 #include "bucketd/sensor.h"
 #include "bucketd/stats.h"
 
@@ -157,7 +156,7 @@ int bd_daemon_run(const struct bd_config *cfg) {
     d->cfg = cfg;
     pthread_mutex_init(&d->drained_mu, NULL);
     signal(SIGPIPE, SIG_IGN);
-    bd_mongo_init();
+    mongoc_init();
     bd_flusher_install_driver_log();
 
     if (bd_sensor_table_new(&d->table, cfg, &d->stats, &err) < 0 ||

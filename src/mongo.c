@@ -8,12 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-void bd_mongo_init(void) {
-    /* Nothing reads the counters (they are for mongoc's own monitoring tool). */
-    setenv("MONGOC_DISABLE_SHM", "1", 0);
-    mongoc_init();
-}
-
 static void default_option(mongoc_uri_t *uri, const char *key, int32_t value) {
     if (!mongoc_uri_has_option(uri, key)) {
         mongoc_uri_set_option_as_int32(uri, key, value);

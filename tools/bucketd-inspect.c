@@ -2092,7 +2092,7 @@ int main(int argc, char **argv) {
     }
     v.s = &s;
 
-    bd_mongo_init();
+    mongoc_init();
     /* Listing dead letters, and printing what a replay would send, need no server. */
     bool offline = o.cmd == CMD_DL_LIST || (o.cmd == CMD_DL_REPLAY && o.given[OPT_DRY_RUN]);
     rc = offline ? 0 : conn_open(&c, &s, &err);

@@ -10,14 +10,6 @@
 #include "bucketd/common.h"
 
 /*
- * mongoc_init(), without the driver's shared-memory counters (unless the environment asks for
- * them with MONGOC_DISABLE_SHM set to anything): each process would otherwise create
- * /dev/shm/mongoc-<pid>, which a killed process leaves behind, and a later process that reuses
- * the pid finds it taken and prints a warning. Call once, before any other mongoc call.
- */
-void bd_mongo_init(void);
-
-/*
  * Parse a MongoDB URI and apply bucketd's defaults for the options it does not set:
  * serverSelectionTimeoutMS=2000, connectTimeoutMS=2000, socketTimeoutMS=10000 (a dead server
  * must not stall a flush for the driver's 30 s default). NULL and err filled on a bad URI.

@@ -42,6 +42,12 @@ for _p in (HERE, os.path.join(REPO, "tools")):
 
 import send_readings  # noqa: E402  (tools/send_readings.py)
 
+# libmongoc's shared-memory counters (/dev/shm/mongoc-<pid>, created when the library loads) are
+# left behind by every daemon a test kills; a process that later gets the same pid warns about it
+# on stderr. Nothing reads them: off for every process the tests start (tools/test.sh does the
+# same for the whole run).
+os.environ.setdefault("MONGOC_DISABLE_SHM", "1")
+
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 
