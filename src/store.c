@@ -110,6 +110,17 @@ static bool m_bulk_upsert(struct bd_store *st, const bson_t *const *selectors,
     return ok;
 }
 
+/* This writer's sequence number in a bucket document ("w.<writer_id>"), 0 if it has none. */
+static uint64_t doc_writer_seq(const struct mongo_store *m, const bson_t *doc) {
+    bson_iter_t it, child;
+    if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, m->writer_key, &child) &&
+        BSON_ITER_HOLDS_NUMBER(&child)) {
+        int64_t v = bson_iter_as_int64(&child);
+        return v > 0 ? (uint64_t)v : 0;
+    }
+    return 0;
+}
+
 static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
                          bd_store_page_cb fn, void *arg, bson_error_t *error) {
     struct mongo_store *m = (struct mongo_store *)st;
@@ -139,7 +150,7 @@ static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, ui
     bson_destroy(&opts);
     bson_destroy(&filter);
     while (mongoc_cursor_next(cur, &doc)) {
-        bson_iter_t it, child;
+        bson_iter_t it;
         struct bd_page_info info = {.page = -1};
         if (!bson_iter_init(&it, doc)) {
             continue;
@@ -156,11 +167,7 @@ static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, ui
                 info.count = bson_iter_as_int64(&it);
             }
         }
-        if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, m->writer_key, &child) &&
-            BSON_ITER_HOLDS_NUMBER(&child)) {
-            int64_t v = bson_iter_as_int64(&child);
-            info.writer_seq = v > 0 ? (uint64_t)v : 0;
-        }
+        info.writer_seq = doc_writer_seq(m, doc);
         if (info.sensor_id != NULL && info.page >= 0) {
             fn(arg, &info);
         }
@@ -193,12 +200,7 @@ static bool m_max_writer_seq(struct bd_store *st, uint64_t *seq, bson_error_t *e
     bson_append_document_end(&opts, &proj);
     mongoc_cursor_t *cur = mongoc_collection_find_with_opts(m->coll, &filter, &opts, NULL);
     while (mongoc_cursor_next(cur, &doc)) {
-        bson_iter_t it, child;
-        if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, m->writer_key, &child) &&
-            BSON_ITER_HOLDS_NUMBER(&child)) {
-            int64_t v = bson_iter_as_int64(&child);
-            seen = BD_MAX(seen, v > 0 ? (uint64_t)v : 0);
-        }
+        seen = BD_MAX(seen, doc_writer_seq(m, doc));
     }
     bool ok = !mongoc_cursor_error(cur, error);
     mongoc_cursor_destroy(cur);
