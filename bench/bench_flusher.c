@@ -1,7 +1,7 @@
 /*
  * Flusher drain benchmark: the flusher thread's share of the packed UDP load. Readings are
  * accepted into the sensor table (as the ingest thread does, not timed) and then moved out of
- * the rings into bucket deltas by bd_flusher_step with the blackhole sink (timed): page
+ * the sensor queues into bucket deltas by bd_flusher_step with the blackhole sink (timed): page
  * accounting, delta building and summaries, no MongoDB. One thread, so the figure is the CPU the
  * flusher spends per reading, which on a two-core gateway is taken from the ingest thread.
  *
@@ -63,12 +63,9 @@ int main(int argc, char **argv) {
     bd_config_defaults(&cfg);
     cfg.sink = BD_SINK_BLACKHOLE;
     cfg.limits.max_sensors = sensors;
-    /* Room in each ring for one round's readings of its sensor. */
-    uint32_t cells = (readings / sensors + 1) * (fields + 1);
-    cfg.limits.ring_size = 16;
-    while (cfg.limits.ring_size < cells) {
-        cfg.limits.ring_size *= 2;
-    }
+    /* Room in the pool for one round's readings of every sensor (a segment each, at least). */
+    uint64_t cells = (uint64_t)(readings / sensors + 1) * (fields + 1) + 64;
+    cfg.limits.memory = BD_MAX(UINT64_C(64) << 20, 4 * cells * sensors * 16);
     memset(&stats, 0, sizeof(stats));
     if (bd_sensor_table_new(&table, &cfg, &stats, &err) < 0 ||
         bd_flusher_new(&flusher, &cfg, table, &stats, &err) < 0) {

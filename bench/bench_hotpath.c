@@ -1,7 +1,7 @@
 /*
- * Ingest hot-path benchmark: parse -> sensor lookup -> ring push, as the ingest thread runs it,
- * with a second thread draining the rings as the flusher does (woken through the table's wake
- * callback when a ring passes its high-water mark; it pops the dirty sensors, decodes each
+ * Ingest hot-path benchmark: parse -> sensor lookup -> queue push, as the ingest thread runs it,
+ * with a second thread draining the queues as the flusher does (woken through the table's wake
+ * callback when the pool passes its wake-up mark; it pops the dirty sensors, decodes each
  * reading and hands the cells back), so the cross-core traffic of the hand-off is in the figure.
  * No sockets and no MongoDB: this isolates what bench/run.sh's packed UDP figure spends in
  * bucketd's own code from the kernel and the sender.
@@ -10,7 +10,7 @@
  *   m2,site=plant-4,sensor=s294 f0=-2.69,f1=81224i,f2=52.08 1736949600018555033
  * for --sensors sensors (default 1000) in round-robin order with shuffled starts, in
  * "datagrams" of --per-datagram lines (default 400), each ended by bd_sensor_table_publish()
- * as the UDP listener does. A push refused by a full ring is retried after a yield (the
+ * as the UDP listener does. A push refused by a full pool is retried after a yield (the
  * listener would pause instead); the retries are reported, not hidden.
  *
  * --inline drains in the producer's thread instead, after the datagram whose readings woke
@@ -21,7 +21,7 @@
  * producer ns/reading (thread CPU time), consumer ns/reading, wall readings/s.
  *
  *   bench_hotpath [--sensors N] [--fields N] [--per-datagram N] [--lines N] [--runs N]
- *                 [--ring N] [--seconds S] [--inline]
+ *                 [--memory-mib N] [--seconds S] [--inline]
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -48,7 +48,7 @@ static unsigned g_fields = 3;
 static unsigned g_per_datagram = 400;
 static unsigned g_lines = 400000;
 static unsigned g_runs = 5;
-static unsigned g_ring = 256;
+static unsigned g_memory_mib = 64;
 static double g_seconds = 1.0;
 static bool g_inline;
 
@@ -155,7 +155,7 @@ static uint64_t drain_all(struct run_state *st) {
         uint32_t nv, cells;
         while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
             st->check += vals[0].kind == BD_VAL_FLOAT ? vals[0].v.f : 0;
-            bd_ring_consume(&s->ring, cells);
+            bd_sensor_consume(s, cells);
             got++;
         }
     }
@@ -293,8 +293,8 @@ int main(int argc, char **argv) {
             g_lines = arg_uint(v, a);
         } else if (strcmp(a, "--runs") == 0) {
             g_runs = arg_uint(v, a);
-        } else if (strcmp(a, "--ring") == 0) {
-            g_ring = arg_uint(v, a);
+        } else if (strcmp(a, "--memory-mib") == 0) {
+            g_memory_mib = arg_uint(v, a);
         } else if (strcmp(a, "--inline") == 0) {
             g_inline = true;
             continue;
@@ -313,7 +313,7 @@ int main(int argc, char **argv) {
     build_input();
     struct bd_config cfg;
     bd_config_defaults(&cfg);
-    cfg.limits.ring_size = g_ring;
+    cfg.limits.memory = (uint64_t)g_memory_mib << 20;
     cfg.limits.max_sensors = g_sensors + 1;
 
     struct run_state best = {0};
@@ -329,13 +329,13 @@ int main(int argc, char **argv) {
             best = st;
         }
     }
-    printf("{\"mode\":\"%s\",\"sensors\":%u,\"fields\":%u,\"per_datagram\":%u,\"ring_size\":%u,"
+    printf("{\"mode\":\"%s\",\"sensors\":%u,\"fields\":%u,\"per_datagram\":%u,\"memory_mib\":%u,"
            "\"runs\":%u,"
            "\"readings\":%" PRIu64 ",\"producer_ns_per_reading\":%.1f,"
            "\"consumer_ns_per_reading\":%.1f,\"wall_readings_per_s\":%.0f,"
            "\"full_ring_retries\":%" PRIu64 ",\"check\":%.0f}\n",
-           g_inline ? "inline" : "two threads", g_sensors, g_fields, g_per_datagram, g_ring, g_runs,
-           best.produced, best_ns, best.consumer_cpu_s * 1e9 / (double)best.consumed,
+           g_inline ? "inline" : "two threads", g_sensors, g_fields, g_per_datagram, g_memory_mib,
+           g_runs, best.produced, best_ns, best.consumer_cpu_s * 1e9 / (double)best.consumed,
            (double)best.produced / best.wall_s, best.full_retries, best.check);
     return 0;
 }

@@ -184,7 +184,7 @@ uint64_t bd_reading_bytes(const struct bd_sensor *s, const struct bd_reading_val
      * "ts" as a date. Each value: type, key, NUL, 8 bytes (booleans take 1; counted as 8). */
     uint64_t bytes = 1 + 8 + 5 + (1 + 3 + 8);
     for (uint32_t i = 0; i < n; i++) {
-        bytes += 1 + strlen(s->field_names[vals[i].field]) + 1 + 8;
+        bytes += 1 + strlen(bd_sensor_field_name(s, vals[i].field)) + 1 + 8;
     }
     return bytes;
 }
@@ -192,7 +192,7 @@ uint64_t bd_reading_bytes(const struct bd_sensor *s, const struct bd_reading_val
 uint64_t bd_reading_bytes_max(const struct bd_sensor *s, uint32_t n_fields) {
     uint64_t bytes = 1 + 8 + 5 + (1 + 3 + 8);
     for (uint32_t i = 0; i < n_fields; i++) {
-        bytes += 1 + strlen(s->field_names[i]) + 1 + 8;
+        bytes += 1 + strlen(bd_sensor_field_name(s, i)) + 1 + 8;
     }
     return bytes;
 }
@@ -207,7 +207,7 @@ uint64_t bd_page_overhead_bytes(const struct bd_sensor *s) {
     }
     uint32_t n_fields = atomic_load_explicit(&s->n_fields, memory_order_acquire);
     for (uint32_t i = 0; i < n_fields; i++) {
-        bytes += strlen(s->field_names[i]) + 16 + 5 * (8 + 8);
+        bytes += strlen(bd_sensor_field_name(s, i)) + 16 + 5 * (8 + 8);
     }
     return bytes;
 }
@@ -507,7 +507,7 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
         BSON_APPEND_DATE_TIME(&rdoc, "ts", bd_floor_div(r->ts_ns, BD_NS_PER_MS));
         for (uint32_t j = 0; j < r->n; j++) {
             const struct bd_reading_value *v = &d->values[r->first + j];
-            append_value(&rdoc, s->field_names[v->field], v);
+            append_value(&rdoc, bd_sensor_field_name(s, v->field), v);
         }
         bson_append_document_end(&arr, &rdoc);
     }
@@ -532,7 +532,7 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
     append_add(&set, "count", "$count", true, d->n_readings, 0);
     for (uint32_t i = 0; i < d->n_summaries && rc == 0; i++) {
         const struct bd_field_summary *fs = &d->summaries[i];
-        rc = append_summary_fold(&set, &key, &ref, s->field_names[fs->field], fs);
+        rc = append_summary_fold(&set, &key, &ref, bd_sensor_field_name(s, fs->field), fs);
     }
     bson_append_document_end(&stage, &set);
     bson_append_document_end(update, &stage);
@@ -542,7 +542,7 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
     BSON_APPEND_DOCUMENT_BEGIN(&stage, "$set", &set);
     append_readings_merge(&set, bd_floor_div(d->readings[0].ts_ns, BD_NS_PER_MS));
     for (uint32_t i = 0; i < d->n_summaries && rc == 0; i++) {
-        rc = append_summary_avg(&set, &key, &ref, s->field_names[d->summaries[i].field]);
+        rc = append_summary_avg(&set, &key, &ref, bd_sensor_field_name(s, d->summaries[i].field));
     }
     bson_append_document_end(&stage, &set);
     bson_append_document_end(update, &stage);

@@ -184,9 +184,14 @@ static const struct key_def schema[] = {
      .names = level_names, .flags = KF_RELOAD, .help = "least severe level logged"},
     {.path = "limits.max_sensors", .type = T_UINT, CFG(limits.max_sensors), .min = 1,
      .max = 10000000, .def = "100000", .help = "distinct sensors tracked"},
+    {.path = "limits.memory", .type = T_SIZE, CFG(limits.memory), .min = 256 * KIB,
+     .max = 64 * GIB, .def = "64MiB",
+     .help = "memory for buffered readings: half for the sensor queues' pool, half for "
+             "pending batches"},
     {.path = "limits.ring_size", .type = T_UINT, CFG(limits.ring_size), .min = 16,
      .max = 1048576, .def = "256", .check = check_pow2,
-     .help = "readings buffered per sensor between flushes; a power of two"},
+     .help = "no longer used (limits.memory bounds all buffering); accepted so older "
+             "configs still load"},
     {.path = "limits.max_fields", .type = T_UINT, CFG(limits.max_fields), .min = 1,
      .max = BD_PARSE_MAX_FIELDS, .def = "32", .help = "fields per line"},
     {.path = "limits.max_line", .type = T_SIZE, CFG(limits.max_line), .min = 256,

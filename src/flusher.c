@@ -412,7 +412,7 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
             goto fail;
         }
         slot->batch = f->batch_id;
-        bd_ring_consume(&s->ring, cells);
+        bd_sensor_consume(s, cells);
         moved++;
     }
     return moved;
@@ -1190,7 +1190,7 @@ static uint64_t discard_rings(struct bd_flusher *f) {
         int64_t ts;
         uint32_t nv, cells;
         while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
-            bd_ring_consume(&s->ring, cells);
+            bd_sensor_consume(s, cells);
             lost++;
         }
     }

@@ -1,17 +1,17 @@
 /*
- * Sensor table: series key -> sensor, with one SPSC ring per sensor and a dirty queue that
- * hands sensors with new readings to the flusher.
+ * Sensor table: series key -> sensor, with one SPSC queue per sensor (segments of the buffer
+ * pool) and a dirty queue that hands sensors with new readings to the flusher.
  *
  * Threads: the ingest thread owns the hash index, creates sensors, appends field names and is
- * the single producer of every sensor ring and of the dirty queue. The flusher thread is the
- * single consumer of both. Sensors live until bd_sensor_table_free(), which runs after both
- * threads have stopped.
+ * the single producer of every sensor queue, of the dirty queue and the consumer of the reclaim
+ * queue. The flusher thread is the single consumer of the first two and the producer of the
+ * third. Sensors live until bd_sensor_table_free(), which runs after both threads have stopped.
  *
  * Index: open addressing, linear probing, at most half full. A slot holds the full 64-bit hash
  * next to the sensor pointer, so a probe that meets another sensor is rejected without touching
  * it; a hash match is confirmed by length and bytes of the id. Sensors are never removed.
  *
- * Hand-off protocol. The producer pushes a reading (release on the ring head) and then looks at
+ * Hand-off protocol. The producer pushes a reading (a release store, see the queue protocol) and then looks at
  * the sensor's dirty flag with a plain load (acquire: an ordinary load on x86), which costs no
  * locked instruction, does not wait for the cell stores to drain, and leaves the line shared:
  *   - 0: the sensor is not queued (the consumer popped it, or it never was): the producer sets
@@ -19,7 +19,7 @@
  *     the producer ever writes 1 and it just read 0, so no exchange is needed, and the sensor is
  *     in the queue at most once.
  *   - 1: the sensor is queued or being drained. The reading will be drained unless the consumer
- *     already made its last look at this ring and cleared the flag after the value we read --
+ *     already made its last look at this queue and cleared the flag after the value we read --
  *     the store-buffer race (each side writes one word, then reads the other's) that only a full
  *     barrier on both sides would close. Instead of paying a barrier per reading, the producer
  *     notes the sensor on a re-check list and settles the list once per batch, in
@@ -39,8 +39,27 @@
  *     flag's modification order), so it comes with a queue entry pushed after R.
  * Either way R is drained. A reading that found 0 queues the sensor itself, after the push.
  *
- * Ring cell encoding of one reading: a header cell {ts_ns, n_values} followed by n_values
- * value cells {value bits, field index | kind << 16}.
+ * Queue protocol. A sensor's queue is a chain of pool segments. A record (one reading) never
+ * spans segments: it is written whole into the producer's segment (wseg) at wpos, then
+ * published with a release store of wseg->published, which the consumer loads with acquire. A
+ * record that does not fit starts a new segment, linked with a release store of the old one's
+ * next (so the old one's published is final before the consumer can see the link), or, when the
+ * producer has no segment, of the sensor's `first`, which the consumer takes (load acquire, then
+ * clears: only the producer stores a non-NULL value, and only once the consumer took the
+ * previous one, see below). The consumer hands a segment back to the pool once it has read all
+ * of it and the producer has left it: it has a successor, or it is sealed.
+ * An idle sensor must not keep its last segment: when a drain finds the queue empty in the
+ * producer's own segment, the consumer stores what it consumed into the segment (release) and
+ * puts the sensor on the reclaim queue (once: the reclaim flag). The producer, at its next
+ * publish, takes it off and, if nothing was pushed since (wpos == consumed, acquire), seals the
+ * segment (published |= SEALED, release), forgets it and marks the sensor dirty; the consumer
+ * then finds it sealed and read to the end and gives it back. If the producer did push since,
+ * it keeps the segment: the consumer will drain it and report it again. Sealing requires that
+ * the consumer has read the segment, so it has taken it from `first`: the next chain's `first`
+ * store never overwrites an untaken one.
+ *
+ * Cell encoding of one reading: a header cell {ts_ns, n_values} followed by n_values value cells
+ * {value bits, field index | kind << 16}.
  */
 #include "bucketd/sensor.h"
 
@@ -53,8 +72,13 @@
 
 #include "bucketd/log.h"
 
-_Static_assert(offsetof(struct bd_sensor, ring) == BD_RING_LINE,
-               "the ring's producer line must pair with the sensor's first line");
+_Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
+               "the queue's producer line must pair with the sensor's first line");
+
+/* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume. */
+#define POOL_WAKE_EIGHTHS 2
+#define POOL_HIGH_EIGHTHS 6
+#define POOL_LOW_EIGHTHS 4
 
 /* The re-check list is settled early when it fills (a batch of very many lines). */
 #define RECHECK_MAX 1024
@@ -87,16 +111,21 @@ struct bd_sensor_table {
     struct bd_sensor **recheck;
     uint32_t n_recheck;
 
-    uint32_t ring_size;
-    uint32_t high_water; /* above this a ring asks the flusher for an early flush */
-    uint32_t low_water;  /* below this a congested ring lets TCP and UDP read again */
+    /* The segments every queue is built from, and the sensors whose idle segment the flusher
+     * reports (flusher -> ingest; capacity >= max_sensors, each sensor in it at most once). */
+    struct bd_pool pool;
+    struct bd_ring reclaim;
+    uint32_t wake_segs; /* in use above this: wake the flusher (once per crossing) */
+    uint32_t high_segs; /* in use above this: congested */
+    uint32_t low_segs;  /* congestion ends at or below this */
+    bool wake_armed;
     uint32_t max_fields;
     int64_t max_late_ns;
     int64_t max_future_ns;
 
     bd_sensor_wake_cb wake;
     void *wake_arg;
-    struct bd_sensor *congested; /* last ring seen above high water, ingest thread only */
+    bool congested; /* ingest thread only: see bd_sensor_table_congested */
 
     struct bd_ratelimit limit_log;
 
@@ -133,9 +162,6 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     t->cfg = cfg;
     t->stats = stats;
     t->max_sensors = cfg->limits.max_sensors;
-    t->ring_size = cfg->limits.ring_size;
-    t->high_water = t->ring_size / 2;
-    t->low_water = t->ring_size / 4;
     t->max_fields = cfg->limits.max_fields;
     t->max_late_ns = (int64_t)cfg->buckets.max_late_ms * BD_NS_PER_MS;
     t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
@@ -151,10 +177,21 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
         goto out;
     }
     rc = bd_ring_init(&t->dirty, next_pow2(t->max_sensors));
+    if (rc == 0) {
+        rc = bd_ring_init(&t->reclaim, next_pow2(t->max_sensors));
+    }
     if (rc < 0) {
         bd_err_set(err, rc, "sensor table: cannot allocate the dirty queue");
         goto out;
     }
+    rc = bd_pool_init(&t->pool, cfg->limits.memory / 2, 1 + t->max_fields, err);
+    if (rc < 0) {
+        goto out;
+    }
+    t->wake_segs = t->pool.n_segs / 8 * POOL_WAKE_EIGHTHS;
+    t->high_segs = t->pool.n_segs / 8 * POOL_HIGH_EIGHTHS;
+    t->low_segs = t->pool.n_segs / 8 * POOL_LOW_EIGHTHS;
+    t->wake_armed = true;
     *out = t;
     t = NULL;
 out:
@@ -168,8 +205,9 @@ static void sensor_free(struct bd_sensor *s) {
     }
     uint32_t nf = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
     for (uint32_t i = 0; i < nf; i++) {
-        free(s->field_names[i]);
+        free((char *)bd_sensor_field_name(s, i));
     }
+    free(s->names_more);
     for (uint32_t i = 0; i < s->n_tags; i++) {
         free(s->tag_keys ? s->tag_keys[i] : NULL);
         free(s->tag_values ? s->tag_values[i] : NULL);
@@ -177,7 +215,6 @@ static void sensor_free(struct bd_sensor *s) {
     free(s->tag_keys);
     free(s->tag_values);
     free(s->measurement);
-    bd_ring_close(&s->ring);
     free(s);
 }
 
@@ -197,6 +234,8 @@ void bd_sensor_table_free(struct bd_sensor_table *t) {
     free(t->slots);
     free(t->recheck);
     bd_ring_close(&t->dirty);
+    bd_ring_close(&t->reclaim);
+    bd_pool_close(&t->pool);
     free(t);
 }
 
@@ -207,6 +246,10 @@ void bd_sensor_table_set_wake(struct bd_sensor_table *t, bd_sensor_wake_cb cb, v
 
 uint32_t bd_sensor_table_count(const struct bd_sensor_table *t) {
     return t->count;
+}
+
+const struct bd_pool *bd_sensor_table_pool(const struct bd_sensor_table *t) {
+    return &t->pool;
 }
 
 void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),
@@ -265,7 +308,7 @@ static int grow_index(struct bd_sensor_table *t) {
     return 0;
 }
 
-/* A new sensor: validated names, its ring, linked into the index. NULL on a counted drop. */
+/* A new sensor: validated names, linked into the index. NULL on a counted drop. */
 static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct bd_point *pt,
                                        uint64_t hash) {
     struct bd_sensor *s = NULL;
@@ -317,11 +360,11 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         }
     }
     s->hash = hash;
+    s->table = t;
     atomic_init(&s->n_fields, 0);
     atomic_init(&s->dirty, 0);
-    if (bd_ring_init(&s->ring, t->ring_size) < 0) {
-        goto oom;
-    }
+    atomic_init(&s->reclaim, 0);
+    atomic_init(&s->first, NULL);
     slot_insert(t->slots, t->slot_mask, hash, s);
     t->count++;
     return s;
@@ -373,7 +416,7 @@ static uint64_t pack_key(const struct bd_str *key) {
 
 /* Whether field name i is key (not NUL-terminated; strncmp stops at the name's own end). */
 static bool field_is(const struct bd_sensor *s, uint32_t i, const struct bd_str *key) {
-    const char *name = s->field_names[i];
+    const char *name = bd_sensor_field_name(s, i);
     return strncmp(name, key->ptr, key->len) == 0 && name[key->len] == '\0';
 }
 
@@ -413,16 +456,26 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
         BD_STAT_ADD(t->stats, drop_field_limit, 1);
         return -1;
     }
+    if (n == BD_SENSOR_KEY_SLOTS && s->names_more == NULL) {
+        /* Allocated whole and never moved: the flusher may be reading names meanwhile. */
+        s->names_more = calloc(BD_SENSOR_MAX_FIELDS - BD_SENSOR_KEY_SLOTS, sizeof(char *));
+        if (s->names_more == NULL) {
+            BD_STAT_ADD(t->stats, drop_field_limit, 1);
+            return -1;
+        }
+    }
     char *name = dup_str(key);
     if (name == NULL) {
         BD_STAT_ADD(t->stats, drop_field_limit, 1);
         return -1;
     }
-    s->field_names[n] = name;
     if (n < BD_SENSOR_KEY_SLOTS) {
+        s->names[n] = name;
         s->field_key[n] = packed;
+    } else {
+        s->names_more[n - BD_SENSOR_KEY_SLOTS] = name;
     }
-    /* Pairs with the acquire load in bd_sensor_peek_reading(); the ring's own release/acquire
+    /* Pairs with the acquire load in bd_sensor_peek_reading(); the queue's own release/acquire
      * on head also orders it, this keeps the dictionary self-contained. */
     atomic_store_explicit(&s->n_fields, n + 1, memory_order_release);
     return (int)n;
@@ -444,27 +497,57 @@ static void enqueue(struct bd_sensor_table *t, struct bd_sensor *s) {
     BD_ASSERT(ok); /* capacity >= number of sensors, each queued at most once */
 }
 
-void bd_sensor_table_publish(struct bd_sensor_table *t) {
+static void mark_dirty(struct bd_sensor_table *t, struct bd_sensor *s);
+
+/* Take back the idle segments the flusher reported: see the queue protocol. */
+static void take_back_idle(struct bd_sensor_table *t) {
+    bool sealed = false;
+    uint32_t tail;
+    while (bd_ring_available(&t->reclaim, &tail) != 0) {
+        struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->reclaim, tail)->w[0];
+        /* Off the queue, then the flag cleared (release, pairing with the acquire load in
+         * report_idle()): the flusher reports the sensor again only once its entry is free,
+         * and a drain after this point does report it again. */
+        bd_ring_consume(&t->reclaim, 1);
+        atomic_store_explicit(&s->reclaim, 0, memory_order_release);
+        struct bd_seg *seg = s->wseg;
+        /* Pairs with the release store of consumed in report_idle(): every cell it covers has
+         * been read, so sealing cannot hide one. */
+        if (seg != NULL && atomic_load_explicit(&seg->consumed, memory_order_acquire) == s->wpos) {
+            /* Pairs with the acquire load of published in read_segment(). */
+            atomic_store_explicit(&seg->published, s->wpos | BD_SEG_SEALED, memory_order_release);
+            s->wseg = NULL;
+            s->wpos = 0;
+            mark_dirty(t, s); /* the flusher gives it back at its next look */
+            sealed = true;
+        }
+    }
+    /* Under pressure, that next look should not wait for flush.interval. */
+    if (sealed && bd_pool_in_use(&t->pool) > t->wake_segs) {
+        bd_sensor_table_request_drain(t);
+    }
+}
+
+static void settle_rechecks(struct bd_sensor_table *t) {
     uint32_t n = t->n_recheck;
     if (n == 0) {
         return;
     }
     /* Pairs with the RMW in bd_sensor_table_next_dirty(); see the hand-off protocol. */
     atomic_fetch_add_explicit(&t->handoff, 1, memory_order_acq_rel);
-    bool wake = false;
     for (uint32_t i = 0; i < n; i++) {
         struct bd_sensor *s = t->recheck[i];
         s->recheck = 0;
         if (atomic_load_explicit(&s->dirty, memory_order_acquire) == 0) { /* see mark_dirty */
             enqueue(t, s);
-            /* Its high-water wake-up may have come and gone while it was not queued. */
-            wake |= bd_ring_used_hint(&s->ring) > t->high_water;
         }
     }
     t->n_recheck = 0;
-    if (wake) {
-        bd_sensor_table_request_drain(t);
-    }
+}
+
+void bd_sensor_table_publish(struct bd_sensor_table *t) {
+    take_back_idle(t);
+    settle_rechecks(t);
 }
 
 /* After a push: see the hand-off protocol at the top of this file. */
@@ -480,10 +563,66 @@ static void mark_dirty(struct bd_sensor_table *t, struct bd_sensor *s) {
         return;
     }
     if (t->n_recheck == RECHECK_MAX) {
-        bd_sensor_table_publish(t);
+        settle_rechecks(t);
     }
     s->recheck = 1;
     t->recheck[t->n_recheck++] = s;
+}
+
+/* A new segment for a sensor's queue. The pool's pressure marks are judged here, once per
+ * segment rather than per reading. NULL when the pool is exhausted even after taking back the
+ * idle segments reported so far. */
+static struct bd_seg *new_segment(struct bd_sensor_table *t) {
+    struct bd_seg *seg = bd_pool_take(&t->pool);
+    if (seg == NULL) {
+        take_back_idle(t); /* sealed ones come back after the flusher's next look */
+        seg = bd_pool_take(&t->pool);
+    }
+    uint32_t used = bd_pool_in_use(&t->pool);
+    if (seg == NULL || used > t->high_segs) {
+        if (!t->congested) {
+            t->congested = true;
+            bd_sensor_table_request_drain(t);
+        }
+    } else if (used > t->wake_segs) {
+        if (t->wake_armed) {
+            t->wake_armed = false;
+            bd_sensor_table_request_drain(t);
+        }
+    } else {
+        t->wake_armed = true;
+    }
+    return seg;
+}
+
+/* Copy a record of n cells into the sensor's queue; false if the pool has no room. */
+static bool push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_cell *cells,
+                 uint32_t n) {
+    struct bd_seg *seg = s->wseg;
+    uint32_t pos = s->wpos;
+    if (seg == NULL || pos + n > t->pool.seg_cells) {
+        struct bd_seg *fresh = new_segment(t);
+        if (fresh == NULL) {
+            return false;
+        }
+        memcpy(fresh->cells, cells, (size_t)n * sizeof(*cells));
+        atomic_store_explicit(&fresh->published, n, memory_order_relaxed);
+        /* Pairs with the acquire loads of next and first in read_segment(): the cells and
+         * published come first, and (for next) the old segment's final published. */
+        if (seg != NULL) {
+            atomic_store_explicit(&seg->next, fresh, memory_order_release);
+        } else {
+            atomic_store_explicit(&s->first, fresh, memory_order_release);
+        }
+        s->wseg = fresh;
+        s->wpos = n;
+        return true;
+    }
+    memcpy(&seg->cells[pos], cells, (size_t)n * sizeof(*cells));
+    s->wpos = pos + n;
+    /* Pairs with the acquire load of published in read_segment(). */
+    atomic_store_explicit(&seg->published, pos + n, memory_order_release);
+    return true;
 }
 
 int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns) {
@@ -523,7 +662,9 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
     }
     /* The cells' line was last read by the flusher: ask for it now, the field checks below
      * run while it comes. */
-    bd_ring_prefetch_push(&s->ring);
+    if (s->wseg != NULL) {
+        __builtin_prefetch(&s->wseg->cells[s->wpos], 1);
+    }
 
     struct bd_cell cells[1 + BD_PARSE_MAX_FIELDS];
     cells[0].w[0] = (uint64_t)ts;
@@ -558,43 +699,30 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
         n++;
     }
 
-    /* The upper bound from the producer's copy of tail costs nothing; only near the mark is
-     * the real tail read, so crossing it is judged on a fresh count. */
-    uint32_t used_before = bd_ring_used_hint(&s->ring);
-    if (used_before + n > t->high_water) {
-        used_before = t->ring_size - bd_ring_free(&s->ring);
-    }
-    if (!bd_ring_push(&s->ring, cells, n)) {
-        BD_STAT_ADD(t->stats, drop_ring_full, 1);
-        t->congested = s;
+    if (!push(t, s, cells, n)) {
+        BD_STAT_ADD(t->stats, drop_buffer_full, 1);
         mark_dirty(t, s);
-        bd_sensor_table_request_drain(t);
         return -ENOBUFS;
     }
     BD_STAT_ADD(t->stats, readings_accepted, 1);
     mark_dirty(t, s);
-    if (used_before <= t->high_water && used_before + n > t->high_water) {
-        t->congested = s;
-        bd_sensor_table_request_drain(t);
-    }
     return 0;
 }
 
-bool bd_sensor_table_congested(const struct bd_sensor_table *t) {
-    struct bd_sensor *s = t->congested;
-    if (s == NULL) {
+bool bd_sensor_table_congested(struct bd_sensor_table *t) {
+    if (!t->congested) {
         return false;
     }
-    if (bd_ring_used(&s->ring) > t->low_water) {
+    take_back_idle(t);
+    if (bd_pool_in_use(&t->pool) > t->low_segs) {
         return true;
     }
-    ((struct bd_sensor_table *)t)->congested = NULL;
+    t->congested = false;
     return false;
 }
 
-bool bd_sensor_table_udp_should_pause(const struct bd_sensor_table *t) {
-    struct bd_sensor *s = t->congested;
-    return s != NULL && bd_ring_used(&s->ring) > t->high_water && !bd_sensor_table_stalled(t);
+bool bd_sensor_table_udp_should_pause(struct bd_sensor_table *t) {
+    return t->congested && bd_pool_in_use(&t->pool) > t->high_segs && !bd_sensor_table_stalled(t);
 }
 
 void bd_sensor_table_set_stalled(struct bd_sensor_table *t, bool stalled) {
@@ -625,21 +753,81 @@ struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t) {
     return s;
 }
 
+/* Consumer: the drain found the producer's own segment read to the end; see the queue
+ * protocol. */
+static void report_idle(struct bd_sensor_table *t, struct bd_sensor *s) {
+    /* Pairs with the acquire load in take_back_idle(). */
+    atomic_store_explicit(&s->rseg->consumed, s->rpos, memory_order_release);
+    /* Pairs with the release clear in take_back_idle(): a 0 here means the producer has
+     * finished with the previous report. */
+    if (atomic_load_explicit(&s->reclaim, memory_order_acquire) == 0) {
+        atomic_store_explicit(&s->reclaim, 1, memory_order_relaxed);
+        struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
+        bool ok = bd_ring_push(&t->reclaim, &c, 1);
+        BD_ASSERT(ok); /* capacity >= number of sensors, each in it at most once */
+    }
+}
+
+/* Consumer: the segment holding the next record (*published: its cells readable), or NULL if
+ * the queue is empty. Hands back segments read to the end that the producer has left. */
+static struct bd_seg *read_segment(struct bd_sensor *s, uint32_t *published) {
+    struct bd_sensor_table *t = s->table;
+    for (;;) {
+        struct bd_seg *seg = s->rseg;
+        if (seg == NULL) {
+            /* Pairs with the release store of first in push(). */
+            seg = atomic_load_explicit(&s->first, memory_order_acquire);
+            if (seg == NULL) {
+                return NULL;
+            }
+            atomic_store_explicit(&s->first, NULL, memory_order_relaxed);
+            s->rseg = seg;
+            s->rpos = 0;
+        }
+        /* Pairs with the release stores of published in push() and take_back_idle(). */
+        uint32_t pub = atomic_load_explicit(&seg->published, memory_order_acquire);
+        if (s->rpos < (pub & ~BD_SEG_SEALED)) {
+            *published = pub & ~BD_SEG_SEALED;
+            return seg;
+        }
+        /* Pairs with the release store of next in push(); after it, published is final. */
+        struct bd_seg *next = atomic_load_explicit(&seg->next, memory_order_acquire);
+        if (next != NULL) {
+            pub = atomic_load_explicit(&seg->published, memory_order_acquire);
+            if (s->rpos < pub) {
+                *published = pub;
+                return seg;
+            }
+            bd_pool_give(&t->pool, seg);
+            s->rseg = next;
+            s->rpos = 0;
+            continue;
+        }
+        if (pub & BD_SEG_SEALED) {
+            bd_pool_give(&t->pool, seg);
+            s->rseg = NULL;
+            continue;
+        }
+        report_idle(t, s);
+        return NULL;
+    }
+}
+
 uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_reading_value *vals,
                                 uint32_t *n_vals) {
-    uint32_t tail;
-    uint32_t avail = bd_ring_available(&s->ring, &tail);
-    if (avail == 0) {
+    uint32_t published;
+    struct bd_seg *seg = read_segment(s, &published);
+    if (seg == NULL) {
         return 0;
     }
-    const struct bd_cell *h = bd_ring_at(&s->ring, tail);
+    const struct bd_cell *h = &seg->cells[s->rpos];
     uint32_t n = (uint32_t)h->w[1];
-    BD_ASSERT(n >= 1 && n <= BD_PARSE_MAX_FIELDS && n + 1 <= avail); /* pushed whole */
+    BD_ASSERT(n >= 1 && n <= BD_PARSE_MAX_FIELDS && s->rpos + n + 1 <= published); /* whole */
     *ts_ns = (int64_t)h->w[0];
     /* Pairs with the release store in field_index(). */
     uint32_t known = atomic_load_explicit(&s->n_fields, memory_order_acquire);
     for (uint32_t i = 0; i < n; i++) {
-        const struct bd_cell *c = bd_ring_at(&s->ring, tail + 1 + i);
+        const struct bd_cell *c = h + 1 + i;
         vals[i].field = (uint16_t)(c->w[1] & 0xffff);
         vals[i].kind = (uint8_t)((c->w[1] >> 16) & 0xff);
         BD_ASSERT(vals[i].field < known);

@@ -137,9 +137,9 @@ metrics:
 log:
   level: info
 limits:
-  # The demo replays three hours of readings in one burst; rings of 4096 cells hold a whole
-  # burst per sensor, so UDP sensors do not lose readings between flushes.
-  ring_size: 4096
+  # The demo replays three hours of readings in one burst: 256 MiB of buffer (half of it the
+  # sensors' queues) holds a whole burst, so UDP sensors do not lose readings between flushes.
+  memory: 256MiB
 EOF
 "$BIN" -c "$CONFIG" --check-config >/dev/null || die "bucketd rejected the generated config"
 

@@ -78,7 +78,8 @@ struct bd_config {
 
     struct {
         uint32_t max_sensors; /* default 100000 */
-        uint32_t ring_size;   /* cells per sensor ring, power of two, default 256 */
+        uint64_t memory;      /* buffer pool + pending batches, default 64 MiB */
+        uint32_t ring_size;   /* no longer used; accepted for older configs */
         uint32_t max_fields;  /* fields per line, default 32 (<= BD_PARSE_MAX_FIELDS) */
         uint32_t max_line;    /* bytes per line, default 64 KiB */
     } limits;

@@ -1,9 +1,10 @@
 /*
- * The sensor table: series key -> sensor, each sensor with its own SPSC ring of readings and a
- * dirty flag that hands it to the flusher.
+ * The sensor table: series key -> sensor, each sensor with its own SPSC queue of readings (a
+ * chain of segments from the shared buffer pool, pool.h) and a dirty flag that hands it to the
+ * flusher.
  *
  * Threads: the ingest thread creates sensors, grows field dictionaries and pushes readings
- * (bd_sensor_table_accept); the flusher thread pops dirty sensors and drains their rings. A
+ * (bd_sensor_table_accept); the flusher thread pops dirty sensors and drains their queues. A
  * sensor is never freed before bd_sensor_table_free(), which runs after both threads stopped,
  * so the flusher may keep sensor pointers. Immutable parts (id, measurement, tags) are written
  * before the sensor is first published through the dirty queue (a release/acquire pair).
@@ -18,6 +19,7 @@
 
 #include "bucketd/config.h"
 #include "bucketd/parse.h"
+#include "bucketd/pool.h"
 #include "bucketd/ring.h"
 #include "bucketd/stats.h"
 
@@ -28,8 +30,8 @@
 
 /*
  * Layout: every reading of a sensor reads its first 64-byte line (lookup and field checks) and
- * the ring's producer line right after it; the two form one 128-byte pair (the block is 128-byte
- * aligned), so the adjacent-line prefetcher brings both with one miss. The rest is cold.
+ * the producer's end of its queue right after it; the two form one 128-byte pair (the block is
+ * 128-byte aligned), so the adjacent-line prefetcher brings both with one miss. The rest is cold.
  */
 struct bd_sensor {
     /* First line. Immutable after creation unless said otherwise. */
@@ -46,27 +48,48 @@ struct bd_sensor {
      * bytes long (exact, so a match needs no string), else 0. */
     uint64_t field_key[BD_SENSOR_KEY_SLOTS];
 
-    struct bd_ring ring; /* at offset 64: its producer line completes the pair */
+    /* Second line: the producer's end of the queue (ingest thread only) and the hand-over of
+     * a new chain (see the queue protocol in sensor.c). */
+    alignas(BD_RING_LINE) struct bd_seg *wseg; /* segment being filled, NULL: none */
+    uint32_t wpos;                             /* cells written into wseg */
+    /* 1 while queued for the producer to take back an idle segment (flusher sets, ingest
+     * clears). */
+    _Atomic uint32_t reclaim;
+    /* First segment of a new chain, for the consumer to take (producer stores, consumer
+     * takes and clears). */
+    _Atomic(struct bd_seg *) first;
 
     /* Cold: immutable after creation. */
+    struct bd_sensor_table *table;
     char *measurement;
     uint32_t n_tags;
     char **tag_keys; /* sorted by key */
     char **tag_values;
 
-    /* The names themselves, NUL-terminated; entries below n_fields are immutable. */
-    char *field_names[BD_SENSOR_MAX_FIELDS];
+    /* The names themselves, NUL-terminated, through bd_sensor_field_name(); entries below
+     * n_fields are immutable. The first few live in the sensor, the rest in names_more
+     * (allocated once, never moved: the flusher reads it while the ingest thread appends). */
+    char *names[BD_SENSOR_KEY_SLOTS];
+    char **names_more;
 
-    /* Flusher thread only: its page accounting, and its link in the flusher's own list of
-     * sensors whose drain an allocation failure interrupted (flusher_requeued: on that list). */
+    /* Flusher thread only: the consumer's end of the queue, its page accounting, and its link
+     * in the flusher's own list of sensors whose drain an allocation failure interrupted
+     * (flusher_requeued: on that list). */
+    struct bd_seg *rseg;
+    uint32_t rpos;
+    bool flusher_requeued;
     void *flusher_state;
     struct bd_sensor *flusher_next;
-    bool flusher_requeued;
 
     /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
      * sensor, so their cache miss overlaps the first line's instead of following it. */
     char id_buf[];
 };
+
+/* Field name i (i < n_fields). */
+static inline const char *bd_sensor_field_name(const struct bd_sensor *s, uint32_t i) {
+    return i < BD_SENSOR_KEY_SLOTS ? s->names[i] : s->names_more[i - BD_SENSOR_KEY_SLOTS];
+}
 
 /* One decoded field value of a reading. */
 struct bd_reading_value {
@@ -82,18 +105,23 @@ struct bd_reading_value {
 
 struct bd_sensor_table;
 
-/* Called on the ingest thread when a ring crosses its high-water mark (half full). */
+/* Called on the ingest thread when the buffer pool passes its wake-up mark (a quarter in use):
+ * the flusher should drain now rather than at the next interval. */
 typedef void (*bd_sensor_wake_cb)(void *arg);
 
+/* Reserves the buffer pool (half of limits.memory). */
 int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cfg,
                         struct bd_stats *stats, struct bd_err *err);
 void bd_sensor_table_free(struct bd_sensor_table *t);
 void bd_sensor_table_set_wake(struct bd_sensor_table *t, bd_sensor_wake_cb cb, void *arg);
 uint32_t bd_sensor_table_count(const struct bd_sensor_table *t);
 
+/* Any thread: the pool the queues are built from (for its gauges). */
+const struct bd_pool *bd_sensor_table_pool(const struct bd_sensor_table *t);
+
 /*
  * Ingest thread: accept one parsed point. Applies the time window, drops string fields, checks
- * field keys, finds or creates the sensor and pushes the reading into its ring. Returns 0 when
+ * field keys, finds or creates the sensor and pushes the reading into its queue. Returns 0 when
  * accepted, else a negative errno; every drop is already counted in the stats by reason.
  */
 int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns);
@@ -101,38 +129,36 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
 /*
  * Ingest thread: end of a batch of accepts (a datagram, a TCP read). Readings accepted while
  * their sensor was already queued are only guaranteed to reach the flusher once this has run
- * (see the hand-off protocol in sensor.c), so call it before the thread goes idle. Cheap when
- * there is nothing to do.
+ * (see the hand-off protocol in sensor.c), so call it before the thread goes idle. It also takes
+ * back the idle segments the flusher reported. Cheap when there is nothing to do.
  */
 void bd_sensor_table_publish(struct bd_sensor_table *t);
 
 /*
- * Ingest thread: true if any ring is above its high-water mark (TCP and UDP listeners use it to
- * pause reading).
+ * Ingest thread: true while the buffer pool is congested: it passed three quarters in use (or
+ * ran out) and has not yet come back under half. TCP listeners stop reading meanwhile. Takes
+ * back the idle segments the flusher reported first (a paused listener publishes nothing).
  */
-bool bd_sensor_table_congested(const struct bd_sensor_table *t);
+bool bd_sensor_table_congested(struct bd_sensor_table *t);
 
 /*
- * Ingest thread, UDP backpressure: true if the congested ring (the last to cross its high-water
- * mark) is still past the mark, and the flusher is able to drain (not stalled, see below).
- * The pause ends when bd_sensor_table_congested() turns false (the ring at a quarter or less)
- * or the flusher stalls.
+ * Ingest thread, UDP backpressure: true while the pool is past three quarters and the flusher
+ * is able to drain (not stalled, see below). The pause ends when bd_sensor_table_congested()
+ * turns false or the flusher stalls.
  */
-bool bd_sensor_table_udp_should_pause(const struct bd_sensor_table *t);
+bool bd_sensor_table_udp_should_pause(struct bd_sensor_table *t);
 
 /*
- * Ingest thread: wake the flusher to drain now. A listener pausing for congestion calls it: the
- * ring that made it pause may have crossed its high-water mark before the flusher's last drain
- * passed it and refilled since without crossing again, and then nothing else would wake the
- * flusher before flush.interval, however long the pause.
+ * Ingest thread: wake the flusher to drain now. A listener pausing for congestion calls it, so
+ * a pause never waits for flush.interval.
  */
 void bd_sensor_table_request_drain(struct bd_sensor_table *t);
 
 /*
- * Flusher thread: say whether it has stopped draining rings: a bulk write is in flight, or a
- * failed one waits for its retry. Ingest thread: read it. While the flusher is stalled, a UDP
- * pause would move the buffering from the rings, sized for the slowest write, into the one
- * socket buffer all sensors share, which holds far less: UDP keeps reading into the rings.
+ * Flusher thread: say whether it has stopped draining: its pending batches reached their half
+ * of limits.memory. Ingest thread: read it. While the flusher is stalled, a UDP pause would move
+ * the buffering from the pool into the one socket buffer all sensors share, which holds far
+ * less: UDP keeps reading into the pool.
  */
 void bd_sensor_table_set_stalled(struct bd_sensor_table *t, bool stalled);
 bool bd_sensor_table_stalled(const struct bd_sensor_table *t);
@@ -144,12 +170,18 @@ bool bd_sensor_table_has_dirty(struct bd_sensor_table *t);
 struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t);
 
 /*
- * Flusher thread: decode the reading at the consumer side of the sensor's ring. Returns the
- * number of cells it occupies (0 if the ring is empty); fills *ts_ns, vals[0..*n_vals).
- * The caller consumes the cells with bd_ring_consume() once done with them.
+ * Flusher thread: decode the reading at the consumer end of the sensor's queue. Returns the
+ * number of cells it occupies (0 if the queue is empty); fills *ts_ns, vals[0..*n_vals).
+ * The caller consumes the cells with bd_sensor_consume() once done with them. Finding the queue
+ * empty hands drained segments back to the pool (and reports an idle one to the producer).
  */
 uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_reading_value *vals,
                                 uint32_t *n_vals);
+
+/* Flusher thread: the reading peeked (cells of it) is done with. */
+static inline void bd_sensor_consume(struct bd_sensor *s, uint32_t cells) {
+    s->rpos += cells;
+}
 
 /* Visit every sensor (any thread, once the ingest thread has stopped). */
 void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),

@@ -22,7 +22,7 @@
     X(udp_kernel_rcvbuf_errors,                                                            \
       "host-wide UDP receive-buffer drops since start (/proc/net/snmp{,6})")              \
     X(udp_kernel_in_errors, "host-wide UDP InErrors since start (/proc/net/snmp{,6})")        \
-    X(udp_pauses, "times UDP reading paused for a ring past its high-water mark")           \
+    X(udp_pauses, "times UDP reading paused for the buffer pool past its high-water mark")           \
     X(udp_unread_at_stop, "UDP datagrams still queued at a stop past its read-out, discarded") \
     X(tcp_connections, "TCP connections accepted")                                        \
     X(tcp_rejected, "TCP connections refused (max_connections)")                           \
@@ -30,7 +30,7 @@
     X(tcp_idle_closed, "TCP connections closed by the idle timeout")                       \
     X(tcp_unread_at_stop, "TCP bytes never processed because the daemon stopped")            \
     X(lines, "non-empty, non-comment input lines")                                        \
-    X(readings_accepted, "readings accepted into a sensor ring")                           \
+    X(readings_accepted, "readings accepted into a sensor queue")                           \
     X(drop_line_too_long, "lines dropped: longer than limits.max_line")                    \
     X(drop_parse_error, "lines dropped: syntax error")                                     \
     X(drop_too_many_fields, "lines dropped: more fields than limits.max_fields")           \
@@ -39,7 +39,7 @@
     X(drop_field_limit, "lines dropped: sensor already has BD_SENSOR_MAX_FIELDS fields")   \
     X(drop_too_old, "lines dropped: timestamp older than buckets.max_late")               \
     X(drop_too_new, "lines dropped: timestamp further ahead than buckets.max_future")      \
-    X(drop_ring_full, "readings dropped: the sensor's ring was full")                      \
+    X(drop_buffer_full, "readings dropped: the buffer pool (half of limits.memory) was full") \
     X(drop_sensor_limit, "readings dropped: limits.max_sensors reached")                   \
     X(string_fields_dropped, "string fields dropped (strings are not stored)")              \
     /* flusher thread */                                                                   \

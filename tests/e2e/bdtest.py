@@ -263,8 +263,7 @@ class Daemon:
             "spool": {"dir": os.path.join(workdir, "spool")},
             "metrics": {"bind": ""},
             "log": {"level": "info"},
-            # Big rings: these tests check correctness, not overload behaviour.
-            "limits": {"ring_size": 4096},
+            # The default limits.memory (64 MiB): these tests check correctness, not overload.
         }
         self.config = deep_merge(cfg, extra)
         self.config_path = os.path.join(workdir, "bucketd.yaml")

@@ -190,7 +190,7 @@ class BadInput(bdtest.E2ECase):
         self.assertStat(stats, "readings_flushed", n_good, d)
         for name, value in sorted(expect.items()):
             self.assertStat(stats, name, value, d)
-        self.assertStat(stats, "drop_ring_full", 0, d)
+        self.assertStat(stats, "drop_buffer_full", 0, d)
         self.assertStat(stats, "drop_sensor_limit", 0, d)
 
         docs = self.documents(client, db)

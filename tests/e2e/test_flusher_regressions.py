@@ -233,7 +233,7 @@ class FlusherRegressions(bdtest.E2ECase):
         3,200, readings_flushed=0, readings_lost=3200."""
         uri, client, db = self.new_database()
         d = self.new_daemon(uri, db, flush_interval="5s",
-                            extra={"limits": {"ring_size": 131072}}).start()
+                            extra={"limits": {"memory": "256MiB"}}).start()
         names = ["f%02d_" % i + "n" * 196 for i in range(32)]
         self.assertTrue(all(len(n) == 200 for n in names))
         base = hour_aligned_base(10 * NS, 120 * NS)
@@ -269,7 +269,7 @@ class FlusherRegressions(bdtest.E2ECase):
         the stop deadline: 159 bulk attempts, stored 0 of 100,000, readings_lost=100000."""
         uri, client, db = self.new_database()
         d = self.new_daemon(uri, db, max_readings=100000, flush_interval="5s",
-                            extra={"limits": {"ring_size": 65536}}).start()
+                            extra={"limits": {"memory": "256MiB"}}).start()
         names = ["seq"] + ["value_%d" % i for i in range(1, 10)]
         base = hour_aligned_base(110 * NS, 150 * NS)
         sent = []

@@ -73,7 +73,7 @@ GOOD_ID_RE = re.compile(r"^m\d+,(?:rack=[^,]*,)?sensor=s(\d+),site=")
 # handle_line and src/sensor.c bd_sensor_table_accept), so their sum equals "lines".
 LINE_OUTCOMES = ("drop_line_too_long", "drop_parse_error", "drop_too_many_fields",
                  "drop_no_numeric", "drop_bad_name", "drop_field_limit", "drop_too_old",
-                 "drop_too_new", "drop_ring_full", "drop_sensor_limit", "readings_accepted")
+                 "drop_too_new", "drop_buffer_full", "drop_sensor_limit", "readings_accepted")
 
 # Generous deadlines (seconds): they bound waits, they are never asserted as durations.
 DEADLINE = 60.0
@@ -323,7 +323,7 @@ class Hostile(bdtest.E2ECase):
         with at least one of its readings stored (so its connection is in and MongoDB is
         connected)."""
         self.uri, self.client, self.db = self.new_database()
-        cfg = bdtest.deep_merge({"limits": {"max_line": "%dB" % MAX_LINE, "ring_size": 4096}},
+        cfg = bdtest.deep_merge({"limits": {"max_line": "%dB" % MAX_LINE}},
                                 extra)
         d = self.daemon(self.uri, self.db, max_readings=MAX_READINGS, extra=cfg)
         for lst in d.config["listeners"]:
@@ -414,7 +414,7 @@ class Hostile(bdtest.E2ECase):
         self.assertEqual(stats["lines"], sum(stats[k] for k in LINE_OUTCOMES),
                          "lines != sum of its outcomes: %r" % stats)
         self.assertStat(stats, "readings_flushed", stats["readings_accepted"], self.d)
-        for name in ("drop_ring_full", "drop_sensor_limit", "readings_lost",
+        for name in ("drop_buffer_full", "drop_sensor_limit", "readings_lost",
                      "updates_quarantined", "udp_truncated", "udp_recv_errors",
                      "tcp_unread_at_stop", "udp_unread_at_stop"):
             self.assertStat(stats, name, 0, self.d)

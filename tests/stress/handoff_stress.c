@@ -5,9 +5,11 @@
  * so pops and clears constantly race the producer's look at the flag. Every reading carries its
  * sensor's sequence number; the consumer checks each arrives once and in order. The load comes
  * in short rounds: at the end of each (after the producer's publish) the consumer drains until
- * the queue is empty, and then every ring must be empty too -- a reading left in a ring whose
- * sensor is not queued is a lost wake-up -- before the producer starts the next round. Rings are
- * tiny, so full rings (retried by the producer) happen all the time.
+ * the dirty queue is empty, and then every sensor's queue must be empty too -- a reading left in
+ * a queue whose sensor is not queued is a lost wake-up -- before the producer starts the next
+ * round. The buffer pool is tiny, so a full pool (retried by the producer) happens all the time,
+ * and segments go back and forth between the threads, idle ones through the reclaim queue and
+ * the producer's sealing (src/sensor.c, "Queue protocol").
  *
  * A plain program, not a Criterion suite; meant to run under ThreadSanitizer as well. Exit 0
  * on success, 1 on a failure, 2 on bad usage.
@@ -74,7 +76,7 @@ static void *producer(void *arg) {
         pt->n_fields = 1;
         pt->fields[0] = (struct bd_field){.key = {"seq", 3}, .kind = BD_VAL_UINT};
         pt->fields[0].v.u = g_sent[i];
-        /* A full ring drops (and counts) the reading: publish, let the consumer run, retry. */
+        /* A full pool drops (and counts) the reading: publish, let the consumer run, retry. */
         unsigned spins = 0;
         while (bd_sensor_table_accept(g_table, pt, NOW) != 0) {
             bd_sensor_table_publish(g_table);
@@ -123,15 +125,19 @@ static void drain(struct bd_sensor *s) {
             return;
         }
         g_got[i]++;
-        bd_ring_consume(&s->ring, cells);
+        bd_sensor_consume(s, cells);
     }
 }
 
-static void check_ring(struct bd_sensor *s, void *arg) {
+static void check_queue(struct bd_sensor *s, void *arg) {
     uint64_t *round = arg;
-    if (bd_ring_used(&s->ring) != 0) {
-        fail("round end: readings left in a ring whose sensor is not queued (lost wake-up)", *round,
-             bd_ring_used(&s->ring));
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n;
+    /* A peek without consuming: the consumer may look, the reading stays. */
+    if (bd_sensor_peek_reading(s, &ts, vals, &n) != 0) {
+        fail("round end: readings left in a queue whose sensor is not queued (lost wake-up)",
+             *round, vals[0].v.u);
     }
 }
 
@@ -148,7 +154,7 @@ static void *consumer(void *arg) {
         if (round != checked) {
             /* The producer is parked until the ack: the sensors are ours to look at (the
              * foreach only reads the index, which does not change once all exist). */
-            bd_sensor_table_foreach(g_table, check_ring, &round);
+            bd_sensor_table_foreach(g_table, check_queue, &round);
             checked = round;
             atomic_store_explicit(&g_round_ack, round, memory_order_release);
         }
@@ -171,7 +177,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     bd_config_defaults(&g_cfg);
-    g_cfg.limits.ring_size = 8; /* 2 cells a reading: 4 readings fill a ring */
+    /* The smallest pool: 16 segments of 30 readings (2 cells each) for 4 sensors, so pushes
+     * run it dry and wait for segments to come back, idle ones included. */
+    g_cfg.limits.memory = 32 * 1024;
     g_cfg.limits.max_sensors = SENSORS;
     struct bd_err err;
     if (bd_sensor_table_new(&g_table, &g_cfg, &g_stats, &err) != 0) {
@@ -185,7 +193,7 @@ int main(int argc, char **argv) {
     pthread_join(c, NULL);
 
     uint64_t last = UINT64_MAX;
-    bd_sensor_table_foreach(g_table, check_ring, &last);
+    bd_sensor_table_foreach(g_table, check_queue, &last);
     uint64_t sent = 0, got = 0;
     for (int i = 0; i < SENSORS; i++) {
         if (g_got[i] != g_sent[i]) {
@@ -196,9 +204,9 @@ int main(int argc, char **argv) {
     }
     bool ok = !atomic_load(&g_failed) && sent > 0;
     printf("handoff_stress: %s: %" PRIu64 " readings sent in %" PRIu64 " rounds, %" PRIu64
-           " drained, %" PRIu64 " pops, %" PRIu64 " full-ring retries, publish every %u\n",
+           " drained, %" PRIu64 " pops, %" PRIu64 " full-pool retries, publish every %u\n",
            ok ? "ok" : "FAILED", sent, (uint64_t)atomic_load(&g_round_end), got, g_pops,
-           (uint64_t)BD_STAT_GET(&g_stats, drop_ring_full), g_batch);
+           (uint64_t)BD_STAT_GET(&g_stats, drop_buffer_full), g_batch);
     bd_sensor_table_free(g_table);
     return ok ? 0 : 1;
 }

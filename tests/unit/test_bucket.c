@@ -22,10 +22,10 @@ static void setup(void) {
     sensor.n_tags = 2;
     sensor.tag_keys = tag_keys;
     sensor.tag_values = tag_values;
-    sensor.field_names[0] = "temp";
-    sensor.field_names[1] = "n";
-    sensor.field_names[2] = "on";
-    sensor.field_names[3] = "big";
+    sensor.names[0] = "temp";
+    sensor.names[1] = "n";
+    sensor.names[2] = "on";
+    sensor.names[3] = "big";
     atomic_init(&sensor.n_fields, 4);
 }
 
@@ -288,8 +288,8 @@ Test(bucket, long_field_names_keep_their_own_summaries) {
     memset(k1, 'f', 331);
     memset(k2, 'f', 331);
     k2[330] = 'g';
-    sensor.field_names[0] = k1;
-    sensor.field_names[1] = k2;
+    sensor.names[0] = k1;
+    sensor.names[1] = k2;
     struct bd_delta d;
     bd_delta_init(&d, &sensor, 0, 0);
     struct bd_reading_value v[2] = {fv(0, 1.5), fv(1, 2.5)};

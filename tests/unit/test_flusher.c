@@ -36,7 +36,7 @@ static void configure(void) {
     bd_config_defaults(&cfg);
     snprintf(cfg.writer_id, sizeof(cfg.writer_id), "t1");
     cfg.limits.max_sensors = 64;
-    cfg.limits.ring_size = 1 << 17;
+    cfg.limits.memory = UINT64_C(256) << 20;
     cfg.limits.max_fields = 64;
     snprintf(dir, sizeof(dir), "/tmp/bd-flusher-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));

@@ -28,6 +28,8 @@ static struct bd_sensor_table *table;
 static struct bd_point pt;
 static int wakes;
 
+static int drain_expect(struct bd_sensor *s, double want);
+
 static void on_wake(void *arg) {
     (void)arg;
     wakes++;
@@ -37,7 +39,7 @@ static void setup(void) {
     memset(&cfg, 0, sizeof(cfg));
     memset(&stats, 0, sizeof(stats));
     cfg.limits.max_sensors = 4;
-    cfg.limits.ring_size = 16;
+    cfg.limits.memory = 32 * 1024; /* a pool of 16 segments of 60 cells */
     cfg.limits.max_fields = 8;
     cfg.buckets.max_late_ms = 3600 * 1000;
     cfg.buckets.max_future_ms = 60 * 1000;
@@ -115,7 +117,7 @@ Test(sensor, accepted_reading_round_trips_through_the_ring) {
     cr_assert_eq(cells, 5);
     cr_assert_eq(n, 4);
     cr_assert_eq(ts, NOW - 5);
-    cr_assert_str_eq(s->field_names[vals[0].field], "temp");
+    cr_assert_str_eq(bd_sensor_field_name(s, vals[0].field), "temp");
     cr_assert_eq(vals[0].v.f, 21.5);
     cr_assert_eq(vals[1].kind, BD_VAL_INT);
     cr_assert_eq(vals[1].v.i, -7);
@@ -123,7 +125,7 @@ Test(sensor, accepted_reading_round_trips_through_the_ring) {
     cr_assert_eq(vals[2].v.u, 9);
     cr_assert_eq(vals[3].kind, BD_VAL_BOOL);
     cr_assert(vals[3].v.b);
-    bd_ring_consume(&s->ring, cells);
+    bd_sensor_consume(s, cells);
     cr_assert_eq(bd_sensor_peek_reading(s, &ts, vals, &n), 0);
 }
 
@@ -195,31 +197,117 @@ Test(sensor, too_many_fields) {
     cr_assert_eq(BD_STAT_GET(&stats, drop_too_many_fields), 1);
 }
 
-Test(sensor, full_ring_counts_drops_and_wakes_the_flusher) {
-    /* 16 cells, 2 cells per reading: 8 fit. */
+/* Readings of s drained in order: each must carry the next value from *next in field 0. */
+static int drain_in_order(struct bd_sensor *s, int *next) {
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n, cells;
+    int seen = 0;
+    while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
+        cr_assert_eq(vals[0].v.f, (double)*next, "FIFO order");
+        bd_sensor_consume(s, cells);
+        (*next)++;
+        seen++;
+    }
+    return seen;
+}
+
+Test(sensor, full_pool_counts_drops_and_wakes_the_flusher) {
+    const struct bd_pool *pool = bd_sensor_table_pool(table);
+    cr_assert_eq(pool->n_segs, 16);
+    cr_assert_eq(pool->seg_cells, 60);
+    /* 2 cells per reading: 30 a segment, 480 in the pool. */
     int accepted = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < 500; i++) {
         point("m", "m", true, NOW);
         add_float("v", i);
         accepted += bd_sensor_table_accept(table, &pt, NOW) == 0;
     }
-    cr_assert_eq(accepted, 8);
-    cr_assert_eq(BD_STAT_GET(&stats, drop_ring_full), 2);
-    cr_assert_geq(wakes, 1, "crossing the high-water mark rings the doorbell");
+    cr_assert_eq(accepted, 480);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 20);
+    cr_assert_eq(bd_pool_in_use(pool), 16);
+    cr_assert_eq(bd_pool_high_water(pool), 16);
+    cr_assert_eq(wakes, 2, "one wake at a quarter, one when congested");
     cr_assert(bd_sensor_table_congested(table));
 
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
-    int64_t ts;
-    struct bd_reading_value vals[4];
-    uint32_t n, cells;
-    int seen = 0;
-    while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
-        cr_assert_eq(vals[0].v.f, (double)seen, "FIFO order");
-        bd_ring_consume(&s->ring, cells);
-        seen++;
-    }
-    cr_assert_eq(seen, 8);
+    int next = 0;
+    cr_assert_eq(drain_in_order(s, &next), 480);
+    /* Every segment the producer left went back; its own (full) one stays until it moves on. */
+    cr_assert_eq(bd_pool_in_use(pool), 1);
     cr_assert_not(bd_sensor_table_congested(table), "drained below the low-water mark");
+}
+
+Test(sensor, an_idle_sensor_gives_its_last_segment_back) {
+    const struct bd_pool *pool = bd_sensor_table_pool(table);
+    point("m", "m", true, NOW);
+    add_float("v", 0);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    bd_sensor_table_publish(table);
+    cr_assert_eq(bd_pool_in_use(pool), 1);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    int next = 0;
+    cr_assert_eq(drain_in_order(s, &next), 1);
+    cr_assert_eq(bd_pool_in_use(pool), 1, "the producer's segment: only it may leave it");
+    /* The producer takes the report, seals the segment and queues the sensor once more. */
+    bd_sensor_table_publish(table);
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    cr_assert_eq(drain_in_order(s, &next), 0);
+    cr_assert_eq(bd_pool_in_use(pool), 0, "a quiet sensor holds no segment");
+    cr_assert_null(bd_sensor_table_next_dirty(table));
+    /* And it starts a new chain when it speaks again. */
+    point("m", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    bd_sensor_table_publish(table);
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    cr_assert_eq(drain_in_order(s, &next), 1);
+    cr_assert_eq(next, 2);
+}
+
+Test(sensor, a_report_overtaken_by_a_push_keeps_the_segment) {
+    const struct bd_pool *pool = bd_sensor_table_pool(table);
+    point("m", "m", true, NOW);
+    add_float("v", 0);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    int next = 0;
+    cr_assert_eq(drain_in_order(s, &next), 1); /* reports the segment idle */
+    point("m", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0); /* ... but a reading follows */
+    bd_sensor_table_publish(table);
+    cr_assert_eq(bd_pool_in_use(pool), 1);
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    cr_assert_eq(drain_in_order(s, &next), 1, "the reading after the report is not lost");
+    bd_sensor_table_publish(table);
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    cr_assert_eq(drain_in_order(s, &next), 0);
+    cr_assert_eq(bd_pool_in_use(pool), 0);
+}
+
+Test(sensor, many_quiet_sensors_share_a_small_pool) {
+    bd_sensor_table_free(table);
+    cfg.limits.max_sensors = 1000;
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    const struct bd_pool *pool = bd_sensor_table_pool(table);
+    char key[32];
+    /* 1000 sensors, one reading each, through 16 segments: drained and taken back as they go. */
+    for (int i = 0; i < 1000; i++) {
+        snprintf(key, sizeof(key), "sensor-%d", i);
+        point(key, key, true, NOW);
+        add_float("v", i);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %d", i);
+        bd_sensor_table_publish(table);
+        struct bd_sensor *s;
+        while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+            drain_expect(s, i);
+        }
+        cr_assert_leq(bd_pool_in_use(pool), 2);
+    }
+    cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0);
+    cr_assert_leq(bd_pool_high_water(pool), 2);
 }
 
 Test(sensor, sensor_limit) {
@@ -243,12 +331,13 @@ Test(sensor, dirty_again_after_the_consumer_cleared_it) {
     /* A reading pushed after the pop (before the drain) must queue the sensor again. */
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     cr_assert_eq(bd_sensor_table_next_dirty(table), s);
-    cr_assert_eq(bd_ring_used(&s->ring), 4);
+    cr_assert_eq(drain_expect(s, 1), 2);
 }
 
 Test(sensor, many_sensors_grow_the_index) {
     bd_sensor_table_free(table);
     cfg.limits.max_sensors = 5000;
+    cfg.limits.memory = 16 << 20; /* a segment for every sensor */
     struct bd_err err;
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
     char key[32];
@@ -276,7 +365,7 @@ static int drain_expect(struct bd_sensor *s, double want) {
     int seen = 0;
     while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
         cr_assert_eq(vals[0].v.f, want, "%s: reading of another sensor", s->id);
-        bd_ring_consume(&s->ring, cells);
+        bd_sensor_consume(s, cells);
         seen++;
     }
     return seen;
@@ -314,6 +403,7 @@ Test(sensor, slot_collisions_with_other_hashes_probe_on) {
      * other sensors' entries and must reject them on the stored hash alone. */
     bd_sensor_table_free(table);
     cfg.limits.max_sensors = 3000;
+    cfg.limits.memory = 16 << 20; /* a segment for every sensor */
     struct bd_err err;
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
     force_hash = true;
@@ -351,7 +441,7 @@ Test(sensor, short_and_long_field_names) {
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
     cr_assert_eq(atomic_load(&s->n_fields), 6);
     for (int i = 0; i < 6; i++) {
-        cr_assert_str_eq(s->field_names[i], names[i]);
+        cr_assert_str_eq(bd_sensor_field_name(s, i), names[i]);
     }
     cr_assert_eq(s->field_key[0], pack_key(&(struct bd_str){"a", 1}));
     cr_assert_neq(s->field_key[1], 0, "7 bytes: packed");
@@ -370,14 +460,14 @@ Test(sensor, short_and_long_field_names) {
     int64_t ts;
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
     uint32_t n;
-    bd_ring_consume(&s->ring, bd_sensor_peek_reading(s, &ts, vals, &n));
+    bd_sensor_consume(s, bd_sensor_peek_reading(s, &ts, vals, &n));
     cr_assert_eq(bd_sensor_peek_reading(s, &ts, vals, &n), 9);
     for (uint32_t i = 0; i < 6; i++) {
         cr_assert_eq(vals[i].field, order[i], "value %u: same index as first seen", i);
         cr_assert_eq(vals[i].v.f, order[i]);
     }
-    cr_assert_str_eq(s->field_names[vals[6].field], "seven7");
-    cr_assert_str_eq(s->field_names[vals[7].field], "eight8889");
+    cr_assert_str_eq(bd_sensor_field_name(s, vals[6].field), "seven7");
+    cr_assert_str_eq(bd_sensor_field_name(s, vals[7].field), "eight8889");
 }
 
 Test(sensor, reading_behind_a_cleared_flag_is_requeued_by_publish) {
@@ -415,35 +505,31 @@ Test(sensor, publish_leaves_a_queued_sensor_alone) {
     cr_assert_eq(drain_expect(s, 1), 2);
 }
 
-Test(sensor, publish_wakes_for_a_requeued_ring_above_high_water) {
-    /* 16 cells, 2 per reading, high water 8 cells. */
+Test(sensor, publish_requeues_a_sensor_the_consumer_cleared_after_the_look) {
     point("m", "m", true, NOW);
     add_float("v", 1);
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     struct bd_sensor *s = bd_sensor_table_next_dirty(table); /* popped, nothing drained */
     cr_assert_not_null(s);
-    wakes = 0;
     for (int i = 0; i < 5; i++) {
         cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     }
-    /* The flag was already 0 again: queued directly, and the crossing woke the flusher. */
-    cr_assert_eq(wakes, 1);
+    /* The flag was already 0 again: queued directly. */
     cr_assert_eq(bd_sensor_table_next_dirty(table), s);
     /* Now the flag is 0 but the producer saw 1 for the next readings (they go on the list). */
     atomic_store(&s->dirty, 1);
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     cr_assert_eq(table->n_recheck, 1);
     atomic_store(&s->dirty, 0); /* the consumer's clear, after the producer's look */
-    wakes = 0;
     bd_sensor_table_publish(table);
-    cr_assert_eq(wakes, 1, "queued again above high water: the flusher is told");
-    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s, "queued again by the re-check");
     cr_assert_eq(drain_expect(s, 1), 7);
 }
 
 Test(sensor, recheck_list_settles_itself_when_full) {
     bd_sensor_table_free(table);
     cfg.limits.max_sensors = RECHECK_MAX + 10;
+    cfg.limits.memory = 16 << 20; /* a segment for every sensor */
     struct bd_err err;
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
     char key[32];
@@ -472,8 +558,8 @@ Test(sensor, block_layout) {
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
     cr_assert_eq((uintptr_t)s % BD_RING_CACHELINE, 0, "sensor block 128-byte aligned");
-    cr_assert_eq((uintptr_t)&s->ring.head - (uintptr_t)s, BD_RING_LINE,
-                 "the head line pairs with the first line");
+    cr_assert_eq((uintptr_t)&s->wseg - (uintptr_t)s, BD_RING_LINE,
+                 "the queue's producer line pairs with the first line");
     cr_assert_eq(s->id, s->id_buf);
     cr_assert_str_eq(s->id, "m,k=v");
     cr_assert_eq(s->hash, XXH3_64bits("m,k=v", 5));

@@ -1,0 +1,84 @@
+/*
+ * The buffer pool: every sensor's queue of readings is a chain of fixed-size segments carved
+ * from one block reserved at start under limits.memory (half of it; the other half bounds the
+ * flusher's pending batches). A quiet sensor holds no segment; a bursty one holds as many as it
+ * needs. The block is reserved, not touched: the kernel maps its pages when a segment is first
+ * used, so the resident size follows the most segments ever in use at once, not the budget.
+ *
+ * Threads: the ingest thread takes segments (bd_pool_take), the flusher thread gives drained
+ * ones back (bd_pool_give). The hand-back is an SPSC ring of segment pointers (ring.h) whose
+ * capacity is the number of segments, so it never fills. A segment is reused by the ingest
+ * thread only after the flusher gave it back, and the flusher gives back only segments the
+ * ingest thread has left (see the queue protocol in sensor.c): no segment is ever written by
+ * one side while the other still reads it.
+ */
+#ifndef BUCKETD_POOL_H
+#define BUCKETD_POOL_H
+
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bucketd/common.h"
+#include "bucketd/ring.h"
+
+/* A segment's header takes its first 64-byte line; cells follow, line-aligned. */
+#define BD_SEG_HEADER 64
+/* Smallest segment: 1 KiB, 60 cells -- a reading of up to 59 fields. */
+#define BD_SEG_MIN_BYTES 1024
+/* Set in published once the producer has left a segment without linking a successor. */
+#define BD_SEG_SEALED (UINT32_C(1) << 31)
+
+struct bd_seg {
+    /* Cells written and visible to the consumer; BD_SEG_SEALED once the producer left the
+     * segment for good without a successor. Producer stores (release), consumer loads. */
+    _Atomic uint32_t published;
+    /* Cells the consumer has finished with, stored once per drain (release); the producer
+     * reads it to tell whether an idle segment can be handed back. */
+    _Atomic uint32_t consumed;
+    /* The next segment of the chain (producer stores, release): once set, published is final. */
+    _Atomic(struct bd_seg *) next;
+    unsigned char pad_[BD_SEG_HEADER - 16];
+    struct bd_cell cells[];
+};
+
+struct bd_pool {
+    unsigned char *base;
+    size_t seg_bytes;
+    uint32_t seg_cells; /* cells per segment */
+    uint32_t n_segs;
+    uint32_t bumped;             /* ingest thread: segments handed out of base for the first time */
+    struct bd_ring free;         /* flusher -> ingest: segments given back */
+    _Atomic uint64_t taken;      /* segments ever taken (ingest thread writes) */
+    _Atomic uint64_t given;      /* segments ever given back (flusher thread writes) */
+    _Atomic uint32_t high_water; /* most segments in use at once (ingest thread writes) */
+};
+
+/*
+ * Reserve bytes of segments, each large enough for a record of max_record_cells cells (a
+ * reading of the most fields a line may carry). -EINVAL if bytes holds fewer than 16 segments,
+ * -ENOMEM.
+ */
+int bd_pool_init(struct bd_pool *p, uint64_t bytes, uint32_t max_record_cells, struct bd_err *err);
+void bd_pool_close(struct bd_pool *p);
+
+/* Ingest thread: a segment (its header reset), or NULL when every segment is in use. */
+struct bd_seg *bd_pool_take(struct bd_pool *p);
+
+/* Flusher thread: hand back a segment the producer has left. */
+void bd_pool_give(struct bd_pool *p, struct bd_seg *seg);
+
+/* Any thread: segments in use now (approximate off the two owning threads). */
+static inline uint32_t bd_pool_in_use(const struct bd_pool *p) {
+    /* given first: it never passes taken, so the difference cannot wrap. */
+    uint64_t given = atomic_load_explicit(&p->given, memory_order_relaxed);
+    uint64_t taken = atomic_load_explicit(&p->taken, memory_order_relaxed);
+    return taken > given ? (uint32_t)(taken - given) : 0;
+}
+
+static inline uint32_t bd_pool_high_water(const struct bd_pool *p) {
+    return atomic_load_explicit(&p->high_water, memory_order_relaxed);
+}
+
+#endif
