@@ -6,14 +6,23 @@
  * started); the mutex/condition variable pair is the doorbell from the other threads (wake,
  * stop).
  *
- * Whenever woken (the interval, or a ring past its high-water mark): pop every dirty sensor and
- * move its readings out of the ring into deltas keyed by (sensor, bucket start, page); pages.h
- * says which page each reading goes to. Once per flush.interval: send the deltas in unordered
- * bulks of at most flush.max_updates upserts. A delta leaves the pending set when MongoDB
- * acknowledged it, it proved already applied, or it was quarantined (counted, logged, kept in
- * the dead-letter file). While anything is pending, the batch is retried after a backoff and
- * nothing new is drained, which keeps each bucket page's updates in sequence order: a page never
- * receives a later batch's update before an earlier one is settled.
+ * Whenever woken (the interval, the pool past its wake-up mark), and all the while a store call
+ * runs on the I/O thread: pop every dirty sensor and move its readings out of its queue into
+ * the fill batch's deltas, keyed by (sensor, bucket start, page); pages.h says which page each
+ * reading goes to. Once per flush.interval, when the batch being written is settled, the fill
+ * batch becomes the one written, in unordered bulks of at most flush.max_updates upserts. A
+ * delta leaves the pending set when MongoDB acknowledged it, it proved already applied, or it
+ * was quarantined (counted, logged, kept in the dead-letter file). While anything is pending,
+ * the batch is retried after a backoff, and the next batch waits: a page never receives a later
+ * batch's update before an earlier one is settled (see swap_in_fill).
+ *
+ * What the I/O thread and this thread share: a store call reads the batch being written (its
+ * built updates, and its deltas in the look-up callbacks); the drain meanwhile writes only the
+ * fill batch, the sensors' queues and their page slots. Settling, which moves readings between
+ * pages and slots, runs after the call returned. A slot that the batch being written still has
+ * readings in is pinned (pinned_from) so the drain cannot reuse it. A bucket whose pages were
+ * unknown when its readings were drained into the fill batch is placed right after the batch
+ * being written learns it (learn_chunk), before any later reading is placed from the slot.
  *
  * What each update's answer means is outcome.h's job; what the flusher does with it:
  *   applied      settled;
@@ -50,6 +59,7 @@
 #include "bucketd/batch.h"
 #include "bucketd/bucket.h"
 #include "bucketd/deadletter.h"
+#include "bucketd/io.h"
 #include "bucketd/log.h"
 #include "bucketd/outcome.h"
 #include "bucketd/pages.h"
@@ -83,18 +93,24 @@ struct bd_flusher {
     /* ---- flusher thread only ---- */
     struct bd_store *store;     /* NULL with the blackhole sink */
     struct bd_deadletter *dead; /* NULL with the blackhole sink */
-    struct bd_batch batch;
+    struct bd_io *io;           /* runs store calls while draining goes on; NULL: inline */
+    /* The batch being written (or waiting for its retry) and the next one, being filled. */
+    struct bd_batch batch, fill;
     struct bd_pages_limits lim;
-    uint64_t batch_id;          /* the batch being filled or written; starts at 1 */
+    uint64_t batch_id;          /* the batch being written, or the last one; starts at 1 */
+    uint64_t fill_id;           /* always batch_id + 1 */
     struct bd_sensor *requeued; /* sensors whose drain an allocation failure interrupted */
 
-    uint64_t queued;    /* readings drained since the last write */
-    int64_t send_at;    /* monotonic ns of the next scheduled write */
-    uint32_t attempt;   /* consecutive failed attempts */
-    int64_t retry_at;   /* monotonic ns of the next attempt, 0 = none */
-    uint32_t chunk_max; /* updates per bulk: flush.max_updates, halved after a driver refusal */
-    uint64_t rng;       /* xorshift state for jitter */
-    bool clean_stop;    /* not started, or the thread ended through its stop path */
+    uint64_t queued;      /* readings in the fill batch */
+    uint64_t fill_bytes;  /* estimated memory of the fill batch's readings */
+    uint64_t batch_bytes; /* the same for the batch being written */
+    uint64_t budget;      /* limits.memory / 2: both batches together */
+    int64_t send_at;      /* monotonic ns of the next scheduled write */
+    uint32_t attempt;     /* consecutive failed attempts */
+    int64_t retry_at;     /* monotonic ns of the next attempt, 0 = none */
+    uint32_t chunk_max;   /* updates per bulk: flush.max_updates, halved after a driver refusal */
+    uint64_t rng;         /* xorshift state for jitter */
+    bool clean_stop;      /* not started, or the thread ended through its stop path */
     enum bd_bulk_cause last_cause; /* why the last failed attempt failed */
     char last_error[512];
     struct bd_ratelimit fail_log;
@@ -183,6 +199,8 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
     f->rng = (uint64_t)bd_now_ns() | 1;
     f->clean_stop = true; /* a daemon that fails before the thread starts accepted nothing */
     f->batch_id = 1;
+    f->fill_id = 2;
+    f->budget = cfg->limits.memory / 2;
     f->chunk_max = cfg->flush.max_updates;
     f->lim = (struct bd_pages_limits){.span_ms = cfg->buckets.span_ms,
                                       .max_late_ms = cfg->buckets.max_late_ms,
@@ -205,7 +223,7 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
     f->readback = bd_calloc(max, sizeof(*f->readback));
     if (f->ops == NULL || f->selectors == NULL || f->updates == NULL || f->sel_ptrs == NULL ||
         f->upd_ptrs == NULL || f->outcomes == NULL || f->readback == NULL ||
-        bd_batch_init(&f->batch) < 0) {
+        bd_batch_init(&f->batch) < 0 || bd_batch_init(&f->fill) < 0) {
         return bd_err_set(err, -ENOMEM, "flusher: out of memory");
     }
     return 0;
@@ -286,6 +304,7 @@ void bd_flusher_free(struct bd_flusher *f) {
     }
     BD_ASSERT(!f->started);
     bd_batch_close(&f->batch);
+    bd_batch_close(&f->fill);
     free(f->ops);
     free(f->selectors);
     free(f->updates);
@@ -309,6 +328,8 @@ void bd_flusher_wake(struct bd_flusher *f) {
     f->wake_pending = true;
     pthread_cond_signal(&f->cv);
     pthread_mutex_unlock(&f->mu);
+    /* A write in flight: drain meanwhile (f->io is set before the thread starts). */
+    bd_io_poke(f->io);
 }
 
 int64_t bd_flusher_retry_at(const struct bd_flusher *f) {
@@ -334,11 +355,22 @@ static void requeue(struct bd_flusher *f, struct bd_sensor *s) {
     }
 }
 
+/* Slots holding readings of this batch id or later must not be dropped: those of the batch
+ * being written while it is pending, else those of the fill batch. */
+static uint64_t pinned_from(const struct bd_flusher *f) {
+    return bd_batch_pending_readings(&f->batch) > 0 ? f->batch_id : f->fill_id;
+}
+
+/* The two batches' readings have reached their half of limits.memory: draining stops. */
+static bool over_budget(const struct bd_flusher *f) {
+    return f->batch_bytes + f->fill_bytes >= f->budget;
+}
+
 /*
- * Move one sensor's readings into the batch. A reading is added whole or not at all: its page
- * is decided on a copy of the bucket's slot, committed only once the reading is in its delta
- * and consumed from the ring. On an allocation failure the rest stays in the ring and the sensor
- * on the requeue list.
+ * Move one sensor's readings into the fill batch. A reading is added whole or not at all: its
+ * page is decided on a copy of the bucket's slot, committed only once the reading is in its
+ * delta and consumed from the queue. On an allocation failure, or when the batches reach their
+ * memory budget, the rest stays in the queue and the sensor on the requeue list.
  */
 static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t wall_ms) {
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
@@ -375,7 +407,7 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
     while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
         if (slot == NULL || ts < lo_ns || ts >= hi_ns) {
             start = bd_bucket_start_ms(ts, span);
-            slot = bd_pages_slot(pp, &f->lim, start, wall_ms, f->learn_horizon_ms, f->batch_id);
+            slot = bd_pages_slot(pp, &f->lim, start, wall_ms, f->learn_horizon_ms, pinned_from(f));
             if (slot == NULL) {
                 goto fail;
             }
@@ -397,23 +429,28 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
             slot->count++;
             slot->bytes += rb;
         }
-        uint32_t had = f->batch.n;
+        uint32_t had = f->fill.n;
         if (di < 0 || page != cur_page) {
-            di = bd_batch_get(&f->batch, s, start, page);
+            di = bd_batch_get(&f->fill, s, start, page);
             cur_page = page;
         }
-        if (di < 0 || bd_delta_add(&f->batch.deltas[di], ts, vals, nv) < 0) {
+        if (di < 0 || bd_delta_add(&f->fill.deltas[di], ts, vals, nv) < 0) {
             if (di >= 0) {
-                bd_batch_truncate(&f->batch, had); /* a delta created for this reading goes too */
+                bd_batch_truncate(&f->fill, had); /* a delta created for this reading goes too */
             }
             slot->page = was_page;
             slot->count = was_count;
             slot->bytes = was_bytes;
             goto fail;
         }
-        slot->batch = f->batch_id;
+        slot->batch = f->fill_id;
         bd_sensor_consume(s, cells);
+        f->fill_bytes += sizeof(struct bd_delta_reading) + nv * sizeof(struct bd_reading_value);
         moved++;
+        if (over_budget(f)) {
+            requeue(f, s); /* the rest waits in the queue */
+            return moved;
+        }
     }
     return moved;
 fail:
@@ -422,21 +459,94 @@ fail:
     return moved;
 }
 
-static uint64_t drain(struct bd_flusher *f, int64_t wall_ms) {
-    uint64_t moved = 0;
-    struct bd_sensor *list = f->requeued, *s;
-    f->requeued = NULL;
-    while (list != NULL) {
-        s = list;
-        list = s->flusher_next;
-        s->flusher_next = NULL;
-        s->flusher_requeued = false;
-        moved += drain_sensor(f, s, wall_ms);
+/*
+ * Drain the sensor queues into the fill batch, until the batches reach their memory budget
+ * (then the flusher is "stalled": bd_sensor_table_set_stalled) and ring the doorbell so paused
+ * listeners read again.
+ */
+static void drain(struct bd_flusher *f, int64_t wall_ms) {
+    bool stalled = over_budget(f);
+    if (!stalled) {
+        struct bd_sensor *list = f->requeued, *s;
+        f->requeued = NULL;
+        while (list != NULL && !over_budget(f)) {
+            s = list;
+            list = s->flusher_next;
+            s->flusher_next = NULL;
+            s->flusher_requeued = false;
+            f->queued += drain_sensor(f, s, wall_ms);
+        }
+        while (list != NULL) { /* over budget: the rest stays listed */
+            s = list;
+            list = s->flusher_next;
+            s->flusher_next = NULL;
+            s->flusher_requeued = false;
+            requeue(f, s);
+        }
+        while (!over_budget(f) && (s = bd_sensor_table_next_dirty(f->table)) != NULL) {
+            f->queued += drain_sensor(f, s, wall_ms);
+        }
+        stalled = over_budget(f);
     }
-    while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
-        moved += drain_sensor(f, s, wall_ms);
+    if (stalled != bd_sensor_table_stalled(f->table)) {
+        bd_sensor_table_set_stalled(f->table, stalled);
     }
-    return moved;
+    if (f->drained != NULL) {
+        f->drained(f->drained_arg);
+    }
+}
+
+/* Idle work while a store call runs on the I/O thread: keep draining. */
+static void drain_now(void *arg) {
+    struct bd_flusher *f = arg;
+    drain(f, bd_now_ns() / BD_NS_PER_MS);
+}
+
+/* One store call (a MongoDB round trip), made on the I/O thread. */
+struct store_call {
+    struct bd_store *st;
+    enum { CALL_PREPARE, CALL_BULK, CALL_FIND, CALL_MAX_SEQ } kind;
+    uint32_t n;
+    const bson_t *const *selectors, *const *updates;
+    bson_t *reply;
+    const struct bd_page_key *keys;
+    bd_store_page_cb cb;
+    void *cb_arg;
+    uint64_t *seq;
+    bson_error_t *error;
+    bool ok;
+};
+
+static void store_call_run(void *arg) {
+    struct store_call *c = arg;
+    const struct bd_store_ops *ops = c->st->ops;
+    switch (c->kind) {
+    case CALL_PREPARE:
+        c->ok = ops->prepare(c->st, c->error);
+        break;
+    case CALL_BULK:
+        c->ok = ops->bulk_upsert(c->st, c->selectors, c->updates, c->n, c->reply, c->error);
+        break;
+    case CALL_FIND:
+        c->ok = ops->find_pages(c->st, c->keys, c->n, c->cb, c->cb_arg, c->error);
+        break;
+    case CALL_MAX_SEQ:
+        c->ok = ops->max_writer_seq(c->st, c->seq, c->error);
+        break;
+    }
+}
+
+/*
+ * Make a store call on the I/O thread (inline without one) and keep draining into the fill
+ * batch until it returns. The call reads only the batch being written (and the callbacks' own
+ * state); draining touches only the fill batch, the sensor queues and the page slots, which
+ * nothing in a call reads.
+ */
+static bool call_store(struct bd_flusher *f, struct store_call *c) {
+    c->st = f->store;
+    int64_t idle_ns = BD_MIN((int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS, 100 * BD_NS_PER_MS);
+    bd_io_run(f->io, store_call_run, c, drain_now, f, idle_ns);
+    return c->ok;
 }
 
 /* ---- pages ------------------------------------------------------------------------------- */
@@ -445,17 +555,20 @@ static uint64_t drain(struct bd_flusher *f, int64_t wall_ms) {
 enum place_mode {
     PLACE_LEARNED,  /* the bucket's stored pages were just read back */
     PLACE_RELOCATE, /* the current page cannot take them: start after it */
+    PLACE_KNOWN,    /* the slot just became known: continue from it */
 };
 
 /*
- * Put the readings [keep, n) of delta di on pages from its bucket's slot: after a look-up
- * (learned page/count/bytes) or on new pages after the bucket's last one. All or nothing: the
- * target deltas are created and given room first, then the readings move (which cannot fail),
- * then the slot is updated. -ENOMEM leaves everything as it was.
+ * Put the readings [keep, n) of delta di of batch b on pages from its bucket's slot: after a
+ * look-up (learned page/count/bytes), on new pages after the bucket's last one, or from a slot
+ * that a look-up for the other batch just made known. All or nothing: the target deltas are
+ * created and given room first, then the readings move (which cannot fail), then the slot is
+ * updated. -ENOMEM leaves everything as it was.
  */
-static int place_readings(struct bd_flusher *f, uint32_t di, uint32_t keep, enum place_mode mode,
-                          uint32_t page, uint32_t count, uint64_t bytes) {
-    struct bd_delta *d = &f->batch.deltas[di];
+static int place_readings(struct bd_flusher *f, struct bd_batch *b, uint32_t di, uint32_t keep,
+                          enum place_mode mode, uint32_t page, uint32_t count, uint64_t bytes) {
+    const uint64_t id = b == &f->batch ? f->batch_id : f->fill_id;
+    struct bd_delta *d = &b->deltas[di];
     struct bd_sensor *s = d->sensor;
     const int64_t start = d->start_ms;
     const uint32_t n = d->n_readings;
@@ -464,14 +577,14 @@ static int place_readings(struct bd_flusher *f, uint32_t di, uint32_t keep, enum
     struct bd_page_slot next = *slot;
     if (mode == PLACE_LEARNED) {
         bd_pages_learn(&next, page, count, bytes);
-    } else {
+    } else if (mode == PLACE_RELOCATE) {
         bd_pages_close_page(&next);
     }
     const uint64_t overhead = bd_page_overhead_bytes(s);
     uint32_t *first = bd_malloc((size_t)(n - keep + 1) * sizeof(*first));
     uint32_t *pages = bd_malloc((size_t)(n - keep + 1) * sizeof(*pages));
     int64_t *target = bd_malloc((size_t)(n - keep + 1) * sizeof(*target));
-    uint32_t groups = 0, had = f->batch.n;
+    uint32_t groups = 0, had = b->n;
     int rc = 0;
     if (first == NULL || pages == NULL || target == NULL) {
         rc = -ENOMEM;
@@ -489,39 +602,40 @@ static int place_readings(struct bd_flusher *f, uint32_t di, uint32_t keep, enum
         }
     }
     for (uint32_t g = 0; g < groups; g++) {
-        target[g] = bd_batch_get(&f->batch, s, start, pages[g]);
+        target[g] = bd_batch_get(b, s, start, pages[g]);
         if (target[g] < 0) {
             rc = -ENOMEM;
             goto out;
         }
         BD_ASSERT((uint32_t)target[g] != di);
     }
-    d = &f->batch.deltas[di]; /* bd_batch_get may have moved it */
+    d = &b->deltas[di]; /* bd_batch_get may have moved it */
     for (uint32_t g = 0; g < groups; g++) {
         uint32_t end = g + 1 < groups ? first[g + 1] : n;
         uint32_t values =
             (end < n ? d->readings[end].first : d->n_values) - d->readings[first[g]].first;
-        if (bd_delta_reserve(&f->batch.deltas[target[g]], end - first[g], values) < 0) {
+        if (bd_delta_reserve(&b->deltas[target[g]], end - first[g], values) < 0) {
             rc = -ENOMEM;
             goto out;
         }
     }
     for (uint32_t g = groups; g-- > 0;) {
-        int moved = bd_delta_split(d, first[g], &f->batch.deltas[target[g]]);
+        int moved = bd_delta_split(d, first[g], &b->deltas[target[g]]);
         BD_ASSERT(moved == 0); /* room was made above */
         /* Readings moved for their size keep their count of refusals, so a page that MongoDB
          * refuses whatever its size cannot move them on forever. */
-        struct bd_batch_meta *tm = &f->batch.meta[target[g]];
-        tm->refusals = BD_MAX(tm->refusals, f->batch.meta[di].refusals);
+        struct bd_batch_meta *tm = &b->meta[target[g]];
+        tm->refusals = BD_MAX(tm->refusals, b->meta[di].refusals);
     }
-    next.batch = f->batch_id;
+    /* The fill batch may have placed readings here already: its id stays. */
+    next.batch = BD_MAX(next.batch, id);
     *slot = next;
     if (d->n_readings == 0) {
-        f->batch.meta[di].done = true;
+        b->meta[di].done = true;
     }
 out:
     if (rc < 0) {
-        bd_batch_truncate(&f->batch, had);
+        bd_batch_truncate(b, had);
     }
     free(first);
     free(pages);
@@ -591,7 +705,7 @@ static int shrink_or_quarantine(struct bd_flusher *f, uint32_t di, int64_t code,
                                 const bson_t *selector, const bson_t *update, int64_t wall_ms) {
     struct bd_delta *d = &f->batch.deltas[di];
     if (d->n_readings > 1) {
-        return place_readings(f, di, d->n_readings / 2, PLACE_RELOCATE, 0, 0, 0);
+        return place_readings(f, &f->batch, di, d->n_readings / 2, PLACE_RELOCATE, 0, 0, 0);
     }
     quarantine(f, di, code, why, selector, update, wall_ms, false);
     return 0;
@@ -637,7 +751,13 @@ static void settle_readback(struct bd_flusher *f, const uint32_t *pos, uint32_t 
     }
     struct readback_ctx ctx = {.f = f, .ops = pos, .n = n, .seen = seen, .found = found};
     BD_STAT_ADD(f->stats, page_lookups, 1);
-    if (!f->store->ops->find_pages(f->store, keys, n, readback_page, &ctx, &berr)) {
+    struct store_call call = {.kind = CALL_FIND,
+                              .keys = keys,
+                              .n = n,
+                              .cb = readback_page,
+                              .cb_arg = &ctx,
+                              .error = &berr};
+    if (!call_store(f, &call)) {
         if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
             bd_error("reading back %u pages after a duplicate-key answer failed (%s); asking "
                      "again with the next attempt",
@@ -703,7 +823,7 @@ static void settle_chunk(struct bd_flusher *f, uint32_t n, const struct bd_bulk_
                 quarantine(f, di, o->code, msg, &f->selectors[p], &f->updates[p], wall_ms, false);
             } else if (m->maybe_applied) {
                 f->readback[n_readback++] = p; /* it may be in the page already */
-            } else if (place_readings(f, di, 0, PLACE_RELOCATE, 0, 0, 0) < 0) {
+            } else if (place_readings(f, &f->batch, di, 0, PLACE_RELOCATE, 0, 0, 0) < 0) {
                 log_oom(f, "while moving readings to a new page");
             }
             break;
@@ -779,7 +899,13 @@ static enum bd_bulk_cause send_chunk(struct bd_flusher *f, uint32_t n, int64_t w
         f->sel_ptrs[i] = &f->selectors[i];
         f->upd_ptrs[i] = &f->updates[i];
     }
-    bool ok = f->store->ops->bulk_upsert(f->store, f->sel_ptrs, f->upd_ptrs, n, &reply, &berr);
+    struct store_call call = {.kind = CALL_BULK,
+                              .selectors = f->sel_ptrs,
+                              .updates = f->upd_ptrs,
+                              .n = n,
+                              .reply = &reply,
+                              .error = &berr};
+    bool ok = call_store(f, &call);
     bd_outcome_classify(ok, &reply, &berr, n, f->outcomes, &bulk);
     bson_destroy(&reply);
     if (bulk.cause != BD_CAUSE_UNREACHABLE && bulk.cause != BD_CAUSE_CLIENT) {
@@ -837,7 +963,8 @@ static bool recover_sequence(struct bd_flusher *f) {
     if (f->seq_known) {
         return true;
     }
-    if (!f->store->ops->max_writer_seq(f->store, &seen, &berr)) {
+    struct store_call call = {.kind = CALL_MAX_SEQ, .seq = &seen, .error = &berr};
+    if (!call_store(f, &call)) {
         note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
         log_lookup_failure(f, "MongoDB sequence look-up", berr.message);
         return false;
@@ -920,7 +1047,9 @@ static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t
     }
     struct learn_ctx ctx = {.items = items, .n = n};
     BD_STAT_ADD(f->stats, page_lookups, 1);
-    bool ok = f->store->ops->find_pages(f->store, keys, n, learn_page, &ctx, &berr);
+    struct store_call call = {
+        .kind = CALL_FIND, .keys = keys, .n = n, .cb = learn_page, .cb_arg = &ctx, .error = &berr};
+    bool ok = call_store(f, &call);
     free(keys);
     *max_seq = BD_MAX(*max_seq, ctx.max_seq);
     if (!ok) {
@@ -940,8 +1069,18 @@ static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t
         }
         per_reading /= BD_MAX(d->n_readings, 1);
         uint64_t bytes = count == 0 ? 0 : bd_page_overhead_bytes(d->sensor) + count * per_reading;
-        if (place_readings(f, items[i].delta, 0, PLACE_LEARNED, none ? 0 : items[i].page, count,
-                           bytes) < 0) {
+        struct bd_sensor *sensor = d->sensor; /* d may move when readings are placed */
+        const int64_t start_ms = d->start_ms;
+        if (place_readings(f, &f->batch, items[i].delta, 0, PLACE_LEARNED, none ? 0 : items[i].page,
+                           count, bytes) < 0) {
+            log_oom(f, "while placing readings on pages");
+            return false;
+        }
+        /* Readings of this bucket drained into the fill batch while its pages were unknown
+         * came after this batch's: they go on the pages right after them, now, before any
+         * drained later is placed from the slot (which is known from here on). */
+        int64_t fi = bd_batch_find(&f->fill, sensor, start_ms, BD_PAGE_UNKNOWN);
+        if (fi >= 0 && place_readings(f, &f->fill, (uint32_t)fi, 0, PLACE_KNOWN, 0, 0, 0) < 0) {
             log_oom(f, "while placing readings on pages");
             return false;
         }
@@ -1011,7 +1150,8 @@ static bool batch_settled(const struct bd_flusher *f) {
 /* Write every pending delta; true when none is left pending. */
 static bool send_pending(struct bd_flusher *f, int64_t wall_ms) {
     bson_error_t berr;
-    if (!f->store->ops->prepare(f->store, &berr)) {
+    struct store_call call = {.kind = CALL_PREPARE, .error = &berr};
+    if (!call_store(f, &call)) {
         note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
         return false;
     }
@@ -1095,24 +1235,29 @@ static void schedule_retry(struct bd_flusher *f, int64_t mono_ns) {
     }
 }
 
-/*
- * Before a bulk write to MongoDB: nothing is drained until it (and any retry) is done, so UDP
- * listeners paused for a congested ring must read again, into the rings (see
- * bd_sensor_table_set_stalled). The blackhole sink's writes take no time: not said.
- */
-static void begin_write(struct bd_flusher *f) {
-    if (f->store != NULL && !bd_sensor_table_stalled(f->table)) {
-        bd_sensor_table_set_stalled(f->table, true);
-        if (f->drained != NULL) {
-            f->drained(f->drained_arg);
-        }
-    }
-}
-
 static void batch_done(struct bd_flusher *f) {
     bd_batch_clear(&f->batch);
+    f->batch_bytes = 0;
+}
+
+/*
+ * The fill batch becomes the batch to write, with the next id; the old one (settled and
+ * cleared) is filled next. This is what keeps a bucket page's updates in flush-sequence order
+ * while draining never stops: a batch is written only once every update of the previous one is
+ * settled (acknowledged, proved applied, or quarantined), and its writer sequence number is
+ * taken only then (prepare_batch), so a page can never receive a later number before an earlier
+ * one is in -- which the w.<writer_id> filter would otherwise take for "already applied".
+ */
+static void swap_in_fill(struct bd_flusher *f) {
+    BD_ASSERT(bd_batch_pending_readings(&f->batch) == 0);
+    struct bd_batch done = f->batch;
+    f->batch = f->fill;
+    f->fill = done;
+    f->batch_bytes = f->fill_bytes;
+    f->fill_bytes = 0;
+    f->batch_id = f->fill_id;
+    f->fill_id++;
     f->queued = 0;
-    f->batch_id++;
 }
 
 /* Write what the batch holds: one bulk per flush.max_updates deltas. */
@@ -1132,7 +1277,6 @@ static void write_pending(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms
         f->retry_at = 0;
         f->chunk_max = f->cfg->flush.max_updates;
         f->last_cause = BD_CAUSE_NONE;
-        bd_sensor_table_set_stalled(f->table, false);
         f->have_seq = false;
         bd_writer_acked(f->writer, wall_ms, f->batch_max_start_ms);
         batch_done(f);
@@ -1141,40 +1285,49 @@ static void write_pending(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms
     }
 }
 
+/* The fill batch is due: the interval passed, or it is large. */
+static bool fill_due(const struct bd_flusher *f, int64_t mono_ns, bool stopping) {
+    return f->fill.n > 0 &&
+           (stopping || mono_ns >= f->send_at || f->fill.n >= f->cfg->flush.max_updates ||
+            f->queued >= MAX_QUEUED || f->fill_bytes >= f->budget / 2);
+}
+
 void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
     int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
-    if (f->retry_at != 0) {
-        if (mono_ns >= f->retry_at) {
-            begin_write(f);
-            write_pending(f, mono_ns, wall_ms);
+    /* Draining goes on whatever the batch being written is doing (waiting for its retry here,
+     * in flight in call_store). */
+    drain(f, wall_ms);
+    if (bd_batch_pending_readings(&f->batch) > 0) {
+        if (mono_ns < f->retry_at) {
+            return;
         }
-        return;
+        write_pending(f, mono_ns, wall_ms);
+        if (bd_batch_pending_readings(&f->batch) > 0) {
+            return;
+        }
     }
-    f->queued += drain(f, wall_ms);
-    if (f->drained != NULL) {
-        f->drained(f->drained_arg);
-    }
-    if (f->batch.n == 0) {
-        if (mono_ns >= f->send_at) {
+    if (!fill_due(f, mono_ns, stopping)) {
+        if (f->fill.n == 0 && mono_ns >= f->send_at) {
             f->send_at = mono_ns + interval_ns;
         }
         return;
     }
-    if (stopping || mono_ns >= f->send_at || f->batch.n >= f->cfg->flush.max_updates ||
-        f->queued >= MAX_QUEUED) {
-        BD_STAT_ADD(f->stats, flushes, 1);
-        begin_write(f);
-        write_pending(f, mono_ns, wall_ms);
-        f->send_at = mono_ns + interval_ns;
+    if (!stopping && mono_ns < f->send_at && f->fill_bytes >= f->budget / 2) {
+        BD_STAT_ADD(f->stats, flushes_for_memory, 1);
     }
+    swap_in_fill(f);
+    BD_STAT_ADD(f->stats, flushes, 1);
+    write_pending(f, mono_ns, wall_ms);
+    f->send_at = mono_ns + interval_ns;
 }
 
 bool bd_flusher_idle(struct bd_flusher *f) {
-    return batch_settled(f) && f->requeued == NULL && !bd_sensor_table_has_dirty(f->table);
+    return batch_settled(f) && bd_batch_pending_readings(&f->fill) == 0 && f->requeued == NULL &&
+           !bd_sensor_table_has_dirty(f->table);
 }
 
-/* Readings still in rings at the end: counted as lost, rings emptied. */
-static uint64_t discard_rings(struct bd_flusher *f) {
+/* Readings still in sensor queues at the end: counted as lost, queues emptied. */
+static uint64_t discard_queues(struct bd_flusher *f) {
     uint64_t lost = 0;
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
     struct bd_sensor *s;
@@ -1198,8 +1351,8 @@ static uint64_t discard_rings(struct bd_flusher *f) {
 }
 
 uint64_t bd_flusher_abandon(struct bd_flusher *f) {
-    uint64_t pending = bd_batch_pending_readings(&f->batch);
-    uint64_t lost = pending + discard_rings(f);
+    uint64_t pending = bd_batch_pending_readings(&f->batch) + bd_batch_pending_readings(&f->fill);
+    uint64_t lost = pending + discard_queues(f);
     BD_STAT_ADD(f->stats, readings_lost, lost);
     if (lost > 0) {
         const char *why;
@@ -1226,6 +1379,9 @@ uint64_t bd_flusher_abandon(struct bd_flusher *f) {
                  f->last_error, f->last_error[0] ? ")" : "");
     }
     batch_done(f);
+    bd_batch_clear(&f->fill);
+    f->fill_bytes = 0;
+    f->queued = 0;
     f->retry_at = 0;
     return lost;
 }
@@ -1245,12 +1401,14 @@ static void *flusher_main(void *arg) {
     bson_error_t berr;
 
     if (f->store != NULL) {
-        f->store->ops->prepare(f->store, &berr);
+        /* Connect ahead of the first write (readings are drained meanwhile). */
+        struct store_call call = {.kind = CALL_PREPARE, .error = &berr};
+        call_store(f, &call);
     }
     f->send_at = bd_mono_ns() + interval_ns;
     for (;;) {
         int64_t now = bd_mono_ns();
-        int64_t wait_ns = (f->retry_at ? f->retry_at : f->send_at) - now;
+        int64_t wait_ns = (f->retry_at ? BD_MIN(f->retry_at, f->send_at) : f->send_at) - now;
         bool stopping;
         pthread_mutex_lock(&f->mu);
         if (!f->stop && !f->wake_pending && wait_ns > 0) {
@@ -1295,6 +1453,12 @@ static void *flusher_main(void *arg) {
 }
 
 int bd_flusher_start(struct bd_flusher *f, struct bd_err *err) {
+    if (f->store != NULL) {
+        int rc = bd_io_new(&f->io, err);
+        if (rc < 0) {
+            return rc;
+        }
+    }
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -1305,6 +1469,8 @@ int bd_flusher_start(struct bd_flusher *f, struct bd_err *err) {
     int rc = pthread_create(&f->thread, NULL, flusher_main, f);
     if (rc != 0) {
         f->clean_stop = true;
+        bd_io_free(f->io);
+        f->io = NULL;
         return bd_err_set(err, -rc, "flusher: cannot start thread: %s", strerror(rc));
     }
     f->started = true;
@@ -1322,4 +1488,6 @@ void bd_flusher_stop(struct bd_flusher *f, int64_t deadline_mono_ns) {
     pthread_mutex_unlock(&f->mu);
     pthread_join(f->thread, NULL);
     f->started = false;
+    bd_io_free(f->io);
+    f->io = NULL;
 }

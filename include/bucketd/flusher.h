@@ -1,12 +1,18 @@
 /*
- * The flusher: its own thread that drains dirty sensors' rings (every flush.interval, and early
- * when a ring crosses its high-water mark), folds the readings into per-bucket-page deltas
+ * The flusher: its own thread that drains dirty sensors' queues (every flush.interval, and early
+ * when the buffer pool passes its wake-up mark), folds the readings into per-bucket-page deltas
  * (pages.h keeps the page accounting, batch.h the pending deltas) and, once per flush.interval,
  * writes them with unordered bulks of upserts through a store (store.h: MongoDB, or a scripted
- * one in unit tests): one update per bucket page per interval, whatever the ring size. What
- * became of each update (outcome.h) decides whether it is settled, sent again, split over new
- * pages or quarantined (deadletter.h). While a batch is pending no new readings are drained, so
- * the rings are the bounded buffer and overflow is counted at ingest.
+ * one in unit tests): one update per bucket page per interval. What became of each update
+ * (outcome.h) decides whether it is settled, sent again, split over new pages or quarantined
+ * (deadletter.h).
+ *
+ * Two batches: the one being written (in flight, or waiting for its retry) and the next one,
+ * which the drain keeps filling meanwhile -- the store calls run on an I/O thread (io.h), so a
+ * slow or unreachable MongoDB never stops draining. The next batch is written only once the
+ * current one is settled, which keeps each page's updates in flush-sequence order. Both batches
+ * together are bounded by half of limits.memory; past it draining stops (the queues and their
+ * pool hold the rest) until the batch being written is settled.
  *
  * The decisions run in bd_flusher_step(), which takes its clocks as arguments: the thread calls
  * it in a loop, unit tests call it directly on a flusher that was never started.
@@ -52,13 +58,13 @@ void bd_flusher_free(struct bd_flusher *f);
 
 /*
  * One step at monotonic time mono_ns and wall-clock time wall_ms: drain what the sensors hold
- * (unless a batch waits for its retry), and write the batch when it is due (stopping: now),
- * settling every update by its outcome. Flusher thread, or a unit test on a flusher that was
- * never started.
+ * into the next batch, retry the batch being written when its retry is due, and when it is
+ * settled, make the next batch the one written once it is due (stopping: now), settling every
+ * update by its outcome. Flusher thread, or a unit test on a flusher that was never started.
  */
 void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping);
 
-/* Readings accepted but not settled: in the batch, or still in a ring or the requeue list. */
+/* True when no reading waits: both batches settled, no sensor queued or on the requeue list. */
 bool bd_flusher_idle(struct bd_flusher *f);
 
 /* Monotonic time of the next retry of a failed write (0: none scheduled). */

@@ -200,10 +200,12 @@ class EndToEnd(bdtest.E2ECase):
         self.assertStored(client, db, len(readings), d)
         stats = d.stop()
         elapsed = time.monotonic() - started
-        # Rings this small pass their high-water mark many times a second; those wake-ups only
-        # drain, the writes still come once per flush interval (plus the final one at stop). A
-        # slow machine only makes the bound larger.
-        self.assertLessEqual(int(stats["bulk_writes"]), elapsed / FLUSH_S + 2,
+        # A pool this small passes its marks many times a second; those wake-ups only drain,
+        # the writes still come once per flush interval (plus the final one at stop), or early
+        # when the pending batches reach their half of limits.memory (counted apart). A slow
+        # machine only makes the bound larger.
+        self.assertLessEqual(int(stats["bulk_writes"]),
+                             elapsed / FLUSH_S + 2 + int(stats["flushes_for_memory"]),
                              "writes per flush interval")
         self.assertStat(stats, "drop_buffer_full", 0, d)
         self.assertStat(stats, "readings_accepted", len(readings), d)

@@ -9,8 +9,11 @@
 #define BUCKETD_TEST_FAKE_STORE_H
 
 #include <mongoc/mongoc.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bucketd/bucket.h"
 #include "bucketd/store.h"
@@ -61,7 +64,35 @@ struct fake_store {
     uint32_t bulk_sizes[256];
     uint64_t max_update_bytes;
     uint32_t empty_updates; /* updates that carried no reading (the flusher must send none) */
+
+    /* A bulk in flight, held: with hold set, bulk_upsert (on the flusher's I/O thread) says
+     * it is holding and waits for release before it does anything. Guarded by mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool hold, holding;
+    uint32_t delay_us; /* each bulk takes this long first (a slow server) */
 };
+
+/* Test thread: wait until a bulk is held (false after timeout_s). */
+static bool fake_wait_holding(struct fake_store *fs, int timeout_s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_s;
+    pthread_mutex_lock(&fs->mu);
+    while (!fs->holding && pthread_cond_timedwait(&fs->cv, &fs->mu, &ts) == 0) {
+    }
+    bool held = fs->holding;
+    pthread_mutex_unlock(&fs->mu);
+    return held;
+}
+
+/* Test thread: let the held bulk (and every later one) go. */
+static void fake_release_hold(struct fake_store *fs) {
+    pthread_mutex_lock(&fs->mu);
+    fs->hold = false;
+    pthread_cond_broadcast(&fs->cv);
+    pthread_mutex_unlock(&fs->mu);
+}
 
 static struct fake_doc *fake_find(struct fake_store *fs, const char *id) {
     for (uint32_t i = 0; i < fs->n_docs; i++) {
@@ -151,6 +182,20 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
     struct fake_store *fs = (struct fake_store *)st;
     enum fake_fault fault = FAULT_NONE;
     int32_t code = 0;
+    pthread_mutex_lock(&fs->mu);
+    if (fs->hold) {
+        fs->holding = true;
+        pthread_cond_broadcast(&fs->cv);
+        while (fs->hold) {
+            pthread_cond_wait(&fs->cv, &fs->mu);
+        }
+        fs->holding = false;
+    }
+    pthread_mutex_unlock(&fs->mu);
+    if (fs->delay_us > 0) {
+        struct timespec ts = {fs->delay_us / 1000000, (long)(fs->delay_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (fs->next_fault < fs->n_faults) {
         code = fs->fault_codes[fs->next_fault];
         fault = fs->faults[fs->next_fault++];
@@ -341,6 +386,8 @@ static const struct bd_store_ops fake_ops = {
 static void fake_init(struct fake_store *fs, const char *writer_id) {
     memset(fs, 0, sizeof(*fs));
     fs->base.ops = &fake_ops;
+    pthread_mutex_init(&fs->mu, NULL);
+    pthread_cond_init(&fs->cv, NULL);
     snprintf(fs->writer_key, sizeof(fs->writer_key), "w.%s", writer_id);
 }
 
@@ -350,6 +397,8 @@ static void fake_free(struct fake_store *fs) {
         free(fs->docs[i].sensor_id);
     }
     free(fs->docs);
+    pthread_cond_destroy(&fs->cv);
+    pthread_mutex_destroy(&fs->mu);
 }
 
 /* A page an earlier run stored. */

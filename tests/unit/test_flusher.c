@@ -7,6 +7,8 @@
  */
 #include <criterion/criterion.h>
 #include <inttypes.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -727,4 +729,141 @@ Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
         cr_assert_eq(system(cmd), 0);
     }
     start(); /* for teardown */
+}
+
+/* ---- draining while a batch is being written ---------------------------------------------- */
+
+/* k more readings of each of n sensors in the same bucket, after the first `after` of each. */
+static void send_more(int n, int k, int after) {
+    char name[32];
+    int64_t start = now_ms / HOUR_MS * HOUR_MS;
+    for (int i = 0; i < n; i++) {
+        for (int j = after; j < after + k; j++) {
+            accept1(sensor_name(name, sizeof(name), i), i * 100 + j, start + j * 1000);
+        }
+    }
+}
+
+Test(flusher, readings_drained_while_a_write_waits_for_its_retry_follow_it_in_order) {
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    send_sensors(3, 4);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* drained, written, failed */
+    cr_assert_eq(fs.bulks, 1);
+    int64_t retry = bd_flusher_retry_at(flusher);
+    cr_assert_gt(retry, mono);
+    /* While the batch waits for its retry, new readings of the same pages are drained (the
+     * queues empty) but not written: the failed batch goes first. */
+    send_more(3, 5, 4);
+    publish();
+    bd_flusher_step(flusher, retry - 1, now_ms, false);
+    cr_assert_not(bd_sensor_table_has_dirty(table), "drained during the backoff");
+    cr_assert_eq(fs.bulks, 1, "nothing written before the retry");
+    cr_assert_eq(run(10) > 0, true);
+    /* The retry, then the readings drained meanwhile, under the next sequence number. */
+    cr_assert_eq(fs.bulks, 3);
+    cr_assert_eq(fs.seqs[0], fs.seqs[1], "the retry re-sends the same number");
+    cr_assert_eq(fs.seqs[2], fs.seqs[1] + 1, "the next batch takes the next number");
+    assert_stored(3, 9);
+    cr_assert_eq(STAT(readings_flushed), 27);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+}
+
+Test(flusher, readings_drained_before_and_after_a_look_up_keep_the_page_cap) {
+    /* Page 0 was stored by an earlier run with 8 readings; the cap is 10. The batch being
+     * written looks the bucket up; readings drained into the next batch before the look-up
+     * (page unknown then) and after it (page known) must be placed in arrival order from the
+     * learned count: 3 to pages 0-1, then 3, then 8 more -- never past the cap. */
+    stop();
+    cfg.buckets.max_readings = 10;
+    start();
+    now_ms = bd_now_ns() / MS; /* inside the horizon: the bucket is looked up */
+    int64_t b = now_ms / HOUR_MS * HOUR_MS;
+    const char *name = "m,s=0";
+    fake_put(&fs, name, b, 0, 8, 5);
+    fs.find_fails = true;
+    int j = 0;
+    for (; j < 3; j++) {
+        accept1(name, j, b + j);
+    }
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* the look-up fails: pages unknown */
+    cr_assert_eq(fs.bulks, 0);
+    int64_t retry = bd_flusher_retry_at(flusher);
+    cr_assert_gt(retry, 0);
+    for (; j < 6; j++) {
+        accept1(name, j, b + j);
+    }
+    publish();
+    mono = retry - 1;
+    bd_flusher_step(flusher, mono, now_ms, false); /* drained while the pages are unknown */
+    fs.find_fails = false;
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    mono = retry;
+    bd_flusher_step(flusher, mono, now_ms, false); /* looked up and placed; the write fails */
+    cr_assert_eq(fs.bulks, 1);
+    retry = bd_flusher_retry_at(flusher);
+    for (; j < 14; j++) {
+        accept1(name, j, b + j);
+    }
+    publish();
+    mono = retry - 1;
+    bd_flusher_step(flusher, mono, now_ms, false); /* drained with the pages known */
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, name), 8 + 14);
+    cr_assert_leq(fake_max_count(&fs), 10);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+}
+
+static atomic_bool g_pushed, g_drained_in_flight;
+
+/* Flusher thread, after each drain: did one empty the queues while a bulk was held? */
+static void drained_cb(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&fs.mu);
+    bool holding = fs.holding;
+    pthread_mutex_unlock(&fs.mu);
+    if (holding && atomic_load(&g_pushed) && !bd_sensor_table_has_dirty(table)) {
+        atomic_store(&g_drained_in_flight, true);
+    }
+}
+
+Test(flusher, the_flusher_thread_drains_while_a_bulk_is_in_flight) {
+    stop();
+    cfg.flush.interval_ms = 20;
+    start();
+    now_ms = bd_now_ns() / MS;
+    atomic_store(&g_pushed, false);
+    atomic_store(&g_drained_in_flight, false);
+    bd_flusher_set_drained(flusher, drained_cb, NULL);
+    fs.hold = true;
+    struct bd_err err = {0};
+    cr_assert_eq(bd_flusher_start(flusher, &err), 0, "%s", err.msg);
+    send_sensors(3, 4);
+    publish();
+    bd_flusher_wake(flusher);
+    cr_assert(fake_wait_holding(&fs, 20), "the first bulk never came");
+    /* The first batch is in flight (held): more readings for the same pages. */
+    send_more(3, 5, 4);
+    publish();
+    atomic_store(&g_pushed, true);
+    bd_flusher_wake(flusher);
+    int64_t deadline = bd_mono_ns() + 20 * BD_NS_PER_S;
+    while (!atomic_load(&g_drained_in_flight) && bd_mono_ns() < deadline) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        bd_flusher_wake(flusher);
+    }
+    cr_assert(atomic_load(&g_drained_in_flight), "nothing drained while the bulk was in flight");
+    fake_release_hold(&fs);
+    bd_flusher_stop(flusher, bd_mono_ns() + 20 * BD_NS_PER_S);
+    assert_stored(3, 9);
+    cr_assert_geq(fs.bulks, 2);
+    for (uint32_t i = 1; i < fs.bulks && i < 256; i++) {
+        cr_assert_gt(fs.seqs[i], fs.seqs[i - 1], "bulk %u: sequence numbers in order", i);
+    }
+    cr_assert_eq(STAT(readings_flushed), 27);
+    cr_assert_eq(STAT(writer_conflicts), 0);
 }
