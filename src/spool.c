@@ -351,8 +351,8 @@ static int find_next(struct bd_spool *s, int fd, uint64_t from, uint64_t end, bo
  * Records and readings from off to end, by their headers only (payloads are skipped by length,
  * damage by the forward scan): what a segment about to be dropped unread held.
  */
-static void count_records(struct bd_spool *s, int fd, uint64_t off, uint64_t end,
-                          uint64_t *records, uint64_t *readings) {
+static void count_records(struct bd_spool *s, int fd, uint64_t off, uint64_t end, uint64_t *records,
+                          uint64_t *readings) {
     *records = 0;
     *readings = 0;
     while (off < end) {
@@ -970,8 +970,8 @@ static void recover_last(struct bd_spool *s) {
     uint64_t from = s->n == 1 ? read_off(s) : SEG_HDR;
     uint64_t off = SEG_HDR, good_end = SEG_HDR, records = 0, readings = 0;
     uint8_t h[SEG_HDR];
-    bool header_ok = seg->size >= SEG_HDR && pread_all(s, fd, h, SEG_HDR, 0) == 0 &&
-                     seg_header_ok(h, seg->no);
+    bool header_ok =
+        seg->size >= SEG_HDR && pread_all(s, fd, h, SEG_HDR, 0) == 0 && seg_header_ok(h, seg->no);
     while (off < seg->size) {
         struct rec_hdr rh;
         enum rec_state st;
