@@ -52,9 +52,13 @@
  *   unsynced records.
  * Delivering a record again is safe for the daemon: the flusher's updates carry their writer
  * sequence in the filter, so MongoDB applies a replayed batch once (DESIGN.md §3).
+ * Costs: batch pays an fdatasync per append and two fsyncs (checkpoint, directory) per
+ * acknowledgement; interval and none pay about one of each per interval or per segment. Nothing
+ * is written while nothing is appended, except the empty first segment an open creates when
+ * there is none (which also proves the directory writable).
  *
- * Recovery (bd_spool_open) reads the checkpoint and the last segment only, so start-up time
- * does not grow with the backlog:
+ * Recovery (bd_spool_open) reads the checkpoint and the last segment only (the other segments'
+ * sizes come from the directory listing), so start-up time does not grow with the backlog:
  * - segments below the checkpoint's read segment are deleted (a delete cut short by a crash);
  * - the last segment is read through: its end is the end of its last valid record, and anything
  *   after it (an interrupted write) is truncated away, counted in torn_tails; damage followed by
