@@ -27,6 +27,7 @@
 #include "bucketd/log.h"
 #include "bucketd/mongo.h"
 #include "bucketd/parse.h"
+#include "bucketd/spool.h"
 
 #define MS_PER_S UINT64_C(1000)
 #define MS_PER_M (60 * MS_PER_S)
@@ -105,6 +106,11 @@ static const char *check_coll_name(const char *s, uint64_t unused);
 static const char *check_write_concern(const char *s, uint64_t unused);
 static const char *check_span(const char *s, uint64_t ms);
 static const char *check_pow2(const char *s, uint64_t n);
+static const char *check_spool_sync(const char *s, uint64_t unused);
+static const struct enum_name when_full_names[] = {{"drop_oldest", BD_SPOOL_FULL_DROP_OLDEST},
+                                                   {"drop_newest", BD_SPOOL_FULL_DROP_NEWEST},
+                                                   {"block", BD_SPOOL_FULL_BLOCK},
+                                                   {NULL, 0}};
 
 #define FIELD(type, f) .off = offsetof(type, f), .size = sizeof(((type *)0)->f)
 #define CFG(f) FIELD(struct bd_config, f)
@@ -177,7 +183,14 @@ static const struct key_def schema[] = {
      .help = "directory for batches MongoDB did not take"},
     {.path = "spool.max_bytes", .type = T_SIZE, CFG(spool.max_bytes), .min = MIB,
      .max = 1024 * GIB, .def = "1GiB", .flags = KF_RELOAD,
-     .help = "spool size cap; the oldest batches are dropped beyond it"},
+     .help = "spool size cap, file headers included; spool.when_full decides beyond it"},
+    {.path = "spool.sync", .type = T_STRING, CFG(spool.sync), .min = 1,
+     .max = sizeof(((struct bd_config *)0)->spool.sync) - 1, .def = "1s",
+     .check = check_spool_sync,
+     .help = "when spooled data is fdatasync'ed: none, batch (every batch) or an interval"},
+    {.path = "spool.when_full", .type = T_ENUM, CFG(spool.when_full), .def = "drop_oldest",
+     .names = when_full_names,
+     .help = "at spool.max_bytes: drop_oldest, drop_newest, or block (TCP input waits)"},
     {.path = "metrics.bind", .type = T_HOSTPORT, CFG(metrics.bind), .def = "127.0.0.1:9273",
      .flags = KF_EMPTY_OK, .help = "/metrics and /healthz endpoint; \"\" disables"},
     {.path = "log.level", .type = T_LOGLEVEL, CFG(log.level), .def = "info",
@@ -496,6 +509,30 @@ static const char *check_write_concern(const char *s, uint64_t unused) {
     }
     /* A replica set has at most 50 members; a larger w could never be satisfied. */
     return n > 50 ? "must be at most 50" : NULL;
+}
+
+int bd_config_spool_sync(const char *text, uint64_t *interval_ms) {
+    if (strcmp(text, "none") == 0) {
+        *interval_ms = 0;
+        return BD_SPOOL_SYNC_NONE;
+    }
+    if (strcmp(text, "batch") == 0) {
+        *interval_ms = 0;
+        return BD_SPOOL_SYNC_BATCH;
+    }
+    if (parse_scaled(text, duration_units, false, interval_ms) < 0 || *interval_ms < 10 ||
+        *interval_ms > MS_PER_H) {
+        return -EINVAL;
+    }
+    return BD_SPOOL_SYNC_INTERVAL;
+}
+
+static const char *check_spool_sync(const char *s, uint64_t unused) {
+    (void)unused;
+    uint64_t ms;
+    return bd_config_spool_sync(s, &ms) < 0
+               ? "must be none, batch, or an interval from 10ms to 1h (e.g. 1s, 10s)"
+               : NULL;
 }
 
 static const char *check_span(const char *s, uint64_t ms) {

@@ -47,6 +47,8 @@
  */
 #include "bucketd/flusher.h"
 
+#include "flusher_int.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <mongoc/mongoc.h>
@@ -64,75 +66,6 @@
 #include "bucketd/outcome.h"
 #include "bucketd/pages.h"
 #include "bucketd/writer.h"
-
-/* Readings the deltas may hold before they are written ahead of the interval (~50 MB). */
-#define MAX_QUEUED (UINT64_C(1) << 20)
-
-/* Refusals (configuration-type errors, repeated size refusals) before an update is quarantined. */
-#define MAX_REFUSALS 8
-
-/* Duplicate-key answers whose read-back found another writer's insert, before quarantine. */
-#define MAX_DUP_CHECKS 3
-
-struct bd_flusher {
-    const struct bd_config *cfg;
-    struct bd_sensor_table *table;
-    struct bd_stats *stats;
-
-    pthread_t thread;
-    bool started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool wake_pending;     /* guarded by mu */
-    bool stop;             /* guarded by mu */
-    int64_t stop_deadline; /* guarded by mu */
-
-    bd_flusher_drained_cb drained;
-    void *drained_arg;
-
-    /* ---- flusher thread only ---- */
-    struct bd_store *store;     /* NULL with the blackhole sink */
-    struct bd_deadletter *dead; /* NULL with the blackhole sink */
-    struct bd_io *io;           /* runs store calls while draining goes on; NULL: inline */
-    /* The batch being written (or waiting for its retry) and the next one, being filled. */
-    struct bd_batch batch, fill;
-    struct bd_pages_limits lim;
-    uint64_t batch_id;          /* the batch being written, or the last one; starts at 1 */
-    uint64_t fill_id;           /* always batch_id + 1 */
-    struct bd_sensor *requeued; /* sensors whose drain an allocation failure interrupted */
-
-    uint64_t queued;      /* readings in the fill batch */
-    uint64_t fill_bytes;  /* estimated memory of the fill batch's readings */
-    uint64_t batch_bytes; /* the same for the batch being written */
-    uint64_t budget;      /* limits.memory / 2: both batches together */
-    int64_t send_at;      /* monotonic ns of the next scheduled write */
-    uint32_t attempt;     /* consecutive failed attempts */
-    int64_t retry_at;     /* monotonic ns of the next attempt, 0 = none */
-    uint32_t chunk_max;   /* updates per bulk: flush.max_updates, halved after a driver refusal */
-    uint64_t rng;         /* xorshift state for jitter */
-    bool clean_stop;      /* not started, or the thread ended through its stop path */
-    enum bd_bulk_cause last_cause; /* why the last failed attempt failed */
-    char last_error[512];
-    struct bd_ratelimit fail_log;
-    struct bd_ratelimit quarantine_log;
-    struct bd_ratelimit conflict_log;
-    struct bd_ratelimit oom_log;
-
-    /* One chunk's updates, built before it is sent (flush.max_updates each). */
-    uint32_t *ops;
-    bson_t *selectors, *updates;
-    const bson_t **sel_ptrs, **upd_ptrs;
-    struct bd_op_outcome *outcomes;
-    uint32_t *readback;
-
-    struct bd_writer *writer; /* NULL with the blackhole sink */
-    char writer_key[160];     /* "w.<writer_id>" */
-    bool seq_known;           /* the sequence is past every number in the documents */
-    bool have_seq;            /* batch_seq belongs to the pending batch */
-    uint64_t batch_seq;
-    int64_t learn_horizon_ms; /* buckets starting at or before this may hold earlier pages */
-    int64_t batch_max_start_ms;
-};
 
 static void driver_log(mongoc_log_level_t level, const char *domain, const char *message,
                        void *data) {
@@ -211,6 +144,7 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
     f->quarantine_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 5};
     f->conflict_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 3};
     f->oom_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 1};
+    f->spool_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 2};
     snprintf(f->writer_key, sizeof(f->writer_key), BD_WRITER_KEY_PREFIX "%s", cfg->writer_id);
     uint32_t max = cfg->flush.max_updates;
     f->ops = bd_calloc(max, sizeof(*f->ops));
@@ -230,11 +164,15 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
 }
 
 static int open_state(struct bd_flusher *f, struct bd_err *err) {
-    int rc = open_writer(f, err);
-    if (rc < 0) {
-        return rc;
+    /* The spool first: it creates spool.dir (with its parents), where the rest lives too. */
+    int rc = flusher_spool_open(f, err);
+    if (rc == 0) {
+        rc = open_writer(f, err);
     }
-    return bd_deadletter_open(&f->dead, f->cfg->spool.dir, err);
+    if (rc == 0) {
+        rc = bd_deadletter_open(&f->dead, f->cfg->spool.dir, err);
+    }
+    return rc;
 }
 
 int bd_flusher_new_with_store(struct bd_flusher **out, const struct bd_config *cfg,
@@ -314,6 +252,7 @@ void bd_flusher_free(struct bd_flusher *f) {
     free(f->readback);
     bd_writer_close(f->writer, f->clean_stop);
     bd_deadletter_close(f->dead);
+    flusher_spool_close(f);
     if (f->table != NULL) {
         bd_sensor_table_foreach(f->table, release_sensor_state, NULL);
     }
@@ -362,7 +301,7 @@ static uint64_t pinned_from(const struct bd_flusher *f) {
 }
 
 /* The two batches' readings have reached their half of limits.memory: draining stops. */
-static bool over_budget(const struct bd_flusher *f) {
+bool over_budget(const struct bd_flusher *f) {
     return f->batch_bytes + f->fill_bytes >= f->budget;
 }
 
@@ -464,7 +403,7 @@ fail:
  * (then the flusher is "stalled": bd_sensor_table_set_stalled) and ring the doorbell so paused
  * listeners read again.
  */
-static void drain(struct bd_flusher *f, int64_t wall_ms) {
+void flusher_drain(struct bd_flusher *f, int64_t wall_ms) {
     bool stalled = over_budget(f);
     if (!stalled) {
         struct bd_sensor *list = f->requeued, *s;
@@ -499,7 +438,7 @@ static void drain(struct bd_flusher *f, int64_t wall_ms) {
 /* Idle work while a store call runs on the I/O thread: keep draining. */
 static void drain_now(void *arg) {
     struct bd_flusher *f = arg;
-    drain(f, bd_now_ns() / BD_NS_PER_MS);
+    flusher_drain(f, bd_now_ns() / BD_NS_PER_MS);
 }
 
 /* One store call (a MongoDB round trip), made on the I/O thread. */
@@ -542,10 +481,15 @@ static void store_call_run(void *arg) {
  * state); draining touches only the fill batch, the sensor queues and the page slots, which
  * nothing in a call reads.
  */
+void flusher_run_io(void *arg, bd_io_fn fn, void *fn_arg) {
+    struct bd_flusher *f = arg;
+    int64_t idle_ns = BD_MIN((int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS, 100 * BD_NS_PER_MS);
+    bd_io_run(f->io, fn, fn_arg, drain_now, f, idle_ns);
+}
+
 static bool call_store(struct bd_flusher *f, struct store_call *c) {
     c->st = f->store;
-    int64_t idle_ns = BD_MIN((int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS, 100 * BD_NS_PER_MS);
-    bd_io_run(f->io, store_call_run, c, drain_now, f, idle_ns);
+    flusher_run_io(f, store_call_run, c);
     return c->ok;
 }
 
@@ -846,7 +790,7 @@ static void settle_chunk(struct bd_flusher *f, uint32_t n, const struct bd_bulk_
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
-static void note_failure(struct bd_flusher *f, enum bd_bulk_cause cause, const char *msg) {
+void note_failure(struct bd_flusher *f, enum bd_bulk_cause cause, const char *msg) {
     f->last_cause = cause;
     snprintf(f->last_error, sizeof(f->last_error), "%s", msg);
 }
@@ -855,7 +799,7 @@ static void note_failure(struct bd_flusher *f, enum bd_bulk_cause cause, const c
  * Build the update of delta di into chunk position n. 0: built; 1: not to be sent now (it was
  * split, and its readings will come round again, or quarantined); -ENOMEM.
  */
-static int build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int64_t wall_ms) {
+int build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int64_t wall_ms) {
     for (;;) {
         struct bd_delta *d = &f->batch.deltas[di];
         bson_t *sel = &f->selectors[n], *upd = &f->updates[n];
@@ -1212,7 +1156,7 @@ static uint64_t next_rand(struct bd_flusher *f) {
     return f->rng;
 }
 
-static void schedule_retry(struct bd_flusher *f, int64_t mono_ns) {
+void schedule_retry(struct bd_flusher *f, int64_t mono_ns) {
     uint64_t cap = f->cfg->flush.retry_max_ms;
     uint64_t base = f->cfg->flush.retry_initial_ms;
     uint32_t shift = f->attempt < 30 ? f->attempt : 30;
@@ -1235,7 +1179,7 @@ static void schedule_retry(struct bd_flusher *f, int64_t mono_ns) {
     }
 }
 
-static void batch_done(struct bd_flusher *f) {
+void batch_done(struct bd_flusher *f) {
     bd_batch_clear(&f->batch);
     f->batch_bytes = 0;
 }
@@ -1248,7 +1192,7 @@ static void batch_done(struct bd_flusher *f) {
  * taken only then (prepare_batch), so a page can never receive a later number before an earlier
  * one is in -- which the w.<writer_id> filter would otherwise take for "already applied".
  */
-static void swap_in_fill(struct bd_flusher *f) {
+void swap_in_fill(struct bd_flusher *f) {
     BD_ASSERT(bd_batch_pending_readings(&f->batch) == 0);
     struct bd_batch done = f->batch;
     f->batch = f->fill;
@@ -1286,7 +1230,7 @@ static void write_pending(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms
 }
 
 /* The fill batch is due: the interval passed, or it is large. */
-static bool fill_due(const struct bd_flusher *f, int64_t mono_ns, bool stopping) {
+bool fill_due(const struct bd_flusher *f, int64_t mono_ns, bool stopping) {
     return f->fill.n > 0 &&
            (stopping || mono_ns >= f->send_at || f->fill.n >= f->cfg->flush.max_updates ||
             f->queued >= MAX_QUEUED || f->fill_bytes >= f->budget / 2);
@@ -1296,9 +1240,26 @@ void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, boo
     int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
     /* Draining goes on whatever the batch being written is doing (waiting for its retry here,
      * in flight in call_store). */
-    drain(f, wall_ms);
+    flusher_drain(f, wall_ms);
+    if (f->spool != NULL) {
+        flusher_spool_stats(f);
+        bd_spool_tick(f->spool, mono_ns);
+        if (flusher_spool_active(f)) {
+            /* Older batches wait on disk: everything goes through the spool, in order. */
+            flusher_spool_step(f, mono_ns, wall_ms, stopping);
+            return;
+        }
+    }
     if (bd_batch_pending_readings(&f->batch) > 0) {
         if (mono_ns < f->retry_at) {
+            /* MongoDB is away or refusing. Once the next batch is due as well, this one goes to
+             * the spool (the next follows it there): memory stays bounded, and what was
+             * accepted reaches the disk within about two flush intervals. */
+            if (f->spool == NULL || !fill_due(f, mono_ns, stopping) ||
+                !flusher_spool_batch(f, wall_ms)) {
+                return;
+            }
+            flusher_spool_step(f, mono_ns, wall_ms, stopping);
             return;
         }
         write_pending(f, mono_ns, wall_ms);
@@ -1323,7 +1284,7 @@ void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, boo
 
 bool bd_flusher_idle(struct bd_flusher *f) {
     return batch_settled(f) && bd_batch_pending_readings(&f->fill) == 0 && f->requeued == NULL &&
-           !bd_sensor_table_has_dirty(f->table);
+           !bd_sensor_table_has_dirty(f->table) && !flusher_spool_active(f);
 }
 
 /* Readings still in sensor queues at the end: counted as lost, queues emptied. */
@@ -1351,6 +1312,7 @@ static uint64_t discard_queues(struct bd_flusher *f) {
 }
 
 uint64_t bd_flusher_abandon(struct bd_flusher *f) {
+    flusher_spool_everything(f, bd_now_ns() / BD_NS_PER_MS);
     uint64_t pending = bd_batch_pending_readings(&f->batch) + bd_batch_pending_readings(&f->fill);
     uint64_t lost = pending + discard_queues(f);
     BD_STAT_ADD(f->stats, readings_lost, lost);
@@ -1432,6 +1394,8 @@ static void *flusher_main(void *arg) {
             break;
         }
         if (bd_mono_ns() >= stop_deadline) {
+            /* What MongoDB did not take goes to the spool for the next start; only what cannot
+             * be spooled is lost (counted and logged). */
             bd_flusher_abandon(f);
             break;
         }

@@ -66,6 +66,8 @@ struct bd_config {
     struct {
         char dir[1024];     /* default /var/lib/bucketd/spool */
         uint64_t max_bytes; /* default 1 GiB */
+        char sync[16];      /* none | batch | a duration; default 1s (bd_config_spool_sync) */
+        int when_full;      /* enum bd_spool_when_full, default drop_oldest */
     } spool;
 
     struct {
@@ -84,6 +86,16 @@ struct bd_config {
         uint32_t max_line;    /* bytes per line, default 64 KiB */
     } limits;
 };
+
+/* spool.when_full (the same values as spool.h's enum bd_spool_full). */
+enum bd_spool_when_full {
+    BD_SPOOL_FULL_DROP_OLDEST,
+    BD_SPOOL_FULL_DROP_NEWEST,
+    BD_SPOOL_FULL_BLOCK,
+};
+
+/* spool.sync text: enum bd_spool_sync (spool.h) and *interval_ms, or -EINVAL. */
+int bd_config_spool_sync(const char *text, uint64_t *interval_ms);
 
 /* Fill cfg with every default (writer_id = host name). */
 void bd_config_defaults(struct bd_config *cfg);

@@ -50,8 +50,8 @@ int bd_flusher_start(struct bd_flusher *f, struct bd_err *err);
 void bd_flusher_wake(struct bd_flusher *f);
 /*
  * Final drain and flush, retried until deadline_mono_ns (bd_mono_ns() clock); joins the thread.
- * Call after ingest has stopped. Readings that could not be written by the deadline are counted
- * in readings_lost and logged with the reason.
+ * Call after ingest has stopped. Readings that could not be written by the deadline go to the
+ * spool; what cannot be spooled is counted in readings_lost and logged with the reason.
  */
 void bd_flusher_stop(struct bd_flusher *f, int64_t deadline_mono_ns);
 void bd_flusher_free(struct bd_flusher *f);
@@ -71,8 +71,9 @@ bool bd_flusher_idle(struct bd_flusher *f);
 int64_t bd_flusher_retry_at(const struct bd_flusher *f);
 
 /*
- * Give up what is not settled: count it in readings_lost and log how many and why (MongoDB
- * unreachable, refusing, or still retrying). Returns the number lost.
+ * Give up writing what is not settled: put it on the spool (drained queues included), and count
+ * what cannot be spooled in readings_lost, logging how many and why (MongoDB unreachable,
+ * refusing, or still retrying; a full or failing spool). Returns the number lost.
  */
 uint64_t bd_flusher_abandon(struct bd_flusher *f);
 

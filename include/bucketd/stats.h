@@ -54,7 +54,12 @@
     X(updates_already_applied, "bucket updates MongoDB had already applied (a retried write)") \
     X(writer_conflicts, "updates refused: a bucket holds a newer sequence of this writer_id")  \
     X(page_lookups, "queries learning the pages of buckets written before this start")       \
-    X(readings_lost, "readings given up at shutdown because MongoDB stayed unreachable")
+    X(readings_spooled, "readings written to the on-disk spool (MongoDB away or behind)")    \
+    X(spool_records_replayed, "spool records written to MongoDB and acknowledged")          \
+    X(spool_corrupt_records, "spool records skipped for a bad checksum (each counted once)") \
+    X(spool_dropped_readings, "readings dropped from a full spool (spool.when_full)")        \
+    X(spool_write_errors, "spool writes or syncs that failed (disk full, I/O error)")        \
+    X(readings_lost, "readings given up at shutdown: not written, not spooled")
 /* clang-format on */
 
 struct bd_stats {

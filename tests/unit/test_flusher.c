@@ -478,7 +478,16 @@ Test(flusher, at_a_stop_without_memory_everything_unwritten_is_counted_lost) {
     cr_assert_eq(lost, (uint64_t)sent);
 }
 
-Test(flusher, an_unreachable_server_at_the_deadline_loses_what_is_pending_counted) {
+/* A spool that takes nothing: every record is larger than its cap, and the policy refuses. */
+static void spool_refuses_everything(void) {
+    stop();
+    cfg.spool.max_bytes = 64;
+    cfg.spool.when_full = BD_SPOOL_FULL_DROP_NEWEST;
+    start();
+}
+
+Test(flusher, an_unreachable_server_at_the_deadline_loses_what_cannot_be_spooled_counted) {
+    spool_refuses_everything();
     for (int i = 0; i < 10; i++) {
         fake_script(&fs, FAULT_UNREACHABLE, 0);
     }
@@ -642,7 +651,8 @@ Test(flusher, the_blackhole_sink_counts_and_discards) {
     cr_assert_eq(STAT(bulk_writes), 0);
 }
 
-Test(flusher, a_stop_gives_up_what_keeps_failing_and_counts_it) {
+Test(flusher, a_stop_gives_up_what_keeps_failing_and_cannot_be_spooled_and_counts_it) {
+    spool_refuses_everything();
     for (int i = 0; i < 10; i++) {
         fake_script(&fs, FAULT_LOST_REQUEST, 0);
     }
@@ -866,4 +876,129 @@ Test(flusher, the_flusher_thread_drains_while_a_bulk_is_in_flight) {
     }
     cr_assert_eq(STAT(readings_flushed), 27);
     cr_assert_eq(STAT(writer_conflicts), 0);
+}
+
+/* ---- the spool ------------------------------------------------------------------------------ */
+
+/* Bytes of the spool's segment files. */
+static uint64_t spool_file_bytes(void) {
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "cat %s/spool-*.seg 2>/dev/null | wc -c", dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    unsigned long long n = 0;
+    cr_assert_eq(fscanf(p, "%llu", &n), 1);
+    pclose(p);
+    return n;
+}
+
+/* A new flusher and sensor table over the same spool directory and the same stored model (a
+ * restart of the daemon; the test store stays). */
+static void restart(void) {
+    bd_flusher_free(flusher);
+    flusher = NULL;
+    bd_sensor_table_free(table);
+    table = NULL;
+    struct bd_err err = {0};
+    memset(&stats, 0, sizeof(stats));
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0, "%s", err.msg);
+    fs.next_fault = fs.n_faults = 0;
+    cr_assert_eq(bd_flusher_new_with_store(&flusher, &cfg, table, &stats, &fs.base, &err), 0, "%s",
+                 err.msg);
+}
+
+Test(flusher, nothing_is_written_to_the_spool_while_mongodb_keeps_up) {
+    uint64_t at_start = spool_file_bytes();
+    for (int round = 0; round < 5; round++) {
+        send_more(4, 10, round * 10);
+        cr_assert_gt(run(10), 0);
+    }
+    assert_stored(4, 50);
+    cr_assert_eq(STAT(readings_spooled), 0);
+    cr_assert_eq(spool_file_bytes(), at_start, "the spool files did not grow");
+}
+
+Test(flusher, an_outage_spools_the_failed_batch_and_the_next_then_replays_them_in_order) {
+    stop();
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+    start();
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    send_sensors(3, 4);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* written, failed */
+    cr_assert_eq(fs.bulks, 1);
+    int64_t retry = bd_flusher_retry_at(flusher);
+    /* The next batch comes due while the failed one waits: both go to the spool. */
+    send_more(3, 5, 4);
+    publish();
+    mono += 20 * MS;
+    cr_assert_lt(mono, retry);
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_spooled), 27, "both batches on disk");
+    cr_assert_eq(fs.bulks, 1, "nothing sent before the retry");
+    cr_assert_gt(spool_file_bytes(), 32);
+    /* Still away: a third batch joins them on the spool, behind. */
+    send_more(3, 1, 9);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_spooled), 30);
+    /* Back: replayed oldest first, each record under its own number, increasing. */
+    cr_assert_gt(run(20), 0);
+    assert_stored(3, 10);
+    cr_assert_eq(STAT(readings_flushed), 30);
+    cr_assert_eq(STAT(spool_records_replayed), 3);
+    cr_assert_eq(fs.bulks, 4);
+    cr_assert_eq(fs.seqs[1], fs.seqs[0], "the failed batch replayed with its own number");
+    cr_assert_lt(fs.seqs[1], fs.seqs[2]);
+    cr_assert_lt(fs.seqs[2], fs.seqs[3]);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert(bd_flusher_idle(flusher));
+}
+
+Test(flusher, a_stop_while_mongodb_is_away_spools_and_the_next_start_writes_it_once) {
+    for (int i = 0; i < 10; i++) {
+        fake_script(&fs, FAULT_LOST_REPLY, 0); /* applied, answer lost: may be in already */
+    }
+    send_sensors(2, 3);
+    cr_assert_eq(run(3), -1);
+    send_more(2, 2, 3); /* still in the queues at the deadline */
+    publish();
+    cr_assert_eq(bd_flusher_abandon(flusher), 0, "nothing lost: spooled");
+    cr_assert_eq(STAT(readings_lost), 0);
+    cr_assert_eq(STAT(readings_spooled), 10);
+    restart();
+    send_more(2, 1, 5); /* new readings after the restart: behind the spool */
+    cr_assert_gt(run(20), 0);
+    assert_stored(2, 6);
+    cr_assert_eq(STAT(spool_records_replayed), 2);
+    cr_assert_geq(STAT(updates_already_applied), 2, "the lost replies' updates were in");
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    for (uint32_t i = 1; i < fs.bulks && i < 256; i++) {
+        cr_assert_geq(fs.seqs[i], fs.seqs[i - 1], "bulk %u out of sequence order", i);
+    }
+}
+
+Test(flusher, a_spool_that_cannot_take_a_batch_keeps_it_in_memory_and_loses_nothing) {
+    stop();
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+    cfg.spool.max_bytes = 64; /* nothing fits */
+    cfg.spool.when_full = BD_SPOOL_FULL_BLOCK;
+    start();
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    send_sensors(2, 3);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false); /* due: the spool refuses it */
+    cr_assert_eq(STAT(readings_spooled), 0);
+    cr_assert_gt(run(10), 0); /* MongoDB back: written from memory */
+    assert_stored(2, 3);
+    cr_assert_eq(STAT(readings_lost), 0);
 }

@@ -1,0 +1,84 @@
+/*
+ * Spooled batches: what the flusher writes into a spool record (spool.h) when MongoDB cannot
+ * take a batch now, and how a record read back is written to MongoDB.
+ *
+ * A record holds the updates of one batch exactly as they were built for MongoDB -- filter and
+ * update, carrying the batch's writer sequence number -- plus, per update, the bucket page it
+ * targets and its reading count. Replaying a record sends those same updates again, so the
+ * idempotent filter (w.<writer_id> below the batch's number) makes a replay exactly once
+ * whether or not an earlier attempt, before the spooling or before a crash, got through.
+ *
+ * Payload layout, per update, back to back (integers little-endian):
+ *   u32 n_readings, u32 flags (0), i64 bucket start (ms), u32 page, u32 id length,
+ *   the sensor id's bytes, the filter (BSON), the update (BSON).
+ *
+ * Settling a replayed update is the flusher's rule set without the page moves: applied, or
+ * proved applied by reading the page's w.<writer_id> back after a duplicate key (every spooled
+ * update counts as possibly applied already: a crash may have come after a send), is settled;
+ * connection failures and transient errors are retried without limit; refusals are retried a
+ * bounded number of times, then the update is quarantined (dead-letter file) like any other.
+ *
+ * Flusher thread only; the store calls run through the runner the flusher passes (its I/O
+ * thread, draining meanwhile).
+ */
+#ifndef BUCKETD_REPLAY_H
+#define BUCKETD_REPLAY_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bucketd/config.h"
+#include "bucketd/deadletter.h"
+#include "bucketd/io.h"
+#include "bucketd/outcome.h"
+#include "bucketd/spool.h"
+#include "bucketd/stats.h"
+#include "bucketd/store.h"
+
+/* A growing payload. */
+struct bd_replay_buf {
+    uint8_t *data;
+    size_t len, cap;
+    uint32_t n_readings;
+    uint32_t n_updates;
+};
+
+/* Append one built update (sensor id, bucket start, page, readings) to buf. -ENOMEM. */
+int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t start_ms,
+                      uint32_t page, uint32_t n_readings, const bson_t *filter,
+                      const bson_t *update);
+void bd_replay_buf_reset(struct bd_replay_buf *buf);
+void bd_replay_buf_close(struct bd_replay_buf *buf);
+
+/* What replaying needs from the flusher. */
+struct bd_replay_env {
+    struct bd_store *store;
+    /* Runs fn(fn_arg) -- one store call -- and returns when it returned. */
+    void (*run)(void *run_arg, bd_io_fn fn, void *fn_arg);
+    void *run_arg;
+    struct bd_deadletter *dead; /* may be NULL */
+    struct bd_stats *stats;
+    const struct bd_config *cfg;
+};
+
+struct bd_replay;
+
+/* Parse a record read back from the spool (copied). -EBADMSG when it does not parse. */
+int bd_replay_load(struct bd_replay **out, const struct bd_spool_record *rec, struct bd_err *err);
+void bd_replay_free(struct bd_replay *r);
+
+/*
+ * Send every update of the record not settled yet, in bulks of flush.max_updates, and settle
+ * each by its outcome. True when every update is settled (the record can be acknowledged);
+ * false with *cause and msg saying why when some wait for the next attempt.
+ */
+bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int64_t wall_ms,
+                       enum bd_bulk_cause *cause, char *msg, size_t msg_cap);
+
+/* Readings in the record's updates not settled yet. */
+uint64_t bd_replay_pending_readings(const struct bd_replay *r);
+uint64_t bd_replay_seq(const struct bd_replay *r);
+
+#endif

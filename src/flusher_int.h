@@ -1,0 +1,126 @@
+/*
+ * The flusher's internals, shared by its source files: flusher.c (the step: drain, batch,
+ * settle) and flusher_spool.c (batches to the spool and back). Flusher thread only, as the
+ * fields below the "flusher thread only" line say.
+ */
+#ifndef BUCKETD_FLUSHER_INT_H
+#define BUCKETD_FLUSHER_INT_H
+
+#include <mongoc/mongoc.h>
+#include <pthread.h>
+
+#include "bucketd/batch.h"
+#include "bucketd/deadletter.h"
+#include "bucketd/flusher.h"
+#include "bucketd/io.h"
+#include "bucketd/log.h"
+#include "bucketd/outcome.h"
+#include "bucketd/pages.h"
+#include "bucketd/replay.h"
+#include "bucketd/spool.h"
+#include "bucketd/writer.h"
+
+/* Readings the deltas may hold before they are written ahead of the interval (~50 MB). */
+#define MAX_QUEUED (UINT64_C(1) << 20)
+
+/* Refusals (configuration-type errors, repeated size refusals) before an update is quarantined. */
+#define MAX_REFUSALS 8
+
+/* Duplicate-key answers whose read-back found another writer's insert, before quarantine. */
+#define MAX_DUP_CHECKS 3
+
+struct bd_flusher {
+    const struct bd_config *cfg;
+    struct bd_sensor_table *table;
+    struct bd_stats *stats;
+
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool wake_pending;     /* guarded by mu */
+    bool stop;             /* guarded by mu */
+    int64_t stop_deadline; /* guarded by mu */
+
+    bd_flusher_drained_cb drained;
+    void *drained_arg;
+
+    /* ---- flusher thread only ---- */
+    struct bd_store *store;     /* NULL with the blackhole sink */
+    struct bd_deadletter *dead; /* NULL with the blackhole sink */
+    struct bd_io *io;           /* runs store calls while draining goes on; NULL: inline */
+    /* The batch being written (or waiting for its retry) and the next one, being filled. */
+    struct bd_batch batch, fill;
+    struct bd_pages_limits lim;
+    uint64_t batch_id;          /* the batch being written, or the last one; starts at 1 */
+    uint64_t fill_id;           /* always batch_id + 1 */
+    struct bd_sensor *requeued; /* sensors whose drain an allocation failure interrupted */
+
+    uint64_t queued;      /* readings in the fill batch */
+    uint64_t fill_bytes;  /* estimated memory of the fill batch's readings */
+    uint64_t batch_bytes; /* the same for the batch being written */
+    uint64_t budget;      /* limits.memory / 2: both batches together */
+    int64_t send_at;      /* monotonic ns of the next scheduled write */
+    uint32_t attempt;     /* consecutive failed attempts */
+    int64_t retry_at;     /* monotonic ns of the next attempt, 0 = none */
+    uint32_t chunk_max;   /* updates per bulk: flush.max_updates, halved after a driver refusal */
+    uint64_t rng;         /* xorshift state for jitter */
+    bool clean_stop;      /* not started, or the thread ended through its stop path */
+    enum bd_bulk_cause last_cause; /* why the last failed attempt failed */
+    char last_error[512];
+    struct bd_ratelimit fail_log;
+    struct bd_ratelimit quarantine_log;
+    struct bd_ratelimit conflict_log;
+    struct bd_ratelimit oom_log;
+
+    /* One chunk's updates, built before it is sent (flush.max_updates each). */
+    uint32_t *ops;
+    bson_t *selectors, *updates;
+    const bson_t **sel_ptrs, **upd_ptrs;
+    struct bd_op_outcome *outcomes;
+    uint32_t *readback;
+
+    struct bd_writer *writer; /* NULL with the blackhole sink */
+
+    /* The on-disk spool (NULL with the blackhole sink), the record being replayed from it, and
+     * the payload being encoded into it. */
+    struct bd_spool *spool;
+    struct bd_replay *replay;
+    uint64_t replay_id;
+    struct bd_replay_buf spool_buf;
+    struct bd_ratelimit spool_log;
+    char writer_key[160]; /* "w.<writer_id>" */
+    bool seq_known;       /* the sequence is past every number in the documents */
+    bool have_seq;        /* batch_seq belongs to the pending batch */
+    uint64_t batch_seq;
+    int64_t learn_horizon_ms; /* buckets starting at or before this may hold earlier pages */
+    int64_t batch_max_start_ms;
+};
+
+/* flusher.c */
+int build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int64_t wall_ms);
+void note_failure(struct bd_flusher *f, enum bd_bulk_cause cause, const char *msg);
+void schedule_retry(struct bd_flusher *f, int64_t mono_ns);
+void batch_done(struct bd_flusher *f);
+bool fill_due(const struct bd_flusher *f, int64_t mono_ns, bool stopping);
+void swap_in_fill(struct bd_flusher *f);
+bool over_budget(const struct bd_flusher *f);
+void flusher_run_io(void *arg, bd_io_fn fn, void *fn_arg);
+/* Drain the sensor queues into the fill batch (up to the memory budget). */
+void flusher_drain(struct bd_flusher *f, int64_t wall_ms);
+
+/* flusher_spool.c */
+int flusher_spool_open(struct bd_flusher *f, struct bd_err *err);
+void flusher_spool_close(struct bd_flusher *f);
+/* The spool holds records not yet replayed (or one being replayed). */
+bool flusher_spool_active(const struct bd_flusher *f);
+/* Put what the batch being written has pending onto the spool; true when nothing is left. */
+bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms);
+/* The step's part when the spool is active (see flusher.c): returns once done for now. */
+void flusher_spool_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping);
+/* A stop's deadline passed: spool everything still in memory that can be. */
+void flusher_spool_everything(struct bd_flusher *f, int64_t wall_ms);
+/* Copy the spool's counters into the daemon's stats. */
+void flusher_spool_stats(struct bd_flusher *f);
+
+#endif

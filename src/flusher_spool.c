@@ -1,0 +1,347 @@
+/*
+ * The flusher and the on-disk spool: which batches go to disk and when, and replaying them.
+ * Flusher thread only (src/flusher_int.h).
+ *
+ * Rules, each there for ordering (a page's updates must reach MongoDB in sequence order):
+ *   - A batch goes to the spool only when it is the batch being written and not in flight: a
+ *     failed batch once the next one is due too, every later batch while the spool holds
+ *     anything, and at a stop's deadline. Its pending updates are built with its sequence number
+ *     and appended as one record (several for a huge batch), all in order behind older ones.
+ *   - While the spool holds records, nothing is written to MongoDB directly: the spool is
+ *     replayed oldest first, and the batches behind it wait in memory while the replay keeps up,
+ *     or are appended to the spool when MongoDB is still away (the replay's last attempt
+ *     failed) or memory runs short.
+ *   - Page look-ups need the collection to hold everything this writer sent: a batch with pages
+ *     still unknown (buckets of an earlier run, after a restart) is not spooled; it waits in
+ *     memory until the spool is replayed, then is looked up and written as usual.
+ * Nothing is written to disk while MongoDB takes every batch when it is due.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+
+#include "bucketd/alloc.h"
+#include "bucketd/bucket.h"
+#include "bucketd/log.h"
+#include "flusher_int.h"
+
+/* A record's payload is cut at this size: several records for one batch, in order. */
+#define SPOOL_RECORD_TARGET (UINT64_C(16) << 20)
+
+/* Records replayed per step at most: a step also drains and must come back soon. */
+#define REPLAY_PER_STEP 16
+
+int flusher_spool_open(struct bd_flusher *f, struct bd_err *err) {
+    uint64_t interval_ms = 0;
+    int sync = bd_config_spool_sync(f->cfg->spool.sync, &interval_ms);
+    if (sync < 0) {
+        return bd_err_set(err, -EINVAL, "spool.sync: invalid value \"%s\"", f->cfg->spool.sync);
+    }
+    static const enum bd_spool_full full[] = {
+        [BD_SPOOL_FULL_DROP_OLDEST] = BD_SPOOL_DROP_OLDEST,
+        [BD_SPOOL_FULL_DROP_NEWEST] = BD_SPOOL_DROP_NEWEST,
+        [BD_SPOOL_FULL_BLOCK] = BD_SPOOL_BLOCK,
+    };
+    struct bd_spool_opts o = {.dir = f->cfg->spool.dir,
+                              .max_bytes = f->cfg->spool.max_bytes,
+                              .sync = (enum bd_spool_sync)sync,
+                              .sync_interval_ms = interval_ms,
+                              .full = full[f->cfg->spool.when_full]};
+    if (f->store == NULL) {
+        return 0; /* the blackhole sink keeps nothing */
+    }
+    int rc = bd_spool_open(&f->spool, &o, err);
+    if (rc < 0) {
+        return rc;
+    }
+    if (!bd_spool_empty(f->spool)) {
+        struct bd_spool_stats st;
+        bd_spool_get_stats(f->spool, &st);
+        bd_info("spool %s holds %" PRIu64 " bytes in %" PRIu64
+                " segments from an earlier run: they are written to MongoDB first, oldest first",
+                f->cfg->spool.dir, st.bytes, st.segments);
+    }
+    return 0;
+}
+
+void flusher_spool_close(struct bd_flusher *f) {
+    bd_replay_free(f->replay);
+    f->replay = NULL;
+    bd_replay_buf_close(&f->spool_buf);
+    bd_spool_close(f->spool);
+    f->spool = NULL;
+}
+
+bool flusher_spool_active(const struct bd_flusher *f) {
+    return f->spool != NULL && (f->replay != NULL || !bd_spool_empty(f->spool));
+}
+
+void flusher_spool_stats(struct bd_flusher *f) {
+    struct bd_spool_stats st;
+    bd_spool_get_stats(f->spool, &st);
+    atomic_store_explicit(&f->stats->spool_corrupt_records, st.corrupt_records,
+                          memory_order_relaxed);
+    atomic_store_explicit(&f->stats->spool_dropped_readings, st.dropped_readings,
+                          memory_order_relaxed);
+    atomic_store_explicit(&f->stats->spool_write_errors, st.write_errors, memory_order_relaxed);
+}
+
+/* The sequence number for a batch about to be spooled, without asking MongoDB: possible when
+ * the writer state knows the sequence and every page is known. */
+static bool prepare_offline(struct bd_flusher *f) {
+    if (f->have_seq) {
+        return true;
+    }
+    if (!f->seq_known) {
+        return false;
+    }
+    for (uint32_t i = 0; i < f->batch.n; i++) {
+        if (!f->batch.meta[i].done && f->batch.deltas[i].n_readings > 0 &&
+            f->batch.deltas[i].page == BD_PAGE_UNKNOWN) {
+            return false;
+        }
+    }
+    struct bd_err err = {0};
+    if (bd_writer_next(f->writer, &f->batch_seq, &err) < 0) {
+        if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+            bd_error("cannot save the flush sequence before spooling: %s", err.msg);
+        }
+        return false;
+    }
+    f->batch_max_start_ms = INT64_MIN;
+    for (uint32_t i = 0; i < f->batch.n; i++) {
+        f->batch_max_start_ms = BD_MAX(f->batch_max_start_ms, f->batch.deltas[i].start_ms);
+    }
+    f->have_seq = true;
+    return true;
+}
+
+/* Append the payload encoded so far as one record; the deltas in it, [from, to), are done. */
+static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_dis) {
+    struct bd_replay_buf *buf = &f->spool_buf;
+    if (buf->n_updates == 0) {
+        return true;
+    }
+    int rc = bd_spool_append(f->spool, f->batch_seq, buf->n_readings, buf->data, buf->len);
+    if (rc == -ENOSPC && f->cfg->spool.when_full == BD_SPOOL_FULL_DROP_NEWEST) {
+        /* The policy drops the newest: this batch (counted by the spool as dropped). */
+        if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+            bd_error("the spool in %s is full (spool.max_bytes): %u readings dropped "
+                     "(spool.when_full: drop_newest)",
+                     f->cfg->spool.dir, buf->n_readings);
+        }
+        rc = 0;
+    } else if (rc == 0) {
+        BD_STAT_ADD(f->stats, readings_spooled, buf->n_readings);
+    }
+    if (rc < 0) {
+        if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+            bd_error("cannot write %u readings to the spool in %s: %s; they stay in memory "
+                     "(limits.memory) and are tried again",
+                     buf->n_readings, f->cfg->spool.dir,
+                     rc == -ENOSPC ? "the spool is full (spool.max_bytes, spool.when_full)"
+                                   : strerror(-rc));
+        }
+        bd_replay_buf_reset(buf);
+        return false;
+    }
+    for (uint32_t k = 0; k < n_dis; k++) {
+        f->batch.meta[dis[k]].done = true;
+    }
+    bd_replay_buf_reset(buf);
+    return true;
+}
+
+bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
+    if (f->spool == NULL || bd_batch_pending_readings(&f->batch) == 0) {
+        return f->spool != NULL;
+    }
+    if (!prepare_offline(f)) {
+        return false;
+    }
+    bool ok = true;
+    uint32_t *dis = bd_malloc((size_t)(f->batch.n ? f->batch.n : 1) * sizeof(*dis));
+    uint32_t n_dis = 0;
+    if (dis == NULL) {
+        return false;
+    }
+    /* Deltas split while building are appended to the batch: the loop reaches them too. */
+    for (uint32_t di = 0; ok && di < f->batch.n; di++) {
+        if (f->batch.meta[di].done || f->batch.deltas[di].n_readings == 0) {
+            f->batch.meta[di].done = true;
+            continue;
+        }
+        int rc = build_one(f, di, 0, wall_ms);
+        if (rc < 0) {
+            ok = false;
+            break;
+        }
+        if (rc == 1) {
+            continue; /* quarantined */
+        }
+        const struct bd_delta *d = &f->batch.deltas[di];
+        rc = bd_replay_buf_add(&f->spool_buf, d->sensor->id, d->start_ms, d->page, d->n_readings,
+                               &f->selectors[0], &f->updates[0]);
+        bson_destroy(&f->selectors[0]);
+        bson_destroy(&f->updates[0]);
+        if (rc < 0) {
+            ok = false;
+            break;
+        }
+        if (n_dis == 0 || dis[n_dis - 1] != di) {
+            uint32_t *grown = dis;
+            if (n_dis >= f->batch.n) {
+                grown = bd_realloc(dis, (size_t)(n_dis + 1) * 2 * sizeof(*dis));
+            }
+            if (grown == NULL) {
+                ok = false;
+                break;
+            }
+            dis = grown;
+            dis[n_dis++] = di;
+        }
+        if (f->spool_buf.len >= SPOOL_RECORD_TARGET) {
+            ok = append_record(f, dis, n_dis);
+            n_dis = 0;
+        }
+    }
+    if (ok) {
+        ok = append_record(f, dis, n_dis);
+    } else {
+        bd_replay_buf_reset(&f->spool_buf);
+    }
+    free(dis);
+    if (ok && bd_batch_pending_readings(&f->batch) == 0) {
+        /* Everything is on disk: the batch is settled as far as memory goes. The retry
+         * schedule stays: the replay of the spool keeps to it. */
+        f->have_seq = false;
+        batch_done(f);
+        return true;
+    }
+    return false;
+}
+
+struct prepare_call {
+    struct bd_store *st;
+    bson_error_t error;
+    bool ok;
+};
+
+static void prepare_run(void *arg) {
+    struct prepare_call *c = arg;
+    c->ok = c->st->ops->prepare(c->st, &c->error);
+}
+
+/* Replay records from the spool's head until one fails or enough were done for one step. */
+static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
+    struct bd_replay_env env = {.store = f->store,
+                                .run = flusher_run_io,
+                                .run_arg = f,
+                                .dead = f->dead,
+                                .stats = f->stats,
+                                .cfg = f->cfg};
+    struct prepare_call pc = {.st = f->store};
+    flusher_run_io(f, prepare_run, &pc);
+    if (!pc.ok) {
+        note_failure(f, BD_CAUSE_UNREACHABLE, pc.error.message);
+        schedule_retry(f, mono_ns);
+        return;
+    }
+    for (int done = 0; done < REPLAY_PER_STEP; done++) {
+        if (f->replay == NULL) {
+            struct bd_spool_record rec;
+            int rc = bd_spool_peek(f->spool, &rec);
+            if (rc == -ENOENT) {
+                break;
+            }
+            if (rc < 0) {
+                if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+                    bd_error("cannot read the spool in %s: %s; trying again", f->cfg->spool.dir,
+                             strerror(-rc));
+                }
+                schedule_retry(f, mono_ns);
+                return;
+            }
+            struct bd_err err = {0};
+            rc = bd_replay_load(&f->replay, &rec, &err);
+            if (rc < 0) {
+                /* Its checksum held, so this is not a torn write: a bug or a foreign file. */
+                bd_error("%s: skipped", err.msg);
+                BD_STAT_ADD(f->stats, spool_corrupt_records, 1);
+                bd_spool_ack(f->spool, rec.id);
+                continue;
+            }
+            f->replay_id = rec.id;
+        }
+        enum bd_bulk_cause cause;
+        char msg[512];
+        if (!bd_replay_attempt(f->replay, &env, wall_ms, &cause, msg, sizeof(msg))) {
+            note_failure(f, cause, msg);
+            schedule_retry(f, mono_ns);
+            return;
+        }
+        int rc = bd_spool_ack(f->spool, f->replay_id);
+        if (rc < 0 && bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+            bd_error("cannot record a replayed batch as done in %s: %s (it may be sent again "
+                     "after a restart; MongoDB applies it once)",
+                     f->cfg->spool.dir, strerror(-rc));
+        }
+        bd_replay_free(f->replay);
+        f->replay = NULL;
+        BD_STAT_ADD(f->stats, spool_records_replayed, 1);
+    }
+    if (f->attempt > 0) {
+        bd_info("MongoDB writes succeed again after %u failed attempts (replaying the spool)",
+                f->attempt);
+    }
+    f->attempt = 0;
+    f->retry_at = 0;
+    f->last_cause = BD_CAUSE_NONE;
+}
+
+void flusher_spool_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
+    /* The batch being written follows the spool onto it (when its pages are known). */
+    if (bd_batch_pending_readings(&f->batch) > 0) {
+        flusher_spool_batch(f, wall_ms);
+    }
+    if (mono_ns >= f->retry_at) {
+        replay(f, mono_ns, wall_ms);
+    }
+    if (!flusher_spool_active(f) || bd_batch_pending_readings(&f->batch) > 0) {
+        return; /* the next step writes as usual, or the batch still waits */
+    }
+    /* The next batch: onto the spool while MongoDB is away or memory runs short; else it
+     * waits in memory for the replay to finish. */
+    bool away = f->retry_at != 0;
+    if (fill_due(f, mono_ns, stopping) && (away || over_budget(f) || stopping)) {
+        swap_in_fill(f);
+        BD_STAT_ADD(f->stats, flushes, 1);
+        flusher_spool_batch(f, wall_ms);
+        f->send_at = mono_ns + (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
+    }
+}
+
+void flusher_spool_everything(struct bd_flusher *f, int64_t wall_ms) {
+    if (f->spool == NULL) {
+        return;
+    }
+    uint64_t before = BD_STAT_GET(f->stats, readings_spooled);
+    /* Whatever is still queued joins the next batch, memory budget or not: this is the end. */
+    f->budget = UINT64_MAX;
+    flusher_drain(f, wall_ms);
+    if (bd_batch_pending_readings(&f->batch) > 0 && !flusher_spool_batch(f, wall_ms)) {
+        return; /* the older batch could not go: the next must not overtake it */
+    }
+    if (bd_batch_pending_readings(&f->fill) > 0) {
+        swap_in_fill(f);
+        flusher_spool_batch(f, wall_ms);
+    }
+    bd_spool_flush(f->spool);
+    flusher_spool_stats(f);
+    uint64_t spooled = BD_STAT_GET(f->stats, readings_spooled) - before;
+    if (spooled > 0) {
+        bd_warn("%" PRIu64 " readings MongoDB did not take were written to the spool in %s: "
+                "the next start writes them first",
+                spooled, f->cfg->spool.dir);
+    }
+}
