@@ -51,11 +51,14 @@ struct bd_sensor {
     /* Cold: immutable after creation. */
     char *measurement;
     uint32_t n_tags;
-    char **tag_keys; /* sorted by key */
+    char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
     char **tag_values;
 
-    /* The names themselves, NUL-terminated; entries below n_fields are immutable. */
+    /* The names as BSON keys (escaped as names.h says), NUL-terminated; entries below n_fields
+     * are immutable. Where a name needed escaping, bit i of field_escaped (ingest thread only)
+     * is set and the name as lines spell it follows the key's NUL: lines are matched by it. */
     char *field_names[BD_SENSOR_MAX_FIELDS];
+    uint64_t field_escaped;
 
     /* Flusher thread only: its page accounting, and its link in the flusher's own list of
      * sensors whose drain an allocation failure interrupted (flusher_requeued: on that list). */
