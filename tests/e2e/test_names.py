@@ -126,6 +126,10 @@ class FieldAndTagNames(bdtest.E2ECase):
         self.assertEqual(coll.count_documents({"readings.%74s": 3.0}), 1)
         hourly = list(coll.find({"sensor_id": SENSOR}, {"_id": 0, "summary.cpu%2Euser.avg": 1}))
         self.assertEqual(hourly, [{"summary": {"cpu%2Euser": {"avg": 5.5}}}])
+        # README's aggregation example.
+        agg = list(coll.aggregate([{"$project": {"_id": 0, "cpu": "$summary.cpu%2Euser.avg",
+                                                 "x": "$summary.%24x.max"}}]))
+        self.assertEqual(agg, [{"cpu": 5.5, "x": 11.0}])
 
         self.check_inspect(d, sent)
 
