@@ -20,8 +20,9 @@
  * entry in w, so several daemons can append to one bucket.
  *
  * Every value that comes from the network is wrapped in $literal so that a string starting
- * with '$' is never read as a field path. Field keys were checked by the sensor table (no '.',
- * no leading '$', not "ts"), so they are safe inside dotted paths.
+ * with '$' is never read as a field path. Field names and tag keys come escaped from the
+ * sensor table (names.h: no '.', no leading '$', a field never "ts"), so they are safe inside
+ * dotted paths and never collide with a reading's ts.
  */
 #include "bucketd/bucket.h"
 

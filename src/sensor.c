@@ -71,9 +71,11 @@
 #include <xxhash.h>
 
 #include "bucketd/log.h"
+#include "bucketd/names.h"
 
 _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
+_Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field");
 
 /* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume. */
 #define POOL_WAKE_EIGHTHS 2
@@ -261,23 +263,36 @@ void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sen
     }
 }
 
-/* Names become BSON keys or strings: they must be valid UTF-8 without NUL, and keys must not
- * contain '.' or start with '$' (MongoDB would read them as paths or operators). */
-static bool name_ok(const char *p, size_t len, bool is_key) {
-    if (len == 0 || !bson_utf8_validate(p, len, false)) {
-        return false;
-    }
-    if (is_key && (p[0] == '$' || memchr(p, '.', len) != NULL)) {
-        return false;
-    }
-    return true;
-}
-
 static char *dup_str(const struct bd_str *s) {
     char *p = malloc(s->len + 1);
     if (p != NULL) {
         memcpy(p, s->ptr, s->len);
         p[s->len] = '\0';
+    }
+    return p;
+}
+
+/*
+ * A name as its BSON key (names.h), NUL-terminated, in a new allocation. If the key differs
+ * from the name, the name follows the key's NUL when keep_name is set, and *escaped is set.
+ */
+static char *dup_key(const struct bd_str *s, enum bd_name_kind kind, bool keep_name,
+                     bool *escaped) {
+    size_t klen = bd_name_escaped_len(s->ptr, s->len, kind);
+    *escaped = klen != s->len;
+    if (!*escaped) {
+        return dup_str(s);
+    }
+    size_t size = klen + 1 + (keep_name ? s->len + 1 : 0);
+    char *p = malloc(size);
+    if (p == NULL) {
+        return NULL;
+    }
+    int rc = bd_name_escape(s->ptr, s->len, kind, p, size);
+    BD_ASSERT(rc == (int)klen);
+    if (keep_name) {
+        memcpy(p + klen + 1, s->ptr, s->len);
+        p[klen + 1 + s->len] = '\0';
     }
     return p;
 }
@@ -321,13 +336,15 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         }
         return NULL;
     }
-    if (!name_ok(pt->series_key.ptr, pt->series_key.len, false) ||
-        !name_ok(pt->name.ptr, pt->name.len, false)) {
+    /* The id and measurement are BSON strings, tag keys keys (escaped below, so '.' or a
+     * leading '$' are fine): each must be valid UTF-8 without NUL. */
+    if (!bd_name_valid(pt->series_key.ptr, pt->series_key.len) ||
+        !bd_name_valid(pt->name.ptr, pt->name.len)) {
         BD_STAT_ADD(t->stats, drop_bad_name, 1);
         return NULL;
     }
     for (uint32_t i = 0; i < pt->n_tags; i++) {
-        if (!name_ok(pt->tags[i].key.ptr, pt->tags[i].key.len, true) ||
+        if (!bd_name_valid(pt->tags[i].key.ptr, pt->tags[i].key.len) ||
             !bson_utf8_validate(pt->tags[i].value.ptr, pt->tags[i].value.len, false)) {
             BD_STAT_ADD(t->stats, drop_bad_name, 1);
             return NULL;
@@ -353,7 +370,8 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         goto oom;
     }
     for (uint32_t i = 0; i < pt->n_tags; i++) {
-        s->tag_keys[i] = dup_str(&pt->tags[i].key);
+        bool escaped;
+        s->tag_keys[i] = dup_key(&pt->tags[i].key, BD_NAME_TAG, false, &escaped);
         s->tag_values[i] = dup_str(&pt->tags[i].value);
         if (s->tag_keys[i] == NULL || s->tag_values[i] == NULL) {
             goto oom;
@@ -417,6 +435,9 @@ static uint64_t pack_key(const struct bd_str *key) {
 /* Whether field name i is key (not NUL-terminated; strncmp stops at the name's own end). */
 static bool field_is(const struct bd_sensor *s, uint32_t i, const struct bd_str *key) {
     const char *name = bd_sensor_field_name(s, i);
+    if ((s->field_escaped >> i) & 1) {
+        name += strlen(name) + 1; /* the name as sent, after its BSON key */
+    }
     return strncmp(name, key->ptr, key->len) == 0 && name[key->len] == '\0';
 }
 
@@ -433,8 +454,9 @@ static bool field_matches(const struct bd_sensor *s, uint32_t i, const struct bd
 /*
  * Index of a field name in the sensor's dictionary, appending it if new; -1 on a counted drop.
  * A sensor sends its fields in the same order every time, so the name at the field's position
- * in the line (hint) is tried first and the search is the exception. The append publishes the
- * name (release) before any reading using it is pushed.
+ * in the line (hint) is tried first and the search is the exception. The append escapes the
+ * name for BSON (names.h) once, and publishes it (release) before any reading using it is
+ * pushed.
  */
 static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_str *key,
                        uint32_t hint) {
@@ -448,7 +470,7 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
             return (int)i;
         }
     }
-    if (!name_ok(key->ptr, key->len, true) || (key->len == 2 && memcmp(key->ptr, "ts", 2) == 0)) {
+    if (!bd_name_valid(key->ptr, key->len)) {
         BD_STAT_ADD(t->stats, drop_bad_name, 1);
         return -1;
     }
@@ -464,10 +486,14 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
             return -1;
         }
     }
-    char *name = dup_str(key);
+    bool escaped;
+    char *name = dup_key(key, BD_NAME_FIELD, true, &escaped);
     if (name == NULL) {
         BD_STAT_ADD(t->stats, drop_field_limit, 1);
         return -1;
+    }
+    if (escaped) {
+        s->field_escaped |= UINT64_C(1) << n;
     }
     if (n < BD_SENSOR_KEY_SLOTS) {
         s->names[n] = name;

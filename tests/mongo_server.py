@@ -2,12 +2,63 @@
 # -*- coding: utf-8 -*-
 """In-memory MongoDB stand-in for bucketd's tests.
 
-    /usr/bin/python3 tests/mongo_server.py [--port N] [--verbose]
+    /usr/bin/python3 tests/mongo_server.py [--port N] [--verbose] [--sharded KEYSPEC]
+        [--unstable-sortarray] [--fail-command JSON]
 
 Binds 127.0.0.1 (a free port unless --port is given), prints the port number
 alone on one line to stdout once it accepts connections, and serves until
 SIGTERM or SIGINT, then exits 0.  Nothing is logged per request unless
 --verbose is given (then one line per command goes to stderr).
+
+Where a real deployment is stricter than a standalone mongod, or leaves something unspecified
+that a standalone happens to do one way, a switch makes this server strict too (the default
+behaviour is unchanged without it):
+
+  --sharded KEYSPEC   every collection of a user database is taken as sharded by KEYSPEC,
+                      "field:hashed" or "field:1[,field:1...]" (dotted paths allowed), and an
+                      update with upsert: true whose filter does not pin every shard-key field
+                      by equality fails alone with a writeErrors entry {code: 61
+                      (ShardKeyNotFound), errmsg: "Failed to target upsert by query :: could
+                      not extract exact shard key"}, as mongos 5.x-6.x answers
+                      (src/mongo/s/chunk_manager_targeter.cpp targetUpdate,
+                      ShardKeyPattern::extractShardKeyFromQuery).  An equality is {f: value}
+                      (a value that is neither an operator object nor a regex) or {f: {$eq:
+                      value}}, at the top level or under $and (also a one-value $in and a
+                      one-clause $or, which the query canonicaliser rewrites into one); the
+                      value may not be an array, a regex or an object with $-prefixed names;
+                      an equality on a parent path ({a: {b: 1}} for key a.b) counts, one on a
+                      child path does not; _id alone pins no other field.  Updates without
+                      upsert and deletes are not checked (mongos may send them to every
+                      shard; its rule for single updates, an exact _id or the shard key, also
+                      depends on where chunks live, which is not modelled), nor is
+                      findAndModify.  The handshake stays a standalone's (a mongos one would
+                      make drivers send transaction numbers); collStats adds "sharded".
+  --unstable-sortarray
+                      $sortArray returns elements with equal sort keys in reverse input order
+                      (MongoDB documents no stability for it; by default the sort is stable).
+  --fail-command JSON configures the failCommand fail point (below) before the port is
+                      printed: JSON is the rest of a configureFailPoint command, e.g.
+                      '{"mode": {"times": 2}, "data": {"failCommands": ["update"],
+                      "errorCode": 365, "errorLabels": ["RetryableWriteError"]}}'
+                      (MongoDB extended JSON: {"$numberLong": "5"} and the like work).
+
+The 16 MiB document limit has no switch: it is always on, as on every real server.
+
+Rewrite cost.  MongoDB's storage engine writes a changed document whole, so what an update
+costs is the BSON size of the document it produced.  The server counts, per collection, the
+documents update statements wrote (modified, or inserted by an upsert; a no-op update writes
+nothing) and their sizes, and reports them with the current size of what is stored:
+
+    {bucketdTestStats: 1 | "<collection>", reset: true | false}     on the database
+    -> {docBytesWritten, updatesApplied, storedBytes, count,          (Int64, over the
+        collections: {<name>: {docBytesWritten, updatesApplied,        database or the one
+                               storedBytes, count}}, ok: 1}            collection)
+
+docBytesWritten is the sum of the BSON sizes of the documents written by updates,
+updatesApplied their number, storedBytes the sum of the BSON sizes of the documents stored now
+and count their number; docBytesWritten / storedBytes is the rewrite ratio.  reset: true zeroes
+the two write counters after the reply was made from them; dropping a collection zeroes them
+too.  Plain inserts are not counted.  A real MongoDB has no such command.
 
 The wire protocol (OP_MSG with document sequences, OP_QUERY handshakes) comes
 from python3-mockupdb; the data model and query language from
@@ -43,14 +94,25 @@ other clients need and the libraries lack or get wrong:
             errorCode: N, errorLabels: [...],               # fail before running
             closeConnection: true,                          # drop it, no reply
             blockConnection: true, blockTimeMS: N,          # hold the command first
-            writeConcernError: {code, codeName, errmsg, errInfo}}}  # run, then report
+            writeConcernError: {code, codeName, errmsg, errInfo},   # run, then report
+            writeErrorCode: N, writeErrorIndexes: [i, ...]}}        # this server only
 
   with mongod's semantics (src/mongo/db/commands.cpp evaluateFailCommandFailPoint,
   src/mongo/util/fail_point.cpp): a pass counts only for a command the data names; errorCode
   fails it unapplied with {ok: 0, code, codeName, errmsg: "Failing command via 'failCommand'
   failpoint"} and the data's errorLabels; writeConcernError lets the write apply and adds the
-  error to its reply.  A standalone never adds RetryableWriteError by itself (that label is
-  for retryable writes, which need a replica set); the reply's "count" is the times entered.
+  error to its reply (with the data's errorLabels too).  Any code can be given, e.g. 365
+  (TemporarilyUnavailable, what 6.0+ answers under storage-engine cache pressure) with
+  errorLabels ["RetryableWriteError"].  A standalone never adds RetryableWriteError by itself
+  (that label is for retryable writes, which need a replica set); the reply's "count" is the
+  times entered.
+  writeErrorCode is not mongod's: real servers report some failures per statement (a
+  writeErrors entry in an ok: 1 reply), which failCommand cannot produce.  Given for an
+  insert, update or delete the data names, the command runs but each statement listed in
+  writeErrorIndexes (default: every one) fails unapplied with a writeErrors entry {index,
+  code: N, errmsg: "Failing command via 'failCommand' failpoint"} (an ordered write stops
+  there); errorLabels are not added to such a reply, as a real server gives labels only to
+  command errors and write concern errors.  errorCode wins when both are given.
 
 It is a correctness reference for tests, not a performance one.
 """
@@ -81,6 +143,7 @@ from bson.code import Code
 from bson.codec_options import CodecOptions
 from bson.dbref import DBRef
 from bson.decimal128 import Decimal128, create_decimal128_context
+from bson import json_util
 from bson.int64 import Int64
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
@@ -123,7 +186,7 @@ CODE_NAMES = {
     13: 'Unauthorized', 14: 'TypeMismatch', 20: 'IllegalOperation',
     26: 'NamespaceNotFound', 27: 'IndexNotFound', 40: 'ConflictingUpdateOperators',
     43: 'CursorNotFound', 48: 'NamespaceExists', 52: 'DollarPrefixedFieldName',
-    59: 'CommandNotFound', 66: 'ImmutableField', 67: 'CannotCreateIndex',
+    59: 'CommandNotFound', 61: 'ShardKeyNotFound', 66: 'ImmutableField', 67: 'CannotCreateIndex',
     72: 'InvalidOptions', 73: 'InvalidNamespace', 76: 'NoReplicationEnabled',
     85: 'IndexOptionsConflict', 86: 'IndexKeySpecsConflict',
     238: 'NotImplemented', 10334: 'BSONObjectTooLarge', 11000: 'DuplicateKey',
@@ -132,7 +195,8 @@ CODE_NAMES = {
     64: 'WriteConcernFailed', 89: 'NetworkTimeout', 91: 'ShutdownInProgress',
     112: 'WriteConflict', 121: 'DocumentValidationFailure', 134:
     'ReadConcernMajorityNotAvailableYet', 189: 'PrimarySteppedDown', 262: 'ExceededTimeLimit',
-    266: 'FailPointSetFailed', 9001: 'SocketException', 10107: 'NotWritablePrimary',
+    266: 'FailPointSetFailed', 365: 'TemporarilyUnavailable', 9001: 'SocketException',
+    10107: 'NotWritablePrimary',
     11600: 'InterruptedAtShutdown', 11602: 'InterruptedDueToReplStateChange',
     13435: 'NotPrimaryNoSecondaryOk', 13436: 'NotPrimaryOrSecondary', 40415: 'Location40415',
 }
@@ -907,6 +971,10 @@ def _x_concat_arrays(p, v):
     return out
 
 
+# --unstable-sortarray (set by Backend).
+UNSTABLE_SORT_ARRAY = [False]
+
+
 def _x_sort_array(p, v):
     if not isinstance(v, dict):
         fail(2, 'sortArray expects an object as its argument, but found: %s' % type_name(v))
@@ -932,10 +1000,15 @@ def _x_sort_array(p, v):
     if not isinstance(arr, list):
         fail(2, 'The input argument to $sortArray must be an array, but was of type: %s'
              % type_name(arr))
+    # The server documents no stability for $sortArray; with --unstable-sortarray elements
+    # with equal sort keys come out in reverse input order (the sorts below are stable, also
+    # for descending order), so that code relying on a stable sort fails here as it could on a
+    # real server.
+    src = arr[::-1] if UNSTABLE_SORT_ARRAY[0] else arr
     if keys is None:
-        out = sort_values(arr, _num_value(sort_by) < 0)
+        out = sort_values(src, _num_value(sort_by) < 0)
     else:
-        out = sort_docs(arr, keys)
+        out = sort_docs(src, keys)
     note_list_parts(out, [arr])
     return out
 
@@ -1871,6 +1944,20 @@ class FastCollection(mm_collection.Collection):
     _insert_kind = 'insert'
     # bypassDocumentValidation of the command being run.
     _bypass_validation = False
+    # The rewrite-cost counters of this collection ([document bytes written by updates,
+    # documents written by updates]; Backend.coll gives each collection its own) and the
+    # BSON size check_write last measured.
+    _write_stats = None
+    _checked_size = 0
+
+    def note_update_write(self):
+        """An update statement wrote the document check_write last measured: a modified
+        document, or the document an upsert inserted.  MongoDB's storage engine writes a
+        changed document whole, so its size is the cost of the update."""
+        stats = self._write_stats
+        if stats is not None:
+            stats[0] += self._checked_size
+            stats[1] += 1
 
     def _docs(self):
         store = self._store
@@ -1951,6 +2038,8 @@ class FastCollection(mm_collection.Collection):
         except DuplicateKeyError:
             del docs[k]
             raise
+        if self._insert_kind == 'upsert':
+            self.note_update_write()
         # A collection stays when its last document is deleted.
         self._store._is_force_created = True
         return _id
@@ -1991,6 +2080,8 @@ class FastCollection(mm_collection.Collection):
                     self._docs()[idk] = old
                 raise
         self.add_uniques(new_data)
+        if self._cow:
+            self.note_update_write()
 
     def check_write(self, doc, kind, old=None):
         """Refuse a document MongoDB would not store: over 16 MiB of BSON, or failing the
@@ -1999,6 +2090,7 @@ class FastCollection(mm_collection.Collection):
         size = bson_size(doc)
         if size > MAX_BSON_SIZE:
             raise WriteError(*_too_large(kind, size))
+        self._checked_size = size
         options = getattr(self._store, '_bd_options', None)
         if options and options.get('validator') and not self._bypass_validation:
             _check_validator(self.full_name, options, doc, kind, old)
@@ -2426,6 +2518,142 @@ def _upsert_seed(coll, spec):
     return dict(seed)
 
 
+# --------------------------------------------------------------------------
+# Sharded mode (--sharded KEYSPEC): mongos's targeting rule for upserts
+# --------------------------------------------------------------------------
+
+SHARD_KEY_MSG = 'Failed to target upsert by query :: could not extract exact shard key'
+
+
+def parse_shard_key(spec):
+    """'sensor_id:hashed' or 'sensor_id:1,bucket_start:1' -> [(path, 1 | 'hashed')], checked
+    as src/mongo/s/shard_key_pattern.cpp parseShardKeyPattern checks a key pattern: non-empty
+    dotted paths without empty parts, each 1 or "hashed", at most one hashed field."""
+    fields = []
+    for item in spec.split(','):
+        path, sep, kind = item.strip().rpartition(':')
+        if not sep:
+            path, kind = kind, '1'
+        if not path or any(not part for part in path.split('.')) or path[:1] == '$':
+            raise ValueError('bad shard key field %r' % item)
+        if kind == '1':
+            kind = 1
+        elif kind != 'hashed':
+            raise ValueError('shard key field %r: give 1 or hashed' % item)
+        if any(path == p for p, _ in fields):
+            raise ValueError('shard key field %r given twice' % path)
+        fields.append((path, kind))
+    if not fields:
+        raise ValueError('empty shard key')
+    if sum(1 for _, kind in fields if kind == 'hashed') > 1:
+        raise ValueError('a shard key has at most one hashed field')
+    return fields
+
+
+class _NoShardKey(Exception):
+    pass
+
+
+def _is_prefix(a, b):
+    """Dotted path a is b or a parent of b."""
+    return a == b or b.startswith(a + '.')
+
+
+def _add_equality(path, value, key_paths, out):
+    """pathsupport::extractFullEqualityMatches for one equality: paths unrelated to the
+    shard key are ignored; one below a key field ('a.b' for key 'a') does not give the
+    whole value; two equalities on one path, or on a path and its parent, conflict."""
+    related = [k for k in key_paths if _is_prefix(path, k) or _is_prefix(k, path)]
+    if not related:
+        return
+    if any(not _is_prefix(path, k) for k in related):
+        raise _NoShardKey()
+    for other in out:
+        if _is_prefix(other, path) or _is_prefix(path, other):
+            raise _NoShardKey()
+    out[path] = value
+
+
+def _in_single_value(values):
+    """The one value of an $in the query optimiser turns into an equality
+    (InMatchExpression's optimizer: one distinct value and no regex), else MISSING."""
+    if not isinstance(values, list) or not values:
+        return MISSING
+    first = values[0]
+    for v in values:
+        if isinstance(v, (Regex, _RE_PATTERN)) or canon(v) != canon(first) or \
+                bson_cmp(v, first) != 0:
+            return MISSING
+    return first
+
+
+def _collect_equalities(query, key_paths, out):
+    """The equalities of a filter that mongos's canonical query holds at its top level or
+    under $and: {f: value} (a value that is no operator object and no regex) and
+    {f: {$eq: value, ...}}; also a one-value $in and a one-clause $or, which the
+    canonicaliser rewrites into those."""
+    for k, v in query.items():
+        if k == '$and':
+            if isinstance(v, list):
+                for clause in v:
+                    if isinstance(clause, dict):
+                        _collect_equalities(clause, key_paths, out)
+        elif k == '$or':
+            if isinstance(v, list) and len(v) == 1 and isinstance(v[0], dict):
+                _collect_equalities(v[0], key_paths, out)
+        elif k[:1] == '$':
+            continue
+        elif isinstance(v, dict) and v and next(iter(v))[:1] == '$':
+            if '$eq' in v:
+                _add_equality(k, v['$eq'], key_paths, out)
+            if '$in' in v:
+                one = _in_single_value(v['$in'])
+                if one is not MISSING:
+                    _add_equality(k, one, key_paths, out)
+        elif not isinstance(v, (Regex, _RE_PATTERN)):
+            _add_equality(k, v, key_paths, out)
+
+
+def _storage_valid(value):
+    """BSONObj::storageValidEmbedded: no $-prefixed field names (but DBRef's), nested too."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k[:1] == '$' and k not in ('$ref', '$id', '$db'):
+                return False
+            if not _storage_valid(v):
+                return False
+    elif isinstance(value, list):
+        return all(_storage_valid(v) for v in value)
+    return True
+
+
+def shard_key_from_query(query, key_fields):
+    """ShardKeyPattern::extractShardKeyFromQuery (src/mongo/s/shard_key_pattern.cpp): the
+    shard key values a filter pins by equality, or None when it does not pin every field
+    to one value mongos can target (missing, an array, a regex, an object with $-prefixed
+    names).  An equality on _id alone never gives another field's value."""
+    key_paths = [path for path, _ in key_fields]
+    equalities = {}
+    try:
+        _collect_equalities(query, key_paths, equalities)
+    except _NoShardKey:
+        return None
+    key = {}
+    for path in key_paths:
+        found = [p for p in equalities if _is_prefix(p, path)]
+        if not found:
+            return None
+        value = equalities[found[0]]
+        for part in path[len(found[0]) + 1:].split('.') if path != found[0] else ():
+            if not isinstance(value, dict) or part not in value:
+                return None
+            value = value[part]
+        if isinstance(value, (list, Regex, _RE_PATTERN)) or not _storage_valid(value):
+            return None
+        key[path] = value
+    return key
+
+
 def _with_id_first(doc, _id):
     if doc and next(iter(doc)) == '_id':
         if doc['_id'] is _id:
@@ -2557,22 +2785,37 @@ WRITE_CONCERN_COMMANDS = frozenset((
 FAIL_COMMAND_MSG = "Failing command via 'failCommand' failpoint"
 
 
+# The write commands a failCommand writeErrorCode (an extension of this server) can fail.
+WRITE_ERROR_COMMANDS = frozenset(('insert', 'update', 'delete'))
+
+
 class FailAction(object):
     """What failCommand does to one command before it runs."""
-    __slots__ = ('block_ms', 'close', 'reply')
+    __slots__ = ('block_ms', 'close', 'reply', 'write_errors')
 
     def __init__(self):
         self.block_ms = 0
         self.close = False
         self.reply = None
+        # (code, statement indexes or None for all) for a writeErrorCode.
+        self.write_errors = None
 
 
 class Backend(object):
     """Executes commands against the in-memory data.  One lock serialises
     all commands: mongomock is not thread-safe."""
 
-    def __init__(self, verbose=False):
+    def __init__(self, verbose=False, shard_key=None, unstable_sort_array=False):
+        """shard_key: None, or the [(path, 1 | 'hashed')] of parse_shard_key that every
+        collection of a user database is sharded by (--sharded)."""
         self.verbose = verbose
+        self.shard_key = shard_key
+        UNSTABLE_SORT_ARRAY[0] = bool(unstable_sort_array)
+        # Rewrite-cost counters per (db, collection): see cmd_bucketdTestStats.
+        self.write_stats = {}
+        # Statements of the running write command that a failCommand writeErrorCode fails:
+        # None, or (code, indexes or None for all).
+        self.failing_writes = None
         self.lock = threading.Lock()
         self.client = mongomock.MongoClient()
         self.server_store = self.client._store
@@ -2606,15 +2849,24 @@ class Backend(object):
         if c is None:
             database = self.client[db]
             c = FastCollection(database, name, _db_store=database._store)
+            c._write_stats = self.write_stats.setdefault(key, [0, 0])
             self.colls[key] = c
         return c
+
+    def sharded(self, db, coll_name):
+        """Whether --sharded applies to this collection: every collection but those of the
+        admin, config and local databases and the system.* ones, which are never sharded."""
+        return (self.shard_key is not None and db not in ('admin', 'config', 'local')
+                and not coll_name.startswith('system.'))
 
     def _collection_arg(self, db, cmd, name):
         coll_name = cmd[name]
         _check_coll_name(db, coll_name)
         return coll_name, self.coll(db, coll_name)
 
-    def run(self, db, cmd, conn_id):
+    def run(self, db, cmd, conn_id, failing_writes=None):
+        """Run one command; failing_writes: what a failCommand writeErrorCode fails in it
+        (see fail_command_before)."""
         if not cmd:
             return error_reply(59, "no such command: ''")
         name = next(iter(cmd))
@@ -2629,7 +2881,11 @@ class Backend(object):
                 raise CommandError(20, 'Transaction numbers are only allowed on a replica set '
                                        'member or mongos')
             with self.lock:
-                return handler(db, cmd, name, conn_id)
+                self.failing_writes = failing_writes
+                try:
+                    return handler(db, cmd, name, conn_id)
+                finally:
+                    self.failing_writes = None
         except CommandError as e:
             return error_reply(e.code, e.msg, **e.extra)
         except DuplicateKeyError as e:
@@ -2705,7 +2961,7 @@ class Backend(object):
     def fail_command_before(self, db, name, cmd, conn_id):
         """CommandHelpers::evaluateFailCommandFailPoint: a FailAction, or None when the fail
         point does not fire.  Only data with closeConnection, blockConnection or an integer
-        errorCode counts a pass here."""
+        errorCode counts a pass here (or a writeErrorCode, for a write command)."""
         if name not in self.commands:
             return None
         with self.fp_lock:
@@ -2717,7 +2973,10 @@ class Backend(object):
             block = data.get('blockConnection') is True
             code = data.get('errorCode')
             has_code = is_number(code) and not isinstance(code, Decimal128)
-            if not (close or block or has_code):
+            wcode = data.get('writeErrorCode')
+            has_wcode = (is_number(wcode) and not isinstance(wcode, Decimal128)
+                         and _COMMAND_ALIASES.get(name, name) in WRITE_ERROR_COMMANDS)
+            if not (close or block or has_code or has_wcode):
                 return None
             if not self._fail_command_applies(data, db, name, cmd, conn_id):
                 return None
@@ -2746,6 +3005,13 @@ class Backend(object):
             # writes to label.
             if isinstance(labels, list) and labels:
                 action.reply['errorLabels'] = list(labels)
+        elif has_wcode:
+            indexes = data.get('writeErrorIndexes')
+            if isinstance(indexes, list):
+                indexes = frozenset(int(i) for i in indexes if is_number(i))
+            else:
+                indexes = None
+            action.write_errors = (int(wcode), indexes)
         return action
 
     def fail_command_after(self, db, name, cmd, conn_id, reply):
@@ -2762,6 +3028,11 @@ class Backend(object):
             data = fp.enter()
         if data is not None:
             reply['writeConcernError'] = data['writeConcernError']
+            # As with errorCode, the data's errorLabels replace the server's own
+            # (RunCommandAndWaitForWriteConcern sets errorLabelsOverride): none if empty.
+            labels = data.get('errorLabels')
+            if isinstance(labels, list) and labels:
+                reply['errorLabels'] = list(labels)
 
     # -- cursors -----------------------------------------------------------
 
@@ -3080,8 +3351,15 @@ class Backend(object):
         store.drop()
         store._bd_options = None
         clear_size_memo()
+        self._reset_write_stats(db, coll_name)
         self._kill_ns_cursors('%s.%s' % (db, coll_name))
         return {'nIndexesWas': n, 'ns': '%s.%s' % (db, coll_name), 'ok': 1.0}
+
+    def _reset_write_stats(self, db, coll_name=None):
+        """A dropped collection starts its rewrite-cost counters again."""
+        for (d, c), stats in self.write_stats.items():
+            if d == db and coll_name in (None, c):
+                stats[0] = stats[1] = 0
 
     def cmd_dropDatabase(self, db, cmd, name, conn):
         dstore = self.server_store[db]
@@ -3089,6 +3367,7 @@ class Backend(object):
             dstore[cname].drop()
             dstore[cname]._bd_options = None
         clear_size_memo()
+        self._reset_write_stats(db)
         self._kill_ns_cursors(db + '.')
         return {'dropped': db, 'ok': 1.0}
 
@@ -3135,10 +3414,44 @@ class Backend(object):
         docs = coll._docs()
         size = sum(len(bson.encode(d)) for d in docs.values())
         names = ['_id_'] + list(store.indexes)
-        return {'ns': '%s.%s' % (db, coll_name), 'count': len(docs), 'size': size,
-                'avgObjSize': size // len(docs) if docs else 0, 'storageSize': size,
-                'nindexes': len(names), 'totalIndexSize': 0,
-                'indexSizes': dict.fromkeys(names, 0), 'capped': False, 'ok': 1.0}
+        reply = {'ns': '%s.%s' % (db, coll_name), 'count': len(docs), 'size': size,
+                 'avgObjSize': size // len(docs) if docs else 0, 'storageSize': size,
+                 'nindexes': len(names), 'totalIndexSize': 0,
+                 'indexSizes': dict.fromkeys(names, 0), 'capped': False, 'ok': 1.0}
+        if self.shard_key is not None:
+            # collStats through mongos says whether the collection is sharded.
+            reply['sharded'] = self.sharded(db, coll_name)
+        return reply
+
+    def cmd_bucketdTestStats(self, db, cmd, name, conn):
+        """The storage engine's rewrite cost, which MongoDB does not report per write:
+        {bucketdTestStats: 1 | "<collection>", reset: <bool>} on a database."""
+        target = cmd[name]
+        if isinstance(target, str):
+            _check_coll_name(db, target)
+            names = [target]
+        else:
+            dstore = self.server_store[db]
+            names = set(dstore.list_created_collection_names())
+            names.update(c for (d, c) in self.write_stats if d == db)
+            names = sorted(names)
+        totals = {'docBytesWritten': 0, 'updatesApplied': 0, 'storedBytes': 0, 'count': 0}
+        per_coll = {}
+        for cname in names:
+            docs = self.coll(db, cname)._docs()
+            stats = self.write_stats[(db, cname)]
+            entry = {'docBytesWritten': Int64(stats[0]), 'updatesApplied': Int64(stats[1]),
+                     'storedBytes': Int64(sum(bson_size(d) for d in docs.values())),
+                     'count': Int64(len(docs))}
+            per_coll[cname] = entry
+            for k in totals:
+                totals[k] += int(entry[k])
+            if cmd.get('reset'):
+                stats[0] = stats[1] = 0
+        reply = {k: Int64(v) for k, v in totals.items()}
+        reply['collections'] = per_coll
+        reply['ok'] = 1.0
+        return reply
 
     # -- indexes -----------------------------------------------------------
 
@@ -3296,6 +3609,13 @@ class Backend(object):
         reply['ok'] = 1.0
         return reply
 
+    def _injected_write_error(self, index):
+        """Fail statement index of the running write command if a failCommand
+        writeErrorCode names it."""
+        failing = self.failing_writes
+        if failing is not None and (failing[1] is None or index in failing[1]):
+            raise WriteError(FAIL_COMMAND_MSG, failing[0])
+
     def cmd_insert(self, db, cmd, name, conn):
         self._check_write_concern(cmd)
         coll_name, coll = self._collection_arg(db, cmd, name)
@@ -3311,6 +3631,7 @@ class Backend(object):
             for i, doc in enumerate(docs):
                 self.opcounters['insert'] += 1
                 try:
+                    self._injected_write_error(i)
                     if not isinstance(doc, dict):
                         raise CommandError(14, 'documents must be objects')
                     coll._insert(doc)
@@ -3386,6 +3707,7 @@ class Backend(object):
                 coll.check_write(new, 'update', old)
                 coll.add_uniques(new)
                 docs[id_key(old['_id'])] = new
+                coll.note_update_write()
                 modified += 1
             if not multi:
                 break
@@ -3416,6 +3738,7 @@ class Backend(object):
                                    "type")
         ordered = cmd.get('ordered', True)
         let = cmd.get('let')
+        sharded = self.sharded(db, coll_name)
         n = modified = 0
         upserted = []
         errors = []
@@ -3424,9 +3747,16 @@ class Backend(object):
             for i, u in enumerate(updates):
                 self.opcounters['update'] += 1
                 try:
+                    self._injected_write_error(i)
                     if not isinstance(u, dict) or 'q' not in u or 'u' not in u:
                         raise CommandError(40414, "BSON field 'update.updates.q' is missing "
                                                   "but a required field")
+                    if u.get('upsert') and sharded and isinstance(u['q'], dict) and \
+                            shard_key_from_query(u['q'], self.shard_key) is None:
+                        # mongos targets an upsert by the shard key its filter pins
+                        # (chunk_manager_targeter.cpp targetUpdate, 5.x-6.x); a non-upsert
+                        # update may go to every shard.
+                        raise WriteError(SHARD_KEY_MSG, 61)
                     m, mod, up = self.apply_update(coll, u['q'], u['u'], bool(u.get('upsert')),
                                                    bool(u.get('multi')), let,
                                                    u.get('arrayFilters'))
@@ -3459,6 +3789,7 @@ class Backend(object):
         for i, d in enumerate(deletes):
             self.opcounters['delete'] += 1
             try:
+                self._injected_write_error(i)
                 if not isinstance(d, dict) or not isinstance(d.get('q'), dict):
                     raise CommandError(40414, "BSON field 'delete.deletes.q' is missing but a "
                                               "required field")
@@ -3841,7 +4172,8 @@ class WireServer(mockupdb.MockupDB):
                     return False
                 reply = action.reply
             if reply is None:
-                reply = backend.run(db, cmd, conn_id)
+                reply = backend.run(db, cmd, conn_id,
+                                    action.write_errors if action is not None else None)
                 backend.fail_command_after(db, name, cmd, conn_id, reply)
             send_reply(request, reply)
             if self._bd_verbose:
@@ -3888,7 +4220,29 @@ def main(argv=None):
                         help='TCP port on 127.0.0.1 (default: a free one)')
     parser.add_argument('--verbose', action='store_true',
                         help='log one line per command to stderr')
+    parser.add_argument('--sharded', metavar='KEYSPEC',
+                        help='refuse upserts like mongos 5.x-6.x does for collections sharded '
+                             'by KEYSPEC (e.g. sensor_id:hashed or sensor_id:1,bucket_start:1)')
+    parser.add_argument('--unstable-sortarray', action='store_true',
+                        help='$sortArray returns equal sort keys in reverse input order')
+    parser.add_argument('--fail-command', metavar='JSON',
+                        help='configure the failCommand fail point at start: the mode and '
+                             'data of configureFailPoint as (extended) JSON')
     args = parser.parse_args(argv)
+    shard_key = None
+    if args.sharded is not None:
+        try:
+            shard_key = parse_shard_key(args.sharded)
+        except ValueError as e:
+            parser.error('--sharded: %s' % e)
+    fail_command = None
+    if args.fail_command is not None:
+        try:
+            fail_command = json_util.loads(args.fail_command)
+            if not isinstance(fail_command, dict):
+                raise ValueError('not an object')
+        except ValueError as e:
+            parser.error('--fail-command: %s' % e)
 
     # Requests come in with plain dicts rather than OrderedDicts: cheaper to
     # copy and compare, and dicts keep field order anyway.
@@ -3900,7 +4254,14 @@ def main(argv=None):
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
 
-    backend = Backend(verbose=args.verbose)
+    backend = Backend(verbose=args.verbose, shard_key=shard_key,
+                      unstable_sort_array=args.unstable_sortarray)
+    if fail_command is not None:
+        cmd = {'configureFailPoint': 'failCommand'}
+        cmd.update(fail_command)
+        reply = backend.run('admin', cmd, 0)
+        if not reply.get('ok'):
+            parser.error('--fail-command: %s' % reply.get('errmsg'))
     server = WireServer(backend, port=args.port or None, verbose=args.verbose)
     try:
         port = server.run()

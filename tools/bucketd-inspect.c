@@ -39,6 +39,7 @@
 #include "bucketd/config.h"
 #include "bucketd/deadletter.h"
 #include "bucketd/mongo.h"
+#include "bucketd/names.h"
 
 /* Documents per reply: pages hold up to max_readings readings, so keep batches modest. */
 #define BATCH_SIZE 64
@@ -52,7 +53,7 @@
 
 static const char usage[] =
     "usage: bucketd-inspect [CONNECTION] buckets --sensor ID [--from T] [--to T]\n"
-    "                       [--span DURATION] [--json|--table]\n"
+    "                       [--span DURATION] [--json|--table] [--raw-names]\n"
     "       bucketd-inspect [CONNECTION] verify [--sensor ID] [--max-readings N]\n"
     "                       [--span DURATION]\n"
     "       bucketd-inspect [CONNECTION] dead-letter list [--file PATH]\n"
@@ -77,6 +78,11 @@ static const char usage[] =
     "                        combined over its pages (min of mins, max of maxes,\n"
     "                        sum of sums / sum of counts)\n"
     "  --span DURATION       bucket span, to find the bucket holding --from (default 1h)\n"
+    "  --raw-names           field names and tag keys as stored: bucketd stores a name\n"
+    "                        MongoDB cannot address escaped ('%' as %25, '.' as %2E, a\n"
+    "                        leading '$' as %24, a field named ts as %74s) and this command\n"
+    "                        shows the names as sent unless given this (in readings a\n"
+    "                        field named ts keeps its stored name beside the timestamp)\n"
     "\n"
     "verify: checks every document's invariants (id, field types, alignment, count, page\n"
     "cap, reading order and range, summaries) and prints one line per problem:\n"
@@ -84,7 +90,7 @@ static const char usage[] =
     "then 'verified D documents, R readings: P problems'. Gaps in a bucket's page numbers and\n"
     "short pages followed by another page are warnings (a rejected update leaves them); they\n"
     "do not count as problems. Beyond the first 5 reading-level problems of one kind in a\n"
-    "document, the rest are counted in one line.\n"
+    "document, the rest are counted in one line. Names appear as stored (escaped).\n"
     "  --sensor ID           only this sensor\n"
     "  --max-readings N      page cap (default 3600, or buckets.max_readings)\n"
     "  --span DURATION       bucket span: 1h, 15m, ... (default 1h, or buckets.span)\n"
@@ -381,6 +387,7 @@ enum opt_id {
     OPT_TO,
     OPT_JSON,
     OPT_TABLE,
+    OPT_RAW_NAMES,
     OPT_MAX_READINGS,
     OPT_SPAN,
     OPT_FILE,
@@ -411,6 +418,7 @@ static const struct opt_def {
     [OPT_TO] = {"--to", NULL, true, FOR_BUCKETS},
     [OPT_JSON] = {"--json", NULL, false, FOR_BUCKETS},
     [OPT_TABLE] = {"--table", NULL, false, FOR_BUCKETS},
+    [OPT_RAW_NAMES] = {"--raw-names", NULL, false, FOR_BUCKETS},
     [OPT_MAX_READINGS] = {"--max-readings", NULL, true, FOR_VERIFY},
     [OPT_SPAN] = {"--span", NULL, true, FOR_BUCKETS | FOR_VERIFY},
     [OPT_FILE] = {"--file", NULL, true, FOR_DL_LIST | FOR_DL_REPLAY},
@@ -425,6 +433,7 @@ struct options {
     bool given[N_OPTS];
     int64_t from_ms, to_ms;
     bool table;
+    bool raw_names;
 };
 
 /* What the command runs with, after the config file and the options are merged. */
@@ -539,6 +548,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
         return bad_usage("--json and --table exclude each other");
     }
     o->table = o->given[OPT_TABLE];
+    o->raw_names = o->given[OPT_RAW_NAMES];
     if (o->given[OPT_FROM] && parse_time(o->value[OPT_FROM], &o->from_ms) < 0) {
         return bad_usage("--from: '%s' is not RFC 3339 or unix seconds", o->value[OPT_FROM]);
     }
@@ -657,6 +667,104 @@ static void buckets_filter(const struct options *o, const struct settings *s, bs
     }
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Names: stored keys shown as the names the sensors sent (include/bucketd/names.h)         */
+
+/*
+ * The name a stored key stands for, in a new allocation: the key unescaped. In a reading
+ * (in_reading) a key that would read "ts" keeps its stored form: "ts" is the timestamp's.
+ */
+static char *name_of_key(const char *key, size_t len, bool in_reading) {
+    char *name = malloc(len + 1);
+    if (name == NULL) {
+        return NULL;
+    }
+    int n = bd_name_unescape(key, len, name, len + 1);
+    BD_ASSERT(n >= 0); /* never longer than the key */
+    if (in_reading && n == 2 && len != 2 && memcmp(name, "ts", 2) == 0) {
+        memcpy(name, key, len + 1);
+    }
+    return name;
+}
+
+/* Appends the sub-document at it to out under its own key, every key inside it renamed by
+ * name_of_key. */
+static bool append_renamed(bson_t *out, const bson_iter_t *it, bool in_reading) {
+    bson_iter_t child;
+    bson_t sub;
+    if (!bson_iter_recurse(it, &child) ||
+        !bson_append_document_begin(out, bson_iter_key(it), -1, &sub)) {
+        return false;
+    }
+    bool ok = true;
+    while (ok && bson_iter_next(&child)) {
+        char *name = name_of_key(bson_iter_key(&child), bson_iter_key_len(&child), in_reading);
+        ok = name != NULL && bson_append_iter(&sub, name, -1, &child);
+        free(name);
+    }
+    return bson_append_document_end(out, &sub) && ok;
+}
+
+/* Appends the array at it to out, its documents renamed as readings. */
+static bool append_readings_renamed(bson_t *out, const bson_iter_t *it) {
+    bson_iter_t child;
+    bson_t arr;
+    if (!bson_iter_recurse(it, &child) ||
+        !bson_append_array_begin(out, bson_iter_key(it), -1, &arr)) {
+        return false;
+    }
+    bool ok = true;
+    while (ok && bson_iter_next(&child)) {
+        ok = BSON_ITER_HOLDS_DOCUMENT(&child) ? append_renamed(&arr, &child, true)
+                                              : bson_append_iter(&arr, NULL, 0, &child);
+    }
+    return bson_append_array_end(out, &arr) && ok;
+}
+
+/* Appends meta to out with its tags renamed. */
+static bool append_meta_renamed(bson_t *out, const bson_iter_t *it) {
+    bson_iter_t child;
+    bson_t meta;
+    if (!bson_iter_recurse(it, &child) ||
+        !bson_append_document_begin(out, bson_iter_key(it), -1, &meta)) {
+        return false;
+    }
+    bool ok = true;
+    while (ok && bson_iter_next(&child)) {
+        ok = strcmp(bson_iter_key(&child), "tags") == 0 && BSON_ITER_HOLDS_DOCUMENT(&child)
+                 ? append_renamed(&meta, &child, false)
+                 : bson_append_iter(&meta, NULL, 0, &child);
+    }
+    return bson_append_document_end(out, &meta) && ok;
+}
+
+/* A bucket document as the sensors named things: field names in readings and summary and tag
+ * keys in meta.tags unescaped; everything else as stored. out is always initialised. */
+static bool rename_document(const bson_t *doc, bson_t *out) {
+    bson_iter_t it;
+    bson_init(out);
+    if (!bson_iter_init(&it, doc)) {
+        return false;
+    }
+    bool ok = true;
+    while (ok && bson_iter_next(&it)) {
+        const char *key = bson_iter_key(&it);
+        if (strcmp(key, "readings") == 0 && BSON_ITER_HOLDS_ARRAY(&it)) {
+            ok = append_readings_renamed(out, &it);
+        } else if (strcmp(key, "summary") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+            ok = append_renamed(out, &it, false);
+        } else if (strcmp(key, "meta") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+            ok = append_meta_renamed(out, &it);
+        } else {
+            ok = bson_append_iter(out, NULL, 0, &it);
+        }
+    }
+    return ok;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* buckets                                                                                  */
+
 /* One bucket (all its pages) of the table: per field, the figures combined over pages. */
 struct tab_field {
     bool has_min, has_max;
@@ -678,6 +786,7 @@ struct table {
     size_t n_rows, cap_rows;
     char **names; /* every summary field seen, in order of appearance, sorted before printing */
     size_t n_names, cap_names;
+    bool raw_names; /* names as stored, not unescaped */
 };
 
 static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
@@ -763,8 +872,18 @@ static int table_add(struct table *t, const bson_t *doc) {
     }
     while (bson_iter_next(&sum)) {
         size_t idx = 0;
-        if (!BSON_ITER_HOLDS_DOCUMENT(&sum) || table_field_index(t, bson_iter_key(&sum), &idx)) {
+        if (!BSON_ITER_HOLDS_DOCUMENT(&sum)) {
             continue;
+        }
+        const char *key = bson_iter_key(&sum);
+        char *name = t->raw_names ? NULL : name_of_key(key, bson_iter_key_len(&sum), false);
+        if (!t->raw_names && name == NULL) {
+            return -ENOMEM;
+        }
+        int rc = table_field_index(t, name != NULL ? name : key, &idx);
+        free(name);
+        if (rc < 0) {
+            return rc;
         }
         if (idx >= row->n_fields) {
             struct tab_field *p = realloc(row->fields, (idx + 1) * sizeof(*p));
@@ -895,7 +1014,7 @@ static int cmd_buckets(struct conn *c, const struct options *o, const struct set
     int rc = 0;
     bson_t filter, opts, sort, proj;
     mongoc_cursor_t *cursor = NULL;
-    struct table table = {0};
+    struct table table = {.raw_names = o->raw_names};
     const bson_t *doc;
 
     buckets_filter(o, s, &filter);
@@ -927,7 +1046,14 @@ static int cmd_buckets(struct conn *c, const struct options *o, const struct set
             }
             continue;
         }
-        char *json = bson_as_relaxed_extended_json(doc, NULL);
+        bson_t renamed = BSON_INITIALIZER;
+        char *json = NULL;
+        if (o->raw_names) {
+            json = bson_as_relaxed_extended_json(doc, NULL);
+        } else if (rename_document(doc, &renamed)) {
+            json = bson_as_relaxed_extended_json(&renamed, NULL);
+        }
+        bson_destroy(&renamed);
         if (json == NULL) {
             rc = bd_err_set(err, -EINVAL, "a document could not be printed as JSON");
             goto out;

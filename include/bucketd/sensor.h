@@ -63,14 +63,18 @@ struct bd_sensor {
     struct bd_sensor_table *table;
     char *measurement;
     uint32_t n_tags;
-    char **tag_keys; /* sorted by key */
+    char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
     char **tag_values;
 
-    /* The names themselves, NUL-terminated, through bd_sensor_field_name(); entries below
-     * n_fields are immutable. The first few live in the sensor, the rest in names_more
-     * (allocated once, never moved: the flusher reads it while the ingest thread appends). */
+    /* The names as BSON keys (escaped as names.h says), NUL-terminated, through
+     * bd_sensor_field_name(); entries below n_fields are immutable. The first few live in the
+     * sensor, the rest in names_more (allocated once, never moved: the flusher reads it while
+     * the ingest thread appends). Where a name needed escaping, bit i of field_escaped (ingest
+     * thread only) is set and the name as lines spell it follows the key's NUL: lines are
+     * matched by it. */
     char *names[BD_SENSOR_KEY_SLOTS];
     char **names_more;
+    uint64_t field_escaped;
 
     /* Flusher thread only: the consumer's end of the queue, its page accounting, and its link
      * in the flusher's own list of sensors whose drain an allocation failure interrupted

@@ -35,7 +35,7 @@
     X(drop_parse_error, "lines dropped: syntax error")                                     \
     X(drop_too_many_fields, "lines dropped: more fields than limits.max_fields")           \
     X(drop_no_numeric, "lines dropped: no numeric or boolean field left")                  \
-    X(drop_bad_name, "lines dropped: a name unusable in BSON (bad UTF-8, '.', '$', 'ts')") \
+    X(drop_bad_name, "lines dropped: a name unusable in BSON (empty, bad UTF-8, NUL)")     \
     X(drop_field_limit, "lines dropped: sensor already has BD_SENSOR_MAX_FIELDS fields")   \
     X(drop_too_old, "lines dropped: timestamp older than buckets.max_late")               \
     X(drop_too_new, "lines dropped: timestamp further ahead than buckets.max_future")      \

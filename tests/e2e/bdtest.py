@@ -174,13 +174,14 @@ def log_tail(text, n=60):
 # The MongoDB side
 # ---------------------------------------------------------------------------------------------
 
-def start_mongo():
-    """The test server (or BUCKETD_TEST_MONGODB_URI) from tests/e2e/mongo_fixture.py."""
+def start_mongo(**options):
+    """The test server (or BUCKETD_TEST_MONGODB_URI) from tests/e2e/mongo_fixture.py;
+    options: its strictness switches (mongo_fixture.start_mongo)."""
     try:
         import mongo_fixture
     except ImportError as e:
         raise RuntimeError("tests/e2e/mongo_fixture.py is missing or broken: %s" % e)
-    return mongo_fixture.start_mongo()
+    return mongo_fixture.start_mongo(**options)
 
 
 def unique_db_name(prefix):
@@ -646,6 +647,9 @@ class E2ECase(unittest.TestCase):
 
     mongo = None
     db_prefix = "bdtest"
+    # The test server's strictness switches for this class (mongo_fixture.start_mongo),
+    # e.g. {"sharded": "sensor_id:1,bucket_start:1"}.
+    mongo_options = {}
 
     @classmethod
     def tearDownClass(cls):
@@ -656,7 +660,7 @@ class E2ECase(unittest.TestCase):
     @classmethod
     def mongo_uri(cls):
         if cls.mongo is None:
-            cls.mongo = start_mongo()
+            cls.mongo = start_mongo(**cls.mongo_options)
         return cls.mongo.uri
 
     def setUp(self):

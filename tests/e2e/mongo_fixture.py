@@ -10,8 +10,17 @@
 
 When BUCKETD_TEST_MONGODB_URI is set, start_mongo() starts nothing and hands
 out that URI instead, so the same tests run against a real MongoDB.
+
+The server's strictness switches (see tests/mongo_server.py) are keyword arguments:
+
+    start_mongo(sharded='sensor_id:1,bucket_start:1', unstable_sortarray=True,
+                fail_command={'mode': {'times': 1}, 'data': {...}})
+
+A test that needs one of them to hold should pass use_external=False, or check .owned: an
+external MongoDB is whatever it is.
 """
 
+import json
 import os
 import select
 import signal
@@ -87,6 +96,16 @@ class MongoServer(object):
                 self._log.close()
                 self._log = None
 
+    def discard(self):
+        """Forget a server process that has ended, closing its pipes."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.stdout is not None:
+            proc.stdout.close()
+        if self._log is not None:
+            self._final_log = self.log_text()
+            self._log.close()
+            self._log = None
+
     def __enter__(self):
         return self
 
@@ -106,12 +125,35 @@ class MongoServer(object):
             proc.wait()
 
 
-def start_mongo(port=None, verbose=False, timeout=15.0, use_external=True):
+def server_args(sharded=None, unstable_sortarray=False, fail_command=None):
+    """The command-line switches of tests/mongo_server.py for these options.
+
+    sharded: a KEYSPEC string ("sensor_id:hashed") or a list of (field, 1 | "hashed");
+    fail_command: the mode and data of a configureFailPoint failCommand, a dict (values
+    JSON can carry; bson.json_util.dumps gives the string form for other BSON types) or a
+    string of JSON."""
+    args = []
+    if sharded is not None:
+        if not isinstance(sharded, str):
+            sharded = ','.join('%s:%s' % (field, kind) for field, kind in sharded)
+        args += ['--sharded', sharded]
+    if unstable_sortarray:
+        args.append('--unstable-sortarray')
+    if fail_command is not None:
+        if not isinstance(fail_command, str):
+            fail_command = json.dumps(fail_command)
+        args += ['--fail-command', fail_command]
+    return args
+
+
+def start_mongo(port=None, verbose=False, timeout=15.0, use_external=True, sharded=None,
+                unstable_sortarray=False, fail_command=None):
     """Start tests/mongo_server.py and wait until it listens.
 
     Returns a MongoServer with .uri ("mongodb://127.0.0.1:PORT/").  With
     BUCKETD_TEST_MONGODB_URI set (and use_external true) nothing is started
-    and .uri is that URI."""
+    and .uri is that URI.  sharded, unstable_sortarray and fail_command: see
+    server_args."""
     uri = external_uri()
     if uri and use_external:
         return MongoServer(uri)
@@ -120,6 +162,7 @@ def start_mongo(port=None, verbose=False, timeout=15.0, use_external=True):
         cmd += ['--port', str(port)]
     if verbose:
         cmd.append('--verbose')
+    cmd += server_args(sharded, unstable_sortarray, fail_command)
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=log, close_fds=True)
@@ -131,17 +174,20 @@ def start_mongo(port=None, verbose=False, timeout=15.0, use_external=True):
         if remaining <= 0:
             server.proc.kill()
             server.proc.wait()
+            text = server.log_text()
+            server.discard()
             raise RuntimeError('mongo_server.py did not report its port within %.0fs:\n%s'
-                               % (timeout, server.log_text()))
+                               % (timeout, text))
         ready, _, _ = select.select([proc.stdout], [], [], remaining)
         if not ready:
             continue
         chunk = os.read(proc.stdout.fileno(), 64)
         if not chunk:
             rc = proc.wait()
-            server.proc = None
+            text = server.log_text()
+            server.discard()
             raise RuntimeError('mongo_server.py exited with status %r before listening:\n%s'
-                               % (rc, server.log_text()))
+                               % (rc, text))
         line += chunk
     server.port = int(line.strip())
     server.uri = 'mongodb://127.0.0.1:%d/' % server.port

@@ -169,9 +169,10 @@ class BadInput(bdtest.E2ECase):
         # Outside the time window: 48 h old (max_late 24h), 1 h ahead (max_future 10m).
         both([b"old temp=1 %d" % (now - 48 * 3600 * sr.NS_PER_S)], "drop_too_old")
         both([b"future temp=1 %d" % (now + 3600 * sr.NS_PER_S)], "drop_too_new")
-        # Field keys MongoDB would read as operators or paths, or that clash with "ts".
-        both([b"keys $op=1 %d" % ts, b"keys a.b=1 %d" % ts, b"keys ts=1 %d" % ts],
-             "drop_bad_name")
+        # Field keys MongoDB would read as operators or paths, or that clash with "ts": stored
+        # under their escaped names (README "Field and tag names"), not dropped. (The parser
+        # already refuses what would still be a drop_bad_name: invalid UTF-8, NUL, empty.)
+        both([b"keys $op=1 %d" % ts, b"keys a.b=2 %d" % ts, b"keys ts=3 %d" % ts], None)
         # Last on the UDP socket: a good reading. Once it is stored, bucketd has read every
         # datagram sent before it (one socket to one socket on loopback: in order).
         u.sendto(b"marker,via=udp v=1i %d\n" % ts, udp)
@@ -180,7 +181,7 @@ class BadInput(bdtest.E2ECase):
         sender.join(DEADLINE)
         self.assertFalse(sender.is_alive(), "good sensor sender hung")
         self.assertIsNone(sender.error, "good sensor sender failed: %r" % sender.error)
-        n_good = len(good) + 2 + 1  # plus the two mixed readings and the marker
+        n_good = len(good) + 2 + 1 + 6  # plus the two mixed readings, the marker, the keys
         stored = bdtest.wait_stored(client, db, n_good, DEADLINE)
         self.assertEqual(stored, n_good, "readings stored\n" + bdtest.log_tail(d.log()))
         self.assertTrue(d.alive(), "bucketd died on bad input\n" + bdtest.log_tail(d.log()))
@@ -206,8 +207,13 @@ class BadInput(bdtest.E2ECase):
                           for x in mixed], [[{"temp": 2.5}], [{"temp": 1.5}]])
         marker = [x for x in docs if x["sensor_id"] == "marker,via=udp"]
         self.assertEqual([x["count"] for x in marker], [1])
+        keys = [x for x in docs if x["sensor_id"] == "keys"]
+        self.assertEqual(sorted(sorted((k, v) for k, v in r.items() if k != "ts")
+                                for x in keys for r in x["readings"]),
+                         [[("%24op", 1.0)]] * 2 + [[("%74s", 3.0)]] * 2 + [[("a%2Eb", 2.0)]] * 2)
+        self.assertEqual(sorted(k for x in keys for k in x["summary"]), ["%24op", "%74s", "a%2Eb"])
         others = sorted({x["sensor_id"] for x in docs} - good_ids - {m["sensor_id"] for m in mixed}
-                        - {"marker,via=udp"})
+                        - {"marker,via=udp", "keys"})
         self.assertEqual(others, [], "documents for rejected lines")
 
         # Samples of bad lines may be logged, but never one line per bad input.

@@ -168,22 +168,68 @@ Test(sensor, strings_are_dropped_and_counted) {
 }
 
 Test(sensor, names_unusable_in_bson_are_refused) {
-    const char *bad_fields[] = {"a.b", "$x", "ts", ""};
+    /* Empty, invalid UTF-8 or holding a NUL: no escape makes these a key. */
+    static const struct bd_str bad_fields[] = {{"", 0}, {"a\xff", 2}, {"a\0b", 3}};
     for (size_t i = 0; i < sizeof(bad_fields) / sizeof(bad_fields[0]); i++) {
         point("m", "m", true, NOW);
-        add_float(bad_fields[i], 1);
-        cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0, "field '%s'", bad_fields[i]);
+        struct bd_field *f = &pt.fields[pt.n_fields++];
+        f->key = bad_fields[i];
+        f->kind = BD_VAL_FLOAT;
+        cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0, "field %zu", i);
     }
     point("m\xff", "m\xff", true, NOW);
     add_float("v", 1);
     cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0, "invalid UTF-8 measurement");
-    point("m,a.b=c", "m", true, NOW);
-    pt.tags[0] = (struct bd_tag){S("a.b"), S("c")};
+    point("m,a\xff=c", "m", true, NOW);
+    pt.tags[0] = (struct bd_tag){S("a\xff"), S("c")};
     pt.n_tags = 1;
     add_float("v", 1);
-    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0, "dotted tag key");
-    cr_assert_eq(BD_STAT_GET(&stats, drop_bad_name), 6);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0, "invalid UTF-8 tag key");
+    cr_assert_eq(BD_STAT_GET(&stats, drop_bad_name), 5);
     cr_assert_eq(BD_STAT_GET(&stats, readings_accepted), 0);
+}
+
+Test(sensor, names_mongodb_cannot_address_are_stored_escaped) {
+    /* Short and long names, some past the first line's short forms (BD_SENSOR_KEY_SLOTS), so
+     * both ways of matching a name see escaped ones; then the same line again, fields in
+     * another order: every name must be found, none appended twice. */
+    static const char *sent[] = {"cpu.user", "$x", "ts", "ok", "k8s.pod.restarts", "%", "a$b"};
+    static const char *stored[] = {"cpu%2Euser",           "%24x", "%74s", "ok",
+                                   "k8s%2Epod%2Erestarts", "%25",  "a$b"};
+    cfg.limits.max_fields = 8;
+    for (int pass = 0; pass < 2; pass++) {
+        point("m,host.name=h1,k8s.pod=x", "m", true, NOW);
+        pt.tags[0] = (struct bd_tag){S("host.name"), S("h1")};
+        pt.tags[1] = (struct bd_tag){S("k8s.pod"), S("x")};
+        pt.tags[2] = (struct bd_tag){S("ts"), S("$t")};
+        pt.n_tags = 3;
+        for (int i = 0; i < 7; i++) {
+            int k = pass == 0 ? i : 6 - i;
+            add_float(sent[k], k);
+        }
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "pass %d", pass);
+    }
+    cr_assert_eq(BD_STAT_GET(&stats, drop_bad_name), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, readings_accepted), 2);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_str_eq(s->id, "m,host.name=h1,k8s.pod=x", "the id keeps the series key");
+    cr_assert_str_eq(s->tag_keys[0], "host%2Ename");
+    cr_assert_str_eq(s->tag_keys[1], "k8s%2Epod");
+    cr_assert_str_eq(s->tag_keys[2], "ts", "ts is reserved in readings only");
+    cr_assert_str_eq(s->tag_values[2], "$t", "values are not names");
+    cr_assert_eq(atomic_load(&s->n_fields), 7);
+    for (int i = 0; i < 7; i++) {
+        cr_assert_str_eq(bd_sensor_field_name(s, (uint32_t)i), stored[i]);
+    }
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n;
+    bd_sensor_consume(s, bd_sensor_peek_reading(s, &ts, vals, &n));
+    cr_assert_eq(bd_sensor_peek_reading(s, &ts, vals, &n), 8);
+    for (uint32_t i = 0; i < 7; i++) {
+        cr_assert_eq(vals[i].field, 6 - i, "value %u: the index first given", i);
+        cr_assert_eq(vals[i].v.f, 6 - i);
+    }
 }
 
 Test(sensor, too_many_fields) {
