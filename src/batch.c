@@ -140,6 +140,12 @@ void bd_batch_clear(struct bd_batch *b) {
     for (uint32_t i = 0; i < b->n; i++) {
         bd_delta_reset(&b->deltas[i]);
     }
+    /* Buffers are kept for the next batch's deltas, but not without bound: after a batch of
+     * very many sensors, what lies past BD_BATCH_KEEP deltas goes back to the allocator, so the
+     * two batches do not each hold the memory of the largest batch ever. */
+    for (uint32_t i = BD_BATCH_KEEP; i < b->cap; i++) {
+        bd_delta_close(&b->deltas[i]); /* zeroed: no buffers, as never used */
+    }
     b->n = 0;
     memset(b->slots, 0, ((size_t)b->slot_mask + 1) * sizeof(*b->slots));
 }

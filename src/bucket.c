@@ -91,7 +91,9 @@ static int grow(void **buf, uint32_t *cap, uint32_t need, size_t elem) {
     if (need <= *cap) {
         return 0;
     }
-    uint32_t n = *cap ? *cap : 8;
+    /* From exactly what the first use needs (most deltas hold a few readings of a few fields:
+     * a batch of 100k sensors must not reserve room for 8 each), doubling after. */
+    uint32_t n = *cap ? *cap : need;
     while (n < need) {
         n *= 2;
     }
@@ -555,4 +557,10 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
     free(key.p);
     free(ref.p);
     return rc;
+}
+
+uint64_t bd_delta_bytes(const struct bd_delta *d) {
+    return sizeof(*d) + (uint64_t)d->cap_readings * sizeof(*d->readings) +
+           (uint64_t)d->cap_values * sizeof(*d->values) +
+           (uint64_t)d->cap_summaries * sizeof(*d->summaries);
 }

@@ -138,10 +138,16 @@ static void start_watchdog(struct daemon *d) {
     d->watchdog_on = true;
 }
 
-static void log_stats(const struct bd_stats *st) {
+static void log_stats(const struct bd_stats *st, const struct bd_sensor_table *table) {
     char line[4096];
     bd_stats_format(st, line, sizeof(line));
     bd_info("stats: %s", line);
+    if (table != NULL) {
+        const struct bd_pool *pool = bd_sensor_table_pool(table);
+        bd_info("buffer pool: at most %u of %u segments of %zu bytes in use at once; %u sensors",
+                bd_pool_high_water(pool), pool->n_segs, pool->seg_bytes,
+                bd_sensor_table_count(table));
+    }
 }
 
 int bd_daemon_run(const struct bd_config *cfg) {
@@ -209,7 +215,7 @@ int bd_daemon_run(const struct bd_config *cfg) {
                 "should resend what the connection close interrupted)",
                 unread);
     }
-    log_stats(&d->stats);
+    log_stats(&d->stats, d->table);
     exit_code = 0;
 out:
     bd_ingest_free(d->ingest);

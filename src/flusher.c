@@ -373,6 +373,7 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
             di = bd_batch_get(&f->fill, s, start, page);
             cur_page = page;
         }
+        uint64_t held = di < 0 || f->fill.n > had ? 0 : bd_delta_bytes(&f->fill.deltas[di]);
         if (di < 0 || bd_delta_add(&f->fill.deltas[di], ts, vals, nv) < 0) {
             if (di >= 0) {
                 bd_batch_truncate(&f->fill, had); /* a delta created for this reading goes too */
@@ -384,7 +385,8 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
         }
         slot->batch = f->fill_id;
         bd_sensor_consume(s, cells);
-        f->fill_bytes += sizeof(struct bd_delta_reading) + nv * sizeof(struct bd_reading_value);
+        /* What the batch holds for it: buffer growth, and a new delta's own struct. */
+        f->fill_bytes += bd_delta_bytes(&f->fill.deltas[di]) - held;
         moved++;
         if (over_budget(f)) {
             requeue(f, s); /* the rest waits in the queue */

@@ -57,7 +57,8 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
         p->forgot_max_ms = BD_MAX(p->forgot_max_ms, s->start_ms);
     } else {
         if (p == NULL || p->n == p->cap) {
-            uint32_t cap = p == NULL ? 2 : p->cap * 2;
+            /* Most sensors only ever have one bucket open: start with room for one. */
+            uint32_t cap = p == NULL ? 1 : p->cap * 2;
             struct bd_pages *grown = bd_realloc(p, sizeof(*p) + (size_t)cap * sizeof(p->slot[0]));
             if (grown == NULL) {
                 return NULL;

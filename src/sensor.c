@@ -130,10 +130,46 @@ struct bd_sensor_table {
     bool congested; /* ingest thread only: see bd_sensor_table_congested */
 
     struct bd_ratelimit limit_log;
+    struct arena_chunk *arena; /* sensors and their names, ingest thread only */
 
     /* Written by the flusher, read by the ingest thread: see bd_sensor_table_set_stalled. */
     atomic_bool consumer_stalled;
 };
+
+/*
+ * Sensors and everything they own (names, tags, the field-name array) are carved from chunks of
+ * one arena: sensors live until the table is freed, so nothing is given back one by one, and a
+ * 100-byte name costs 100 bytes, not a malloc block with its header and rounding. Ingest thread
+ * only (sensors are created and names appended there).
+ */
+#define ARENA_CHUNK (UINT32_C(256) << 10)
+
+struct arena_chunk {
+    struct arena_chunk *next;
+    size_t used, size;
+    alignas(BD_RING_CACHELINE) unsigned char data[];
+};
+
+/* size bytes aligned to align (a power of two up to BD_RING_CACHELINE), zeroed; NULL: OOM. */
+static void *arena_alloc(struct arena_chunk **head, size_t size, size_t align) {
+    struct arena_chunk *c = *head;
+    size_t at = c == NULL ? 0 : (c->used + align - 1) & ~(align - 1);
+    if (c == NULL || at + size > c->size) {
+        size_t cap = BD_MAX((size_t)ARENA_CHUNK, size + BD_RING_CACHELINE);
+        c = aligned_alloc(BD_RING_CACHELINE, sizeof(*c) + cap);
+        if (c == NULL) {
+            return NULL;
+        }
+        c->next = *head;
+        c->size = cap;
+        c->used = 0;
+        *head = c;
+        at = 0;
+    }
+    c->used = at + size;
+    memset(c->data + at, 0, size);
+    return c->data + at;
+}
 
 /* Zeroed memory aligned for types with alignas(BD_RING_CACHELINE) members. */
 static void *zalloc_aligned(size_t size) {
@@ -201,25 +237,6 @@ out:
     return rc;
 }
 
-static void sensor_free(struct bd_sensor *s) {
-    if (s == NULL) {
-        return;
-    }
-    uint32_t nf = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
-    for (uint32_t i = 0; i < nf; i++) {
-        free((char *)bd_sensor_field_name(s, i));
-    }
-    free(s->names_more);
-    for (uint32_t i = 0; i < s->n_tags; i++) {
-        free(s->tag_keys ? s->tag_keys[i] : NULL);
-        free(s->tag_values ? s->tag_values[i] : NULL);
-    }
-    free(s->tag_keys);
-    free(s->tag_values);
-    free(s->measurement);
-    free(s);
-}
-
 void bd_sensor_table_free(struct bd_sensor_table *t) {
     if (t == NULL) {
         return;
@@ -229,9 +246,13 @@ void bd_sensor_table_free(struct bd_sensor_table *t) {
             struct bd_sensor *s = t->slots[i].s;
             if (s != NULL) {
                 BD_ASSERT(s->flusher_state == NULL); /* the flusher releases its state first */
-                sensor_free(s);
             }
         }
+    }
+    while (t->arena != NULL) {
+        struct arena_chunk *next = t->arena->next;
+        free(t->arena);
+        t->arena = next;
     }
     free(t->slots);
     free(t->recheck);
@@ -263,8 +284,8 @@ void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sen
     }
 }
 
-static char *dup_str(const struct bd_str *s) {
-    char *p = malloc(s->len + 1);
+static char *dup_str(struct bd_sensor_table *t, const struct bd_str *s) {
+    char *p = arena_alloc(&t->arena, s->len + 1, 1);
     if (p != NULL) {
         memcpy(p, s->ptr, s->len);
         p[s->len] = '\0';
@@ -273,18 +294,18 @@ static char *dup_str(const struct bd_str *s) {
 }
 
 /*
- * A name as its BSON key (names.h), NUL-terminated, in a new allocation. If the key differs
- * from the name, the name follows the key's NUL when keep_name is set, and *escaped is set.
+ * A name as its BSON key (names.h), NUL-terminated, in the arena. If the key differs from the
+ * name, the name follows the key's NUL when keep_name is set, and *escaped is set.
  */
-static char *dup_key(const struct bd_str *s, enum bd_name_kind kind, bool keep_name,
-                     bool *escaped) {
+static char *dup_key(struct bd_sensor_table *t, const struct bd_str *s, enum bd_name_kind kind,
+                     bool keep_name, bool *escaped) {
     size_t klen = bd_name_escaped_len(s->ptr, s->len, kind);
     *escaped = klen != s->len;
     if (!*escaped) {
-        return dup_str(s);
+        return dup_str(t, s);
     }
     size_t size = klen + 1 + (keep_name ? s->len + 1 : 0);
-    char *p = malloc(size);
+    char *p = arena_alloc(&t->arena, size, 1);
     if (p == NULL) {
         return NULL;
     }
@@ -354,7 +375,8 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     if ((t->count + 1) * 2 > t->slot_mask + 1 && grow_index(t) < 0) {
         goto oom;
     }
-    s = zalloc_aligned(sizeof(*s) + pt->series_key.len + 1);
+    s = arena_alloc(&t->arena, offsetof(struct bd_sensor, id_buf) + pt->series_key.len + 1,
+                    BD_RING_CACHELINE);
     if (s == NULL) {
         goto oom;
     }
@@ -362,17 +384,17 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     s->id_buf[pt->series_key.len] = '\0';
     s->id = s->id_buf;
     s->id_len = (uint32_t)pt->series_key.len;
-    s->measurement = dup_str(&pt->name);
+    s->measurement = dup_str(t, &pt->name);
     s->n_tags = pt->n_tags;
-    s->tag_keys = calloc(pt->n_tags ? pt->n_tags : 1, sizeof(char *));
-    s->tag_values = calloc(pt->n_tags ? pt->n_tags : 1, sizeof(char *));
+    s->tag_keys = arena_alloc(&t->arena, (pt->n_tags ? pt->n_tags : 1) * sizeof(char *), 8);
+    s->tag_values = arena_alloc(&t->arena, (pt->n_tags ? pt->n_tags : 1) * sizeof(char *), 8);
     if (s->measurement == NULL || s->tag_keys == NULL || s->tag_values == NULL) {
         goto oom;
     }
     for (uint32_t i = 0; i < pt->n_tags; i++) {
         bool escaped;
-        s->tag_keys[i] = dup_key(&pt->tags[i].key, BD_NAME_TAG, false, &escaped);
-        s->tag_values[i] = dup_str(&pt->tags[i].value);
+        s->tag_keys[i] = dup_key(t, &pt->tags[i].key, BD_NAME_TAG, false, &escaped);
+        s->tag_values[i] = dup_str(t, &pt->tags[i].value);
         if (s->tag_keys[i] == NULL || s->tag_values[i] == NULL) {
             goto oom;
         }
@@ -387,7 +409,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     t->count++;
     return s;
 oom:
-    sensor_free(s);
+    /* What the arena gave this sensor stays there, unused: a few bytes, once per failure. */
     BD_STAT_ADD(t->stats, drop_sensor_limit, 1);
     if (bd_ratelimit_ok(&t->limit_log, bd_mono_ns())) {
         bd_error("out of memory creating a sensor: its readings are dropped");
@@ -480,14 +502,15 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
     }
     if (n == BD_SENSOR_KEY_SLOTS && s->names_more == NULL) {
         /* Allocated whole and never moved: the flusher may be reading names meanwhile. */
-        s->names_more = calloc(BD_SENSOR_MAX_FIELDS - BD_SENSOR_KEY_SLOTS, sizeof(char *));
+        s->names_more = arena_alloc(
+            &t->arena, (BD_SENSOR_MAX_FIELDS - BD_SENSOR_KEY_SLOTS) * sizeof(char *), 8);
         if (s->names_more == NULL) {
             BD_STAT_ADD(t->stats, drop_field_limit, 1);
             return -1;
         }
     }
     bool escaped;
-    char *name = dup_key(key, BD_NAME_FIELD, true, &escaped);
+    char *name = dup_key(t, key, BD_NAME_FIELD, true, &escaped);
     if (name == NULL) {
         BD_STAT_ADD(t->stats, drop_field_limit, 1);
         return -1;

@@ -27,6 +27,9 @@ struct bd_batch {
     uint32_t slot_mask;
 };
 
+/* Deltas whose buffers a cleared batch keeps for reuse. */
+#define BD_BATCH_KEEP 4096
+
 int bd_batch_init(struct bd_batch *b);
 void bd_batch_close(struct bd_batch *b);
 

@@ -81,6 +81,8 @@ struct bd_delta {
 };
 
 void bd_delta_init(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, uint32_t page);
+/* Memory the delta holds: its struct and its buffers' capacity. */
+uint64_t bd_delta_bytes(const struct bd_delta *d);
 /* Drop the contents, keep the buffers. */
 void bd_delta_reset(struct bd_delta *d);
 void bd_delta_close(struct bd_delta *d);

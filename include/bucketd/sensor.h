@@ -49,7 +49,8 @@ struct bd_sensor {
     uint64_t field_key[BD_SENSOR_KEY_SLOTS];
 
     /* Second line: the producer's end of the queue (ingest thread only) and the hand-over of
-     * a new chain (see the queue protocol in sensor.c). */
+     * a new chain (see the queue protocol in sensor.c); its spare bytes hold fields that are
+     * immutable after creation (the flusher reads them once per update it builds). */
     alignas(BD_RING_LINE) struct bd_seg *wseg; /* segment being filled, NULL: none */
     uint32_t wpos;                             /* cells written into wseg */
     /* 1 while queued for the producer to take back an idle segment (flusher sets, ingest
@@ -58,14 +59,13 @@ struct bd_sensor {
     /* First segment of a new chain, for the consumer to take (producer stores, consumer
      * takes and clears). */
     _Atomic(struct bd_seg *) first;
-
-    /* Cold: immutable after creation. */
     struct bd_sensor_table *table;
     char *measurement;
-    uint32_t n_tags;
     char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
     char **tag_values;
+    uint32_t n_tags;
 
+    /* Cold. */
     /* The names as BSON keys (escaped as names.h says), NUL-terminated, through
      * bd_sensor_field_name(); entries below n_fields are immutable. The first few live in the
      * sensor, the rest in names_more (allocated once, never moved: the flusher reads it while
