@@ -137,7 +137,7 @@ Test(config, shipped_file_loads) {
     cr_assert_str_eq(cfg.mongodb.uri, "mongodb://127.0.0.1:27017/");
     cr_assert_str_eq(cfg.mongodb.database, "telemetry");
     cr_assert_str_eq(cfg.mongodb.collection, "buckets");
-    cr_assert_str_eq(cfg.mongodb.write_concern, "1");
+    cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
     cr_assert_eq(cfg.buckets.span_ms, 3600000);
     cr_assert_eq(cfg.log.level, BD_LOG_INFO);
 }
@@ -199,7 +199,7 @@ Test(config, defaults) {
     cr_assert_str_eq(cfg.mongodb.uri, "mongodb://127.0.0.1:27017/");
     cr_assert_str_eq(cfg.mongodb.database, "telemetry");
     cr_assert_str_eq(cfg.mongodb.collection, "buckets");
-    cr_assert_str_eq(cfg.mongodb.write_concern, "1");
+    cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
     cr_assert_eq(cfg.buckets.span_ms, 3600000);
     cr_assert_eq(cfg.buckets.max_readings, 3600);
     cr_assert_eq(cfg.buckets.max_late_ms, 24 * 3600000);
@@ -537,6 +537,11 @@ Test(config, write_concern) {
     cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
     expect_ok(LISTENER "mongodb:\n  write_concern: 3\n", &cfg);
     cr_assert_str_eq(cfg.mongodb.write_concern, "3");
+    expect_ok(LISTENER "mongodb:\n  write_concern: 1\n", &cfg);
+    cr_assert_str_eq(cfg.mongodb.write_concern, "1");
+    /* Left out: majority (an acknowledged w:1 write can be rolled back by a failover). */
+    expect_ok(LISTENER, &cfg);
+    cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
 }
 
 Test(config, write_concern_timeout) {
