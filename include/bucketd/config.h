@@ -32,8 +32,9 @@ struct bd_listener_config {
 };
 
 struct bd_config {
-    char path[1024];     /* file it was loaded from */
-    char writer_id[128]; /* default: the host name */
+    char path[1024]; /* file it was loaded from */
+    /* "" unless the file sets it; the daemon then uses the id kept in spool.dir (writer.h). */
+    char writer_id[128];
 
     struct bd_listener_config listeners[BD_MAX_LISTENERS];
     uint32_t n_listeners;
@@ -84,7 +85,7 @@ struct bd_config {
     } limits;
 };
 
-/* Fill cfg with every default (writer_id = host name). */
+/* Fill cfg with every default (writer_id stays "": see struct bd_config). */
 void bd_config_defaults(struct bd_config *cfg);
 
 /*
