@@ -90,9 +90,9 @@ static const struct config_error {
      * whole shard key (src/mongo/s/collection_routing_info_targeter.cpp: "Failed to target
      * upsert by query :: could not extract exact shard key"); bucketd's filters hold _id,
      * sensor_id and bucket_start (bucket.c). */
-    {61, "the collection is sharded and its shard key is not {sensor_id: \"hashed\"} or "
-         "{sensor_id: 1, bucket_start: 1} (a shard key may use only sensor_id and "
-         "bucket_start): shard the collection on one of them"},
+    {61, "the collection is sharded on a key bucketd's upserts cannot target (their filters "
+         "hold equalities on _id, sensor_id and bucket_start only): shard it on "
+         "{sensor_id: \"hashed\"} or {sensor_id: 1, bucket_start: 1}"},
     /* UnsatisfiableWriteConcern: w counts more data-bearing members than the replica set
      * has. The server answers it as a writeConcernError after applying the write. */
     {100, "write_concern cannot be satisfied by this deployment (it counts more data-bearing "

@@ -866,10 +866,10 @@ Test(outcome, deployment_error_messages) {
     error_of(&err, SERVER, 121, "Multiple write errors");
     bd_outcome_classify(false, reply, &err, 3, ops, &bulk);
     snprintf(want, sizeof(want),
-             "the collection is sharded and its shard key is not {sensor_id: \"hashed\"} or "
-             "{sensor_id: 1, bucket_start: 1} (a shard key may use only sensor_id and "
-             "bucket_start): shard the collection on one of them; MongoDB answered code 61: "
-             "Failed to target upsert by query :: could not extract exact shard key");
+             "the collection is sharded on a key bucketd's upserts cannot target (their "
+             "filters hold equalities on _id, sensor_id and bucket_start only): shard it on "
+             "{sensor_id: \"hashed\"} or {sensor_id: 1, bucket_start: 1}; MongoDB answered "
+             "code 61: Failed to target upsert by query :: could not extract exact shard key");
     cr_assert_str_eq(bulk.message, want);
     cr_assert_eq(bulk.code, 121, "the top-level code stays the driver's");
     cr_assert_str_eq(bd_outcome_message(&bulk, &ops[2]),
