@@ -13,11 +13,22 @@
  *            sum / count;
  *   3. $unset _n.
  *
- * Idempotency: the filter is {_id, "w.<writer_id>": {$not: {$gte: seq}}} and stage 1 sets
- * "w.<writer_id>" to seq, the writer's flush sequence (writer.h). Sent again after an ambiguous
- * failure, the update finds no matching document; the upsert then inserts an _id that exists
- * and MongoDB answers duplicate key (11000): "already applied". Each writer id has its own
- * entry in w, so several daemons can append to one bucket.
+ * Idempotency: the filter is {_id, sensor_id, bucket_start, "w.<writer_id>": {$not: {$gte:
+ * seq}}} and stage 1 sets "w.<writer_id>" to seq, the writer's flush sequence (writer.h). Sent
+ * again after an ambiguous failure, the update finds no matching document; the upsert then
+ * inserts an _id that exists and MongoDB answers duplicate key (11000): "already applied". Each
+ * writer id has its own entry in w, so several daemons can append to one bucket.
+ *
+ * Sharding: mongos routes an upsert by the equalities of its filter, and MongoDB 5.x and 6.x
+ * answer ShardKeyNotFound (61) when they do not cover the whole shard key. sensor_id and
+ * bucket_start are in the filter, with the values and BSON types (string, date) the document
+ * stores, so {sensor_id: "hashed"} and {sensor_id: 1, bucket_start: 1} both work. An upsert
+ * seeds the new document with the filter's equality fields (_id, sensor_id, bucket_start; the
+ * w condition is no equality); stage 1 then sets the same two fields to the same values, which
+ * changes nothing, so the stored document is the one the pipeline alone would build (only the
+ * order of its fields differs: bucket_start now comes before meta). A page's _id is derived
+ * from its sensor_id and bucket_start, so every attempt at one page reaches the same shard and
+ * that shard's _id index gives the duplicate-key answer.
  *
  * Every value that comes from the network is wrapped in $literal so that a string starting
  * with '$' is never read as a field path. Field names and tag keys come escaped from the
@@ -491,6 +502,10 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
     BD_ASSERT(rc == 0); /* BD_BUCKET_ID_MAX holds every id's bounded form */
     bson_t cond, not_cond;
     BSON_APPEND_UTF8(selector, "_id", id);
+    /* The shard-key fields, as stage 1 stores them (see the header comment). A string value is
+     * matched literally in a query filter, so no $literal is needed here. */
+    BSON_APPEND_UTF8(selector, "sensor_id", s->id);
+    BSON_APPEND_DATE_TIME(selector, "bucket_start", d->start_ms);
     BSON_APPEND_DOCUMENT_BEGIN(selector, writer_key, &cond);
     BSON_APPEND_DOCUMENT_BEGIN(&cond, "$not", &not_cond);
     BSON_APPEND_INT64(&not_cond, "$gte", (int64_t)seq);

@@ -3,8 +3,11 @@
  */
 #include "bucketd/common.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +53,29 @@ int bd_write_all(int fd, const void *buf, size_t len) {
         }
         p += n;
         len -= (size_t)n;
+    }
+    return 0;
+}
+
+int bd_mkdir_p(const char *dir, mode_t mode, struct bd_err *err) {
+    char p[4096];
+    if (snprintf(p, sizeof(p), "%s", dir) >= (int)sizeof(p)) {
+        return bd_err_set(err, -ENAMETOOLONG, "spool.dir %s: path too long", dir);
+    }
+    for (char *c = p + 1; *c != '\0'; c++) {
+        if (*c != '/') {
+            continue;
+        }
+        *c = '\0';
+        if (mkdir(p, mode) < 0 && errno != EEXIST) {
+            int e = errno;
+            return bd_err_set(err, -e, "spool.dir %s: cannot create %s: %s", dir, p, strerror(e));
+        }
+        *c = '/';
+    }
+    if (mkdir(p, mode) < 0 && errno != EEXIST) {
+        int e = errno;
+        return bd_err_set(err, -e, "spool.dir %s: cannot create: %s", dir, strerror(e));
     }
     return 0;
 }

@@ -61,7 +61,7 @@ enum key_flag {
     KF_TCP = 1 << 3,      /* only valid on tcp listeners */
     KF_EMPTY_OK = 1 << 4, /* hostport: "" means disabled */
     KF_RESOLVE = 1 << 5,  /* hostport: also store the sockaddr at addr_off */
-    KF_HOSTNAME = 1 << 6, /* the default is the host name, not a constant */
+    KF_UNSET_OK = 1 << 6, /* no default: "" until the file sets it (the dump then leaves it out) */
 };
 
 struct enum_name {
@@ -121,8 +121,9 @@ static const struct enum_name when_full_names[] = {{"drop_oldest", BD_SPOOL_FULL
 /* clang-format off */
 static const struct key_def schema[] = {
     {.path = "writer_id", .type = T_STRING, CFG(writer_id), .min = 1, .max = 64,
-     .check = check_writer_id, .flags = KF_HOSTNAME,
-     .help = "identifies this daemon's writes in MongoDB; letters, digits, '-' and '_'"},
+     .check = check_writer_id, .flags = KF_UNSET_OK,
+     .help = "identifies this daemon's writes in MongoDB; letters, digits, '-' and '_'; "
+             "default: generated once, kept in spool.dir"},
     {.path = "listeners", .type = T_LISTENERS, .help = "sockets readings arrive on"},
     {.path = "listeners[].proto", .type = T_ENUM, LST(proto), .names = proto_names,
      .flags = KF_REQUIRED, .help = "transport"},
@@ -150,8 +151,8 @@ static const struct key_def schema[] = {
     {.path = "mongodb.collection", .type = T_STRING, CFG(mongodb.collection), .min = 1,
      .max = 120, .def = "buckets", .check = check_coll_name, .help = "collection name"},
     {.path = "mongodb.write_concern", .type = T_STRING, CFG(mongodb.write_concern), .min = 1,
-     .max = 16, .def = "1", .check = check_write_concern, .flags = KF_RELOAD,
-     .help = "1, majority or a number of nodes; 0 is refused"},
+     .max = 16, .def = "majority", .check = check_write_concern, .flags = KF_RELOAD,
+     .help = "majority, 1 or a number of nodes; 0 is refused"},
     {.path = "mongodb.wtimeout", .type = T_DURATION, CFG(mongodb.wtimeout_ms), .min = 0,
      .max = 10 * MS_PER_M, .def = "5s", .flags = KF_RELOAD,
      .help = "how long the server may wait for write_concern; expiry is retried; 0 = no limit"},
@@ -738,23 +739,6 @@ static void apply_default(const struct key_def *k, void *base, const char *text)
     store_value(k, base, text, &v);
 }
 
-/* The host name up to its first dot, with anything writer_id refuses turned into '-'. */
-static void hostname_default(char *buf, size_t len) {
-    char host[256] = {0};
-    if (gethostname(host, sizeof(host) - 1) < 0) {
-        host[0] = '\0';
-    }
-    host[strcspn(host, ".")] = '\0';
-    for (char *p = host; *p != '\0'; p++) {
-        char one[2] = {*p, '\0'};
-        if (check_writer_id(one, 0) != NULL) {
-            *p = '-';
-        }
-    }
-    host[64] = '\0';
-    snprintf(buf, len, "%s", host[0] != '\0' ? host : "bucketd");
-}
-
 static void listener_defaults(struct bd_listener_config *lc) {
     memset(lc, 0, sizeof(*lc));
     for (size_t i = 0; i < N_KEYS; i++) {
@@ -771,11 +755,7 @@ void bd_config_defaults(struct bd_config *cfg) {
         if (in_listener(k) || k->type == T_LISTENERS) {
             continue;
         }
-        if (k->flags & KF_HOSTNAME) {
-            char host[256];
-            hostname_default(host, sizeof(host));
-            apply_default(k, cfg, host);
-        } else if (k->def != NULL) {
+        if (k->def != NULL) {
             apply_default(k, cfg, k->def);
         }
     }
@@ -1375,6 +1355,9 @@ int bd_config_dump(const struct bd_config *cfg, FILE *out) {
             }
             section = NULL;
             continue;
+        }
+        if ((k->flags & KF_UNSET_OK) && *(const char *)((const char *)cfg + k->off) == '\0') {
+            continue; /* not set: left out, so that the dump reads back to "not set" */
         }
         const char *dot = strchr(k->path, '.');
         if (dot == NULL) {

@@ -26,9 +26,12 @@
 #include "bucketd/log.h"
 #include "bucketd/sensor.h"
 #include "bucketd/stats.h"
+#include "bucketd/writer.h"
 
 struct daemon {
-    const struct bd_config *cfg;
+    const struct bd_config *cfg; /* &run_cfg */
+    /* The configuration as run: the loaded one with the writer id worked out (writer.h). */
+    struct bd_config run_cfg;
     uv_loop_t loop;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_async_t drained;
@@ -159,12 +162,21 @@ int bd_daemon_run(const struct bd_config *cfg) {
         bd_error("out of memory");
         return 1;
     }
-    d->cfg = cfg;
+    d->run_cfg = *cfg;
+    cfg = d->cfg = &d->run_cfg;
     pthread_mutex_init(&d->drained_mu, NULL);
     signal(SIGPIPE, SIG_IGN);
     mongoc_init();
     bd_flusher_install_driver_log();
 
+    if (cfg->sink == BD_SINK_MONGODB) {
+        struct bd_writer_identity id;
+        if (bd_writer_identity(cfg->spool.dir, cfg->writer_id, &id, &err) < 0) {
+            bd_error("%s", err.msg);
+            goto out;
+        }
+        snprintf(d->run_cfg.writer_id, sizeof(d->run_cfg.writer_id), "%s", id.id);
+    }
     if (bd_sensor_table_new(&d->table, cfg, &d->stats, &err) < 0 ||
         bd_flusher_new(&d->flusher, cfg, d->table, &d->stats, &err) < 0) {
         bd_error("%s", err.msg);
@@ -200,8 +212,7 @@ int bd_daemon_run(const struct bd_config *cfg) {
         bd_info("ready: writer %s, sink mongodb %s.%s, flush every %" PRIu64 "ms", cfg->writer_id,
                 cfg->mongodb.database, cfg->mongodb.collection, cfg->flush.interval_ms);
     } else {
-        bd_info("ready: writer %s, sink blackhole, flush every %" PRIu64 "ms", cfg->writer_id,
-                cfg->flush.interval_ms);
+        bd_info("ready: sink blackhole, flush every %" PRIu64 "ms", cfg->flush.interval_ms);
     }
     start_watchdog(d);
     sd_notify(0, "READY=1\nSTATUS=ready");

@@ -35,7 +35,9 @@
  *   too_large    the readings move to new pages after the bucket's last one (an update of one
  *                reading that is still too large is quarantined);
  *   refused      sent again up to MAX_REFUSALS times with backoff, then quarantined;
- *   permanent    quarantined.
+ *   permanent    quarantined;
+ *   config       like retry (the operator fixes the deployment; the retry's log carries the
+ *                bulk's message, which says what to fix).
  * Every update is built under BD_UPDATE_MAX_BYTES (a larger one is split before it is sent), so
  * the driver's client-side size refusal is a safety net: the bulk is then halved until the
  * refused update is alone, and that one is treated as too large.
@@ -757,6 +759,7 @@ static void settle_chunk(struct bd_flusher *f, uint32_t n, const struct bd_bulk_
             break;
         case BD_OUTCOME_NOT_SENT:
         case BD_OUTCOME_RETRY:
+        case BD_OUTCOME_CONFIG:
             break;
         case BD_OUTCOME_AMBIGUOUS:
             m->maybe_applied = true;

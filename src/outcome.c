@@ -4,21 +4,29 @@
  *
  * The rules, from what may have reached the server:
  *   1. execute succeeded: every update applied.
- *   2. An update with its own writeErrors entry was executed and refused: 11000 is a duplicate,
- *      17419/17420/10334 are sizes, transient codes are "retry", configuration codes are
- *      "refused", anything else is permanent.
+ *   2. An update with its own writeErrors entry was executed and refused: 11000 is a duplicate
+ *      (ambiguous under a write-concern error, which leaves the page's contents unconfirmed),
+ *      17419/17420/10334 are sizes, transient codes are "retry", deployment codes are "config",
+ *      anything else is permanent.
  *   3. Updates without an entry of their own follow the bulk's error:
  *      - server selection, a connection that could not be opened, or the driver refusing the
  *        bulk, with nothing executed: not sent (after part of the bulk ran: ambiguous);
  *      - a writeConcernErrors entry: applied on the primary but not confirmed: ambiguous;
  *      - a failure of the connection, a timeout, an unknown error, or any error after the
  *        server executed part of the bulk: ambiguous;
- *      - a command-level error from the server with nothing executed: RetryableWriteError label:
- *        ambiguous; transient code: retry; otherwise refused;
+ *      - a RetryableWriteError label (in errorLabels or in a write-concern error): ambiguous,
+ *        also next to other updates' writeErrors (a bulk the driver split into several commands
+ *        can carry both, and the labelled command's updates have no entry of their own);
+ *      - a command-level error from the server with nothing executed: transient code: retry;
+ *        deployment code: config; otherwise refused;
  *      - only writeErrors (a partly failed unordered bulk): applied.
+ *   A deployment code anywhere in the answer (an update's own entry, a write-concern error, the
+ *   command's error) also puts what the operator must fix into the bulk's message, which the
+ *   flusher logs with its retry.
  */
 #include "bucketd/outcome.h"
 
+#include <inttypes.h>
 #include <mongoc/mongoc.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +45,7 @@ bool bd_outcome_transient_code(int64_t code) {
         112,   /* WriteConflict */
         189,   /* PrimarySteppedDown */
         262,   /* ExceededTimeLimit */
-        365,   /* TenantMigrationAborted */
+        365,   /* TemporarilyUnavailable (e.g. the storage engine under cache pressure) */
         9001,  /* SocketException */
         10107, /* NotWritablePrimary */
         11600, /* InterruptedAtShutdown */
@@ -60,15 +68,61 @@ static bool size_code(int64_t code) {
            code == 10334 /* BSONObjectTooLarge */;
 }
 
-/* Codes that the deployment's configuration causes and may stop causing: retried, bounded. */
-static bool config_code(int64_t code) {
-    return code == 13 /* Unauthorized */ || code == 18 /* AuthenticationFailed */ ||
-           code == 61 /* ShardKeyNotFound */ || code == 8000 /* AtlasError */;
+/*
+ * Codes the deployment's set-up causes: nothing is wrong with the update, and sending it again
+ * unchanged succeeds once the operator has fixed the deployment. Each code and name is in
+ * MongoDB's src/mongo/base/error_codes.yml. Left out on purpose: 79 (UnknownReplWriteConcern:
+ * write_concern takes no tag names), 8000 (AtlasError: Atlas's proxy, not the server, answers
+ * it for unrelated refusals; it stays "refused", bounded) and 2 (BadValue, which a standalone
+ * answers to a write concern w > 1 but which also refuses documents).
+ */
+static const struct config_error {
+    int32_t code;
+    const char *advice;
+} config_errors[] = {
+    /* Unauthorized: the user lacks an action on the namespace; a role fixes it. */
+    {13, "the MongoDB user of mongodb.uri may not write to mongodb.database/collection: grant "
+         "it readWrite (find, insert, update, createIndex) there"},
+    /* AuthenticationFailed. */
+    {18, "MongoDB refused the credentials of mongodb.uri: fix the user name, password or "
+         "authSource"},
+    /* ShardKeyNotFound: mongos targets an upsert by the equalities its filter holds on the
+     * whole shard key (src/mongo/s/collection_routing_info_targeter.cpp: "Failed to target
+     * upsert by query :: could not extract exact shard key"); bucketd's filters hold _id,
+     * sensor_id and bucket_start (bucket.c). */
+    {61, "the collection is sharded on a key bucketd's upserts cannot target (their filters "
+         "hold equalities on _id, sensor_id and bucket_start only): shard it on "
+         "{sensor_id: \"hashed\"} or {sensor_id: 1, bucket_start: 1}"},
+    /* UnsatisfiableWriteConcern: w counts more data-bearing members than the replica set
+     * has. The server answers it as a writeConcernError after applying the write. */
+    {100, "write_concern cannot be satisfied by this deployment (it counts more data-bearing "
+          "members than the replica set has): lower mongodb.write_concern or use majority"},
+    /* InvalidPipelineOperator: the server does not know an expression of the update pipeline
+     * (src/mongo/db/pipeline/expression.cpp: "Unrecognized expression"); every value in it is
+     * a $literal, so only the server's version can cause it. */
+    {168, "the server does not know an operator of bucketd's update pipeline ($sortArray came "
+          "in MongoDB 5.2): upgrade to MongoDB 6.0 or later"},
+    /* QueryFeatureNotAllowed: an expression of the update pipeline is not allowed under the
+     * deployment's featureCompatibilityVersion (same file, same place). */
+    {224, "the deployment's featureCompatibilityVersion does not allow an operator of bucketd's "
+          "update pipeline ($sortArray): raise it with setFeatureCompatibilityVersion"},
+    /* UserWritesBlocked: writes to user collections are blocked (setUserWriteBlockMode). */
+    {371, "the deployment blocks writes to user collections (setUserWriteBlockMode): lift the "
+          "block"},
+};
+
+const char *bd_outcome_config_advice(int64_t code) {
+    for (size_t i = 0; i < BD_ARRAY_LEN(config_errors); i++) {
+        if (config_errors[i].code == code) {
+            return config_errors[i].advice;
+        }
+    }
+    return NULL;
 }
 
 const char *bd_outcome_name(enum bd_outcome o) {
-    static const char *const names[] = {"applied",   "not_sent",  "ambiguous", "retry",
-                                        "duplicate", "too_large", "refused",   "permanent"};
+    static const char *const names[] = {"applied",   "not_sent", "ambiguous", "retry", "duplicate",
+                                        "too_large", "refused",  "permanent", "config"};
     return (unsigned)o < BD_ARRAY_LEN(names) ? names[o] : "?";
 }
 
@@ -101,9 +155,107 @@ static int64_t count_of(const bson_t *doc, const char *key) {
     return 0;
 }
 
+/* The first deployment code of an answer and the message that came with it. */
+struct config_note {
+    int64_t code;
+    const char *msg;
+};
+
+static void note_config(struct config_note *cn, int64_t code, const char *msg) {
+    if (cn->code == 0 && bd_outcome_config_advice(code) != NULL) {
+        cn->code = code;
+        cn->msg = msg;
+    }
+}
+
+static bool labels_hold(bson_iter_t *it, const char *label) {
+    bson_iter_t arr;
+    if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &arr)) {
+        return false;
+    }
+    while (bson_iter_next(&arr)) {
+        if (BSON_ITER_HOLDS_UTF8(&arr) && strcmp(bson_iter_utf8(&arr, NULL), label) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * The RetryableWriteError label, wherever the answer carries it: the bulk reply's errorLabels
+ * (where mongoc merges the labels of each command's reply), a server reply's writeConcernError,
+ * or an entry of the bulk reply's writeConcernErrors (mongoc copies each writeConcernError there
+ * whole, labels included).
+ */
+static bool retryable_label(const bson_t *reply) {
+    static const char label[] = "RetryableWriteError";
+    bson_iter_t it, arr, wce;
+    if (reply == NULL) {
+        return false;
+    }
+    if (bson_iter_init_find(&it, reply, "errorLabels") && labels_hold(&it, label)) {
+        return true;
+    }
+    if (bson_iter_init_find(&it, reply, "writeConcernError") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+        bson_iter_recurse(&it, &wce) && bson_iter_find(&wce, "errorLabels") &&
+        labels_hold(&wce, label)) {
+        return true;
+    }
+    if (!bson_iter_init_find(&it, reply, "writeConcernErrors") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+        !bson_iter_recurse(&it, &arr)) {
+        return false;
+    }
+    while (bson_iter_next(&arr)) {
+        if (BSON_ITER_HOLDS_DOCUMENT(&arr) && bson_iter_recurse(&arr, &wce) &&
+            bson_iter_find(&wce, "errorLabels") && labels_hold(&wce, label)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Note a deployment code among the writeConcernErrors entries. */
+static void write_concern_config(const bson_t *reply, struct config_note *cn) {
+    bson_iter_t it, arr, wce;
+    if (reply == NULL || !bson_iter_init_find(&it, reply, "writeConcernErrors") ||
+        !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr)) {
+        return;
+    }
+    while (bson_iter_next(&arr)) {
+        int64_t code = 0;
+        const char *msg = "";
+        if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &wce)) {
+            continue;
+        }
+        while (bson_iter_next(&wce)) {
+            if (strcmp(bson_iter_key(&wce), "code") == 0 && BSON_ITER_HOLDS_NUMBER(&wce)) {
+                code = bson_iter_as_int64(&wce);
+            } else if (strcmp(bson_iter_key(&wce), "errmsg") == 0 && BSON_ITER_HOLDS_UTF8(&wce)) {
+                msg = bson_iter_utf8(&wce, NULL);
+            }
+        }
+        note_config(cn, code, msg);
+    }
+}
+
+/* "<advice>; MongoDB answered code N: <its message>" in place of the bulk's message. */
+static void explain_config(struct bd_bulk_outcome *b, const struct config_note *cn) {
+    if (cn->code == 0) {
+        return;
+    }
+    /* cn->msg points into the reply or the bson_error_t, never into b->message. */
+    b->config_code = (int32_t)cn->code;
+    int n = snprintf(b->message, sizeof(b->message), "%s; MongoDB answered code %" PRId32 ": ",
+                     bd_outcome_config_advice(cn->code), b->config_code);
+    if (n > 0 && (size_t)n < sizeof(b->message)) {
+        /* Cut to fit: the advice comes first because it matters most. */
+        snprintf(b->message + n, sizeof(b->message) - (size_t)n, "%s", cn->msg);
+    }
+}
+
 /* Walk writeErrors: set the outcome of each update that has an entry; true if any had one. */
 static bool own_errors(const bson_t *reply, uint32_t n_ops, struct bd_op_outcome *ops,
-                       bool *has_own, struct bd_bulk_outcome *bulk) {
+                       bool *has_own, struct bd_bulk_outcome *bulk, struct config_note *cn) {
     bson_iter_t it, arr;
     bool any = false;
     if (reply == NULL || !bson_iter_init_find(&it, reply, "writeErrors") ||
@@ -141,7 +293,12 @@ static bool own_errors(const bson_t *reply, uint32_t n_ops, struct bd_op_outcome
             op->kind = BD_OUTCOME_TOO_LARGE;
         } else if (bd_outcome_transient_code(code)) {
             op->kind = BD_OUTCOME_RETRY;
-        } else if (config_code(code)) {
+        } else if (bd_outcome_config_advice(code) != NULL) {
+            op->kind = BD_OUTCOME_CONFIG;
+            note_config(cn, code, msg);
+        } else if (code == 8000) {
+            /* AtlasError: Atlas's proxy refuses for reasons of its own (plan limits, quotas);
+             * some pass, so a few more attempts before the update is quarantined. */
             op->kind = BD_OUTCOME_REFUSED;
         } else {
             op->kind = BD_OUTCOME_PERMANENT;
@@ -200,7 +357,19 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
         }
         return;
     }
-    bool any_own = own_errors(reply, n_ops, ops, has_own, bulk);
+    struct config_note cn = {0};
+    bool any_own = own_errors(reply, n_ops, ops, has_own, bulk, &cn);
+    if (bulk->write_concern) {
+        /* The page holds the update (the duplicate key says so), but the write concern did not
+         * confirm it: it may still be rolled back. Sent again until an answer confirms it. */
+        for (uint32_t i = 0; i < n_ops; i++) {
+            if (has_own[i] && ops[i].kind == BD_OUTCOME_DUPLICATE) {
+                ops[i].kind = BD_OUTCOME_AMBIGUOUS;
+            }
+        }
+    }
+    write_concern_config(reply, &cn);
+    bool labelled = retryable_label(reply);
 
     enum bd_outcome rest;
     if (not_connected(error)) {
@@ -214,19 +383,22 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
     } else if (!server_error(error)) {
         bulk->cause = BD_CAUSE_CONNECTION;
         rest = BD_OUTCOME_AMBIGUOUS;
-    } else if (bulk->write_concern) {
+    } else if (bulk->write_concern || labelled) {
         bulk->cause = BD_CAUSE_SERVER;
         rest = BD_OUTCOME_AMBIGUOUS;
+        note_config(&cn, error->code, error->message);
     } else if (any_own) {
         bulk->cause = BD_CAUSE_SERVER;
         rest = BD_OUTCOME_APPLIED;
     } else {
         bulk->cause = BD_CAUSE_SERVER;
-        if (bulk->partly_executed ||
-            (reply != NULL && mongoc_error_has_label(reply, "RetryableWriteError"))) {
+        note_config(&cn, error->code, error->message);
+        if (bulk->partly_executed) {
             rest = BD_OUTCOME_AMBIGUOUS;
         } else if (bd_outcome_transient_code(error->code)) {
             rest = BD_OUTCOME_RETRY;
+        } else if (bd_outcome_config_advice(error->code) != NULL) {
+            rest = BD_OUTCOME_CONFIG;
         } else {
             rest = BD_OUTCOME_REFUSED;
         }
@@ -239,4 +411,5 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
     if (has_own != has_own_small) {
         free(has_own);
     }
+    explain_config(bulk, &cn);
 }

@@ -427,6 +427,7 @@ bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int
             case BD_OUTCOME_NOT_SENT:
             case BD_OUTCOME_RETRY:
             case BD_OUTCOME_AMBIGUOUS:
+            case BD_OUTCOME_CONFIG: /* the deployment must change: kept, retried, logged */
                 break;
             case BD_OUTCOME_DUPLICATE:
                 dups[n_dups++] = i;

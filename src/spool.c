@@ -828,24 +828,11 @@ void bd_spool_get_stats(const struct bd_spool *s, struct bd_spool_stats *out) {
 /* ------------------------------------------------------------------------------------------ */
 /* Open and recovery                                                                          */
 
-/* mkdir -p with mode 0700 for the parts that are missing. */
+/* spool.dir with its parents (common.h), then checked to be a writable directory. */
 static int make_dirs(const char *dir, struct bd_err *err) {
-    char p[DIR_CAP];
-    snprintf(p, sizeof(p), "%s", dir);
-    for (char *c = p + 1; *c != '\0'; c++) {
-        if (*c != '/') {
-            continue;
-        }
-        *c = '\0';
-        if (mkdir(p, 0700) < 0 && errno != EEXIST) {
-            int e = errno;
-            return bd_err_set(err, -e, "spool.dir %s: cannot create %s: %s", dir, p, strerror(e));
-        }
-        *c = '/';
-    }
-    if (mkdir(p, 0700) < 0 && errno != EEXIST) {
-        int e = errno;
-        return bd_err_set(err, -e, "spool.dir %s: cannot create: %s", dir, strerror(e));
+    int rc = bd_mkdir_p(dir, 0700, err);
+    if (rc < 0) {
+        return rc;
     }
     struct stat st;
     if (stat(dir, &st) < 0) {

@@ -2,7 +2,8 @@
  * Writer identity and flush sequence, persisted under spool.dir (see include/bucketd/writer.h
  * for the files and the reasoning). The state file is small text so an operator can read it;
  * a file that does not parse is treated as missing (logged), and the flusher then learns the
- * sequence back from the bucket documents before its first write.
+ * sequence back from the bucket documents before its first write. The identity is worked out
+ * on the main thread before the flusher starts; the rest is the flusher thread's.
  */
 #include "bucketd/writer.h"
 
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -80,6 +82,44 @@ static int read_state(struct bd_writer *w, struct bd_err *err) {
     return 0;
 }
 
+/*
+ * Replace path with buf through tmp: written, renamed over path, and with sync durable before
+ * returning (the data fsynced before the rename, the rename by an fsync of dir).
+ */
+static int replace_file(const char *dir, const char *path, const char *tmp, const char *buf,
+                        size_t len, bool sync, struct bd_err *err) {
+    int rc = 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        return bd_err_set(err, -errno, "%s: %s", tmp, strerror(errno));
+    }
+    rc = bd_write_all(fd, buf, len);
+    if (rc == 0 && sync && fsync(fd) < 0) {
+        rc = -errno;
+    }
+    if (close(fd) < 0 && rc == 0) {
+        rc = -errno;
+    }
+    if (rc == 0 && rename(tmp, path) < 0) {
+        rc = -errno;
+    }
+    if (rc == 0 && sync) {
+        /* The rename itself must be durable, or a crash could bring back the older file. */
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) < 0) {
+            rc = -errno;
+        }
+        if (dfd >= 0) {
+            close(dfd);
+        }
+    }
+    if (rc < 0) {
+        unlink(tmp);
+        return bd_err_set(err, rc, "cannot write %s: %s", path, strerror(-rc));
+    }
+    return 0;
+}
+
 /* Replace writer.state with the current values; with sync, durable before returning. */
 static int save_state(struct bd_writer *w, bool clean, bool sync, struct bd_err *err) {
     char buf[512];
@@ -89,36 +129,7 @@ static int save_state(struct bd_writer *w, bool clean, bool sync, struct bd_err 
                  "\nmax_bucket_start_ms %" PRId64 "\nlast_ack_ms %" PRId64 "\nclean %d\n",
                  w->writer_id, w->reserved, w->max_bucket_start_ms, w->last_ack_ms, clean ? 1 : 0);
     BD_ASSERT(len > 0 && (size_t)len < sizeof(buf));
-    int rc = 0;
-    int fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (fd < 0) {
-        return bd_err_set(err, -errno, "%s: %s", w->tmp_path, strerror(errno));
-    }
-    rc = bd_write_all(fd, buf, (size_t)len);
-    if (rc == 0 && sync && fsync(fd) < 0) {
-        rc = -errno;
-    }
-    if (close(fd) < 0 && rc == 0) {
-        rc = -errno;
-    }
-    if (rc == 0 && rename(w->tmp_path, w->state_path) < 0) {
-        rc = -errno;
-    }
-    if (rc == 0 && sync) {
-        /* The rename itself must be durable, or a crash could bring back an older block. */
-        int dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0 || fsync(dfd) < 0) {
-            rc = -errno;
-        }
-        if (dfd >= 0) {
-            close(dfd);
-        }
-    }
-    if (rc < 0) {
-        unlink(w->tmp_path);
-        return bd_err_set(err, rc, "cannot write %s: %s", w->state_path, strerror(-rc));
-    }
-    return 0;
+    return replace_file(w->dir, w->state_path, w->tmp_path, buf, (size_t)len, sync, err);
 }
 
 static int reserve(struct bd_writer *w, uint64_t upto, struct bd_err *err) {
@@ -131,10 +142,37 @@ static int reserve(struct bd_writer *w, uint64_t upto, struct bd_err *err) {
     return rc;
 }
 
+/* Create dir if missing and flock its writer.lock: *fd is the locked descriptor. */
+static int lock_dir(const char *dir, int *fd, struct bd_err *err) {
+    char lock_path[1100];
+    int rc = 0;
+    snprintf(lock_path, sizeof(lock_path), "%s/writer.lock", dir);
+    rc = bd_mkdir_p(dir, 0700, err);
+    if (rc < 0) {
+        return rc;
+    }
+    *fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (*fd < 0) {
+        return bd_err_set(err, -errno, "spool.dir %s: %s: %s", dir, lock_path, strerror(errno));
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB) < 0) {
+        if (errno == EWOULDBLOCK) {
+            rc = bd_err_set(err, -EBUSY,
+                            "spool.dir %s is in use by another bucketd (%s is locked); each "
+                            "daemon needs its own spool.dir and writer_id",
+                            dir, lock_path);
+        } else {
+            rc = bd_err_set(err, -errno, "%s: flock: %s", lock_path, strerror(errno));
+        }
+        close(*fd);
+        *fd = -1;
+    }
+    return rc;
+}
+
 int bd_writer_open(struct bd_writer **out, const char *dir, const char *writer_id,
                    struct bd_err *err) {
     int rc = 0;
-    char lock_path[1100];
     struct bd_writer *w = calloc(1, sizeof(*w));
     if (w == NULL) {
         return bd_err_set(err, -ENOMEM, "writer: out of memory");
@@ -146,26 +184,9 @@ int bd_writer_open(struct bd_writer **out, const char *dir, const char *writer_i
     snprintf(w->writer_id, sizeof(w->writer_id), "%s", writer_id);
     snprintf(w->state_path, sizeof(w->state_path), "%s/writer.state", dir);
     snprintf(w->tmp_path, sizeof(w->tmp_path), "%s/writer.state.tmp", dir);
-    snprintf(lock_path, sizeof(lock_path), "%s/writer.lock", dir);
 
-    if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
-        rc = bd_err_set(err, -errno, "spool.dir %s: cannot create: %s", dir, strerror(errno));
-        goto fail;
-    }
-    w->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
-    if (w->lock_fd < 0) {
-        rc = bd_err_set(err, -errno, "spool.dir %s: %s: %s", dir, lock_path, strerror(errno));
-        goto fail;
-    }
-    if (flock(w->lock_fd, LOCK_EX | LOCK_NB) < 0) {
-        if (errno == EWOULDBLOCK) {
-            rc = bd_err_set(err, -EBUSY,
-                            "spool.dir %s is in use by another bucketd (%s is locked); each "
-                            "daemon needs its own spool.dir and writer_id",
-                            dir, lock_path);
-        } else {
-            rc = bd_err_set(err, -errno, "%s: flock: %s", lock_path, strerror(errno));
-        }
+    rc = lock_dir(dir, &w->lock_fd, err);
+    if (rc < 0) {
         goto fail;
     }
     rc = read_state(w, err);
@@ -251,4 +272,173 @@ void bd_writer_close(struct bd_writer *w, bool clean) {
     }
     close(w->lock_fd);
     free(w);
+}
+
+/* ---- Identity ------------------------------------------------------------------------------ */
+
+/* The config's rule for writer_id: it becomes part of the field path "w.<writer_id>". */
+static bool valid_id(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > BD_WRITER_ID_MAX) {
+        return false;
+    }
+    for (const char *p = s; *p != '\0'; p++) {
+        char c = *p;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_')) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* writer-id into id: 1 if it holds one, 0 if there is none, or a negative error. */
+static int read_id_file(const char *path, char *id, struct bd_err *err) {
+    char buf[256];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            return 0;
+        }
+        return bd_err_set(err, -errno, "%s: %s", path, strerror(errno));
+    }
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    int saved = errno;
+    close(fd);
+    if (n < 0) {
+        return bd_err_set(err, -saved, "%s: %s", path, strerror(saved));
+    }
+    buf[n] = '\0';
+    size_t len = strcspn(buf, "\n");
+    bool one_line = buf[len] == '\0' || (buf[len] == '\n' && buf[len + 1] == '\0');
+    buf[len] = '\0';
+    if (!one_line || !valid_id(buf)) {
+        return bd_err_set(err, -EINVAL,
+                          "%s does not hold a writer id (one line of 1 to %d letters, digits, "
+                          "'-' and '_'): correct it, or delete it to have a new id generated",
+                          path, BD_WRITER_ID_MAX);
+    }
+    memcpy(id, buf, strlen(buf) + 1); /* valid_id bounds its length */
+    return 1;
+}
+
+/* The writer id writer.state names, if it parses and the id is valid. */
+static bool state_writer_id(const char *dir, char *id) {
+    char path[1100], buf[1024];
+    struct bd_writer_prev prev = {0};
+    snprintf(path, sizeof(path), "%s/writer.state", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return false;
+    }
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) {
+        return false;
+    }
+    buf[n] = '\0';
+    if (parse_state(buf, &prev) < 0 || !valid_id(prev.writer_id)) {
+        return false;
+    }
+    memcpy(id, prev.writer_id, strlen(prev.writer_id) + 1); /* valid_id bounds its length */
+    return true;
+}
+
+/* "w-" and 16 hex digits from the kernel's random source. */
+static int random_id(char *id, struct bd_err *err) {
+    uint8_t r[8];
+    size_t got = 0;
+    while (got < sizeof(r)) {
+        ssize_t n = getrandom(r + got, sizeof(r) - got, 0);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return bd_err_set(err, -errno, "cannot generate a writer id: getrandom: %s",
+                              strerror(errno));
+        }
+        got += (size_t)n;
+    }
+    char *p = id;
+    p += sprintf(p, "w-");
+    for (size_t i = 0; i < sizeof(r); i++) {
+        p += sprintf(p, "%02x", r[i]);
+    }
+    return 0;
+}
+
+static void log_identity(const struct bd_writer_identity *w, const char *dir, const char *path) {
+    switch (w->source) {
+    case BD_WRITER_ID_CONFIGURED:
+        bd_info("writer_id %s (set in the configuration; kept in %s)", w->id, path);
+        break;
+    case BD_WRITER_ID_REPLACED:
+        bd_warn("writer_id %s set in the configuration is not the id %s kept (%s): this daemon "
+                "now writes as %s, and %s keeps it; if another daemon uses %s, give one of "
+                "them another writer_id (two daemons sharing one conflict)",
+                w->id, path, w->kept, w->id, path, w->id);
+        break;
+    case BD_WRITER_ID_KEPT:
+        bd_info("writer_id %s (kept in %s since its first start)", w->id, path);
+        break;
+    case BD_WRITER_ID_ADOPTED:
+        bd_info("writer_id %s (named by %s/writer.state, written by an earlier version; now "
+                "kept in %s)",
+                w->id, dir, path);
+        break;
+    case BD_WRITER_ID_GENERATED:
+        bd_info("writer_id %s (generated on this first start and kept in %s; set writer_id "
+                "in the configuration to choose one)",
+                w->id, path);
+        break;
+    }
+}
+
+int bd_writer_identity(const char *dir, const char *configured, struct bd_writer_identity *out,
+                       struct bd_err *err) {
+    char path[1100], tmp[1100];
+    int lock_fd = -1;
+    memset(out, 0, sizeof(*out));
+    BD_ASSERT(configured[0] == '\0' || valid_id(configured)); /* the config checked it */
+    snprintf(path, sizeof(path), "%s/" BD_WRITER_ID_FILE, dir);
+    snprintf(tmp, sizeof(tmp), "%s/" BD_WRITER_ID_FILE ".tmp", dir);
+    /* Under the lock, so that two daemons started together cannot both generate an id. */
+    int rc = lock_dir(dir, &lock_fd, err);
+    if (rc < 0) {
+        return rc;
+    }
+    rc = read_id_file(path, out->kept, err);
+    if (rc < 0) {
+        goto out;
+    }
+    bool kept = rc == 1;
+    rc = 0;
+    if (configured[0] != '\0') {
+        snprintf(out->id, sizeof(out->id), "%s", configured);
+        out->source = kept && strcmp(out->kept, configured) != 0 ? BD_WRITER_ID_REPLACED
+                                                                 : BD_WRITER_ID_CONFIGURED;
+    } else if (kept) {
+        snprintf(out->id, sizeof(out->id), "%s", out->kept);
+        out->source = BD_WRITER_ID_KEPT;
+    } else if (state_writer_id(dir, out->id)) {
+        out->source = BD_WRITER_ID_ADOPTED;
+    } else {
+        rc = random_id(out->id, err);
+        if (rc < 0) {
+            goto out;
+        }
+        out->source = BD_WRITER_ID_GENERATED;
+    }
+    if (!kept || strcmp(out->kept, out->id) != 0) {
+        char line[BD_WRITER_ID_MAX + 2];
+        int len = snprintf(line, sizeof(line), "%s\n", out->id);
+        rc = replace_file(dir, path, tmp, line, (size_t)len, true, err);
+        if (rc < 0) {
+            goto out;
+        }
+    }
+    log_identity(out, dir, path);
+out:
+    close(lock_fd);
+    return rc;
 }

@@ -122,9 +122,10 @@ uint64_t bd_page_overhead_bytes(const struct bd_sensor *s);
 #define BD_WRITER_KEY_PREFIX "w."
 
 /*
- * Build the upsert for this delta: *selector = {_id, <writer_key>: {$not: {$gte: seq}}},
- * *update = the update pipeline (see bucket.c for the document it maintains), which also sets
- * <writer_key> to seq. Sorts the delta's readings by time. The delta must hold a reading. Both
+ * Build the upsert for this delta: *selector = {_id, sensor_id, bucket_start, <writer_key>:
+ * {$not: {$gte: seq}}} (the two shard-key fields as equalities, with the document's values and
+ * types), *update = the update pipeline (see bucket.c for the document it maintains), which also
+ * sets <writer_key> to seq. Sorts the delta's readings by time. The delta must hold a reading. Both
  * bson_t are initialised by this call, also on failure; the caller destroys them. Returns 0, or
  * -ENOMEM. Names of any length are written whole.
  */

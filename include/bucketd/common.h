@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Optional detail for a failing call; the return value (negative errno) is the contract. */
 struct bd_err {
@@ -32,6 +33,9 @@ _Noreturn void bd_assert_fail(const char *expr, const char *file, int line);
 int64_t bd_now_ns(void);
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC), for timeouts and rates. */
 int64_t bd_mono_ns(void);
+
+/* mkdir -p: dir and its missing parents with mode (errors name spool.dir, its one user). */
+int bd_mkdir_p(const char *dir, mode_t mode, struct bd_err *err);
 
 /* write(2) all of buf, retrying short writes and EINTR. 0 or -errno. */
 int bd_write_all(int fd, const void *buf, size_t len);

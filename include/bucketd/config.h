@@ -32,8 +32,9 @@ struct bd_listener_config {
 };
 
 struct bd_config {
-    char path[1024];     /* file it was loaded from */
-    char writer_id[128]; /* default: the host name */
+    char path[1024]; /* file it was loaded from */
+    /* "" unless the file sets it; the daemon then uses the id kept in spool.dir (writer.h). */
+    char writer_id[128];
 
     struct bd_listener_config listeners[BD_MAX_LISTENERS];
     uint32_t n_listeners;
@@ -97,7 +98,7 @@ enum bd_spool_when_full {
 /* spool.sync text: enum bd_spool_sync (spool.h) and *interval_ms, or -EINVAL. */
 int bd_config_spool_sync(const char *text, uint64_t *interval_ms);
 
-/* Fill cfg with every default (writer_id = host name). */
+/* Fill cfg with every default (writer_id stays "": see struct bd_config). */
 void bd_config_defaults(struct bd_config *cfg);
 
 /*

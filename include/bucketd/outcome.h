@@ -9,16 +9,21 @@
  *               opened, the driver refused the bulk before sending it): send again, as is.
  *   ambiguous   may have been applied (connection lost mid-request, no reply, a write-concern
  *               error, an error labelled RetryableWriteError): send again as is; a duplicate-key
- *               answer then needs the page read back before it counts as applied.
+ *               answer then needs the page read back before it counts as applied. Under a
+ *               write-concern error a duplicate-key answer is ambiguous too: the page holds the
+ *               update, but the write concern has not confirmed it.
  *   retry       refused for now by the server with a transient code (not applied): send again.
  *   duplicate   11000: our earlier attempt applied it, another writer's insert raced ours, or
  *               another daemon uses this writer_id: the flusher reads the page back to decide.
  *   too_large   the update or the document it would produce is over MongoDB's size limit:
  *               the flusher moves its readings to new pages (splitting them) and sends again.
- *   refused     refused by the server with an error that configuration may fix (permissions,
- *               shard key, validation of the whole command): sent again a bounded number of
- *               times, then quarantined.
+ *   refused     refused by the server for the whole command with a code of no known class (or
+ *               Atlas's own 8000): sent again a bounded number of times, then quarantined.
  *   permanent   refused for this document for good (e.g. a validator): quarantined at once.
+ *   config      not applied because of how the deployment is set up (see
+ *               bd_outcome_config_advice): nothing is wrong with the update, the operator must
+ *               fix the deployment. Sent again with the normal backoff, never quarantined; the
+ *               bulk's message says what to fix.
  */
 #ifndef BUCKETD_OUTCOME_H
 #define BUCKETD_OUTCOME_H
@@ -36,6 +41,7 @@ enum bd_outcome {
     BD_OUTCOME_TOO_LARGE,
     BD_OUTCOME_REFUSED,
     BD_OUTCOME_PERMANENT,
+    BD_OUTCOME_CONFIG,
 };
 
 /* Why a bulk did not fully succeed, for logs and the stop message. */
@@ -58,8 +64,10 @@ struct bd_bulk_outcome {
     int64_t code;         /* the top-level code (driver or server), 0 if none */
     bool write_concern;   /* the reply carried writeConcernErrors */
     bool partly_executed; /* the reply counts updates the server executed */
-    char message[512];    /* the top-level message */
-    char text[2048];      /* per-update messages, NUL-separated, truncated when full */
+    int32_t config_code;  /* a deployment error's code found anywhere in the answer (0: none) */
+    /* The top-level message; with config_code, "<advice>; MongoDB answered code N: <message>". */
+    char message[512];
+    char text[2048]; /* per-update messages, NUL-separated, truncated when full */
     uint32_t text_len;
 };
 
@@ -75,6 +83,13 @@ const char *bd_outcome_message(const struct bd_bulk_outcome *bulk, const struct 
 
 /* Server codes that mean "not now" rather than "never" (exposed for tests). */
 bool bd_outcome_transient_code(int64_t code);
+
+/*
+ * For a code the deployment's set-up causes (a shard key upserts cannot target, a write concern
+ * it cannot satisfy, missing privileges, a server too old for the update pipeline, ...): what
+ * the operator must fix, as a sentence for the log. NULL for any other code.
+ */
+const char *bd_outcome_config_advice(int64_t code);
 
 const char *bd_outcome_name(enum bd_outcome o);
 

@@ -9,6 +9,8 @@
  * rest of the block instead of reusing it.
  *
  * Files in spool.dir:
+ *   writer-id     the writer id this daemon uses when the config sets none: generated on the
+ *                 first start, one line, replaced atomically (bd_writer_identity);
  *   writer.lock   flock()ed while the daemon runs: a second daemon on the same directory is
  *                 refused at start-up;
  *   writer.state  text, replaced atomically (write, fsync, rename):
@@ -28,6 +30,39 @@
 #include <stdint.h>
 
 #include "bucketd/common.h"
+
+/* The file in spool.dir that keeps the writer id across starts. */
+#define BD_WRITER_ID_FILE "writer-id"
+/* Longest writer id (the config's bound). */
+#define BD_WRITER_ID_MAX 64
+
+/* Where the writer id a daemon uses came from. */
+enum bd_writer_id_source {
+    BD_WRITER_ID_CONFIGURED, /* writer_id in the config, the same as kept (or none was kept) */
+    BD_WRITER_ID_REPLACED,   /* writer_id in the config, another id was kept: warned, replaced */
+    BD_WRITER_ID_KEPT,       /* no writer_id in the config: the one kept in writer-id */
+    BD_WRITER_ID_ADOPTED,    /* none kept: the one writer.state names (an earlier version's) */
+    BD_WRITER_ID_GENERATED,  /* none kept: generated now */
+};
+
+struct bd_writer_identity {
+    char id[BD_WRITER_ID_MAX + 1];
+    enum bd_writer_id_source source;
+    char kept[BD_WRITER_ID_MAX + 1]; /* what writer-id held before, "" if nothing */
+};
+
+/*
+ * The writer id this daemon writes as. configured is the config's writer_id ("" if it sets
+ * none). Without one: the id kept in <dir>/writer-id; on the first start, the id writer.state
+ * names (a run of an earlier version, which used the host name) or else a new one, "w-" and 16
+ * hex digits from getrandom(2), kept there. With one: that id; when writer-id keeps another, a
+ * warning, and the configured one replaces it. The file is written crash-safely (temporary
+ * file, fsync, rename, fsync of the directory). Creates dir if missing, holds writer.lock while
+ * it works (-EBUSY while another daemon runs on dir), and logs the id and where it came from.
+ * A writer-id that does not hold a valid id is an error naming the file.
+ */
+int bd_writer_identity(const char *dir, const char *configured, struct bd_writer_identity *out,
+                       struct bd_err *err);
 
 /* Sequence numbers reserved on disk at a time: one fsync per this many bulk writes. */
 #define BD_WRITER_BLOCK UINT64_C(4096)

@@ -249,6 +249,16 @@ class BadInput(bdtest.E2ECase):
             rc, out = bdtest.run_bucketd(args)
             self.assertEqual(rc, 0, "bucketd %s: rc %r\n%s" % (" ".join(args), rc, out))
 
+    def test_check_config_creates_no_file(self):
+        """Without writer_id the daemon generates one into spool.dir, --check-config not."""
+        d = bdtest.Daemon(os.path.join(self.workdir, "nofiles"), "mongodb://127.0.0.1:1/", "x")
+        d.config.pop("writer_id")
+        spool = d.config["spool"]["dir"]
+        path = self.write("no-writer-id.yaml", bdtest.to_yaml(d.config) + "\n")
+        rc, out = bdtest.run_bucketd(["--check-config", "-c", path])
+        self.assertEqual(rc, 0, out)
+        self.assertFalse(os.path.exists(spool), "--check-config created %s" % spool)
+
     def test_check_config_unknown_key(self):
         text = self.good_config_text().splitlines()
         # A typo'd top-level key at the end, and a typo'd nested key under "flush:".

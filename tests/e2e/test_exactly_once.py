@@ -280,6 +280,44 @@ class Restarts(ExactlyOnceCase):
                         d2.log())
         self.assertExactlyOnce(uri, client, db, l1.seqs() | l2.seqs(), (d1, d2))
 
+    def test_without_writer_id_one_is_generated_and_kept_across_restarts(self):
+        """No writer_id in the config: the first start generates one into spool.dir/writer-id,
+        the next start writes under the same id, and the sequence carries on."""
+        uri, client, db = self.new_database()
+        spool = os.path.join(self.workdir, "spool")
+        d1 = self.new_daemon(uri, db, "d1", spool=spool)
+        d1.config.pop("writer_id")
+        d1.start()
+        l1 = self.run_load(d1.addr("tcp"), 0, 1000, 4000)
+        self.wait_all_stored(client, db, 1000, daemons=(d1,))
+        d1.stop()
+        with open(os.path.join(spool, "writer-id")) as f:
+            text = f.read()
+        self.assertRegex(text, r"^w-[0-9a-f]{16}\n$")
+        wid = text.strip()
+        self.assertTrue(any(wid in l and "generated on this first start" in l
+                            for l in d1.log_lines(max_priority=6)), d1.log())
+
+        d2 = self.new_daemon(uri, db, "d2", spool=spool)
+        d2.config.pop("writer_id")
+        d2.start()
+        l2 = self.run_load(d2.addr("tcp"), 1000, 1000, 4000)
+        self.wait_all_stored(client, db, 2000, daemons=(d2,))
+        st2 = d2.stop()
+        self.assertTrue(any(wid in l and "kept in" in l for l in d2.log_lines(max_priority=6)),
+                        d2.log())
+        self.assertEqual(d2.log_lines(max_priority=4), [], "no warning or error")
+        self.assertStat(st2, "writer_conflicts", 0, d2)
+        docs = list(client[db]["buckets"].find())
+        self.assertTrue(docs)
+        self.assertEqual({k for doc in docs for k in doc["w"]}, {wid})
+        # The upsert filter's equalities seed new pages; the pages hold the same fields as
+        # the update pipeline alone builds.
+        self.assertEqual({frozenset(doc) for doc in docs},
+                         {frozenset(("_id", "sensor_id", "meta", "bucket_start", "bucket_end",
+                                     "page", "count", "readings", "summary", "w"))})
+        self.assertExactlyOnce(uri, client, db, l1.seqs() | l2.seqs(), (d1, d2))
+
     def test_second_daemon_on_the_same_spool_is_refused(self):
         uri, client, db = self.new_database()
         spool = os.path.join(self.workdir, "spool")

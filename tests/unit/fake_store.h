@@ -24,7 +24,7 @@ enum fake_fault {
     FAULT_LOST_REPLY,   /* everything applied, then the connection fails before the reply */
     FAULT_CMD_ERROR,    /* the server refuses the whole command (code), nothing applied */
     FAULT_RETRYABLE,    /* like FAULT_CMD_ERROR, labelled RetryableWriteError */
-    FAULT_WC_ERROR,     /* applied, then a writeConcernError (code 64) */
+    FAULT_WC_ERROR,     /* applied, then a writeConcernError (code, 64 if 0) */
     FAULT_CLIENT_LARGE, /* the driver refuses the bulk client-side: nothing sent */
     FAULT_LOST_REQUEST, /* the connection fails before the server executed anything */
 };
@@ -57,6 +57,8 @@ struct fake_store {
     const char *dup_always;  /* sensor id always answered 11000, nothing stored */
     const char *too_large;   /* sensor id always answered 17419/17420 */
     uint32_t client_max_ops; /* > 0: bulks larger than this are refused client-side */
+    int32_t refuse_all;      /* nonzero: every update is refused with this code, nothing applied */
+    bool sharded;            /* like mongos: an upsert whose filter lacks the shard key is 61 */
 
     uint32_t bulks;     /* bulk_upsert calls */
     uint32_t sent;      /* updates that reached the model */
@@ -122,6 +124,7 @@ struct fake_update {
     const char *sensor_id;
     int64_t start_ms;
     int64_t page;
+    bool has_shard_key; /* the filter holds sensor_id and bucket_start as stage 1 stores them */
 };
 
 static void fake_parse(const bson_t *sel, const bson_t *upd, const char *writer_key,
@@ -156,6 +159,14 @@ static void fake_parse(const bson_t *sel, const bson_t *upd, const char *writer_
     if (bson_iter_find_descendant(&it, "0.$set.page", &child)) {
         u->page = bson_iter_as_int64(&child);
     }
+    /* Equalities of the same BSON type and value as the document's fields (a string and a
+     * date): what mongos extracts a shard key {sensor_id[, bucket_start]} from. */
+    bson_iter_t sid, start;
+    u->has_shard_key =
+        u->sensor_id != NULL && bson_iter_init_find(&sid, sel, "sensor_id") &&
+        BSON_ITER_HOLDS_UTF8(&sid) && strcmp(bson_iter_utf8(&sid, NULL), u->sensor_id) == 0 &&
+        bson_iter_init_find(&start, sel, "bucket_start") && BSON_ITER_HOLDS_DATE_TIME(&start) &&
+        bson_iter_date_time(&start) == u->start_ms;
 }
 
 static void fake_write_error(bson_t *errs, uint32_t *n_errs, uint32_t index, int32_t code,
@@ -245,6 +256,16 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
         fs->max_update_bytes = size > fs->max_update_bytes ? size : fs->max_update_bytes;
         fs->sent++;
         fs->empty_updates += u.n == 0;
+        if (fs->sharded && !u.has_shard_key) {
+            fake_write_error(&errs, &n_errs, i, 61,
+                             "Failed to target upsert by query :: could not extract exact shard "
+                             "key");
+            continue;
+        }
+        if (fs->refuse_all != 0) {
+            fake_write_error(&errs, &n_errs, i, fs->refuse_all, "refused by the deployment");
+            continue;
+        }
         if (fs->poison != NULL && u.sensor_id != NULL && strcmp(u.sensor_id, fs->poison) == 0) {
             fake_write_error(&errs, &n_errs, i, 121, "Document failed validation");
             continue;
@@ -312,11 +333,14 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
         bson_t wces, wce;
         BSON_APPEND_ARRAY_BEGIN(reply, "writeConcernErrors", &wces);
         BSON_APPEND_DOCUMENT_BEGIN(&wces, "0", &wce);
-        BSON_APPEND_INT32(&wce, "code", 64);
-        BSON_APPEND_UTF8(&wce, "errmsg", "waiting for replication timed out");
+        const int32_t wc_code = code != 0 ? code : 64;
+        const char *wc_msg =
+            wc_code == 100 ? "Not enough data-bearing nodes" : "waiting for replication timed out";
+        BSON_APPEND_INT32(&wce, "code", wc_code);
+        BSON_APPEND_UTF8(&wce, "errmsg", wc_msg);
         bson_append_document_end(&wces, &wce);
         bson_append_array_end(reply, &wces);
-        bson_set_error(error, MONGOC_ERROR_WRITE_CONCERN, 64, "waiting for replication timed out");
+        bson_set_error(error, MONGOC_ERROR_WRITE_CONCERN, (uint32_t)wc_code, "%s", wc_msg);
         return false;
     }
     if (n_errs > 0) {

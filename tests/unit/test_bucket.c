@@ -139,7 +139,26 @@ Test(bucket, update_document_shape) {
     bson_iter_t cond;
     cr_assert(bson_iter_recurse(&it, &cond) && bson_iter_find_descendant(&cond, "$not.$gte", &it));
     cr_assert(BSON_ITER_HOLDS_INT64(&it) && bson_iter_int64(&it) == 42);
-    cr_assert_eq(bson_count_keys(&sel), 2);
+    /* The shard-key fields as equalities (mongos targets an upsert by them), with the values
+     * and BSON types stage 1 stores: a string sensor_id, a date bucket_start. */
+    cr_assert(bson_iter_init_find(&it, &sel, "sensor_id"));
+    cr_assert(BSON_ITER_HOLDS_UTF8(&it));
+    cr_assert_str_eq(bson_iter_utf8(&it, NULL), sensor.id);
+    cr_assert(bson_iter_init_find(&it, &sel, "bucket_start"));
+    cr_assert(BSON_ITER_HOLDS_DATE_TIME(&it));
+    cr_assert_eq(bson_iter_date_time(&it), start);
+    cr_assert_eq(bson_count_keys(&sel), 4);
+    /* Only _id, sensor_id and bucket_start are equalities, the fields an upsert seeds its new
+     * document with; the writer condition is an operator expression. */
+    static const char *const order[] = {"_id", "sensor_id", "bucket_start", "w.gw-1"};
+    size_t k = 0;
+    cr_assert(bson_iter_init(&it, &sel));
+    while (bson_iter_next(&it)) {
+        cr_assert_lt(k, 4);
+        cr_assert_str_eq(bson_iter_key(&it), order[k]);
+        cr_assert_eq(BSON_ITER_HOLDS_DOCUMENT(&it), k == 3);
+        k++;
+    }
 
     /* New readings sorted by time, ties in arrival order. */
     cr_assert(find(&upd, "0.$set._n.$literal.0.ts", &it));
@@ -152,8 +171,15 @@ Test(bucket, update_document_shape) {
     cr_assert(BSON_ITER_HOLDS_INT64(&it) && bson_iter_int64(&it) == 1);
     cr_assert_not(find(&upd, "0.$set._n.$literal.3", &it));
 
-    /* Strings from the network are literals; constants are plain. */
+    /* Strings from the network are literals; constants are plain. The pipeline sets sensor_id
+     * and bucket_start to exactly what the filter holds, so the fields an upsert seeds from the
+     * filter are overwritten with themselves. */
     cr_assert(find(&upd, "0.$set.sensor_id.$literal", &it));
+    cr_assert(BSON_ITER_HOLDS_UTF8(&it));
+    cr_assert_str_eq(bson_iter_utf8(&it, NULL), sensor.id);
+    cr_assert(find(&upd, "0.$set.bucket_start", &it));
+    cr_assert(BSON_ITER_HOLDS_DATE_TIME(&it));
+    cr_assert_eq(bson_iter_date_time(&it), start);
     cr_assert(find(&upd, "0.$set.meta.$literal.tags.loc", &it));
     cr_assert_str_eq(bson_iter_utf8(&it, NULL), "$home");
     cr_assert(find(&upd, "0.$set.bucket_end", &it));

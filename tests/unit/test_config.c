@@ -137,7 +137,7 @@ Test(config, shipped_file_loads) {
     cr_assert_str_eq(cfg.mongodb.uri, "mongodb://127.0.0.1:27017/");
     cr_assert_str_eq(cfg.mongodb.database, "telemetry");
     cr_assert_str_eq(cfg.mongodb.collection, "buckets");
-    cr_assert_str_eq(cfg.mongodb.write_concern, "1");
+    cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
     cr_assert_eq(cfg.buckets.span_ms, 3600000);
     cr_assert_eq(cfg.log.level, BD_LOG_INFO);
 }
@@ -179,27 +179,44 @@ Test(config, dump_reads_back_to_the_same_config) {
     free(second);
 }
 
+/* writer_id has no default: the dump shows it when the file sets it, and only then. */
+Test(config, dump_shows_writer_id_only_when_set) {
+    struct bd_config a, b;
+    struct bd_err err = {0};
+    expect_ok(LISTENER, &a);
+    cr_assert_str_eq(a.writer_id, "");
+    char *dump = dump_to_string(&a);
+    cr_assert_null(strstr(dump, "writer_id"), "%s", dump);
+    write_file(dump_path, dump);
+    cr_assert_eq(bd_config_load(&b, dump_path, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(b.writer_id, "");
+    cr_assert_eq(bd_config_reload_check(&a, &b, &err), 0, "%s", err.msg);
+    free(dump);
+
+    expect_ok("writer_id: gw-7\n" LISTENER, &a);
+    dump = dump_to_string(&a);
+    cr_assert_not_null(strstr(dump, "writer_id: \"gw-7\"\n"), "%s", dump);
+    write_file(dump_path, dump);
+    cr_assert_eq(bd_config_load(&b, dump_path, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(b.writer_id, "gw-7");
+    free(dump);
+}
+
 /* ---- Defaults -------------------------------------------------------------------------------- */
 
 Test(config, defaults) {
     struct bd_config cfg;
-    char host[256] = {0};
     bd_config_defaults(&cfg);
 
-    cr_assert_eq(gethostname(host, sizeof(host) - 1), 0);
-    host[strcspn(host, ".")] = '\0';
-    if (host[0] != '\0' && strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789-_") == strlen(host)) {
-        cr_assert_str_eq(cfg.writer_id, host);
-    }
-    cr_assert_neq(cfg.writer_id[0], '\0');
+    /* Not set: the daemon uses the id kept in spool.dir (generated on its first start). */
+    cr_assert_str_eq(cfg.writer_id, "");
 
     cr_assert_eq(cfg.n_listeners, 0);
     cr_assert_eq(cfg.sink, BD_SINK_MONGODB);
     cr_assert_str_eq(cfg.mongodb.uri, "mongodb://127.0.0.1:27017/");
     cr_assert_str_eq(cfg.mongodb.database, "telemetry");
     cr_assert_str_eq(cfg.mongodb.collection, "buckets");
-    cr_assert_str_eq(cfg.mongodb.write_concern, "1");
+    cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
     cr_assert_eq(cfg.buckets.span_ms, 3600000);
     cr_assert_eq(cfg.buckets.max_readings, 3600);
     cr_assert_eq(cfg.buckets.max_late_ms, 24 * 3600000);
@@ -537,6 +554,11 @@ Test(config, write_concern) {
     cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
     expect_ok(LISTENER "mongodb:\n  write_concern: 3\n", &cfg);
     cr_assert_str_eq(cfg.mongodb.write_concern, "3");
+    expect_ok(LISTENER "mongodb:\n  write_concern: 1\n", &cfg);
+    cr_assert_str_eq(cfg.mongodb.write_concern, "1");
+    /* Left out: majority (an acknowledged w:1 write can be rolled back by a failover). */
+    expect_ok(LISTENER, &cfg);
+    cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
 }
 
 Test(config, write_concern_timeout) {

@@ -267,8 +267,9 @@ Test(flusher, transient_command_errors_are_retried_without_limit) {
 }
 
 Test(flusher, refusals_are_bounded_then_quarantined) {
+    /* BadValue: a command-level code of no known class. */
     for (int i = 0; i < 30; i++) {
-        fake_script(&fs, FAULT_CMD_ERROR, 13);
+        fake_script(&fs, FAULT_CMD_ERROR, 2);
     }
     send_sensors(2, 3);
     cr_assert_gt(run(40), 0);
@@ -276,6 +277,94 @@ Test(flusher, refusals_are_bounded_then_quarantined) {
     cr_assert_eq(STAT(readings_quarantined), 6);
     cr_assert_eq(fs.bulks, 8); /* MAX_REFUSALS */
     cr_assert_eq(dead_letters(), 2);
+}
+
+/*
+ * A deployment error on every update (the collection sharded on a key the upserts cannot
+ * target): nothing is quarantined however long it lasts, the readings wait, and once the
+ * operator has fixed the deployment every one is stored once.
+ */
+Test(flusher, a_deployment_error_keeps_everything_until_it_is_fixed) {
+    fs.refuse_all = 61;
+    int64_t sent = send_sensors(3, 4);
+    cr_assert_eq(run(40), -1, "still pending while MongoDB refuses");
+    cr_assert_eq(fs.bulks, 40);
+    cr_assert_eq(fs.n_docs, 0);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(readings_quarantined), 0);
+    cr_assert_eq(STAT(readings_flushed), 0);
+    cr_assert_eq(STAT(bulk_retries), 40);
+    cr_assert_eq(dead_letters(), 0);
+    cr_assert(!bd_flusher_idle(flusher));
+    /* Every attempt carried the batch's one sequence number. */
+    for (uint32_t i = 1; i < 40; i++) {
+        cr_assert_eq(fs.seqs[i], fs.seqs[0]);
+    }
+
+    fs.refuse_all = 0;
+    cr_assert_gt(run(10), 0);
+    assert_stored(3, 4);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(updates_already_applied), 0);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(dead_letters(), 0);
+}
+
+/* The same for a command-level deployment error (missing privileges: 13). */
+Test(flusher, an_unauthorized_command_is_retried_not_quarantined) {
+    for (int i = 0; i < 20; i++) {
+        fake_script(&fs, FAULT_CMD_ERROR, 13);
+    }
+    int64_t sent = send_sensors(2, 3);
+    cr_assert_gt(run(40), 0);
+    assert_stored(2, 3);
+    cr_assert_eq(fs.bulks, 21);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(dead_letters(), 0);
+}
+
+/*
+ * An unsatisfiable write concern (100): the server applies the updates and says so in a
+ * writeConcernError. The retries find them in the pages (duplicate key) but still without the
+ * write concern: they stay pending until an answer confirms them, then count as applied, once.
+ */
+Test(flusher, an_unsatisfiable_write_concern_settles_only_once_confirmed) {
+    for (int i = 0; i < 3; i++) {
+        fake_script(&fs, FAULT_WC_ERROR, 100);
+    }
+    int64_t sent = send_sensors(2, 3);
+    cr_assert_gt(run(10), 0);
+    assert_stored(2, 3);
+    cr_assert_eq(fs.bulks, 4, "three answers with the write concern error, then one without");
+    cr_assert_eq(STAT(updates_already_applied), 2);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+}
+
+/*
+ * A collection sharded on {sensor_id, bucket_start} behind mongos: every upsert's filter must
+ * hold both as equalities, also for late readings (an older bucket) and overflow pages.
+ */
+Test(flusher, a_sharded_collection_takes_every_upsert) {
+    stop();
+    cfg.buckets.max_readings = 4;
+    start();
+    fs.sharded = true;
+    int64_t sent = send_sensors(3, 10);
+    int64_t late = now_ms / HOUR_MS * HOUR_MS - 3 * HOUR_MS;
+    accept1("m,s=0", 1.0, late);
+    accept1("m,s=0", 2.0, late + 1000);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 12);
+    cr_assert_eq(fake_stored(&fs, "m,s=1"), 10);
+    cr_assert_eq(fake_stored(&fs, "m,s=2"), 10);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)sent + 2);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(fs.bulks, 1, "no update was refused");
+    cr_assert_eq(fake_max_count(&fs), 4);
 }
 
 Test(flusher, a_driver_refusal_halves_the_bulk_until_the_refused_update_is_alone) {

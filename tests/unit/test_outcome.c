@@ -4,7 +4,7 @@
  * bson_error_t) and what each update of the bulk must become, written as one letter per update:
  *
  *   A applied   N not_sent   ? ambiguous   R retry   D duplicate   L too_large
- *   F refused (configuration may fix it)   P permanent
+ *   F refused (bounded retries)   P permanent   C config (the deployment must be fixed)
  *
  * The rules are those of src/outcome.c's header comment; the row names say which one is tested.
  */
@@ -18,7 +18,7 @@
 #include "bucketd/alloc.h"
 #include "bucketd/outcome.h"
 
-static const char kind_letters[] = "AN?RDLFP";
+static const char kind_letters[] = "AN?RDLFPC";
 
 struct row {
     const char *name;
@@ -30,6 +30,7 @@ struct row {
     enum bd_bulk_cause cause;
     int32_t codes[5]; /* the code each update carries (0: none of its own) */
     bool write_concern, partly;
+    int32_t config; /* the deployment code the bulk must name (0: none) */
 };
 
 /* Flags of a row: the reply carries writeConcernErrors; it counts executed updates. */
@@ -42,6 +43,14 @@ struct row {
         .name = (name_), .ok = false, .reply = (reply_), .domain = (domain_), .code = (code_),     \
         .message = (message_), .expect = (expect_), .cause = (cause_), .codes = {__VA_ARGS__},     \
         .write_concern = ((flags_)&WC) != 0, .partly = ((flags_)&PARTLY) != 0                      \
+    }
+
+/* A failed bulk whose answer holds deployment code config_: its message must name the fix. */
+#define CROW(name_, reply_, domain_, code_, message_, expect_, cause_, flags_, config_, ...)       \
+    {                                                                                              \
+        .name = (name_), .ok = false, .reply = (reply_), .domain = (domain_), .code = (code_),     \
+        .message = (message_), .expect = (expect_), .cause = (cause_), .codes = {__VA_ARGS__},     \
+        .write_concern = ((flags_)&WC) != 0, .partly = ((flags_)&PARTLY) != 0, .config = (config_) \
     }
 
 /* A bulk that succeeded; the error is whatever execute left there, to be ignored. */
@@ -97,8 +106,19 @@ static void check_row(const struct row *r) {
     cr_expect_eq(bulk.write_concern, r->write_concern, "%s: write_concern", r->name);
     cr_expect_eq(bulk.partly_executed, r->partly, "%s: partly_executed", r->name);
     cr_expect_eq(bulk.code, r->ok ? 0 : (int64_t)r->code, "%s: top-level code", r->name);
-    cr_expect_str_eq(bulk.message, r->ok || r->message == NULL ? "" : r->message, "%s: message",
-                     r->name);
+    cr_expect_eq(bulk.config_code, r->config, "%s: config code %d, expected %d", r->name,
+                 bulk.config_code, r->config);
+    if (r->config == 0) {
+        cr_expect_str_eq(bulk.message, r->ok || r->message == NULL ? "" : r->message, "%s: message",
+                         r->name);
+    } else {
+        /* What follows is the message that came with the code (see config_messages). */
+        char want[sizeof(bulk.message)];
+        snprintf(want, sizeof(want),
+                 "%s; MongoDB answered code %d: ", bd_outcome_config_advice(r->config), r->config);
+        cr_expect_eq(strncmp(bulk.message, want, strlen(want)), 0,
+                     "%s: message \"%s\" does not start \"%s\"", r->name, bulk.message, want);
+    }
     cr_expect_leq(bulk.text_len, sizeof(bulk.text), "%s: text_len", r->name);
     for (uint32_t i = 0; i < n; i++) {
         cr_expect_eq(ops[i].code, r->codes[i], "%s: update %u has code %d, expected %d", r->name, i,
@@ -172,20 +192,21 @@ Test(outcome, partial_failure_of_an_unordered_bulk) {
             "\"BSONObj size: 16793600 (0x1004000) is invalid\"}]}",
             SERVER, 10334, "BSONObj size: 16793600 (0x1004000) is invalid", "AALAA",
             BD_CAUSE_SERVER, PARTLY, 0, 0, 10334),
-        ROW("61 at 4 of 5",
-            "{\"nMatched\": 4, \"writeErrors\": [{\"index\": 4, \"code\": 61, \"errmsg\": \"Failed "
-            "to target upsert by query :: could not extract exact shard key\"}]}",
-            SERVER, 61, "Failed to target upsert by query :: could not extract exact shard key",
-            "AAAAF", BD_CAUSE_SERVER, PARTLY, 0, 0, 0, 0, 61),
-        ROW("13 at 0 of 3",
-            "{\"nMatched\": 2, \"writeErrors\": [{\"index\": 0, \"code\": 13, \"errmsg\": \"not "
-            "authorized on db to execute command\"}]}",
-            SERVER, 13, "not authorized on db to execute command", "FAA", BD_CAUSE_SERVER, PARTLY,
-            13),
-        ROW("18 and 8000, configuration codes",
-            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 18}, {\"index\": 2, "
-            "\"code\": 8000}]}",
-            SERVER, 18, "Authentication failed.", "FAF", BD_CAUSE_SERVER, PARTLY, 18, 0, 8000),
+        CROW("61 at 4 of 5",
+             "{\"nMatched\": 4, \"writeErrors\": [{\"index\": 4, \"code\": 61, \"errmsg\": "
+             "\"Failed to target upsert by query :: could not extract exact shard key\"}]}",
+             SERVER, 61, "Failed to target upsert by query :: could not extract exact shard key",
+             "AAAAC", BD_CAUSE_SERVER, PARTLY, 61, 0, 0, 0, 0, 61),
+        CROW("13 at 0 of 3",
+             "{\"nMatched\": 2, \"writeErrors\": [{\"index\": 0, \"code\": 13, \"errmsg\": \"not "
+             "authorized on db to execute command\"}]}",
+             SERVER, 13, "not authorized on db to execute command", "CAA", BD_CAUSE_SERVER, PARTLY,
+             13, 13),
+        /* 8000 is Atlas's proxy answering for many reasons: bounded retries, then quarantine. */
+        CROW("18 is a deployment code, 8000 is refused",
+             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 18}, {\"index\": 2, "
+             "\"code\": 8000}]}",
+             SERVER, 18, "Authentication failed.", "CAF", BD_CAUSE_SERVER, PARTLY, 18, 18, 0, 8000),
         ROW("2 at 1 of 3",
             "{\"nMatched\": 2, \"writeErrors\": [{\"index\": 1, \"code\": 2, \"errmsg\": "
             "\"bad\"}]}",
@@ -194,12 +215,12 @@ Test(outcome, partial_failure_of_an_unordered_bulk) {
             "{\"nMatched\": 2, \"writeErrors\": [{\"index\": 2, \"code\": 121, \"errmsg\": "
             "\"Document failed validation\", \"errInfo\": {\"failingDocumentId\": \"x\"}}]}",
             SERVER, 121, "Document failed validation", "AAP", BD_CAUSE_SERVER, PARTLY, 0, 0, 121),
-        ROW("every class in one bulk of 5",
-            "{\"nMatched\": 0, \"writeErrors\": [{\"index\": 4, \"code\": 121}, {\"index\": 3, "
-            "\"code\": 13}, {\"index\": 2, \"code\": 91}, {\"index\": 1, \"code\": 17419}, "
-            "{\"index\": 0, \"code\": 11000}]}",
-            SERVER, 121, "Document failed validation", "DLRFP", BD_CAUSE_SERVER, 0, 11000, 17419,
-            91, 13, 121),
+        CROW("every class in one bulk of 5",
+             "{\"nMatched\": 0, \"writeErrors\": [{\"index\": 4, \"code\": 121}, {\"index\": 3, "
+             "\"code\": 13}, {\"index\": 2, \"code\": 91}, {\"index\": 1, \"code\": 17419}, "
+             "{\"index\": 0, \"code\": 11000}]}",
+             SERVER, 121, "Document failed validation", "DLRCP", BD_CAUSE_SERVER, 0, 13, 11000,
+             17419, 91, 13, 121),
         ROW("own errors without counts: the others still applied",
             "{\"writeErrors\": [{\"index\": 1, \"code\": 11000}]}", SERVER, 11000, DUP_MSG, "ADAA",
             BD_CAUSE_SERVER, 0, 0, 11000),
@@ -255,11 +276,13 @@ Test(outcome, write_concern_errors_are_ambiguous) {
             "{\"writeConcernErrors\": [{\"code\": 79, \"errmsg\": \"unknown write concern\"}]}",
             MONGOC_ERROR_WRITE_CONCERN, 79, "unknown write concern", "????", BD_CAUSE_SERVER, WC,
             0),
+        /* The duplicate key says the page holds the update; the write concern did not confirm
+         * it, so it is not settled by this answer. */
         ROW("64 with an 11000 write error",
             "{\"nMatched\": 2, \"writeErrors\": [{\"index\": 1, \"code\": 11000, \"errmsg\": "
             "\"" DUP_MSG
             "\"}], \"writeConcernErrors\": [{\"code\": 64, \"errmsg\": \"timed out\"}]}",
-            SERVER, 11000, DUP_MSG, "?D?", BD_CAUSE_SERVER, WC | PARTLY, 0, 11000, 0),
+            SERVER, 11000, DUP_MSG, "???", BD_CAUSE_SERVER, WC | PARTLY, 0, 11000, 0),
         ROW("79 with 121 and 17419 write errors",
             "{\"nUpserted\": 2, \"writeErrors\": [{\"index\": 0, \"code\": 121}, {\"index\": 4, "
             "\"code\": 17419}], \"writeConcernErrors\": [{\"code\": 79, \"errmsg\": \"x\"}]}",
@@ -285,8 +308,8 @@ Test(outcome, command_level_server_errors) {
             "0}",
             SERVER, 10107, "not primary", "RR", BD_CAUSE_SERVER, 0, 0),
         ROW("2, nothing executed", "{}", SERVER, 2, "BadValue", "FFF", BD_CAUSE_SERVER, 0, 0),
-        ROW("13 in the legacy query domain", "{}", MONGOC_ERROR_QUERY, 13, "not authorized", "FF",
-            BD_CAUSE_SERVER, 0, 0),
+        CROW("13 in the legacy query domain", "{}", MONGOC_ERROR_QUERY, 13, "not authorized", "CC",
+             BD_CAUSE_SERVER, 0, 13, 0),
         ROW("91 labelled RetryableWriteError", "{\"errorLabels\": [\"RetryableWriteError\"]}",
             SERVER, 91, "shutdown", "???", BD_CAUSE_SERVER, 0, 0),
         ROW("2 labelled RetryableWriteError among other labels",
@@ -702,7 +725,8 @@ Test(outcome, names) {
     cr_assert_str_eq(bd_outcome_name(BD_OUTCOME_TOO_LARGE), "too_large");
     cr_assert_str_eq(bd_outcome_name(BD_OUTCOME_REFUSED), "refused");
     cr_assert_str_eq(bd_outcome_name(BD_OUTCOME_PERMANENT), "permanent");
-    cr_assert_str_eq(bd_outcome_name((enum bd_outcome)(BD_OUTCOME_PERMANENT + 1)), "?");
+    cr_assert_str_eq(bd_outcome_name(BD_OUTCOME_CONFIG), "config");
+    cr_assert_str_eq(bd_outcome_name((enum bd_outcome)(BD_OUTCOME_CONFIG + 1)), "?");
     cr_assert_str_eq(bd_outcome_name((enum bd_outcome) - 1), "?");
     cr_assert_str_eq(bd_outcome_name((enum bd_outcome)255), "?");
 }
@@ -729,4 +753,222 @@ Test(outcome, out_of_memory_for_a_large_bulk) {
         cr_assert_eq(ops[i].msg_off, UINT32_MAX, "update %u", i);
     }
     bson_destroy(reply);
+}
+
+/*
+ * Deployment errors: not applied, nothing wrong with the update; "config", sent again until the
+ * operator fixes the deployment, never quarantined. Every code of the class, as an update's own
+ * entry and as a command-level error.
+ */
+Test(outcome, deployment_codes_are_config) {
+    static const int32_t codes[] = {13, 18, 61, 100, 168, 224, 371};
+    for (size_t c = 0; c < BD_ARRAY_LEN(codes); c++) {
+        const uint32_t n = 2 + (uint32_t)(c % 3), at = (uint32_t)(c % n);
+        char json[256], expect[8], all[8], name[64];
+        struct row r = {.name = name,
+                        .reply = json,
+                        .domain = SERVER,
+                        .code = (uint32_t)codes[c],
+                        .message = "refused",
+                        .expect = expect,
+                        .cause = BD_CAUSE_SERVER,
+                        .partly = true,
+                        .config = codes[c]};
+        snprintf(name, sizeof(name), "own %d at %u of %u", codes[c], at, n);
+        snprintf(json, sizeof(json),
+                 "{\"nMatched\": %u, \"writeErrors\": [{\"index\": %u, \"code\": %d, "
+                 "\"errmsg\": \"refused\"}]}",
+                 n - 1, at, codes[c]);
+        memset(expect, 'A', n);
+        expect[n] = '\0';
+        expect[at] = 'C';
+        r.codes[at] = codes[c];
+        check_row(&r);
+
+        struct row cmd = {.name = name,
+                          .reply = "{\"ok\": 0}",
+                          .domain = SERVER,
+                          .code = (uint32_t)codes[c],
+                          .message = "refused",
+                          .expect = all,
+                          .cause = BD_CAUSE_SERVER,
+                          .config = codes[c]};
+        snprintf(name, sizeof(name), "command-level %d, %u updates", codes[c], n);
+        memset(all, 'C', n);
+        all[n] = '\0';
+        check_row(&cmd);
+    }
+}
+
+Test(outcome, deployment_errors_in_other_places) {
+    static const struct row rows[] = {
+        /* The server applied the write, then found the write concern unsatisfiable: maybe
+         * applied, and the message says what to fix. */
+        CROW("100 as a write concern error",
+             "{\"nMatched\": 2, \"nModified\": 2, \"writeConcernErrors\": [{\"code\": 100, "
+             "\"codeName\": \"UnsatisfiableWriteConcern\", \"errmsg\": \"Not enough data-bearing "
+             "nodes\"}]}",
+             MONGOC_ERROR_WRITE_CONCERN, 100, "Not enough data-bearing nodes", "??",
+             BD_CAUSE_SERVER, WC | PARTLY, 100, 0),
+        /* The retry of those: duplicate keys, and the write concern still unsatisfiable. Not
+         * settled: nothing confirmed the pages. */
+        CROW("100 with the duplicate keys of a retry",
+             "{\"writeErrors\": [{\"index\": 0, \"code\": 11000, \"errmsg\": \"" DUP_MSG "\"}, "
+             "{\"index\": 1, \"code\": 11000}], \"writeConcernErrors\": [{\"code\": 100, "
+             "\"errmsg\": \"Not enough data-bearing nodes\"}]}",
+             SERVER, 11000, DUP_MSG, "???", BD_CAUSE_SERVER, WC, 100, 11000, 11000, 0),
+        /* Another write concern error first: the deployment code still names the fix. */
+        CROW("100 after 64 among the write concern errors",
+             "{\"nMatched\": 1, \"writeConcernErrors\": [{\"code\": 64}, {\"code\": 100, "
+             "\"errmsg\": \"x\"}]}",
+             MONGOC_ERROR_WRITE_CONCERN, 64, "timed out", "?", BD_CAUSE_SERVER, WC | PARTLY, 100,
+             0),
+        CROW("61 after part of the bulk ran: ambiguous, named", "{\"nUpserted\": 1}", SERVER, 61,
+             "could not extract exact shard key", "??", BD_CAUSE_SERVER, PARTLY, 61, 0),
+        CROW("61 labelled RetryableWriteError: ambiguous, named",
+             "{\"errorLabels\": [\"RetryableWriteError\"]}", SERVER, 61, "x", "??", BD_CAUSE_SERVER,
+             0, 61, 0),
+        /* Own refusals of several classes: the first deployment code is named. */
+        CROW("61 and 13 among other refusals",
+             "{\"writeErrors\": [{\"index\": 0, \"code\": 121}, {\"index\": 1, \"code\": 61}, "
+             "{\"index\": 2, \"code\": 13}]}",
+             SERVER, 121, "Document failed validation", "PCCA", BD_CAUSE_SERVER, 0, 61, 121, 61, 13,
+             0),
+        /* Not of the class. */
+        ROW("79 as a write concern error is no deployment code",
+            "{\"writeConcernErrors\": [{\"code\": 79}]}", MONGOC_ERROR_WRITE_CONCERN, 79, "x", "??",
+            BD_CAUSE_SERVER, WC, 0),
+        ROW("8000 command-level is refused", "{}", SERVER, 8000, "AtlasError", "FF",
+            BD_CAUSE_SERVER, 0, 0),
+        ROW("2 command-level is refused", "{}", SERVER, 2, "cannot use 'w' > 1", "F",
+            BD_CAUSE_SERVER, 0, 0),
+        /* Driver-side codes that share a number with a server code are not server codes. */
+        ROW("server selection with a driver code of 13", "{}", MONGOC_ERROR_SERVER_SELECTION, 13,
+            "No suitable servers found", "NN", BD_CAUSE_UNREACHABLE, 0, 0),
+        ROW("a client error with a driver code of 18", "{}", MONGOC_ERROR_CLIENT, 18, "x", "?",
+            BD_CAUSE_CONNECTION, 0, 0),
+    };
+    check_rows(rows, BD_ARRAY_LEN(rows));
+}
+
+/* The message names the fix, then what MongoDB said with that very code. */
+Test(outcome, deployment_error_messages) {
+    struct bd_op_outcome ops[3];
+    struct bd_bulk_outcome bulk;
+    bson_error_t err;
+    char want[sizeof(bulk.message)];
+
+    /* From an update's own entry, not from the bulk's message. */
+    bson_t *reply = reply_of("{\"writeErrors\": [{\"index\": 0, \"code\": 121, \"errmsg\": "
+                             "\"Document failed validation\"}, {\"index\": 2, \"code\": 61, "
+                             "\"errmsg\": \"Failed to target upsert by query :: could not "
+                             "extract exact shard key\"}]}");
+    error_of(&err, SERVER, 121, "Multiple write errors");
+    bd_outcome_classify(false, reply, &err, 3, ops, &bulk);
+    snprintf(want, sizeof(want),
+             "the collection is sharded on a key bucketd's upserts cannot target (their "
+             "filters hold equalities on _id, sensor_id and bucket_start only): shard it on "
+             "{sensor_id: \"hashed\"} or {sensor_id: 1, bucket_start: 1}; MongoDB answered "
+             "code 61: Failed to target upsert by query :: could not extract exact shard key");
+    cr_assert_str_eq(bulk.message, want);
+    cr_assert_eq(bulk.code, 121, "the top-level code stays the driver's");
+    cr_assert_str_eq(bd_outcome_message(&bulk, &ops[2]),
+                     "Failed to target upsert by query :: could not extract exact shard key");
+    bson_destroy(reply);
+
+    /* From the write concern error. */
+    reply = reply_of("{\"nMatched\": 1, \"writeConcernErrors\": [{\"code\": 100, \"errmsg\": "
+                     "\"Not enough data-bearing nodes\"}]}");
+    error_of(&err, MONGOC_ERROR_WRITE_CONCERN, 100, "Not enough data-bearing nodes");
+    bd_outcome_classify(false, reply, &err, 1, ops, &bulk);
+    cr_assert_not_null(strstr(bulk.message, "write_concern cannot be satisfied by this "
+                                            "deployment"));
+    cr_assert_not_null(strstr(bulk.message, "; MongoDB answered code 100: Not enough "
+                                            "data-bearing nodes"));
+    bson_destroy(reply);
+
+    /* From the command's error; a message as long as bson_error_t allows is cut, not overrun. */
+    memset(&err, 0, sizeof(err));
+    err.domain = SERVER;
+    err.code = 13;
+    memset(err.message, 'm', sizeof(err.message) - 1);
+    bd_outcome_classify(false, NULL, &err, 2, ops, &bulk);
+    cr_assert_eq(ops[0].kind, BD_OUTCOME_CONFIG);
+    cr_assert_eq(strlen(bulk.message), sizeof(bulk.message) - 1);
+    cr_assert_eq(
+        strncmp(bulk.message, bd_outcome_config_advice(13), strlen(bd_outcome_config_advice(13))),
+        0);
+}
+
+Test(outcome, deployment_codes) {
+    static const int64_t yes[] = {13, 18, 61, 100, 168, 224, 371};
+    static const int64_t no[] = {0,   2,   11,   64,    79,    91,    121,
+                                 365, -61, 8000, 11000, 17419, 10107, 61 + (INT64_C(1) << 32)};
+    for (size_t i = 0; i < BD_ARRAY_LEN(yes); i++) {
+        const char *a = bd_outcome_config_advice(yes[i]);
+        cr_assert_not_null(a, "%" PRId64 " is a deployment code", yes[i]);
+        cr_assert_gt(strlen(a), 20);
+        cr_assert(!bd_outcome_transient_code(yes[i]), "%" PRId64 " is not transient", yes[i]);
+    }
+    for (size_t i = 0; i < BD_ARRAY_LEN(no); i++) {
+        cr_assert_null(bd_outcome_config_advice(no[i]), "%" PRId64 " is no deployment code", no[i]);
+    }
+    cr_assert_not_null(strstr(bd_outcome_config_advice(61), "{sensor_id: \"hashed\"}"));
+    cr_assert_not_null(strstr(bd_outcome_config_advice(61), "{sensor_id: 1, bucket_start: 1}"));
+    cr_assert_not_null(strstr(bd_outcome_config_advice(100), "write_concern"));
+}
+
+/*
+ * RetryableWriteError: whatever it labels may have been applied, so the updates without an
+ * entry of their own are ambiguous (sent again, never refused), wherever the label is.
+ */
+Test(outcome, retryable_write_error_labels) {
+    static const struct row rows[] = {
+        /* A bulk the driver split: one command answered writeErrors, another failed with a
+         * labelled error. The updates without an entry are not known to be applied. */
+        ROW("label beside an 11000 write error",
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 11000}], "
+            "\"errorLabels\": [\"RetryableWriteError\"]}",
+            SERVER, 11000, DUP_MSG, "D??", BD_CAUSE_SERVER, PARTLY, 11000),
+        ROW("label beside a 121 write error",
+            "{\"writeErrors\": [{\"index\": 1, \"code\": 121}], \"errorLabels\": "
+            "[\"RetryableWriteError\"]}",
+            SERVER, 121, "x", "?P", BD_CAUSE_SERVER, 0, 0, 121),
+        ROW("label in an entry of writeConcernErrors",
+            "{\"writeConcernErrors\": [{\"code\": 91, \"errmsg\": \"x\", \"errorLabels\": "
+            "[\"RetryableWriteError\"]}]}",
+            MONGOC_ERROR_WRITE_CONCERN, 91, "x", "??", BD_CAUSE_SERVER, WC, 0),
+        ROW("label in a server's writeConcernError beside a write error",
+            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"writeConcernError\": {\"code\": "
+            "91, \"errorLabels\": [\"RetryableWriteError\"]}}",
+            SERVER, 121, "x", "P?", BD_CAUSE_SERVER, 0, 121),
+        ROW("label on a code of no known class", "{\"errorLabels\": [\"RetryableWriteError\"]}",
+            SERVER, 8000, "x", "??", BD_CAUSE_SERVER, 0, 0),
+        /* Labels that are not the label, or not strings, change nothing. */
+        ROW("other labels beside a write error",
+            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
+            "[\"TransientTransactionError\", 7, null]}",
+            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+        ROW("errorLabels that is not an array",
+            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
+            "\"RetryableWriteError\"}",
+            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+        ROW("a writeConcernError that is not a document",
+            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"writeConcernError\": 1}", SERVER,
+            121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+    };
+    check_rows(rows, BD_ARRAY_LEN(rows));
+}
+
+/* 365 TemporarilyUnavailable, command-level or an update's own: retried, never refused. */
+Test(outcome, temporarily_unavailable_is_retried) {
+    static const struct row rows[] = {
+        ROW("365 command-level", "{\"ok\": 0, \"code\": 365}", SERVER, 365,
+            "TemporarilyUnavailable", "RRR", BD_CAUSE_SERVER, 0, 0),
+        ROW("365 at 1 of 2",
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 1, \"code\": 365, \"errmsg\": "
+            "\"TemporarilyUnavailable\"}]}",
+            SERVER, 365, "TemporarilyUnavailable", "AR", BD_CAUSE_SERVER, PARTLY, 0, 365),
+    };
+    check_rows(rows, BD_ARRAY_LEN(rows));
 }

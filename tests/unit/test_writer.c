@@ -1,5 +1,6 @@
 /* Writer sequence under spool.dir: monotonic across clean stops, crashes and torn files. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,4 +154,208 @@ Test(writer, an_unusable_directory_is_a_clear_error) {
     snprintf(path, sizeof(path), "%s/file/spool", dir);
     cr_assert_lt(bd_writer_open(&w, path, "gw-1", &err), 0);
     cr_assert(strstr(err.msg, path) != NULL, "the error names the path: %s", err.msg);
+}
+
+/* ---- Identity (bd_writer_identity) -------------------------------------------------------- */
+
+static char spool[300], id_path[340], log_path[340];
+
+/* The daemon's log goes to a file of the test's own (each test runs in its own process). */
+static void capture_log(void) {
+    snprintf(spool, sizeof(spool), "%s/spool", dir);
+    snprintf(id_path, sizeof(id_path), "%s/" BD_WRITER_ID_FILE, spool);
+    snprintf(log_path, sizeof(log_path), "%s/log", dir);
+    cr_assert_not_null(freopen(log_path, "w", stderr));
+}
+
+/* What was logged since the last call, in buf. */
+static const char *logged(char *buf, size_t cap) {
+    static long seen;
+    fflush(stderr);
+    FILE *fp = fopen(log_path, "r");
+    cr_assert_not_null(fp);
+    fseek(fp, seen, SEEK_SET);
+    size_t n = fread(buf, 1, cap - 1, fp);
+    buf[n] = '\0';
+    seen += (long)n;
+    fclose(fp);
+    return buf;
+}
+
+static const char *file_text(const char *path, char *buf, size_t cap) {
+    FILE *fp = fopen(path, "r");
+    if (fp == NULL) {
+        return NULL;
+    }
+    size_t n = fread(buf, 1, cap - 1, fp);
+    buf[n] = '\0';
+    fclose(fp);
+    return buf;
+}
+
+static void identity_ok(const char *configured, struct bd_writer_identity *id) {
+    struct bd_err err = {0};
+    cr_assert_eq(bd_writer_identity(spool, configured, id, &err), 0, "%s", err.msg);
+}
+
+static bool generated_form(const char *id) {
+    return strlen(id) == 18 && strncmp(id, "w-", 2) == 0 &&
+           strspn(id + 2, "0123456789abcdef") == 16;
+}
+
+Test(writer, without_writer_id_one_is_generated_then_kept) {
+    struct bd_writer_identity a, b;
+    char buf[4096], text[256];
+    capture_log();
+    identity_ok("", &a);
+    cr_assert_eq(a.source, BD_WRITER_ID_GENERATED);
+    cr_assert(generated_form(a.id), "generated id %s", a.id);
+    cr_assert_str_eq(a.kept, "");
+    snprintf(text, sizeof(text), "%s\n", a.id);
+    cr_assert_str_eq(file_text(id_path, buf, sizeof(buf)), text);
+    const char *log = logged(buf, sizeof(buf));
+    cr_assert_not_null(strstr(log, "<6>writer_id "), "%s", log);
+    cr_assert_not_null(strstr(log, a.id), "%s", log);
+    cr_assert_not_null(strstr(log, "generated on this first start"), "%s", log);
+    cr_assert_not_null(strstr(log, id_path), "the log says where it is kept: %s", log);
+
+    /* Later starts reuse it, and leave the file alone. */
+    struct stat before, after;
+    cr_assert_eq(stat(id_path, &before), 0);
+    identity_ok("", &b);
+    cr_assert_eq(b.source, BD_WRITER_ID_KEPT);
+    cr_assert_str_eq(b.id, a.id);
+    cr_assert_str_eq(b.kept, a.id);
+    cr_assert_eq(stat(id_path, &after), 0);
+    cr_assert_eq(before.st_ino, after.st_ino, "not rewritten");
+    log = logged(buf, sizeof(buf));
+    cr_assert_not_null(strstr(log, "kept in"), "%s", log);
+    cr_assert_null(strstr(log, "<4>"), "no warning: %s", log);
+
+    /* No temporary file is left behind. */
+    char tmp[400];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", id_path);
+    cr_assert_neq(access(tmp, F_OK), 0);
+}
+
+Test(writer, generated_ids_differ) {
+    struct bd_writer_identity a, b;
+    capture_log();
+    identity_ok("", &a);
+    snprintf(spool, sizeof(spool), "%s/other", dir);
+    identity_ok("", &b);
+    cr_assert(generated_form(a.id) && generated_form(b.id));
+    cr_assert_str_neq(a.id, b.id);
+}
+
+Test(writer, a_configured_writer_id_is_used_and_kept) {
+    struct bd_writer_identity id;
+    char buf[4096];
+    capture_log();
+    identity_ok("gw-1", &id);
+    cr_assert_eq(id.source, BD_WRITER_ID_CONFIGURED);
+    cr_assert_str_eq(id.id, "gw-1");
+    cr_assert_str_eq(file_text(id_path, buf, sizeof(buf)), "gw-1\n");
+    const char *log = logged(buf, sizeof(buf));
+    cr_assert_not_null(strstr(log, "writer_id gw-1 (set in the configuration"), "%s", log);
+
+    /* The same again: no warning. */
+    identity_ok("gw-1", &id);
+    cr_assert_eq(id.source, BD_WRITER_ID_CONFIGURED);
+    cr_assert_str_eq(id.kept, "gw-1");
+    cr_assert_null(strstr(logged(buf, sizeof(buf)), "<4>"));
+
+    /* writer_id taken out of the config: the daemon keeps the id it had. */
+    identity_ok("", &id);
+    cr_assert_eq(id.source, BD_WRITER_ID_KEPT);
+    cr_assert_str_eq(id.id, "gw-1");
+}
+
+Test(writer, a_configured_writer_id_other_than_the_kept_one_warns_and_replaces_it) {
+    struct bd_writer_identity gen, id;
+    char buf[4096];
+    capture_log();
+    identity_ok("", &gen);
+    logged(buf, sizeof(buf));
+
+    identity_ok("gw-2", &id);
+    cr_assert_eq(id.source, BD_WRITER_ID_REPLACED);
+    cr_assert_str_eq(id.id, "gw-2");
+    cr_assert_str_eq(id.kept, gen.id);
+    cr_assert_str_eq(file_text(id_path, buf, sizeof(buf)), "gw-2\n");
+    const char *log = logged(buf, sizeof(buf));
+    cr_assert_not_null(strstr(log, "<4>writer_id gw-2 set in the configuration is not the id"),
+                       "%s", log);
+    cr_assert_not_null(strstr(log, gen.id), "the warning names the old id: %s", log);
+
+    /* From now on the new one is kept. */
+    identity_ok("", &id);
+    cr_assert_eq(id.source, BD_WRITER_ID_KEPT);
+    cr_assert_str_eq(id.id, "gw-2");
+}
+
+/* A spool.dir written by a version without writer-id keeps the id its writer.state names. */
+Test(writer, the_id_of_an_earlier_version_is_adopted) {
+    struct bd_writer_identity id;
+    char buf[4096];
+    capture_log();
+    struct bd_writer *w = open_ok("spool"); /* writer.state names gw-1 */
+    bd_writer_close(w, true);
+    cr_assert_neq(access(id_path, F_OK), 0);
+    identity_ok("", &id);
+    cr_assert_eq(id.source, BD_WRITER_ID_ADOPTED);
+    cr_assert_str_eq(id.id, "gw-1");
+    cr_assert_str_eq(file_text(id_path, buf, sizeof(buf)), "gw-1\n");
+    identity_ok("", &id);
+    cr_assert_eq(id.source, BD_WRITER_ID_KEPT);
+    cr_assert_str_eq(id.id, "gw-1");
+}
+
+Test(writer, a_writer_id_file_without_a_valid_id_is_an_error) {
+    static const char *const bad[] = {
+        "",
+        "\n",
+        "gw 1\n",
+        "gw.1\n",
+        "gw-1\nmore\n",
+        "gw-1\n\n",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+        "aaaa\n"};
+    char buf[256];
+    capture_log();
+    cr_assert_eq(mkdir(spool, 0750), 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct bd_writer_identity id;
+        struct bd_err err = {0};
+        FILE *fp = fopen(id_path, "w");
+        cr_assert_not_null(fp);
+        fputs(bad[i], fp);
+        fclose(fp);
+        cr_assert_eq(bd_writer_identity(spool, "", &id, &err), -EINVAL, "content %zu", i);
+        cr_assert_not_null(strstr(err.msg, id_path), "%s", err.msg);
+        cr_assert_str_eq(file_text(id_path, buf, sizeof(buf)), bad[i], "left as it was");
+    }
+    /* Without a newline, and at the longest, it is an id. */
+    FILE *fp = fopen(id_path, "w");
+    cr_assert_not_null(fp);
+    fputs("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", fp);
+    fclose(fp);
+    struct bd_writer_identity id;
+    identity_ok("", &id);
+    cr_assert_eq(strlen(id.id), 64);
+}
+
+Test(writer, no_identity_while_another_daemon_holds_the_directory) {
+    struct bd_writer_identity id;
+    struct bd_err err = {0};
+    capture_log();
+    struct bd_writer *w = open_ok("spool");
+    cr_assert_eq(bd_writer_identity(spool, "", &id, &err), -EBUSY);
+    cr_assert_not_null(strstr(err.msg, "in use by another bucketd"), "%s", err.msg);
+    cr_assert_neq(access(id_path, F_OK), 0, "nothing written");
+    bd_writer_close(w, true);
+    /* Released: the lock does not outlive the call either, so the writer can open after it. */
+    identity_ok("", &id);
+    w = open_ok("spool");
+    bd_writer_close(w, true);
 }
