@@ -141,7 +141,7 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
                                       .max_late_ms = cfg->buckets.max_late_ms,
                                       .max_future_ms = cfg->buckets.max_future_ms,
                                       .max_readings = cfg->buckets.max_readings,
-                                      .max_bytes = BD_PAGE_MAX_BYTES};
+                                      .max_bytes = cfg->buckets.max_bytes};
     f->fail_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 1};
     f->quarantine_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 5};
     f->conflict_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 3};
@@ -374,6 +374,9 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
         if (di < 0 || page != cur_page) {
             di = bd_batch_get(&f->fill, s, start, page);
             cur_page = page;
+            if (di >= 0 && f->fill.meta[di].first_ms == 0) {
+                f->fill.meta[di].first_ms = wall_ms; /* when its oldest reading was drained */
+            }
         }
         uint64_t held = di < 0 || f->fill.n > had ? 0 : bd_delta_bytes(&f->fill.deltas[di]);
         if (di < 0 || bd_delta_add(&f->fill.deltas[di], ts, vals, nv) < 0) {
@@ -1209,6 +1212,65 @@ void swap_in_fill(struct bd_flusher *f) {
     f->queued = 0;
 }
 
+/* Of a page's readings pending, this fraction of buckets.max_readings is worth an update. */
+#define HOLD_FRACTION 32
+
+/*
+ * Whether delta di of the batch about to be written is worth an update now. A growing document
+ * is rewritten whole by the storage engine at every update, so a page updated every
+ * flush.interval with a few readings each time costs its size times the number of updates: a
+ * 1 Hz sensor's page of 1,000 readings rewritten 1,000 times is ~500 bytes rewritten per byte
+ * stored. Held back until flush.max_delay passed or enough readings gathered, it is updated
+ * about max_readings / (rate x max_delay) times: ~34 for that sensor with the defaults, ~17
+ * bytes rewritten per byte stored. Readings held wait in the fill batch, under limits.memory
+ * and inside the crash-loss bound (README).
+ */
+static bool delta_due(const struct bd_flusher *f, uint32_t di, int64_t wall_ms, bool stopping) {
+    const struct bd_delta *d = &f->batch.deltas[di];
+    const struct bd_batch_meta *m = &f->batch.meta[di];
+    if (stopping || f->cfg->flush.max_delay_ms == 0 || d->page == BD_PAGE_UNKNOWN ||
+        wall_ms - m->first_ms >= (int64_t)f->cfg->flush.max_delay_ms ||
+        (uint64_t)d->n_readings * HOLD_FRACTION >= f->lim.max_readings || over_budget(f)) {
+        return true;
+    }
+    /* A page that new readings no longer go to will not grow: nothing to wait for. */
+    const struct bd_page_slot *slot = bd_pages_find(d->sensor->flusher_state, d->start_ms);
+    return slot == NULL || !slot->known || slot->page != d->page;
+}
+
+/*
+ * After swap_in_fill: the deltas of the batch to write that are not due yet go back into the
+ * (empty) fill batch, ahead of anything drained later, so their readings stay in order. A
+ * delta that cannot be moved (out of memory) is simply written now.
+ */
+static void hold_back(struct bd_flusher *f, int64_t wall_ms, bool stopping) {
+    for (uint32_t di = 0; di < f->batch.n; di++) {
+        struct bd_delta *d = &f->batch.deltas[di];
+        if (f->batch.meta[di].done || d->n_readings == 0 || delta_due(f, di, wall_ms, stopping)) {
+            continue;
+        }
+        uint32_t had = f->fill.n;
+        int64_t t = bd_batch_get(&f->fill, d->sensor, d->start_ms, d->page);
+        if (t < 0) {
+            continue;
+        }
+        d = &f->batch.deltas[di];
+        uint64_t moved = bd_delta_bytes(d);
+        if (bd_delta_split(d, 0, &f->fill.deltas[t]) < 0) {
+            bd_batch_truncate(&f->fill, had);
+            continue;
+        }
+        f->fill.meta[t].first_ms = f->batch.meta[di].first_ms;
+        f->batch.meta[di].done = true;
+        f->fill_bytes += moved;
+        f->queued += f->fill.deltas[t].n_readings;
+        struct bd_page_slot *slot = bd_pages_find(d->sensor->flusher_state, d->start_ms);
+        if (slot != NULL) {
+            slot->batch = BD_MAX(slot->batch, f->fill_id); /* pinned with the fill batch now */
+        }
+    }
+}
+
 /* Write what the batch holds: one bulk per flush.max_updates deltas. */
 static void write_pending(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
     if (f->store == NULL) {
@@ -1235,10 +1297,13 @@ static void write_pending(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms
 }
 
 /* The fill batch is due: the interval passed, or it is large. */
+/* The fill batch is large: written whole, nothing held back. */
+static bool fill_large(const struct bd_flusher *f) {
+    return f->queued >= MAX_QUEUED || f->fill_bytes >= f->budget / 2;
+}
+
 bool fill_due(const struct bd_flusher *f, int64_t mono_ns, bool stopping) {
-    return f->fill.n > 0 &&
-           (stopping || mono_ns >= f->send_at || f->fill.n >= f->cfg->flush.max_updates ||
-            f->queued >= MAX_QUEUED || f->fill_bytes >= f->budget / 2);
+    return f->fill.n > 0 && (stopping || mono_ns >= f->send_at || fill_large(f));
 }
 
 void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
@@ -1278,13 +1343,19 @@ void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, boo
         }
         return;
     }
-    if (!stopping && mono_ns < f->send_at && f->fill_bytes >= f->budget / 2) {
+    bool large = fill_large(f);
+    if (!stopping && mono_ns < f->send_at && large) {
         BD_STAT_ADD(f->stats, flushes_for_memory, 1);
     }
     swap_in_fill(f);
+    hold_back(f, wall_ms, stopping || large);
+    f->send_at = mono_ns + interval_ns;
+    if (bd_batch_pending_readings(&f->batch) == 0) {
+        batch_done(f); /* everything held back for more */
+        return;
+    }
     BD_STAT_ADD(f->stats, flushes, 1);
     write_pending(f, mono_ns, wall_ms);
-    f->send_at = mono_ns + interval_ns;
 }
 
 bool bd_flusher_idle(struct bd_flusher *f) {

@@ -17,6 +17,7 @@ struct bd_batch_meta {
     bool maybe_applied; /* an attempt may have reached the server and been applied */
     uint8_t refusals;   /* answers that refused it (bounded, then quarantined) */
     uint8_t dup_checks; /* duplicate-key answers whose read-back found a racing insert */
+    int64_t first_ms;   /* wall clock when its oldest reading was drained (0: not set) */
 };
 
 struct bd_batch {

@@ -51,7 +51,8 @@ struct bd_config {
 
     struct {
         uint64_t span_ms;       /* default 1h; must divide a day evenly */
-        uint32_t max_readings;  /* per document page, default 3600 */
+        uint32_t max_readings;  /* per document page, default 1000 */
+        uint64_t max_bytes;     /* estimated BSON bytes per page, default 128 KiB */
         uint64_t max_late_ms;   /* readings older than now - max_late are dropped; default 24h */
         uint64_t max_future_ms; /* readings newer than now + max_future are dropped; default 10m */
     } buckets;
@@ -60,6 +61,7 @@ struct bd_config {
         uint64_t interval_ms;      /* default 1s */
         uint32_t max_updates;      /* bucket updates per bulk write, default 1000 */
         uint64_t stop_timeout_ms;  /* how long a stop may spend flushing, default 30s */
+        uint64_t max_delay_ms;     /* a page's readings wait for more at most, default 30s */
         uint64_t retry_initial_ms; /* first backoff after a failed bulk write, default 100ms */
         uint64_t retry_max_ms;     /* backoff cap, default 10s */
     } flush;

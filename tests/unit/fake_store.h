@@ -35,9 +35,11 @@ struct fake_doc {
     int64_t start_ms;
     int64_t page;
     int64_t count;
-    uint64_t bytes; /* sum of the sizes of the updates applied: the model of the document size */
-    uint64_t wseq;  /* this writer's entry */
-    uint64_t other; /* another writer's entry (a racing insert) */
+    uint64_t bytes;   /* sum of the sizes of the updates applied: the model of the document size */
+    uint64_t wseq;    /* this writer's entry */
+    uint64_t other;   /* another writer's entry (a racing insert) */
+    uint32_t updates; /* updates applied */
+    uint64_t rewritten; /* readings written by the storage engine: the count after each update */
 };
 
 struct fake_store {
@@ -314,6 +316,8 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
         }
         d->count += u.n;
         d->bytes += size;
+        d->updates++;
+        d->rewritten += (uint64_t)d->count; /* the storage engine writes the whole document */
         d->wseq = u.seq;
     }
     BSON_APPEND_INT64(reply, "nMatched", matched);

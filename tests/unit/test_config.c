@@ -218,7 +218,9 @@ Test(config, defaults) {
     cr_assert_str_eq(cfg.mongodb.collection, "buckets");
     cr_assert_str_eq(cfg.mongodb.write_concern, "majority");
     cr_assert_eq(cfg.buckets.span_ms, 3600000);
-    cr_assert_eq(cfg.buckets.max_readings, 3600);
+    cr_assert_eq(cfg.buckets.max_readings, 1000);
+    cr_assert_eq(cfg.buckets.max_bytes, 128 * 1024);
+    cr_assert_eq(cfg.flush.max_delay_ms, 30000);
     cr_assert_eq(cfg.buckets.max_late_ms, 24 * 3600000);
     cr_assert_eq(cfg.buckets.max_future_ms, 600000);
     cr_assert_eq(cfg.flush.interval_ms, 1000);
@@ -427,7 +429,7 @@ Test(config, unknown_key_lists_valid_keys) {
 Test(config, typo_in_nested_key) {
     expect_fail(LISTENER "flush:\n  interval: 2s\n  intervall: 2s\n", "6:3", "flush.intervall",
                 "did you mean \"interval\"? valid keys here: interval, max_updates, "
-                "stop_timeout, retry_initial, retry_max");
+                "stop_timeout, max_delay, retry_initial, retry_max");
     expect_fail("listeners:\n  - proto: udp\n    bnd: \"127.0.0.1:1\"\n", "3:5", "listeners[0].bnd",
                 "did you mean \"bind\"");
     expect_fail(LISTENER "mongo:\n  uri: x\n", "4:1", "mongo", "did you mean \"mongodb\"");

@@ -40,6 +40,7 @@ static void configure(void) {
     cfg.limits.max_sensors = 64;
     cfg.limits.memory = UINT64_C(256) << 20;
     cfg.limits.max_fields = 64;
+    cfg.flush.max_delay_ms = 0; /* every page written when its batch is; holding has its tests */
     snprintf(dir, sizeof(dir), "/tmp/bd-flusher-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     snprintf(cfg.spool.dir, sizeof(cfg.spool.dir), "%s", dir);
@@ -1090,4 +1091,76 @@ Test(flusher, a_spool_that_cannot_take_a_batch_keeps_it_in_memory_and_loses_noth
     cr_assert_gt(run(10), 0); /* MongoDB back: written from memory */
     assert_stored(2, 3);
     cr_assert_eq(STAT(readings_lost), 0);
+}
+
+/* ---- holding pages back for more readings (flush.max_delay) --------------------------------- */
+
+/* One reading per sensor per second of wall clock for `seconds`, a step every second. */
+static void one_hertz(int sensors, int seconds, int64_t t0_ms) {
+    char name[32];
+    for (int t = 0; t < seconds; t++) {
+        for (int i = 0; i < sensors; i++) {
+            accept1(sensor_name(name, sizeof(name), i), t, t0_ms + t * 1000);
+        }
+        publish();
+        now_ms = t0_ms + t * 1000;
+        mono += 1000 * MS;
+        bd_flusher_step(flusher, mono, now_ms, false);
+    }
+}
+
+Test(flusher, a_page_is_held_back_until_max_delay_then_written_once) {
+    stop();
+    cfg.flush.max_delay_ms = 30000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    one_hertz(2, 29, t0);
+    cr_assert_eq(fs.bulks, 0, "nothing before 30 s: the readings wait in memory");
+    one_hertz(2, 2, t0 + 29000);
+    cr_assert_eq(fs.bulks, 1, "one bulk once the oldest reading waited 30 s");
+    cr_assert_eq(STAT(updates_sent), 2, "one update per page");
+    cr_assert_eq(STAT(readings_flushed), 62, "seconds 0 to 30 of both sensors");
+    /* A stop writes what is held. */
+    cr_assert_gt(run(5), 0);
+    assert_stored(2, 31);
+}
+
+Test(flusher, a_page_is_written_early_when_enough_readings_wait) {
+    stop();
+    cfg.flush.max_delay_ms = 30000;
+    cfg.buckets.max_readings = 320; /* 1/32 of it: 10 readings */
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    char name[32];
+    for (int j = 0; j < 10; j++) {
+        accept1(sensor_name(name, sizeof(name), 0), j, t0 + j);
+    }
+    accept1(sensor_name(name, sizeof(name), 1), 0, t0); /* a quiet sensor stays held */
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_flushed), 10);
+    cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), 1)), 0);
+}
+
+Test(flusher, an_hour_of_a_1hz_sensor_rewrites_at_most_20_bytes_per_byte_stored) {
+    stop();
+    cfg.flush.max_delay_ms = 30000; /* the defaults: 1 s flushes, 1000-reading pages */
+    cfg.flush.interval_ms = 1000;
+    cfg.buckets.max_readings = 1000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    one_hertz(3, 3600, t0);
+    cr_assert_gt(run(10), 0);
+    assert_stored(3, 3600);
+    uint64_t stored = 0, rewritten = 0;
+    for (uint32_t i = 0; i < fs.n_docs; i++) {
+        stored += (uint64_t)fs.docs[i].count;
+        rewritten += fs.docs[i].rewritten;
+        cr_assert_leq(fs.docs[i].updates, 40, "page %" PRId64 ": %u updates", fs.docs[i].page,
+                      fs.docs[i].updates);
+    }
+    /* In readings; bytes follow (the page header is small next to 1,000 readings). */
+    double ratio = (double)rewritten / (double)stored;
+    cr_assert_leq(ratio, 20.0, "rewritten / stored = %.1f", ratio);
+    cr_assert_geq(ratio, 10.0, "held too long (%.1f): readings must show within max_delay", ratio);
 }
