@@ -8,9 +8,9 @@
  *   1. $set  _n (the new readings, time-ordered), the constant fields (sensor_id, meta,
  *            bucket_start, bucket_end, page), count += n, and per numeric field
  *            summary.<f>.min/max (via $min/$max), .sum and .count (via $add);
- *   2. $set  readings = existing readings + _n, re-sorted by ts only when the first new
- *            reading is older than the last stored one (late data), and summary.<f>.avg =
- *            sum / count;
+ *   2. $set  readings = existing readings + _n, re-sorted by ts (equal timestamps in arrival
+ *            order, see append_sorted) only when the first new reading is older than the last
+ *            stored one (late data), and summary.<f>.avg = sum / count;
  *   3. $unset _n.
  *
  * Idempotency: the filter is {_id, sensor_id, bucket_start, "w.<writer_id>": {$not: {$gte:
@@ -393,8 +393,88 @@ static void append_concat(bson_t *parent, const char *key) {
     bson_append_document_end(parent, &op);
 }
 
+/*
+ * Stored readings + new readings, sorted by ts with equal timestamps in arrival order.
+ * $sortArray is not documented as stable (the server's sort is not), so each reading is sorted
+ * with its position in the concatenation as the tie-breaker -- stored readings are already in
+ * order and come first, new ones follow in the order they arrived -- and unwrapped again:
+ *   {$let: {vars: {all: <concat>}, in: {$map: {as: "x", in: "$$x.r", input: {$sortArray: {
+ *     sortBy: {t: 1, i: 1}, input: {$map: {input: {$range: [0, {$size: "$$all"}]}, as: "i",
+ *       in: {$let: {vars: {r: {$arrayElemAt: ["$$all", "$$i"]}},
+ *                   in: {i: "$$i", t: "$$r.ts", r: "$$r"}}}}}}}}}}}
+ * Nothing extra is stored in the document; the cost is one pass over the page, and only when
+ * late readings arrive.
+ */
+static void append_sorted(bson_t *parent, const char *key) {
+    bson_t let, vars, map, sorted, spec, by, inner, range, range_args, size, let2, vars2, elem,
+        elem_args, item;
+    BSON_APPEND_DOCUMENT_BEGIN(parent, key, &let);
+    BSON_APPEND_DOCUMENT_BEGIN(&let, "$let", &vars);
+    {
+        bson_t v;
+        BSON_APPEND_DOCUMENT_BEGIN(&vars, "vars", &v);
+        append_concat(&v, "all");
+        bson_append_document_end(&vars, &v);
+    }
+    BSON_APPEND_DOCUMENT_BEGIN(&vars, "in", &map);
+    {
+        bson_t m;
+        BSON_APPEND_DOCUMENT_BEGIN(&map, "$map", &m);
+        BSON_APPEND_UTF8(&m, "as", "x");
+        BSON_APPEND_UTF8(&m, "in", "$$x.r");
+        BSON_APPEND_DOCUMENT_BEGIN(&m, "input", &sorted);
+        BSON_APPEND_DOCUMENT_BEGIN(&sorted, "$sortArray", &spec);
+        BSON_APPEND_DOCUMENT_BEGIN(&spec, "sortBy", &by);
+        BSON_APPEND_INT32(&by, "t", 1);
+        BSON_APPEND_INT32(&by, "i", 1);
+        bson_append_document_end(&spec, &by);
+        BSON_APPEND_DOCUMENT_BEGIN(&spec, "input", &inner);
+        {
+            bson_t im;
+            BSON_APPEND_DOCUMENT_BEGIN(&inner, "$map", &im);
+            BSON_APPEND_DOCUMENT_BEGIN(&im, "input", &range);
+            BSON_APPEND_ARRAY_BEGIN(&range, "$range", &range_args);
+            BSON_APPEND_INT32(&range_args, "0", 0);
+            BSON_APPEND_DOCUMENT_BEGIN(&range_args, "1", &size);
+            BSON_APPEND_UTF8(&size, "$size", "$$all");
+            bson_append_document_end(&range_args, &size);
+            bson_append_array_end(&range, &range_args);
+            bson_append_document_end(&im, &range);
+            BSON_APPEND_UTF8(&im, "as", "i");
+            BSON_APPEND_DOCUMENT_BEGIN(&im, "in", &let2);
+            BSON_APPEND_DOCUMENT_BEGIN(&let2, "$let", &vars2);
+            {
+                bson_t v2;
+                BSON_APPEND_DOCUMENT_BEGIN(&vars2, "vars", &v2);
+                BSON_APPEND_DOCUMENT_BEGIN(&v2, "r", &elem);
+                BSON_APPEND_ARRAY_BEGIN(&elem, "$arrayElemAt", &elem_args);
+                BSON_APPEND_UTF8(&elem_args, "0", "$$all");
+                BSON_APPEND_UTF8(&elem_args, "1", "$$i");
+                bson_append_array_end(&elem, &elem_args);
+                bson_append_document_end(&v2, &elem);
+                bson_append_document_end(&vars2, &v2);
+            }
+            BSON_APPEND_DOCUMENT_BEGIN(&vars2, "in", &item);
+            BSON_APPEND_UTF8(&item, "i", "$$i");
+            BSON_APPEND_UTF8(&item, "t", "$$r.ts");
+            BSON_APPEND_UTF8(&item, "r", "$$r");
+            bson_append_document_end(&vars2, &item);
+            bson_append_document_end(&let2, &vars2);
+            bson_append_document_end(&im, &let2);
+            bson_append_document_end(&inner, &im);
+        }
+        bson_append_document_end(&spec, &inner);
+        bson_append_document_end(&sorted, &spec);
+        bson_append_document_end(&m, &sorted);
+        bson_append_document_end(&map, &m);
+    }
+    bson_append_document_end(&vars, &map);
+    bson_append_document_end(&let, &vars);
+    bson_append_document_end(parent, &let);
+}
+
 static void append_readings_merge(bson_t *parent, int64_t first_ts_ms) {
-    bson_t rd, cond, gte, gte_args, last, last_args, sorted, sort_spec, sort_by;
+    bson_t rd, cond, gte, gte_args, last, last_args;
     BSON_APPEND_DOCUMENT_BEGIN(parent, "readings", &rd);
     BSON_APPEND_ARRAY_BEGIN(&rd, "$cond", &cond);
     /* In order when the first new reading is not older than the last stored one; a missing
@@ -411,14 +491,7 @@ static void append_readings_merge(bson_t *parent, int64_t first_ts_ms) {
     bson_append_array_end(&gte, &gte_args);
     bson_append_document_end(&cond, &gte);
     append_concat(&cond, "1");
-    BSON_APPEND_DOCUMENT_BEGIN(&cond, "2", &sorted);
-    BSON_APPEND_DOCUMENT_BEGIN(&sorted, "$sortArray", &sort_spec);
-    append_concat(&sort_spec, "input");
-    BSON_APPEND_DOCUMENT_BEGIN(&sort_spec, "sortBy", &sort_by);
-    BSON_APPEND_INT32(&sort_by, "ts", 1);
-    bson_append_document_end(&sort_spec, &sort_by);
-    bson_append_document_end(&sorted, &sort_spec);
-    bson_append_document_end(&cond, &sorted);
+    append_sorted(&cond, "2");
     bson_append_array_end(&rd, &cond);
     bson_append_document_end(parent, &rd);
 }

@@ -1233,6 +1233,38 @@ def _x_map(p, v):
     return [p.sub({name: item}).value_or_null(v['in']) for item in arr]
 
 
+def _x_let(p, v):
+    if not isinstance(v, dict):
+        fail(16874, '$let only supports an object as its argument')
+    for k in v:
+        if k not in ('vars', 'in'):
+            fail(16875, 'Unrecognized parameter to $let: %s' % k)
+    if 'vars' not in v:
+        fail(16876, "Missing 'vars' parameter to $let")
+    if 'in' not in v:
+        fail(16877, "Missing 'in' parameter to $let")
+    if not isinstance(v['vars'], dict):
+        fail(10065, "invalid parameter: expected an object (vars)")
+    # Every variable is evaluated in the outer scope, then 'in' sees them all.
+    values = {name: p.value_or_null(expr) for name, expr in v['vars'].items()}
+    return p.sub(values).value_or_null(v['in'])
+
+
+def _x_range(p, v):
+    args = _args(v, '$range', lo=2, hi=3)
+    vals = [p.eval(a) for a in args]
+    for what, x in zip(('starting value', 'ending value', 'step value'), vals):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or int(x) != x or \
+                not -2 ** 31 <= int(x) < 2 ** 31:
+            fail(34443, '$range requires a %s that can be represented as a 32-bit integer, '
+                 'found value: %r' % (what, x))
+    start, end = int(vals[0]), int(vals[1])
+    step = int(vals[2]) if len(vals) == 3 else 1
+    if step == 0:
+        fail(34449, '$range requires a non-zero step value')
+    return list(range(start, end, step))
+
+
 def _x_filter(p, v):
     if not isinstance(v, dict):
         fail(28646, '$filter only supports an object as its argument')
@@ -1328,6 +1360,8 @@ _EXPR_HANDLERS = {
     '$toDate': _x_to_date,
     '$mergeObjects': _x_merge_objects,
     '$map': _x_map,
+    '$let': _x_let,
+    '$range': _x_range,
     '$filter': _x_filter,
     '$reduce': _x_reduce,
 }
