@@ -1072,21 +1072,29 @@ static bool learn_pages(struct bd_flusher *f) {
     return ok && raise_sequence(f, max_seq);
 }
 
-/* Before a batch's first attempt: the sequence and the pages must be right. */
-static bool prepare_batch(struct bd_flusher *f) {
-    struct bd_err err = {0};
-    if (!recover_sequence(f) || !learn_pages(f)) {
-        return false;
-    }
-    if (bd_writer_next(f->writer, &f->batch_seq, &err) < 0) {
-        log_lookup_failure(f, "saving the flush sequence", err.msg);
-        return false;
+int take_sequence(struct bd_flusher *f, struct bd_err *err) {
+    int rc = bd_writer_next(f->writer, &f->batch_seq, err);
+    if (rc < 0) {
+        return rc;
     }
     f->batch_max_start_ms = INT64_MIN;
     for (uint32_t i = 0; i < f->batch.n; i++) {
         f->batch_max_start_ms = BD_MAX(f->batch_max_start_ms, f->batch.deltas[i].start_ms);
     }
     f->have_seq = true;
+    return 0;
+}
+
+/* Before a batch's first attempt: the sequence and the pages must be right. */
+static bool prepare_batch(struct bd_flusher *f) {
+    struct bd_err err = {0};
+    if (!recover_sequence(f) || !learn_pages(f)) {
+        return false;
+    }
+    if (take_sequence(f, &err) < 0) {
+        log_lookup_failure(f, "saving the flush sequence", err.msg);
+        return false;
+    }
     return true;
 }
 

@@ -98,6 +98,8 @@ struct bd_flusher {
 };
 
 /* flusher.c */
+/* The batch being written takes the next number of the writer sequence (saved first). */
+int take_sequence(struct bd_flusher *f, struct bd_err *err);
 int build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int64_t wall_ms);
 void note_failure(struct bd_flusher *f, enum bd_bulk_cause cause, const char *msg);
 void schedule_retry(struct bd_flusher *f, int64_t mono_ns);

@@ -102,17 +102,12 @@ static bool prepare_offline(struct bd_flusher *f) {
         }
     }
     struct bd_err err = {0};
-    if (bd_writer_next(f->writer, &f->batch_seq, &err) < 0) {
+    if (take_sequence(f, &err) < 0) {
         if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
             bd_error("cannot save the flush sequence before spooling: %s", err.msg);
         }
         return false;
     }
-    f->batch_max_start_ms = INT64_MIN;
-    for (uint32_t i = 0; i < f->batch.n; i++) {
-        f->batch_max_start_ms = BD_MAX(f->batch_max_start_ms, f->batch.deltas[i].start_ms);
-    }
-    f->have_seq = true;
     return true;
 }
 

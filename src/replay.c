@@ -43,34 +43,6 @@ struct bd_replay {
     uint32_t chunk_max; /* flush.max_updates, halved after a driver refusal */
 };
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) {
-        v |= (uint32_t)p[i] << (8 * i);
-    }
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) {
-        v |= (uint64_t)p[i] << (8 * i);
-    }
-    return v;
-}
-
 int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t start_ms,
                       uint32_t page, uint32_t n_readings, const bson_t *filter,
                       const bson_t *update) {
@@ -89,11 +61,11 @@ int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t 
         buf->cap = cap;
     }
     uint8_t *p = buf->data + buf->len;
-    put_u32(p, n_readings);
-    put_u32(p + 4, 0);
-    put_u64(p + 8, (uint64_t)start_ms);
-    put_u32(p + 16, page);
-    put_u32(p + 20, (uint32_t)id_len);
+    bd_put_le32(p, n_readings);
+    bd_put_le32(p + 4, 0);
+    bd_put_le64(p + 8, (uint64_t)start_ms);
+    bd_put_le32(p + 16, page);
+    bd_put_le32(p + 20, (uint32_t)id_len);
     memcpy(p + ENTRY_HEADER, sensor_id, id_len);
     memcpy(p + ENTRY_HEADER + id_len, bson_get_data(filter), filter->len);
     memcpy(p + ENTRY_HEADER + id_len + filter->len, bson_get_data(update), update->len);
@@ -131,7 +103,7 @@ static uint32_t bson_at(const uint8_t *p, size_t avail) {
     if (avail < 5) {
         return 0;
     }
-    uint32_t len = get_u32(p);
+    uint32_t len = bd_get_le32(p);
     return len >= 5 && len <= avail && p[len - 1] == 0 ? len : 0;
 }
 
@@ -158,7 +130,7 @@ int bd_replay_load(struct bd_replay **out, const struct bd_spool_record *rec, st
         if (avail < ENTRY_HEADER) {
             goto bad;
         }
-        uint32_t id_len = get_u32(p + 20);
+        uint32_t id_len = bd_get_le32(p + 20);
         if (id_len == 0 || id_len > avail - ENTRY_HEADER) {
             goto bad;
         }
@@ -192,17 +164,17 @@ int bd_replay_load(struct bd_replay **out, const struct bd_spool_record *rec, st
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *p = r->data + off;
         struct upd *u = &r->u[i];
-        uint32_t id_len = get_u32(p + 20);
-        u->n_readings = get_u32(p);
-        u->start_ms = (int64_t)get_u64(p + 8);
-        u->page = get_u32(p + 16);
+        uint32_t id_len = bd_get_le32(p + 20);
+        u->n_readings = bd_get_le32(p);
+        u->start_ms = (int64_t)bd_get_le64(p + 8);
+        u->page = bd_get_le32(p + 16);
         memcpy(ids, p + ENTRY_HEADER, id_len);
         ids[id_len] = '\0';
         u->sensor_id = ids;
         ids += id_len + 1;
         const uint8_t *fp = p + ENTRY_HEADER + id_len;
-        uint32_t fl = get_u32(fp);
-        uint32_t ul = get_u32(fp + fl);
+        uint32_t fl = bd_get_le32(fp);
+        uint32_t ul = bd_get_le32(fp + fl);
         if (!bson_init_static(&r->filters[i], fp, fl) ||
             !bson_init_static(&r->updates[i], fp + fl, ul)) {
             goto bad;

@@ -104,58 +104,39 @@ static void crash_point(int step) {
 /* ------------------------------------------------------------------------------------------ */
 /* Encoding                                                                                   */
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p) {
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
 static void encode_seg_header(uint8_t *h, uint64_t no) {
     memset(h, 0, SEG_HDR);
     memcpy(h, SEG_MAGIC, 8);
-    put32(h + 8, FORMAT_VERSION);
-    put32(h + 12, SEG_HDR);
-    put64(h + 16, no);
-    put32(h + 28, bd_crc32c(0, h, 28));
+    bd_put_le32(h + 8, FORMAT_VERSION);
+    bd_put_le32(h + 12, SEG_HDR);
+    bd_put_le64(h + 16, no);
+    bd_put_le32(h + 28, bd_crc32c(0, h, 28));
 }
 
 static bool seg_header_ok(const uint8_t *h, uint64_t no) {
-    return memcmp(h, SEG_MAGIC, 8) == 0 && get32(h + 8) == FORMAT_VERSION &&
-           get32(h + 12) == SEG_HDR && get64(h + 16) == no && get32(h + 28) == bd_crc32c(0, h, 28);
+    return memcmp(h, SEG_MAGIC, 8) == 0 && bd_get_le32(h + 8) == FORMAT_VERSION &&
+           bd_get_le32(h + 12) == SEG_HDR && bd_get_le64(h + 16) == no &&
+           bd_get_le32(h + 28) == bd_crc32c(0, h, 28);
 }
 
 static void encode_rec_header(uint8_t *h, uint64_t seq, uint32_t n_readings, const void *data,
                               size_t len) {
     memcpy(h, REC_MAGIC, 4);
-    put32(h + 4, (uint32_t)len);
-    put64(h + 8, seq);
-    put32(h + 16, n_readings);
-    put32(h + 20, 0);
-    put32(h + 24, bd_crc32c(0, h, 24));
-    put32(h + 28, bd_crc32c(bd_crc32c(0, h, 28), data, len));
+    bd_put_le32(h + 4, (uint32_t)len);
+    bd_put_le64(h + 8, seq);
+    bd_put_le32(h + 16, n_readings);
+    bd_put_le32(h + 20, 0);
+    bd_put_le32(h + 24, bd_crc32c(0, h, 24));
+    bd_put_le32(h + 28, bd_crc32c(bd_crc32c(0, h, 28), data, len));
 }
 
 static void encode_ckpt(uint8_t *c, uint64_t seg, uint64_t off) {
     memset(c, 0, CKPT_LEN);
     memcpy(c, CKPT_MAGIC, 8);
-    put32(c + 8, FORMAT_VERSION);
-    put64(c + 16, seg);
-    put64(c + 24, off);
-    put32(c + 32, bd_crc32c(0, c, 32));
+    bd_put_le32(c + 8, FORMAT_VERSION);
+    bd_put_le64(c + 16, seg);
+    bd_put_le64(c + 24, off);
+    bd_put_le32(c + 32, bd_crc32c(0, c, 32));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -274,12 +255,12 @@ static int check_record(struct bd_spool *s, int fd, uint64_t off, uint64_t end, 
     if (rc < 0) {
         return rc;
     }
-    if (memcmp(b, REC_MAGIC, 4) != 0 || get32(b + 24) != bd_crc32c(0, b, 24)) {
+    if (memcmp(b, REC_MAGIC, 4) != 0 || bd_get_le32(b + 24) != bd_crc32c(0, b, 24)) {
         return 0;
     }
-    h->len = get32(b + 4);
-    h->seq = get64(b + 8);
-    h->n_readings = get32(b + 16);
+    h->len = bd_get_le32(b + 4);
+    h->seq = bd_get_le64(b + 8);
+    h->n_readings = bd_get_le32(b + 16);
     if (h->len > BD_SPOOL_MAX_RECORD || end - off - REC_HDR < h->len) {
         return 0;
     }
@@ -295,7 +276,7 @@ static int check_record(struct bd_spool *s, int fd, uint64_t off, uint64_t end, 
         return rc;
     }
     uint32_t crc = bd_crc32c(bd_crc32c(0, b, 28), s->buf, h->len);
-    *state = crc == get32(b + 28) ? REC_OK : REC_BAD_PAYLOAD;
+    *state = crc == bd_get_le32(b + 28) ? REC_OK : REC_BAD_PAYLOAD;
     return 0;
 }
 
@@ -871,16 +852,17 @@ static bool load_ckpt(struct bd_spool *s, uint64_t *seg, uint64_t *off) {
     if (n > 0) {
         s->bytes_read += (uint64_t)n;
     }
-    if (n != CKPT_LEN || memcmp(c, CKPT_MAGIC, 8) != 0 || get32(c + 8) != FORMAT_VERSION ||
-        get32(c + 32) != bd_crc32c(0, c, 32) || get64(c + 16) == 0 || get64(c + 24) < SEG_HDR) {
+    if (n != CKPT_LEN || memcmp(c, CKPT_MAGIC, 8) != 0 || bd_get_le32(c + 8) != FORMAT_VERSION ||
+        bd_get_le32(c + 32) != bd_crc32c(0, c, 32) || bd_get_le64(c + 16) == 0 ||
+        bd_get_le64(c + 24) < SEG_HDR) {
         bd_warn("spool: %s is damaged; replay starts at the oldest segment (records already "
                 "acknowledged may be delivered again)",
                 path);
         s->st.bad_checkpoints++;
         return false;
     }
-    *seg = get64(c + 16);
-    *off = get64(c + 24);
+    *seg = bd_get_le64(c + 16);
+    *off = bd_get_le64(c + 24);
     return true;
 }
 

@@ -40,6 +40,26 @@ int bd_mkdir_p(const char *dir, mode_t mode, struct bd_err *err);
 /* write(2) all of buf, retrying short writes and EINTR. 0 or -errno. */
 int bd_write_all(int fd, const void *buf, size_t len);
 
+/* Little-endian integers in byte buffers (on-disk formats), whatever the host's order. */
+static inline void bd_put_le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static inline void bd_put_le64(uint8_t *p, uint64_t v) {
+    bd_put_le32(p, (uint32_t)v);
+    bd_put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+static inline uint32_t bd_get_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint64_t bd_get_le64(const uint8_t *p) {
+    return (uint64_t)bd_get_le32(p) | (uint64_t)bd_get_le32(p + 4) << 32;
+}
+
 #define BD_NS_PER_MS INT64_C(1000000)
 #define BD_NS_PER_S INT64_C(1000000000)
 
