@@ -147,5 +147,26 @@ void bd_batch_clear(struct bd_batch *b) {
         bd_delta_close(&b->deltas[i]); /* zeroed: no buffers, as never used */
     }
     b->n = 0;
+    /* The arrays too (a shrinking realloc that fails keeps the larger block, which is fine). */
+    if (b->cap > BD_BATCH_KEEP) {
+        struct bd_delta *nd = bd_reallocarray(b->deltas, BD_BATCH_KEEP, sizeof(*nd));
+        if (nd != NULL) {
+            b->deltas = nd;
+            b->cap = BD_BATCH_KEEP; /* meta may stay larger than cap: harmless */
+            struct bd_batch_meta *nm = bd_reallocarray(b->meta, BD_BATCH_KEEP, sizeof(*nm));
+            if (nm != NULL) {
+                b->meta = nm;
+            }
+        }
+    }
+    if (b->slot_mask + 1 > 4 * BD_BATCH_KEEP) {
+        uint32_t *slots = bd_calloc(4 * BD_BATCH_KEEP, sizeof(*slots));
+        if (slots != NULL) {
+            free(b->slots);
+            b->slots = slots;
+            b->slot_mask = 4 * BD_BATCH_KEEP - 1;
+            return;
+        }
+    }
     memset(b->slots, 0, ((size_t)b->slot_mask + 1) * sizeof(*b->slots));
 }
