@@ -273,6 +273,10 @@ void bd_flusher_wake(struct bd_flusher *f) {
     bd_io_poke(f->io);
 }
 
+void bd_flusher_seed(struct bd_flusher *f, uint64_t seed) {
+    f->rng = seed | 1;
+}
+
 int64_t bd_flusher_retry_at(const struct bd_flusher *f) {
     return f->retry_at;
 }
@@ -1314,13 +1318,47 @@ bool fill_due(const struct bd_flusher *f, int64_t mono_ns, bool stopping) {
     return f->fill.n > 0 && (stopping || mono_ns >= f->send_at || fill_large(f));
 }
 
+static void step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping);
+
+/* The gauges of what waits (stats.h). */
+static void set_gauges(struct bd_flusher *f, int64_t wall_ms) {
+    const struct bd_pool *pool = bd_sensor_table_pool(f->table);
+    BD_GAUGE_SET(f->stats, pool_segments_in_use, bd_pool_in_use(pool));
+    BD_GAUGE_SET(f->stats, pool_segments_high_water, bd_pool_high_water(pool));
+    BD_GAUGE_SET(f->stats, pool_segments, pool->n_segs);
+    uint64_t in_batch = bd_batch_pending_readings(&f->batch);
+    uint64_t in_fill = bd_batch_pending_readings(&f->fill);
+    BD_GAUGE_SET(f->stats, pending_batches, (uint64_t)(in_batch > 0) + (uint64_t)(in_fill > 0));
+    BD_GAUGE_SET(f->stats, pending_readings, in_batch + in_fill);
+    int64_t oldest = flusher_spool_oldest_ms(f);
+    const struct bd_batch *both[] = {&f->batch, &f->fill};
+    for (size_t b = 0; b < BD_ARRAY_LEN(both); b++) {
+        for (uint32_t i = 0; i < both[b]->n; i++) {
+            const struct bd_batch_meta *m = &both[b]->meta[i];
+            if (!m->done && both[b]->deltas[i].n_readings > 0 && m->first_ms > 0 &&
+                (oldest == 0 || m->first_ms < oldest)) {
+                oldest = m->first_ms;
+            }
+        }
+    }
+    BD_GAUGE_SET(f->stats, oldest_pending_age_ms,
+                 oldest > 0 && wall_ms > oldest ? (uint64_t)(wall_ms - oldest) : 0);
+    if (f->spool != NULL) {
+        flusher_spool_stats(f);
+    }
+}
+
 void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
+    step(f, mono_ns, wall_ms, stopping);
+    set_gauges(f, wall_ms);
+}
+
+static void step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
     int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
     /* Draining goes on whatever the batch being written is doing (waiting for its retry here,
      * in flight in call_store). */
     flusher_drain(f, wall_ms);
     if (f->spool != NULL) {
-        flusher_spool_stats(f);
         bd_spool_tick(f->spool, mono_ns);
         if (flusher_spool_active(f)) {
             /* Older batches wait on disk: everything goes through the spool, in order. */

@@ -89,6 +89,8 @@ struct bd_flusher {
     uint64_t replay_id;
     struct bd_replay_buf spool_buf;
     struct bd_ratelimit spool_log;
+    /* Wall clock of the oldest reading in the spool, as far as this run knows (0: empty). */
+    int64_t spool_oldest_ms;
     char writer_key[160]; /* "w.<writer_id>" */
     bool seq_known;       /* the sequence is past every number in the documents */
     bool have_seq;        /* batch_seq belongs to the pending batch */
@@ -122,7 +124,10 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms);
 void flusher_spool_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping);
 /* A stop's deadline passed: spool everything still in memory that can be. */
 void flusher_spool_everything(struct bd_flusher *f, int64_t wall_ms);
-/* Copy the spool's counters into the daemon's stats. */
+/* Copy the spool's counters and gauges into the daemon's stats. */
 void flusher_spool_stats(struct bd_flusher *f);
+/* Wall clock of the oldest spooled reading (0: none). A spool left by an earlier run counts from
+ * this start: its records carry no time. */
+int64_t flusher_spool_oldest_ms(const struct bd_flusher *f);
 
 #endif

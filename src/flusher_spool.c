@@ -57,6 +57,7 @@ int flusher_spool_open(struct bd_flusher *f, struct bd_err *err) {
     if (!bd_spool_empty(f->spool)) {
         struct bd_spool_stats st;
         bd_spool_get_stats(f->spool, &st);
+        f->spool_oldest_ms = bd_now_ns() / BD_NS_PER_MS;
         bd_info("spool %s holds %" PRIu64 " bytes in %" PRIu64
                 " segments from an earlier run: they are written to MongoDB first, oldest first",
                 f->cfg->spool.dir, st.bytes, st.segments);
@@ -76,6 +77,10 @@ bool flusher_spool_active(const struct bd_flusher *f) {
     return f->spool != NULL && (f->replay != NULL || !bd_spool_empty(f->spool));
 }
 
+int64_t flusher_spool_oldest_ms(const struct bd_flusher *f) {
+    return flusher_spool_active(f) ? f->spool_oldest_ms : 0;
+}
+
 void flusher_spool_stats(struct bd_flusher *f) {
     struct bd_spool_stats st;
     bd_spool_get_stats(f->spool, &st);
@@ -84,6 +89,8 @@ void flusher_spool_stats(struct bd_flusher *f) {
     atomic_store_explicit(&f->stats->spool_dropped_readings, st.dropped_readings,
                           memory_order_relaxed);
     atomic_store_explicit(&f->stats->spool_write_errors, st.write_errors, memory_order_relaxed);
+    BD_GAUGE_SET(f->stats, spool_bytes, st.bytes);
+    BD_GAUGE_SET(f->stats, spool_segments, st.segments);
 }
 
 /* The sequence number for a batch about to be spooled, without asking MongoDB: possible when
@@ -128,6 +135,15 @@ static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_
         rc = 0;
     } else if (rc == 0) {
         BD_STAT_ADD(f->stats, readings_spooled, buf->n_readings);
+        if (f->spool_oldest_ms == 0 || !flusher_spool_active(f)) {
+            /* The first record of a new backlog: its batch's oldest reading. */
+            int64_t oldest = 0;
+            for (uint32_t k = 0; k < n_dis; k++) {
+                int64_t t = f->batch.meta[dis[k]].first_ms;
+                oldest = t > 0 && (oldest == 0 || t < oldest) ? t : oldest;
+            }
+            f->spool_oldest_ms = oldest > 0 ? oldest : bd_now_ns() / BD_NS_PER_MS;
+        }
     }
     if (rc < 0) {
         if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
@@ -284,6 +300,9 @@ static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
         bd_replay_free(f->replay);
         f->replay = NULL;
         BD_STAT_ADD(f->stats, spool_records_replayed, 1);
+    }
+    if (!flusher_spool_active(f)) {
+        f->spool_oldest_ms = 0;
     }
     if (f->attempt > 0) {
         bd_info("MongoDB writes succeed again after %u failed attempts (replaying the spool)",

@@ -18,6 +18,7 @@ size_t bd_stats_format(const struct bd_stats *st, char *buf, size_t cap) {
         off += n > 0 ? (size_t)n : 0;                                                              \
     }
     BD_STATS_LIST(BD_STATS_PRINT)
+    BD_GAUGES_LIST(BD_STATS_PRINT)
 #undef BD_STATS_PRINT
     return off < cap ? off : cap - 1;
 }

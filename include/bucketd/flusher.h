@@ -67,6 +67,9 @@ void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, boo
 /* True when no reading waits: both batches settled, no sensor queued or on the requeue list. */
 bool bd_flusher_idle(struct bd_flusher *f);
 
+/* Tests: seed the backoff jitter (it is seeded from the clock), so that a run is repeatable. */
+void bd_flusher_seed(struct bd_flusher *f, uint64_t seed);
+
 /* Monotonic time of the next retry of a failed write (0: none scheduled). */
 int64_t bd_flusher_retry_at(const struct bd_flusher *f);
 

@@ -60,11 +60,23 @@
     X(spool_dropped_readings, "readings dropped from a full spool (spool.when_full)")        \
     X(spool_write_errors, "spool writes or syncs that failed (disk full, I/O error)")        \
     X(readings_lost, "readings given up at shutdown: not written, not spooled")
+
+/* Gauges: values now, set by the flusher thread at each step (BD_GAUGE_SET). */
+#define BD_GAUGES_LIST(X)                                                                   \
+    X(pool_segments_in_use, "buffer pool segments holding readings now")                    \
+    X(pool_segments_high_water, "most buffer pool segments in use at once since start")     \
+    X(pool_segments, "buffer pool segments in all (half of limits.memory)")                 \
+    X(pending_batches, "batches in memory not settled: the one being written, the next")    \
+    X(pending_readings, "readings in those batches")                                        \
+    X(spool_bytes, "bytes of the spool's segment files")                                    \
+    X(spool_segments, "spool segment files")                                                \
+    X(oldest_pending_age_ms, "age of the oldest reading accepted and not yet written (ms)")
 /* clang-format on */
 
 struct bd_stats {
 #define BD_STATS_FIELD(name, help) _Atomic uint64_t name;
     BD_STATS_LIST(BD_STATS_FIELD)
+    BD_GAUGES_LIST(BD_STATS_FIELD)
 #undef BD_STATS_FIELD
 };
 
@@ -79,8 +91,10 @@ struct bd_stats {
                           atomic_load_explicit(&(st)->name, memory_order_relaxed) + (n),           \
                           memory_order_relaxed)
 #define BD_STAT_GET(st, name) atomic_load_explicit(&(st)->name, memory_order_relaxed)
+#define BD_GAUGE_SET(st, name, v) atomic_store_explicit(&(st)->name, (v), memory_order_relaxed)
 
-/* One line "name=value name=value ..." (no newline) into buf; returns bytes written. */
+/* One line "name=value name=value ..." (no newline), counters then gauges, into buf; returns
+ * bytes written. */
 size_t bd_stats_format(const struct bd_stats *st, char *buf, size_t cap);
 
 #endif

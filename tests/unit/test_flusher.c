@@ -55,6 +55,7 @@ static void start(void) {
     fake_init(&fs, cfg.writer_id);
     cr_assert_eq(bd_flusher_new_with_store(&flusher, &cfg, table, &stats, &fs.base, &err), 0, "%s",
                  err.msg);
+    bd_flusher_seed(flusher, 12345); /* backoff jitter the same at every run */
 }
 
 static void setup(void) {
@@ -995,6 +996,7 @@ static void restart(void) {
     fs.next_fault = fs.n_faults = 0;
     cr_assert_eq(bd_flusher_new_with_store(&flusher, &cfg, table, &stats, &fs.base, &err), 0, "%s",
                  err.msg);
+    bd_flusher_seed(flusher, 12345);
 }
 
 Test(flusher, nothing_is_written_to_the_spool_while_mongodb_keeps_up) {
@@ -1029,6 +1031,8 @@ Test(flusher, an_outage_spools_the_failed_batch_and_the_next_then_replays_them_i
     cr_assert_eq(STAT(readings_spooled), 27, "both batches on disk");
     cr_assert_eq(fs.bulks, 1, "nothing sent before the retry");
     cr_assert_gt(spool_file_bytes(), 32);
+    cr_assert_eq(STAT(spool_bytes), spool_file_bytes(), "the gauge is the files' size");
+    cr_assert_eq(STAT(pending_readings), 0, "nothing left in memory");
     /* Still away: a third batch joins them on the spool, behind. */
     send_more(3, 1, 9);
     publish();
@@ -1047,6 +1051,7 @@ Test(flusher, an_outage_spools_the_failed_batch_and_the_next_then_replays_them_i
     cr_assert_eq(STAT(writer_conflicts), 0);
     cr_assert_eq(STAT(updates_quarantined), 0);
     cr_assert(bd_flusher_idle(flusher));
+    cr_assert_eq(STAT(oldest_pending_age_ms), 0, "nothing waits");
 }
 
 Test(flusher, a_stop_while_mongodb_is_away_spools_and_the_next_start_writes_it_once) {
@@ -1116,6 +1121,9 @@ Test(flusher, a_page_is_held_back_until_max_delay_then_written_once) {
     int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
     one_hertz(2, 29, t0);
     cr_assert_eq(fs.bulks, 0, "nothing before 30 s: the readings wait in memory");
+    cr_assert_eq(STAT(pending_readings), 58);
+    cr_assert_eq(STAT(oldest_pending_age_ms), 28000, "drained at t0, now t0 + 28 s");
+    cr_assert_gt(STAT(pool_segments), 0);
     one_hertz(2, 2, t0 + 29000);
     cr_assert_eq(fs.bulks, 1, "one bulk once the oldest reading waited 30 s");
     cr_assert_eq(STAT(updates_sent), 2, "one update per page");
