@@ -730,7 +730,7 @@ class MisconfiguredShardKey(DocumentModelCase):
     update is refused with 61 (ShardKeyNotFound)."""
 
     mongo_options = {"sharded": "meta.site:1"}
-    ATTEMPTS = 5
+    ATTEMPTS = 20
 
     def test_code_61_is_retried_logged_once_and_spooled_at_stop(self):
         """The daemon keeps the readings and retries (the proxy counts the attempts), logs one
