@@ -10,7 +10,8 @@ replica sets", "Writer identity", "Field and tag names"), against the test serve
   to the retry is another writer's page, not this writer's earlier attempt; and two daemons
   writing one page at the same time while one of them loses replies.
 - Names with '.' and '$' in tag keys, tag values and the measurement (test_names.py covers
-  field names and tag keys with '.'; here the rest of the series key).
+  field names and tag keys with '.'; here a leading '$' in a tag key, and the rest of the
+  series key).
 - The byte cap: readings of 32 fields with 60-character names fill pages that all stay below
   buckets.max_bytes.
 - The write cost with holding (flush.max_delay), time-compressed: bytes rewritten / bytes
@@ -68,15 +69,19 @@ WRITER = "docmodel"     # writer_id of the daemons unless a test names its own
 # ---------------------------------------------------------------------------------------------
 
 def influx_escape_key(s):
-    """A measurement, tag key or tag value or field key as line protocol writes it."""
+    """A tag key, tag value or field key as line protocol writes it."""
     return s.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
+
+
+def influx_escape_measurement(s):
+    return s.replace("\\", "\\\\").replace(",", "\\,").replace(" ", "\\ ")
 
 
 def reading(measurement, tags, seq, ts_ns, fields, seq_field="seq"):
     """A send_readings.Reading for an influx line with the given fields (name -> value; ints
     are sent as i-integers, floats as floats). fields must include seq_field = seq."""
     assert fields[seq_field] == seq
-    head = influx_escape_key(measurement) + "".join(
+    head = influx_escape_measurement(measurement) + "".join(
         ",%s=%s" % (influx_escape_key(k), influx_escape_key(v)) for k, v in sorted(tags.items()))
     sensor_id = measurement + "".join(",%s=%s" % (k, v) for k, v in sorted(tags.items()))
     parts = []
@@ -475,10 +480,10 @@ class RacingWriter(DocumentModelCase):
 class SeriesKeyNames(DocumentModelCase):
 
     def test_dollar_and_dot_in_tag_keys_tag_values_and_measurement(self):
-        """test_names.py covers field names and tag keys with '.'. A tag key with a leading
-        '$' is escaped like a field name (%24); tag values and the measurement are stored as
-        sent, also when they start with '$' or hold '.' (the update carries them as
-        $literal, so the server never reads them as field paths)."""
+        """test_names.py covers field names ('.', a leading '$', ts, '%') and tag keys with
+        '.'. A tag key with a leading '$' is escaped as a field name is (%24); tag values and
+        the measurement are stored as sent, also when they start with '$' or hold '.' (the
+        update carries them as $literal, so the server never reads them as field paths)."""
         uri, client, db = self.new_database()
         d = self.new_daemon(uri, db).start()
         base = hour_aligned_base(10 * NS, 120 * NS)
