@@ -1367,15 +1367,17 @@ static void step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool st
         }
     }
     if (bd_batch_pending_readings(&f->batch) > 0) {
-        if (mono_ns < f->retry_at) {
-            /* MongoDB is away or refusing. Once the next batch is due as well, this one goes to
-             * the spool (the next follows it there): memory stays bounded, and what was
-             * accepted reaches the disk within about two flush intervals. */
-            if (f->spool == NULL || !fill_due(f, mono_ns, stopping) ||
-                !flusher_spool_batch(f, wall_ms)) {
-                return;
-            }
+        /* MongoDB is away or refusing (an attempt failed). Once the next batch is due as well,
+         * this one goes to the spool (the next follows it there): memory stays bounded, and
+         * what was accepted reaches the disk within about two flush intervals. Whether the
+         * retry is due does not matter: an attempt that blocks longer than its backoff (server
+         * selection) leaves it always due. */
+        if (f->spool != NULL && f->attempt > 0 && fill_due(f, mono_ns, stopping) &&
+            flusher_spool_batch(f, wall_ms)) {
             flusher_spool_step(f, mono_ns, wall_ms, stopping);
+            return;
+        }
+        if (mono_ns < f->retry_at) {
             return;
         }
         write_pending(f, mono_ns, wall_ms);

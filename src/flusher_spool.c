@@ -124,8 +124,14 @@ static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_
     if (buf->n_updates == 0) {
         return true;
     }
+    struct bd_spool_stats before, after;
+    bd_spool_get_stats(f->spool, &before);
     int rc = bd_spool_append(f->spool, f->batch_seq, buf->n_readings, buf->data, buf->len);
-    if (rc == -ENOSPC && f->cfg->spool.when_full == BD_SPOOL_FULL_DROP_NEWEST) {
+    bd_spool_get_stats(f->spool, &after);
+    /* -ENOSPC is the policy refusing at spool.max_bytes, or the disk itself being full: only
+     * the disk's failure counts as a write error. */
+    bool disk = after.write_errors > before.write_errors;
+    if (rc == -ENOSPC && !disk && f->cfg->spool.when_full == BD_SPOOL_FULL_DROP_NEWEST) {
         /* The policy drops the newest: this batch (counted by the spool as dropped). */
         if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
             bd_error("the spool in %s is full (spool.max_bytes): %u readings dropped "
@@ -150,8 +156,9 @@ static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_
             bd_error("cannot write %u readings to the spool in %s: %s; they stay in memory "
                      "(limits.memory) and are tried again",
                      buf->n_readings, f->cfg->spool.dir,
-                     rc == -ENOSPC ? "the spool is full (spool.max_bytes, spool.when_full)"
-                                   : strerror(-rc));
+                     disk            ? strerror(-rc)
+                     : rc == -ENOSPC ? "the spool is full (spool.max_bytes, spool.when_full: block)"
+                                     : strerror(-rc));
         }
         bd_replay_buf_reset(buf);
         return false;

@@ -1173,3 +1173,28 @@ Test(flusher, an_hour_of_a_1hz_sensor_rewrites_at_most_20_bytes_per_byte_stored)
     cr_assert_leq(ratio, 20.0, "rewritten / stored = %.1f", ratio);
     cr_assert_geq(ratio, 10.0, "held too long (%.1f): readings must show within max_delay", ratio);
 }
+
+Test(flusher, an_outage_whose_attempts_outlast_their_backoff_is_spooled_too) {
+    /* Server selection blocks longer than the backoff: at every step the retry is already due.
+     * The failed batch must still go to the spool once the next batch is due. */
+    stop();
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 1;
+    cfg.flush.retry_max_ms = 2;
+    start();
+    for (int i = 0; i < 20; i++) {
+        fake_script(&fs, FAULT_UNREACHABLE, 0);
+    }
+    send_sensors(2, 3);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* written, failed */
+    send_more(2, 2, 3);
+    publish();
+    mono += 50 * MS; /* past the retry and the interval */
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_spooled), 10, "the failed batch and the next on disk");
+    fs.n_faults = fs.next_fault; /* MongoDB back */
+    cr_assert_gt(run(10), 0);
+    assert_stored(2, 5);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+}
