@@ -245,6 +245,34 @@ def spool_record_bytes(spool_dir):
     return total
 
 
+class SpoolWatcher:
+    """Polls a spool directory every 50 ms from its creation: .first_at is the monotonic time
+    records were first seen in its segment files (None until then), .t0 its start."""
+
+    def __init__(self, spool_dir):
+        self.spool_dir = spool_dir
+        self.t0 = time.monotonic()
+        self.first_at = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            if spool_record_bytes(self.spool_dir) > 0:
+                self.first_at = time.monotonic()
+                return
+            self._stop.wait(0.05)
+
+    def after(self):
+        """Seconds from the start to the first records, or None."""
+        return None if self.first_at is None else self.first_at - self.t0
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)
+
+
 class UdpSender:
     """Readings of `sensors` sensors over UDP, `per_datagram` lines a datagram, paced at `rate`
     readings/s (from start() until stop(), or `count` readings). Reading k (seq = seq_start + k)
@@ -426,15 +454,23 @@ class Spool(bdtest.E2ECase):
                         "the daemon stopped reading UDP\n" + bdtest.log_tail(d.log(), 20))
 
     def outage_begins(self, proxy, d):
-        """MongoDB becomes unreachable; returns when the daemon has seen a write fail and has
-        put a batch on disk. Returns the log offset at the start of the outage."""
+        """MongoDB becomes unreachable; returns (log offset at the start of the outage, a
+        SpoolWatcher started then) once the daemon has seen a write fail."""
         mark = len(d.log())
         proxy.set_fault("refuse")
-        spool = d.config["spool"]["dir"]
+        watcher = SpoolWatcher(d.config["spool"]["dir"])
+        self.addCleanup(watcher.stop)
         self.wait_log(d, "a failed write", lambda l: "MongoDB write failed" in l, mark)
-        self.assertTrue(bdtest.wait_for(lambda: spool_record_bytes(spool) > 0, DEADLINE),
-                        "nothing spooled while MongoDB is away\n" + bdtest.log_tail(d.log(), 20))
-        return mark
+        return mark, watcher
+
+    def assertSpooling(self, watcher, d, timeout):
+        """Records reach the spool within timeout seconds of the outage's start."""
+        self.assertTrue(
+            bdtest.wait_for(lambda: watcher.first_at is not None,
+                            max(0.0, watcher.t0 + timeout - time.monotonic())),
+            "nothing reached the spool in %.0f s of MongoDB being away (a failed batch goes "
+            "to the spool once the next one is due: src/flusher_spool.c)\n%s" % (
+                timeout, bdtest.log_tail(d.log(), 20)))
 
     def settle(self, client, db, n, d, timeout=DEADLINE):
         """Wait until n readings are stored, then SIGTERM the daemon; returns its stats (the
@@ -493,10 +529,9 @@ class Spool(bdtest.E2ECase):
 
         self.wait_proxy(proxy, "writes before the outage", lambda ps: ps["writes_forwarded"] >= 2,
                         d)
-        t_out = time.monotonic()
-        self.outage_begins(proxy, d)
+        _, watcher = self.outage_begins(proxy, d)
         # How long MongoDB stays away is the scenario, not a synchronisation.
-        time.sleep(max(0.0, t_out + OUTAGE_S - time.monotonic()))
+        time.sleep(max(0.0, watcher.t0 + OUTAGE_S - time.monotonic()))
         self.assertTrue(d.alive(), "bucketd died during the outage\n" + bdtest.log_tail(d.log()))
         mark = len(d.log())
         proxy.set_fault("pass")
@@ -514,18 +549,22 @@ class Spool(bdtest.E2ECase):
         st = d.stop()
         self.assertEqual(stored, n, "readings stored (waited up to %ds); stats %r\n%s" % (
             DEADLINE, st, bdtest.log_tail(d.log(), 30)))
-        log("outage %.0f s at %d readings/s: sent %d, spooled %d, all stored %.1f s after "
-            "MongoDB came back; RSS idle %d KiB, peak sampled %d KiB, VmHWM %d KiB (%d samples)"
-            % (OUTAGE_S, RATE, n, st["readings_spooled"], t_stored - t_back, idle_kib,
-               peak_kib, hwm_kib, sampler.samples))
+        log("outage %.0f s at %d readings/s: sent %d, spooled %d (first records on disk %s s "
+            "into the outage), all stored %.1f s after MongoDB came back; RSS idle %d KiB, peak "
+            "sampled %d KiB, VmHWM %d KiB (%d samples)"
+            % (OUTAGE_S, RATE, n, st["readings_spooled"], watcher.after(), t_stored - t_back,
+               idle_kib, peak_kib, hwm_kib, sampler.samples))
 
         self.assertEqual(kernel_drops, 0, "the kernel dropped datagrams of the daemon's socket")
         self.assertStats(st, d, readings_accepted=n, drop_buffer_full=0, udp_socket_drops=0,
                          readings_lost=0, spool_write_errors=0, spool_dropped_readings=0,
                          spool_corrupt_records=0, updates_quarantined=0, writer_conflicts=0)
-        self.assertGreater(st["readings_spooled"], 0, st)
-        self.assertGreater(st["spool_records_replayed"], 0, st)
         self.assertStored(client, db, [sender], uri=uri, daemons=(d,))
+        self.assertGreater(st["readings_spooled"], 0,
+                           "nothing was spooled in %.0f s of MongoDB being away (a failed batch "
+                           "goes to the spool once the next one is due: src/flusher_spool.c); "
+                           "stats %r" % (OUTAGE_S, st))
+        self.assertGreater(st["spool_records_replayed"], 0, st)
 
         why = rss_not_applicable(pid)
         if why:
@@ -549,8 +588,8 @@ class Spool(bdtest.E2ECase):
         self.addCleanup(s1.stop)
         self.wait_proxy(proxy, "writes before the outage", lambda ps: ps["writes_forwarded"] >= 2,
                         d1)
-        t_out = time.monotonic()
-        self.outage_begins(proxy, d1)
+        _, watcher = self.outage_begins(proxy, d1)
+        t_out = watcher.t0
         time.sleep(max(0.0, t_out + OUTAGE_S / 2 - time.monotonic()))  # the scenario
         self.assertTrue(d1.alive(), "bucketd died during the outage\n" + bdtest.log_tail(d1.log()))
         t_kill = time.monotonic()
@@ -558,15 +597,12 @@ class Spool(bdtest.E2ECase):
         s1.stop()
         self.assertEqual(s1.errors, 0, "the sender's sendto failed")
         required = {s for s, at in zip(s1.seqs(), s1.sent_at) if at < t_kill - KILL_BOUND_S}
-        log("sent %d before the kill, %d of them more than %.1f s before it" % (
-            s1.count, len(required), KILL_BOUND_S))
+        log("sent %d before the kill, %d of them more than %.1f s before it; first records on "
+            "disk %s s into the outage, the kill %.1f s into it" % (
+                s1.count, len(required), KILL_BOUND_S, watcher.after(), t_kill - t_out))
 
         # The restart, MongoDB still away: more readings, which wait for the spool's replay.
         d2 = self.new_daemon(proxied, db, "d2", spool).start()
-        self.assertTrue(any("did not stop cleanly" in l for l in d2.log_lines(max_priority=4)),
-                        "the restart reports the unclean stop\n" + d2.log())
-        self.assertTrue(any("from an earlier run" in l for l in d2.log_lines()),
-                        "the restart reports the spool it found\n" + d2.log())
         s2 = UdpSender(d2.addr("udp"), RATE, seq_start=s1.seq_start + s1.count + 1_000_000)
         self.addCleanup(s2.stop)
         s2.start()
@@ -594,6 +630,10 @@ class Spool(bdtest.E2ECase):
                                     daemons=(d1, d2))
         log("%d readings sent within %.1f s of the kill were lost with it" % (
             len(missing), KILL_BOUND_S))
+        self.assertTrue(any("did not stop cleanly" in l for l in d2.log_lines(max_priority=4)),
+                        "the restart reports the unclean stop\n" + d2.log())
+        self.assertTrue(any("from an earlier run" in l for l in d2.log_lines()),
+                        "the restart reports the spool it found\n" + d2.log())
 
     # -- 3. SIGTERM while MongoDB is away -----------------------------------------------------
 
@@ -711,13 +751,16 @@ class Spool(bdtest.E2ECase):
         self.addCleanup(sender.stop)
         self.wait_proxy(proxy, "writes before the outage", lambda ps: ps["writes_forwarded"] >= 2,
                         d)
-        t_out = time.monotonic()
-        mark = self.outage_begins(proxy, d)
+        mark, watcher = self.outage_begins(proxy, d)
+        t_out = watcher.t0
+        self.assertSpooling(watcher, d, OUTAGE_S)
         full = self.wait_log(d, "the full filesystem",
                              lambda l: "No space left on device" in l, mark)
-        log("spool full %.1f s into the outage: %s" % (time.monotonic() - t_out, full))
+        t_full = time.monotonic()
+        log("spool full %.1f s into the outage: %s" % (t_full - t_out, full))
         # MongoDB stays away a while longer, so that memory fills too.
-        time.sleep(max(0.0, t_out + OUTAGE_S - time.monotonic(), 3 * FLUSH_S))
+        time.sleep(max(0.0, t_out + OUTAGE_S - time.monotonic(), t_full + 3 * FLUSH_S -
+                       time.monotonic()))
         self.assertTrue(d.alive(), "bucketd died with its spool full\n" + bdtest.log_tail(d.log()))
         back = len(d.log())
         proxy.set_fault("pass")
