@@ -31,7 +31,9 @@ scenario's own durations: how long MongoDB stays away and how long readings keep
   test_spool_on_a_full_filesystem        spool.dir on a 2 MiB tmpfs, MongoDB away until it is
                                          full and the buffer pool (limits.memory 2 MiB) too: no
                                          crash, the failure logged, every accepted reading
-                                         either stored once or counted (dropped, lost)
+                                         either stored once or counted (dropped, lost); once
+                                         with spool.when_full drop_oldest (the default), once
+                                         with drop_newest (..._drop_newest)
   test_spool_dir_that_cannot_be_created  spool.dir below a regular file: start-up fails with a
                                          non-zero status and a message naming the path
   test_spool_dir_with_missing_parents    spool.dir whose parents do not exist: created (0700)
@@ -382,6 +384,14 @@ def compare(docs, senders):
     return copies, problems
 
 
+def stored_seqs(client, db):
+    """The set of seq fields over every stored reading."""
+    out = set()
+    for doc in client[db]["buckets"].find({}, {"readings.seq": 1}):
+        out.update(r.get("seq") for r in doc.get("readings") or [])
+    return out
+
+
 def inspect_verify(uri, database, max_readings):
     p = subprocess.run([INSPECT, "--uri", uri, "--database", database, "verify",
                         "--max-readings", str(max_readings)],
@@ -421,7 +431,9 @@ class Spool(bdtest.E2ECase):
 
     def new_daemon(self, uri, db, name, spool, extra=None, **kw):
         cfg = {"writer_id": WRITER,
-               # A short backoff cap: the replay starts soon after MongoDB is back.
+               # A short backoff cap: the replay starts within a second of MongoDB's return.
+               # A backoff that is never longer than a failing attempt (SELECT_S) is a case the
+               # spooling rule must cope with, as it must with the default 10s cap.
                "flush": {"retry_initial": "100ms", "retry_max": "1s"},
                "spool": {"dir": spool, "sync": "%dms" % (SYNC_S * 1000)}}
         cfg = bdtest.deep_merge(cfg, extra or {})
@@ -613,23 +625,21 @@ class Spool(bdtest.E2ECase):
         self.assertTrue(d2.alive(), "bucketd died during the outage\n" + bdtest.log_tail(d2.log()))
         proxy.set_fault("pass")
 
-        want = required | set(s2.seqs())
-
-        def have_all():
-            copies, _ = compare(self.documents(client, db), [s1, s2])
-            return want <= set(copies)
-
-        ok = bdtest.wait_for(have_all, DEADLINE, 1.0)
+        # s2's readings wait in memory until the spool is replayed (their buckets' pages are
+        # unknown after the restart), so once they are stored the replay is done; the stop
+        # then writes whatever is still pending before the daemon exits.
+        ok = bdtest.wait_for(lambda: set(s2.seqs()) <= stored_seqs(client, db), DEADLINE, 1.0)
         st = d2.stop()
-        self.assertTrue(ok, "not everything required was stored; stats %r\n%s" % (
-            st, bdtest.log_tail(d2.log(), 30)))
+        self.assertTrue(ok, "the readings sent after the restart were not stored; stats %r\n%s"
+                        % (st, bdtest.log_tail(d2.log(), 30)))
+        want = required | set(s2.seqs())
         self.assertStats(st, d2, readings_accepted=s2.count, drop_buffer_full=0,
                          readings_lost=0, writer_conflicts=0, updates_quarantined=0)
-        self.assertGreater(st["spool_records_replayed"], 0, st)
         missing = self.assertStored(client, db, [s1, s2], required=want, uri=uri,
                                     daemons=(d1, d2))
         log("%d readings sent within %.1f s of the kill were lost with it" % (
             len(missing), KILL_BOUND_S))
+        self.assertGreater(st["spool_records_replayed"], 0, st)
         self.assertTrue(any("did not stop cleanly" in l for l in d2.log_lines(max_priority=4)),
                         "the restart reports the unclean stop\n" + d2.log())
         self.assertTrue(any("from an earlier run" in l for l in d2.log_lines()),
@@ -739,13 +749,16 @@ class Spool(bdtest.E2ECase):
         self.addCleanup(unmount)
         return mnt
 
-    def test_spool_on_a_full_filesystem(self):
+    def run_full_filesystem(self, when_full):
+        """spool.dir on a 2 MiB tmpfs (spool.max_bytes far above it), limits.memory 2 MiB,
+        MongoDB away until the filesystem is full and a while longer, then back."""
         mnt = self.mount_tmpfs("2m")
         uri, client, db = self.new_database()
         proxy, proxied = self.proxy_for(uri, client)
         spool = os.path.join(mnt, "spool")
         d = self.new_daemon(proxied, db, "d", spool,
                             extra={"limits": {"memory": "2MiB"},
+                                   "spool": {"when_full": when_full},
                                    "flush": {"stop_timeout": "60s"}}).start()
         sender = UdpSender(d.addr("udp"), RATE).start()
         self.addCleanup(sender.stop)
@@ -773,20 +786,13 @@ class Spool(bdtest.E2ECase):
         st = d.stop()
         docs = self.documents(client, db)
         copies, problems = compare(docs, [sender])
-        stored = sum(copies.values())
-        log("sent %d: accepted %d, drop_buffer_full %d, spooled %d, spool_write_errors %d, "
-            "spool_dropped_readings %d, readings_lost %d, stored %d" % (
-                n, st["readings_accepted"], st["drop_buffer_full"], st["readings_spooled"],
-                st["spool_write_errors"], st["spool_dropped_readings"], st["readings_lost"],
-                stored))
+        stored = len(copies)
+        log("when_full %s: sent %d: accepted %d, drop_buffer_full %d, spooled %d, "
+            "spool_write_errors %d, spool_dropped_readings %d, readings_lost %d, stored %d" % (
+                when_full, n, st["readings_accepted"], st["drop_buffer_full"],
+                st["readings_spooled"], st["spool_write_errors"], st["spool_dropped_readings"],
+                st["readings_lost"], stored))
 
-        errors = d.log_lines(max_priority=3)
-        self.assertTrue([l for l in errors if spool in l],
-                        "no error names the spool directory\n" + "\n".join(errors[-20:]))
-        self.assertTrue([l for l in errors if spool in l and "No space left on device" in l],
-                        "no error says the spool's filesystem is full\n" +
-                        "\n".join(errors[-20:]))
-        self.assertGreater(st["spool_write_errors"] + st["spool_dropped_readings"], 0, st)
         self.assertEqual(kernel_drops, 0, "the kernel dropped datagrams of the daemon's socket")
         self.assertEqual(st["udp_socket_drops"], 0, st)
         self.assertEqual(n, st["readings_accepted"] + st["drop_buffer_full"],
@@ -794,9 +800,9 @@ class Spool(bdtest.E2ECase):
         self.assertEqual(problems[:20], [], "stored readings differ from what was sent")
         self.assertEqual(sorted(s for s, k in copies.items() if k > 1)[:20], [],
                          "readings stored twice")
+        self.assertGreater(st["spool_write_errors"] + st["spool_dropped_readings"], 0, st)
         # Kept in memory or on disk: stored once after MongoDB returned. Dropped or lost:
         # counted, and exactly as many as are missing.
-        self.assertEqual(st["readings_lost"], 0, "readings lost with MongoDB back: %r" % st)
         self.assertEqual(st["readings_accepted"],
                          stored + st["spool_dropped_readings"] + st["readings_lost"] +
                          st["readings_quarantined"],
@@ -804,8 +810,27 @@ class Spool(bdtest.E2ECase):
         self.assertEqual(n - stored, st["drop_buffer_full"] + st["spool_dropped_readings"] +
                          st["readings_lost"] + st["readings_quarantined"],
                          "missing readings = counted drops: %r" % st)
+        self.assertEqual(st["readings_lost"], 0, "readings lost with MongoDB back: %r" % st)
         self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, MAX_READINGS),
                               "document invariants", d)
+        # Loudly: an error names the spool directory and the cause, the full filesystem.
+        errors = d.log_lines(max_priority=3)
+        self.assertTrue([l for l in errors if spool in l],
+                        "no error names the spool directory\n" + "\n".join(errors[-20:]))
+        self.assertTrue([l for l in errors if spool in l and "No space left on device" in l],
+                        "no error says the spool's filesystem is full\n" +
+                        "\n".join(errors[-10:]))
+
+    def test_spool_on_a_full_filesystem(self):
+        """spool.when_full: drop_oldest (the default): a full filesystem is not the spool's
+        cap; what cannot be written stays in memory, and what memory cannot take is dropped
+        and counted (drop_buffer_full)."""
+        self.run_full_filesystem("drop_oldest")
+
+    def test_spool_on_a_full_filesystem_drop_newest(self):
+        """spool.when_full: drop_newest: whatever the daemon does with a batch the full
+        filesystem refuses, every reading is stored or counted."""
+        self.run_full_filesystem("drop_newest")
 
     # -- 6. the spool directory at start-up ---------------------------------------------------
 
