@@ -501,18 +501,21 @@ class Spool(bdtest.E2ECase):
         logs = "".join("\n--- log %s ---\n%s" % (d.log_path, bdtest.log_tail(d.log(), 30))
                        for d in daemons)
         twice = sorted(s for s, n in copies.items() if n > 1)
-        self.assertEqual(twice[:20], [], "%d readings stored more than once%s" % (
-            len(twice), logs))
-        self.assertEqual(problems[:20], [], "%d stored readings differ from what was sent%s" % (
-            len(problems), logs))
+        if twice:
+            self.fail("%d readings stored more than once, e.g. seq %s%s" % (
+                len(twice), twice[:10], logs))
+        if problems:
+            self.fail("%d stored readings differ from what was sent:\n%s%s" % (
+                len(problems), "\n".join(problems[:10]), logs))
         sent = set()
         for s in senders:
             sent.update(s.seqs())
         missing = sent - set(copies)
         want = sent if required is None else required
         lost = sorted(missing & want)
-        self.assertEqual(lost[:20], [], "%d of %d readings missing%s" % (len(lost), len(want),
-                                                                          logs))
+        if lost:
+            self.fail("%d of %d readings missing, e.g. seq %s%s" % (len(lost), len(want),
+                                                                    lost[:10], logs))
         self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, MAX_READINGS),
                               "document invariants")
         if uri is not None:
