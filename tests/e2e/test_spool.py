@@ -748,7 +748,8 @@ class Spool(bdtest.E2ECase):
         def unmount():
             if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
                 subprocess.run(["umount", "-l", mnt], capture_output=True)
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            if not os.environ.get("BUCKETD_E2E_KEEP"):
+                shutil.rmtree(self.workdir, ignore_errors=True)
         self.addCleanup(unmount)
         return mnt
 
