@@ -231,6 +231,7 @@ class Daemon:
 
     listeners: list of dicts {"name", "proto", "format", "precision"}; each gets a free
     loopback port, see .addr(name). extra: dict deep-merged into the generated config.
+    create_spool: make spool.dir before the start (False: leave it to the daemon).
     """
 
     DEFAULT_LISTENERS = (
@@ -239,8 +240,9 @@ class Daemon:
     )
 
     def __init__(self, workdir, mongo_uri, database, collection="buckets", listeners=None,
-                 max_readings=3600, flush_interval="200ms", extra=None):
+                 max_readings=3600, flush_interval="200ms", extra=None, create_spool=True):
         self.workdir = workdir
+        self.create_spool = create_spool
         self.database = database
         self.collection = collection
         self.listeners = []
@@ -288,7 +290,7 @@ class Daemon:
     def write_config(self):
         os.makedirs(self.workdir, exist_ok=True)
         spool = self.config.get("spool", {}).get("dir")
-        if spool:
+        if spool and self.create_spool:
             os.makedirs(spool, exist_ok=True)
         with open(self.config_path, "w") as f:
             f.write(to_yaml(self.config) + "\n")
