@@ -122,4 +122,6 @@ if [ "$(head -c 20 build-aarch64/bucketd | od -An -tx1 -j18 -N2 | tr -d ' ')" !=
     exit 1
 fi
 echo "== aarch64 build under qemu: unit, stress and end-to-end tests"
-(cd build-aarch64 && BUCKETD_TEST_STAGE=aarch64 ctest --output-on-failure --no-tests=error)
+# The long end-to-end suites run on the plain build only (tests/CMakeLists.txt, e2e_long).
+(cd build-aarch64 && BUCKETD_TEST_STAGE=aarch64 ctest --output-on-failure --no-tests=error \
+  -LE e2e_long)

@@ -89,14 +89,14 @@ run_ctest build plain "plain build: unit, end-to-end and stress tests"
 if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
   configure_build build-asan -DBD_ASAN=ON -DBD_UBSAN=ON
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    run_ctest build-asan asan "ASan+UBSan build: unit, end-to-end and stress tests"
+    run_ctest build-asan asan "ASan+UBSan build: unit, end-to-end and stress tests" -LE e2e_long
 
   configure_build build-tsan -DBD_TSAN=ON
   # The daemon's two threads (ingest loop, flusher) and the rings, under TSan: the stress test
   # and the end-to-end tests, which run the TSan-built daemon.
   # tests/tsan.supp: races TSan reports inside the uninstrumented libmongoc/libbson (see there).
   TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" run_ctest build-tsan tsan \
-    "TSan build: ring stress and end-to-end tests" -L "stress|e2e"
+    "TSan build: ring stress and end-to-end tests" -L "stress|e2e" -LE e2e_long
 
   # The same unit, stress and end-to-end tests on an aarch64 build, run under qemu.
   bash tools/test-aarch64.sh
