@@ -16,10 +16,15 @@ prints the totals as a second JSON line:
 Messages are counted by MongoDB's wire framing (each message starts with its
 little-endian int32 length), so c2s_messages is the number of requests (bulk
 writes, handshakes, heartbeats).  With --writes each client request that is an
-update command (OP_MSG) is also decoded, and the totals gain a list "writes" of
-{"t": seconds since start, "bytes": message size, "updates": statements,
-"readings": readings appended}: readings are counted in bucketd's update
-pipeline (the length of stage 1's $set._n.$literal array), so the bench suite
+update command (OP_MSG) is also itemised, and the totals gain a list "writes" of
+{"t": seconds since start when the message was complete, "t_first": when its
+length prefix arrived, "t_reply" (--sink: when the proxy's answer was sent),
+"bytes": message size, "updates": statements, "readings": readings appended}:
+readings are read from bucketd's update pipeline (stage 1's count increment,
+which equals the length of its $set._n.$literal array) by walking the BSON
+without decoding the readings, so that itemising a bulk of 200,000 readings
+costs next to nothing and does not hold up the forwarding (a statement without
+that field is decoded and its $literal array counted), and the bench suite
 can tell the flush cycles apart on the wire.  The bench suite runs it between bucketd and
 the MongoDB stand-in: bytes client->server divided by readings flushed is the
 wire cost of a reading.  Two threads per connection, one per direction; each
@@ -108,8 +113,110 @@ def op_msg_reply(request, body):
     return struct.pack('<iiiiIB', length, 0, request_id, OP_MSG, 0, 0) + doc
 
 
+# Bytes of a BSON value of each fixed-size type; strings, documents, arrays and binaries say
+# their own size; a regex is two cstrings.
+_FIXED = {0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8,
+          0x13: 16, 0x7F: 0, 0xFF: 0}
+
+
+def bson_elements(buf, start):
+    """(type, name, value offset, value end) of each element of the BSON document at start,
+    without decoding anything: a large embedded array (bucketd's readings) is skipped in one
+    step, so walking a statement costs the same whatever its size."""
+    size = struct.unpack_from('<i', buf, start)[0]
+    i = start + 4
+    end = start + size - 1
+    while i < end:
+        t = buf[i]
+        j = buf.index(b'\0', i + 1)
+        name = bytes(buf[i + 1:j])
+        v = j + 1
+        if t in (0x03, 0x04):
+            n = struct.unpack_from('<i', buf, v)[0]
+        elif t in (0x02, 0x0D, 0x0E):
+            n = 4 + struct.unpack_from('<i', buf, v)[0]
+        elif t == 0x05:
+            n = 5 + struct.unpack_from('<i', buf, v)[0]
+        elif t == 0x0B:
+            n = buf.index(b'\0', buf.index(b'\0', v) + 1) + 1 - v
+        elif t in _FIXED:
+            n = _FIXED[t]
+        else:
+            raise ValueError('BSON type 0x%02x' % t)
+        yield t, name, v, v + n
+        i = v + n
+
+
+def bson_path(buf, start, path):
+    """(type, value offset) of the element at path (a list of names) below the document at
+    start, or None."""
+    for k, name in enumerate(path):
+        for t, n, v, _ in bson_elements(buf, start):
+            if n == name:
+                if k == len(path) - 1:
+                    return t, v
+                if t not in (0x03, 0x04):
+                    return None
+                start = v
+                break
+        else:
+            return None
+    return None
+
+
+def statement_readings(buf, start):
+    """Readings an update statement of bucketd's appends: its stage-1 count increment
+    ({count: {$add: [{$ifNull: [...]}, N]}}), which equals the length of the $literal readings
+    array; read without decoding the readings. None if the statement has no such field."""
+    got = bson_path(buf, start, [b'u', b'0', b'$set', b'count', b'$add', b'1'])
+    if got is None:
+        return None
+    t, v = got
+    if t == 0x12:
+        return struct.unpack_from('<q', buf, v)[0]
+    if t == 0x10:
+        return struct.unpack_from('<i', buf, v)[0]
+    return None
+
+
+def fast_update_summary(msg):
+    """(statements, readings) of an update command whose statements are a document sequence,
+    walked without decoding; None when it does not look like that (then the slow path)."""
+    if len(msg) < 21 or struct.unpack_from('<i', msg, 12)[0] != OP_MSG:
+        return None
+    flags = struct.unpack_from('<I', msg, 16)[0]
+    end = len(msg) - (4 if flags & 1 else 0)
+    i = 20
+    stmts = readings = 0
+    seen = False
+    while i < end:
+        kind = msg[i]
+        size = struct.unpack_from('<i', msg, i + 1)[0]
+        if kind == 1:
+            j = msg.index(b'\0', i + 5) + 1
+            if bytes(msg[i + 5:j - 1]) == b'updates':
+                seen = True
+                stop = i + 1 + size
+                while j < stop:
+                    n = statement_readings(msg, j)
+                    if n is None:
+                        return None
+                    readings += n
+                    stmts += 1
+                    j += struct.unpack_from('<i', msg, j)[0]
+        i += 1 + size
+    return (stmts, readings) if seen else None
+
+
 def bulk_update_summary(msg):
     """(statements, readings) of an OP_MSG update command, or None for anything else."""
+    if is_update_command(msg):
+        try:
+            fast = fast_update_summary(msg)
+        except (ValueError, struct.error, IndexError):
+            fast = None
+        if fast is not None:
+            return fast
     import bson
     if len(msg) < 21 or struct.unpack_from('<i', msg, 12)[0] != OP_MSG:
         return None
@@ -172,6 +279,7 @@ class Pump(object):
         self._need = 0          # bytes left in the current message
         self._hdr = b''         # partial length prefix
         self._msg = bytearray()
+        self._t_first = 0.0     # when the current message's length prefix arrived
         self._out = []          # whole messages ready to forward (hold mode)
 
     def _done(self):
@@ -180,11 +288,11 @@ class Pump(object):
         if self.hold is not None:
             # Itemised once forwarded or answered: decoding a large bulk takes a while, and the
             # client should not wait for it.
-            self._out.append((msg, time.monotonic()))
+            self._out.append((msg, self._t_first, time.monotonic()))
         else:
-            self._itemise(msg, time.monotonic())
+            self._itemise(msg, self._t_first, time.monotonic())
 
-    def _itemise(self, msg, t):
+    def _itemise(self, msg, t_first, t, t_reply=None):
         if self.writes is None:
             return
         try:
@@ -192,8 +300,11 @@ class Pump(object):
         except Exception:  # a message we cannot decode is only not itemised
             s = None
         if s is not None:
-            self.writes.append({'t': round(t - self.t0, 4), 'bytes': len(msg),
-                                'updates': s[0], 'readings': s[1]})
+            w = {'t': round(t - self.t0, 4), 'bytes': len(msg), 'updates': s[0],
+                 'readings': s[1], 't_first': round(t_first - self.t0, 4)}
+            if t_reply is not None:
+                w['t_reply'] = round(t_reply - self.t0, 4)
+            self.writes.append(w)
 
     def _keep(self):
         return self.writes is not None or self.hold is not None
@@ -215,6 +326,7 @@ class Pump(object):
             self._hdr += data[i:i + want]
             i += min(want, n - i)
             if len(self._hdr) == 4:
+                self._t_first = time.monotonic()
                 length = struct.unpack('<i', self._hdr)[0]
                 if self._keep():
                     self._msg = bytearray(self._hdr)
@@ -227,13 +339,14 @@ class Pump(object):
     def _forward_held(self):
         """Forward (or answer) the whole messages read so far, in order."""
         out, self._out = self._out, []
-        for msg, t in out:
+        for msg, t_first, t in out:
             if not is_update_command(msg):
                 self.dst.sendall(msg)
                 continue
             if self.hold['delay'] > 0:
                 time.sleep(self.hold['delay'])
                 self.delayed += 1
+            t_reply = None
             if not self.hold['sink']:
                 self.dst.sendall(msg)
             else:
@@ -245,7 +358,8 @@ class Pump(object):
                     self.reply_bytes += len(reply)
                     with self.hold['lock']:
                         self.src.sendall(reply)
-            self._itemise(msg, t)
+                    t_reply = time.monotonic()
+            self._itemise(msg, t_first, t, t_reply)
 
     def run(self):
         try:

@@ -1556,6 +1556,7 @@ class Suite(object):
                 'peak_bytes': peak[0], 'peak_seg': peak[1], 't_out': t_out, 't_back': t_back,
                 't_empty': t_empty, 't_first': t_first, 't_last': t_last, 't_end': t_end,
                 'kernel': kernel, 'drained': drained, 'px': px, 'writes_after': len(after),
+                'readings_after': sum(n for _, n in after),
                 'reconnect': 'MongoDB writes succeed again' in dlog}
 
     def fig_replay(self):
@@ -1575,10 +1576,25 @@ class Suite(object):
                 continue
             st = r['st']
             drops = daemon_drops(st)
+            self.note('9, replay into %s: outage %.0f s (fault_proxy unlisten, then pass); '
+                      'sent %d (%s/s), accepted %s, flushed %s, readings_spooled %d, '
+                      'spool_records_replayed %s, spool_dropped_readings %s, '
+                      'spool_write_errors %s, drops %s, kernel %s, udp_pauses %s; %d writes '
+                      'carrying %d readings reached count_proxy after the outage; the '
+                      'checkpoint showed the spool empty %s after MongoDB came back (spool.sync '
+                      '1s: the checkpoint lags up to 1 s); %s' % (
+                          target, r['t_back'] - r['t_out'], r['res']['readings'],
+                          si(r['res']['readings_per_s']), st.get('readings_accepted'),
+                          st.get('readings_flushed'), r['spooled'],
+                          st.get('spool_records_replayed'), st.get('spool_dropped_readings'),
+                          st.get('spool_write_errors'), drops or 'none', r['kernel'],
+                          st.get('udp_pauses'), r['writes_after'], r['readings_after'],
+                          '%.1f s' % (r['t_empty'] - r['t_back']) if r['t_empty'] else 'never',
+                          describe_pool(r['hw'])))
             if r['t_end'] is None or r['t_first'] is None:
-                self.rows.append(Row(figure, 'spool not drained: %d readings spooled, %d '
-                                     'writes after the outage' % (r['spooled'],
-                                                                  r['writes_after']),
+                self.rows.append(Row(figure, 'spool not drained: %d readings spooled; %d '
+                                     'writes with %d readings after the outage (see notes)' % (
+                                         r['spooled'], r['writes_after'], r['readings_after']),
                                      '', '', '', 'n/a'))
                 continue
             replay_s = r['t_end'] - r['t_first']
@@ -1599,18 +1615,6 @@ class Suite(object):
                 si(r['res']['readings_per_s']), rate / r['res']['readings_per_s']) \
                 if rate and r['res'].get('readings_per_s') else ''
             self.rows.append(Row(figure, cell, base, '', '', ''))
-            self.note('9, replay into %s: outage %.0f s (fault_proxy unlisten, then pass); '
-                      'sent %d (%s/s), accepted %s, flushed %s, readings_spooled %d, '
-                      'spool_records_replayed %s, spool_dropped_readings %s, drops %s, kernel '
-                      '%s, udp_pauses %s; checkpoint showed the spool empty %s after MongoDB '
-                      'came back (spool.sync 1s: the checkpoint lags up to 1 s); %s' % (
-                          target, r['t_back'] - r['t_out'], r['res']['readings'],
-                          si(r['res']['readings_per_s']), st.get('readings_accepted'),
-                          st.get('readings_flushed'), r['spooled'],
-                          st.get('spool_records_replayed'), st.get('spool_dropped_readings'),
-                          drops or 'none', r['kernel'], st.get('udp_pauses'),
-                          '%.1f s' % (r['t_empty'] - r['t_back']) if r['t_empty'] else 'never',
-                          describe_pool(r['hw'])))
         self.conditions.append(
             'replay (row 9): default config, 100 sensors x 100 readings/s over UDP for the '
             'whole run; after 3 s tests/fault_proxy.py (between bucketd and count_proxy) '
