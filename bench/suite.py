@@ -1358,6 +1358,10 @@ class Suite(object):
                     and flushed == accepted)
         writes = [w for w in px.get('writes', []) if w.get('updates')]
         gaps = [b['t'] - a['t'] for a, b in zip(writes, writes[1:])]
+        # With --sink: from the proxy's answer to the first byte of the next bulk, the time the
+        # daemon took to send the next bulk once the previous one was acknowledged.
+        turns = [b['t_first'] - a['t_reply'] for a, b in zip(writes, writes[1:])
+                 if 't_reply' in a and 't_first' in b]
         t = {'target': target, 'rate': rate, 'sent': sent, 'sent_per_s': res['readings_per_s'],
              'accepted': accepted, 'flushed': flushed, 'kernel': kernel, 'drops': drops,
              'lossless': lossless, 'spooled': st.get('readings_spooled', 0),
@@ -1365,6 +1369,8 @@ class Suite(object):
              'bulks': len(writes), 'max_bulk': max([w['readings'] for w in writes] or [0]),
              'cycle': statistics.median(gaps) if gaps else None,
              'max_cycle': max(gaps) if gaps else None, 'retries': st.get('bulk_retries', 0),
+             'turn': statistics.median(turns) if turns else None,
+             'max_turn': max(turns) if turns else None,
              'db_cpu': db_cpu, 'px_cpu': px_cpu, 'daemon_cpu': daemon_cpu, 'hw': hw,
              'stop_s': None}
         log('  1 s/bulk %s rate=%s: sent %d (%s/s) accepted %d flushed %d kernel %s drops %s '
@@ -1385,6 +1391,9 @@ class Suite(object):
                      t['bulks'], t['max_bulk'],
                      '%.2f' % t['cycle'] if t['cycle'] else 'n/a',
                      '%.2f' % t['max_cycle'] if t['max_cycle'] else 'n/a'),
+                 'acknowledgement -> next bulk\'s first byte %s' % (
+                     '%.2f s (median; max %.2f s)' % (t['turn'], t['max_turn'])
+                     if t['turn'] is not None else 'n/a'),
                  'CPU: stand-in %.0f%%, count_proxy %.0f%%, bucketd %s' % (
                      100 * t['db_cpu'], 100 * t['px_cpu'], t['daemon_cpu']),
                  describe_pool(t['hw'])]
