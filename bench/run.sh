@@ -3,12 +3,14 @@
 # machine and conditions, then one table row per figure with bucketd's number, the baseline
 # measured in the same run, their ratio, the target and whether it is met.
 #
-#   bench/run.sh [--quick] [--build DIR] [--only LIST] [--no-netns]
+#   bench/run.sh [--quick] [--build DIR] [--only LIST] [--outage SECONDS] [--no-netns]
 #
 #   --quick     reduced suite (short steps, fewer search steps, 10k instead of 100k sensors,
-#               no peers) that finishes in about a minute; its report is not saved
+#               no peers, a 30 s outage) that finishes in a few minutes; its report is not saved
 #   --build DIR Release build directory (default build-bench/ in the repository)
-#   --only LIST comma-separated subset: parser,udp,tcp,memory,latency,standin,peers
+#   --only LIST comma-separated subset:
+#               parser,udp,tcp,memory,latency,standin,peers,slowdb,replay
+#   --outage S  how long MongoDB is away before the replay row (default 600, --quick 30)
 #   --no-netns  stay in the host network namespace
 #
 # The full suite saves its report as bench/results/<date>-<short commit>.md. bench/README.md
@@ -24,6 +26,7 @@ PYTHON=/usr/bin/python3
 quick=0
 build=$REPO/build-bench
 only=""
+outage=""
 netns=1
 orig_args=("$@")
 while [ $# -gt 0 ]; do
@@ -33,8 +36,10 @@ while [ $# -gt 0 ]; do
         --build=*) build=${1#--build=} ;;
         --only) only=$2; shift ;;
         --only=*) only=${1#--only=} ;;
+        --outage) outage=$2; shift ;;
+        --outage=*) outage=${1#--outage=} ;;
         --no-netns) netns=0 ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -135,6 +140,7 @@ args=(--repo "$REPO" --build "$build" --work "$work" --date "$(date '+%Y-%m-%d %
 [ "$dirty" = 1 ] && args+=(--dirty)
 [ "$quick" = 1 ] && args+=(--quick)
 [ -n "$only" ] && args+=(--only "$only")
+[ -n "$outage" ] && args+=(--outage "$outage")
 [ -n "$out" ] && args+=(--out "$out")
 [ "$in_netns" = 1 ] && args+=(--netns)
 

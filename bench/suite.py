@@ -29,6 +29,7 @@ import select
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -266,13 +267,92 @@ def thread_load(pid, before, seconds):
     return ', '.join(parts)
 
 
-def ring_for(per_sensor_rate, fields):
-    """The ring_size (power of two, at least the default 256) whose early-flush mark, half the
-    ring, holds one second of a sensor's readings (a reading takes 1 + fields cells)."""
-    ring = 256
-    while ring < 2 * (1 + fields) * per_sensor_rate:
-        ring *= 2
-    return ring
+def memory_for(rate, fields):
+    """limits.memory (a power of two in MiB, at least the default 64 MiB) whose early-flush
+    mark, a quarter of the buffer pool (itself half of limits.memory), holds one second of the
+    whole load: a reading takes 1 + fields cells of 16 bytes; a quarter more for the segments'
+    partly filled tails."""
+    need = 8 * 1.25 * rate * (1 + fields) * 16
+    mib_ = 64
+    while mib_ * MIB < need:
+        mib_ *= 2
+    return '%dMiB' % mib_
+
+
+def pool_high_water(log_text):
+    """(in use at most, segments, segment bytes) from the daemon's stop line "buffer pool: at
+    most N of M segments of B bytes in use at once", or None."""
+    m = None
+    for m in re.finditer(r'buffer pool: at most (\d+) of (\d+) segments of (\d+) bytes', log_text):
+        pass
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def describe_pool(hw):
+    if not hw:
+        return 'buffer pool high-water not logged'
+    used, total, seg = hw
+    return 'buffer pool high-water %d of %d segments of %d B (%s of the pool, %s)' % (
+        used, total, seg, pct(used / total), mib(used * seg))
+
+
+def io_write_bytes(pid):
+    """write_bytes of /proc/PID/io (bytes the process caused to be sent to storage), or None."""
+    try:
+        with open('/proc/%d/io' % pid) as f:
+            for line in f:
+                if line.startswith('write_bytes:'):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def dir_files(path):
+    """{relative path: (size, mtime_ns)} of the regular files under path."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            out[os.path.relpath(full, path)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def is_spool_file(name):
+    return name.startswith('spool-') or name.startswith('spool.ckpt')
+
+
+def spool_backlog(path):
+    """Bytes of spool records not yet acknowledged, from the checkpoint (saved at least every
+    spool.sync interval) and the segments' sizes; None when there is no checkpoint yet."""
+    try:
+        with open(os.path.join(path, 'spool.ckpt'), 'rb') as f:
+            c = f.read(40)
+    except OSError:
+        c = b''
+    segs = {}
+    for name in os.listdir(path):
+        m = re.match(r'spool-([0-9a-f]{16})\.seg$', name)
+        if m:
+            try:
+                segs[int(m.group(1), 16)] = os.path.getsize(os.path.join(path, name))
+            except OSError:
+                pass
+    if len(c) == 40 and c[:8] == b'BDSPCKPT':
+        seg, off = struct.unpack_from('<QQ', c, 16)
+    else:
+        seg, off = min(segs) if segs else 0, 32
+    total = 0
+    for no, size in segs.items():
+        if no > seg:
+            total += max(size - 32, 0)
+        elif no == seg:
+            total += max(size - off, 0)
+    return total
 
 
 def proc_status(pid):
@@ -322,12 +402,15 @@ class Bucketd(object):
     """One bucketd with a generated config; start() waits for 'ready', stop() returns stats."""
 
     def __init__(self, ctx, name, listeners, sink='blackhole', uri=None, database=None,
-                 flush='1s', ring_size=None, max_sensors=None):
+                 flush='1s', memory=None, max_sensors=None):
         self.ctx = ctx
         self.name = name
         self.listeners = listeners  # [(proto, port, format)]
         self.dir = os.path.join(ctx.work, name)
-        os.makedirs(os.path.join(self.dir, 'spool'), exist_ok=True)
+        # A fresh spool directory for every daemon: what it holds after the run minus what it
+        # held once the daemon was ready is what that run wrote there.
+        self.spool_dir = os.path.join(self.dir, 'spool')
+        os.makedirs(self.spool_dir, exist_ok=True)
         self.cfg_path = os.path.join(self.dir, 'bucketd.yaml')
         self.log_path = os.path.join(self.dir, 'bucketd.log')
         lines = ['writer_id: bench', 'listeners:']
@@ -339,11 +422,11 @@ class Bucketd(object):
             lines += ['mongodb:', '  uri: %s' % yaml_str(uri), '  database: %s' % database,
                       '  collection: buckets']
         lines += ['flush:', '  interval: %s' % flush, '  stop_timeout: 60s',
-                  'spool:', '  dir: %s' % yaml_str(os.path.join(self.dir, 'spool')),
+                  'spool:', '  dir: %s' % yaml_str(self.spool_dir),
                   'metrics:', '  bind: ""', 'log:', '  level: info']
         limits = []
-        if ring_size:
-            limits.append('  ring_size: %d' % ring_size)
+        if memory:
+            limits.append('  memory: %s' % memory)
         if max_sensors:
             limits.append('  max_sensors: %d' % max_sensors)
         if limits:
@@ -351,6 +434,8 @@ class Bucketd(object):
         self.config_text = '\n'.join(lines) + '\n'
         self.proc = None
         self.stop_s = None
+        self.spool0 = self.spool1 = None  # dir_files() once ready, and after the stop
+        self.io0 = self.io1 = None        # write_bytes once ready, and at exit (zombie)
 
     def log(self):
         try:
@@ -362,13 +447,27 @@ class Bucketd(object):
     def start(self, timeout=30.0):
         with open(self.cfg_path, 'w') as f:
             f.write(self.config_text)
-        with open(self.log_path, 'wb') as logf:
-            self.proc = self.ctx.procs.spawn('bucketd ' + self.name,
-                                             [self.ctx.bin('bucketd'), '-c', self.cfg_path],
-                                             stdout=logf, stderr=subprocess.STDOUT)
+        # The log reaches its file through a pipe and a thread of this process, so that the
+        # daemon's own write_bytes (/proc/PID/io) counts no log line.
+        import threading
+        self.proc = self.ctx.procs.spawn('bucketd ' + self.name,
+                                         [self.ctx.bin('bucketd'), '-c', self.cfg_path],
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+        def copy(src, path):
+            with open(path, 'wb', buffering=0) as out:
+                for chunk in iter(lambda: os.read(src.fileno(), 65536), b''):
+                    out.write(chunk)
+            src.close()
+
+        self.log_thread = threading.Thread(target=copy, args=(self.proc.stdout, self.log_path),
+                                           daemon=True)
+        self.log_thread.start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if re.search(r'\bready\b', self.log()):
+                self.spool0 = dir_files(self.spool_dir)
+                self.io0 = io_write_bytes(self.proc.pid)
                 return self
             if self.proc.poll() is not None:
                 break
@@ -383,14 +482,49 @@ class Bucketd(object):
 
     def stop(self, timeout=120.0):
         t0 = time.monotonic()
+        # SIGTERM, then wait for the exit without reaping, so that /proc/PID/io can still be
+        # read with everything the stop itself wrote; stop() then reaps.
+        pid = self.proc.pid
+        if self.proc.poll() is None:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG):
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.01)
+            self.io1 = io_write_bytes(pid)
         rc = self.ctx.procs.stop(self.proc, timeout=timeout)
         self.stop_s = time.monotonic() - t0
+        self.log_thread.join(10)  # the last lines (stats) are in the file once it has EOF
+        self.spool1 = dir_files(self.spool_dir)
         st = parse_stats(self.log())
         if rc != 0 or st is None:
             tail = '\n'.join(self.log().splitlines()[-5:])
             raise BenchError('bucketd (%s) exited with %s%s: %s' % (
                 self.name, rc, '' if st else ' and no stats line', tail))
         return st
+
+    def disk_writes(self):
+        """What this daemon wrote under spool.dir between 'ready' and its exit."""
+        if self.spool0 is None or self.spool1 is None:
+            return None
+        a, b = self.spool0, self.spool1
+        changed = sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
+        size = lambda files, pick: sum(v[0] for n, v in files.items() if pick(n))
+        return {
+            'spool_bytes': size(b, is_spool_file) - size(a, is_spool_file),
+            'all_bytes': size(b, lambda n: True) - size(a, lambda n: True),
+            'changed': ['%s %s->%s B' % (n, a[n][0] if n in a else '(new)',
+                                         b[n][0] if n in b else '(gone)') for n in changed],
+            'write_bytes': (self.io1 - self.io0) if self.io0 is not None and
+            self.io1 is not None else None,
+            'spooled': None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,14 +639,21 @@ class StandIn(object):
 
 
 class Proxy(object):
-    """bench/count_proxy.py in front of a server."""
+    """bench/count_proxy.py in front of a server; sink: it answers update commands itself;
+    delay: each update command is held that many seconds."""
 
-    def __init__(self, ctx, target_port):
+    def __init__(self, ctx, target_port, sink=False, delay=0.0):
         self.ctx = ctx
-        self.proc = ctx.procs.spawn('count_proxy', [
-            PYTHON, os.path.join(ctx.repo, 'bench', 'count_proxy.py'),
-            '--target', '127.0.0.1:%d' % target_port, '--writes'], stdout=subprocess.PIPE)
-        self.port = read_json_line(self.proc, 10, 'count_proxy.py')['port']
+        cmd = [PYTHON, os.path.join(ctx.repo, 'bench', 'count_proxy.py'),
+               '--target', '127.0.0.1:%d' % target_port, '--writes']
+        if sink:
+            cmd.append('--sink')
+        if delay:
+            cmd += ['--delay-writes', '%g' % delay]
+        self.proc = ctx.procs.spawn('count_proxy', cmd, stdout=subprocess.PIPE)
+        ready = read_json_line(self.proc, 10, 'count_proxy.py')
+        self.port = ready['port']
+        self.t0 = ready.get('t0')  # its time.monotonic() at start: writes' t are relative
 
     def stop(self):
         self.ctx.procs.stop(self.proc, timeout=20)
@@ -521,6 +662,50 @@ class Proxy(object):
         if res is None:
             raise BenchError('count_proxy.py printed no totals')
         return res
+
+
+class FaultProxy(object):
+    """tests/fault_proxy.py in front of a server, switched through its control port."""
+
+    def __init__(self, ctx, target_port, fault='pass'):
+        self.ctx = ctx
+        self.errlog = open(os.path.join(ctx.work, 'fault_proxy-%d.log' % target_port), 'wb')
+        self.proc = ctx.procs.spawn('fault_proxy', [
+            PYTHON, os.path.join(ctx.repo, 'tests', 'fault_proxy.py'),
+            '--upstream', '127.0.0.1:%d' % target_port, '--fault', fault],
+            stdout=subprocess.PIPE, stderr=self.errlog)
+        got = {}
+        deadline = time.monotonic() + 15
+        buf = b''
+        while len(got) < 2:
+            if time.monotonic() > deadline:
+                raise BenchError('fault_proxy.py did not print its ports')
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if not r:
+                continue
+            chunk = os.read(self.proc.stdout.fileno(), 256)
+            if not chunk:
+                raise BenchError('fault_proxy.py exited with %s' % self.proc.wait())
+            buf += chunk
+            for line in buf.decode().splitlines():
+                word, _, addr = line.partition(' ')
+                if word in ('listen', 'control') and addr.rpartition(':')[2].isdigit():
+                    got[word] = int(addr.rpartition(':')[2])
+        self.port = got['listen']
+        self.control = got['control']
+
+    def set(self, fault):
+        with socket.create_connection(('127.0.0.1', self.control), timeout=10) as c:
+            c.sendall((fault + '\n').encode())
+            answer = c.makefile().readline().strip()
+        if not answer.startswith('ok'):
+            raise BenchError('fault_proxy %r: %s' % (fault, answer))
+        return answer
+
+    def stop(self):
+        self.ctx.procs.stop(self.proc, timeout=10)
+        self.proc.stdout.close()
+        self.errlog.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -603,6 +788,21 @@ class Suite(object):
         self.udp_sensors = 1000
         self.wamp_sensors = 20 if q else 100
         self.fields = 3
+        # 8: steps of the search into a MongoDB that takes 1 s per bulk write.
+        self.slow_step_s = 5.0 if q else 20.0
+        self.slow_steps = 2 if q else 5
+        # 9: the outage before the replay (--outage; default 10 minutes, 30 s with --quick).
+        self.outage_s = args.outage if args.outage else (30.0 if q else 600.0)
+        # 10: {group: [disk_writes() of each daemon]} from the healthy-path rows.
+        self.disk = {}
+
+    def record_disk(self, group, d, st):
+        w = d.disk_writes()
+        if w is None:
+            return
+        w['spooled'] = st.get('readings_spooled') if st else None
+        w['name'] = d.name
+        self.disk.setdefault(group, []).append(w)
 
     def bin(self, name):
         return os.path.join(self.build, name)
@@ -665,6 +865,8 @@ class Suite(object):
             k1 = read_snmp_udp()
         finally:
             got = rx.stop()
+        if receiver != 'sink':
+            self.record_disk('UDP rows 2a/2b (blackhole sink)', rx, got)
         kernel = {k: k1.get(k, 0) - k0.get(k, 0) for k in ('RcvbufErrors', 'InErrors')}
         sent = res['readings']
         if receiver == 'sink':
@@ -802,30 +1004,39 @@ class Suite(object):
                       conns, dur, sent, si(res['readings_per_s']), accepted, t1 - t0))
 
     # -- 4. memory ------------------------------------------------------------------------
-    def memory_at(self, sensors, per_sensor=3):
+    def memory_at(self, sensors, per_sensor=3, max_sensors=None):
         port = free_port('tcp')
-        d = Bucketd(self, 'mem-%d' % sensors, [('tcp', port, 'influx')]).start()
+        d = Bucketd(self, 'mem-%d' % sensors, [('tcp', port, 'influx')],
+                    max_sensors=max_sensors).start()
+        t0 = time.monotonic()
         try:
             idle = proc_status(d.pid)
             load = Load(sensors, self.fields)
-            res = run_sim(self, load.args(port, proto='tcp', count=sensors * per_sensor), 120)
-            wait_tcp_drained(port)
+            res = run_sim(self, load.args(port, proto='tcp', count=sensors * per_sensor),
+                          max(120, sensors / 1000.0))
+            wait_tcp_drained(port, timeout=max(30.0, sensors / 5000.0))
             time.sleep(1.5)  # at least one flush after the last reading
             peak = proc_status(d.pid)
+            load_s = time.monotonic() - t0
         finally:
-            st = d.stop()
+            st = d.stop(timeout=max(120.0, sensors / 2000.0))
         if st.get('readings_accepted') != res['readings'] or daemon_drops(st):
             raise BenchError('%d sensors: accepted %s of %d, drops %s' % (
                 sensors, st.get('readings_accepted'), res['readings'], daemon_drops(st)))
-        return idle, peak, res
+        return idle, peak, res, st, pool_high_water(d.log()), load_s
 
     def fig_memory(self):
         self.have_sim()
         big = 10000 if self.quick else 100000
-        for sensors in (1000, big):
-            figure = '4. memory, %s active sensors (peak RSS, VmHWM)' % si(sensors)
+        cases = [(1000, None), (big, None)]
+        if not self.quick:
+            # 1 M sensors: past the default max_sensors, so it is raised for this daemon.
+            cases.append((1000000, 1000000))
+        for sensors, max_sensors in cases:
+            figure = '4. memory, %s active sensors (peak RSS, VmHWM%s)' % (
+                si(sensors), '; limits.max_sensors %s' % si(max_sensors) if max_sensors else '')
             try:
-                idle, peak, res = self.memory_at(sensors)
+                idle, peak, res, st, hw, load_s = self.memory_at(sensors, max_sensors=max_sensors)
             except BenchError as e:
                 self.rows.append(not_run(figure, e))
                 continue
@@ -833,14 +1044,23 @@ class Suite(object):
             per = (hwm - idle['VmHWM']) / sensors
             if sensors >= 100000:
                 target, met = '<= 64 MiB', met_le(hwm, 64 * MIB)
+                if sensors > 100000:
+                    target = '<= 64 MiB (set for 100 k)'
             else:
                 target, met = '', ''
-            self.rows.append(Row(figure, '%s (%.0f B/sensor above idle)' % (mib(hwm), per),
-                                 'idle after start %s' % mib(idle['VmHWM']),
-                                 '%.1fx' % (hwm / idle['VmHWM']), target, met))
-        self.conditions.append('memory: blackhole sink, default limits (ring_size 256, '
-                               'max_sensors 100000), 3 readings per sensor over TCP, '
-                               'VmHWM read 1.5 s after the last reading')
+            self.rows.append(Row(figure, '%s (%.0f B/sensor above idle); %s' % (
+                mib(hwm), per, describe_pool(hw)),
+                'idle after start %s' % mib(idle['VmHWM']),
+                '%.1fx' % (hwm / idle['VmHWM']), target, met))
+            self.note('memory, %s sensors: %d readings sent over TCP and accepted in %.1f s, '
+                      'VmRSS %s at the reading, flushes %s (%s early for memory), %s' % (
+                          si(sensors), res['readings'], load_s, mib(peak['VmRSS']),
+                          st.get('flushes'), st.get('flushes_for_memory'), describe_pool(hw)))
+        self.conditions.append(
+            'memory: blackhole sink, default limits (limits.memory 64MiB: a 32 MiB buffer pool '
+            'reserved at start, resident only where used; max_sensors 100000, raised to '
+            '1000000 for the 1 M row), 3 readings per sensor over TCP, VmHWM read 1.5 s after '
+            'the last reading; the pool high-water mark is the daemon\'s own, logged at stop')
 
     # -- 5/6. into the stand-in ------------------------------------------------------------
     def get_standin(self):
@@ -848,7 +1068,7 @@ class Suite(object):
             self.standin = StandIn(self)
         return self.standin
 
-    def fig_wamp(self, ring_size, label):
+    def fig_wamp(self, memory, label):
         """Updates per reading and bytes per reading, through the counting proxy."""
         self.have_sim()
         si_ = self.get_standin()
@@ -862,12 +1082,14 @@ class Suite(object):
         try:
             d = Bucketd(self, 'wamp-%d' % port, [('udp', port, 'influx')], sink='mongodb',
                         uri='mongodb://127.0.0.1:%d/' % proxy.port, database=db,
-                        ring_size=ring_size).start()
+                        memory=memory).start()
             load = Load(sensors, self.fields, seed=7)
             res = run_sim(self, load.args(port, rate=sensors * per_sensor, duration=dur),
                           dur + 60)
             wait_rx_drained(port)
             st = d.stop()
+            self.record_disk('into the stand-in rows 5/6 (1 s flushes)', d, st)
+            hw = pool_high_water(d.log())
             d = None
         finally:
             if d is not None:
@@ -889,20 +1111,25 @@ class Suite(object):
         return {'sensors': sensors, 'rate': sensors * per_sensor, 'dur': dur, 'rpu': rpu,
                 'ideal': res['readings_per_s'] / sensors * 1.0,
                 'upr': updates / flushed, 'steady': steady, 'wire': wire, 'in_bytes': in_bytes,
-                'px': px, 'st': st, 'extra': extra, 'label': label, 'ring': ring_size}
+                'px': px, 'st': st, 'extra': extra, 'label': label, 'memory': memory, 'hw': hw}
 
     def fig_into_standin(self):
         results = []
-        for ring, label in ((None, 'default ring_size 256'), (1024, 'ring_size 1024')):
+        # The buffer pool wakes the flusher early past a quarter in use: the default 64 MiB
+        # never gets there under this load; 2 MiB (a 1 MiB pool, 256 segments to its early-flush
+        # mark) does within a flush interval, so the two rows show whether a small
+        # limits.memory multiplies the updates.
+        for mem, label in ((None, 'default limits.memory 64MiB'),
+                           ('2MiB', 'limits.memory 2MiB')):
             figure = '6. updates per reading, %s' % label
             try:
-                r = self.fig_wamp(ring, label)
+                r = self.fig_wamp(mem, label)
                 # The figure only means something at the rate asked for; a sender starved of
                 # CPU by a noisy neighbour gets one more chance.
                 if r['ideal'] < 99.0 and not self.quick:
                     self.note('into the stand-in (%s): the sender delivered %.1f readings/s per '
                               'sensor instead of 100; measured again' % (label, r['ideal']))
-                    r2 = self.fig_wamp(ring, label)
+                    r2 = self.fig_wamp(mem, label)
                     r = r2 if r2['ideal'] > r['ideal'] else r
                 results.append(r)
             except (BenchError, OSError) as e:
@@ -935,13 +1162,16 @@ class Suite(object):
                 % ideal, pct(value / ideal) + ' of that', '>= 100 readings/update', met))
             px = r['px']
             self.note('into the stand-in (%s): %d readings flushed in %d updates, %d bulk '
-                      'writes; %d bytes client->server in %d messages, %d server->client; '
-                      '%d flushes seen on the wire' % (
+                      'writes, %s flushes (%s started early for memory); %d bytes '
+                      'client->server in %d messages, %d server->client; %d flushes seen on '
+                      'the wire; %s' % (
                           r['label'], r['st']['readings_flushed'], r['st']['updates_sent'],
-                          r['st'].get('bulk_writes', 0), px['c2s_bytes'], px['c2s_messages'],
-                          px['s2c_bytes'], (r['steady'] or {}).get('flushes', 0)))
+                          r['st'].get('bulk_writes', 0), r['st'].get('flushes'),
+                          r['st'].get('flushes_for_memory'), px['c2s_bytes'],
+                          px['c2s_messages'], px['s2c_bytes'],
+                          (r['steady'] or {}).get('flushes', 0), describe_pool(r['hw'])))
         if results:
-            r = results[-1]
+            r = results[0]
             self.rows.append(Row(
                 '6. bytes on the wire per reading, client->server (%s)' % r['label'],
                 '%.1f B/reading (all traffic incl. handshakes)' % r['wire'],
@@ -956,12 +1186,13 @@ class Suite(object):
         """Markers sent into a running load; the time until each is visible in a find."""
         si_ = self.get_standin()
         sensors = 100
-        ring = ring_for(rate / sensors, self.fields)
+        # Default limits.memory (64 MiB): the early-flush mark, a quarter of its 32 MiB pool,
+        # holds more than a second of this load (at most 50 k readings/s of 4 cells, ~3.2 MB).
         port = free_port('udp')
         db = 'bench_latency_%d' % port
         dur = markers * 0.4 + 3
         d = Bucketd(self, 'latency-%d' % port, [('udp', port, 'influx')], sink='mongodb',
-                    uri=si_.uri, database=db, ring_size=ring).start()
+                    uri=si_.uri, database=db).start()
         cpu0 = cpu_seconds(si_.proc.pid)
         threads0 = thread_cpu(d.pid)
         t_run0 = time.monotonic()
@@ -1010,22 +1241,25 @@ class Suite(object):
             if sim is not None:
                 self.procs.stop(sim, timeout=5)
             st = d.stop()
+        self.record_disk('into the stand-in rows 5/6 (1 s flushes)', d, st)
         if len(lat) < markers:
-            raise BenchError('only %d of %d markers became visible (at %s readings/s offered, '
-                             'ring_size %d: accepted %s, flushed %s, drops %s, udp_pauses %s)' % (
-                                 len(lat), markers, si(rate), ring, st.get('readings_accepted'),
+            raise BenchError('only %d of %d markers became visible (at %s readings/s offered: '
+                             'accepted %s, flushed %s, drops %s, udp_pauses %s)' % (
+                                 len(lat), markers, si(rate), st.get('readings_accepted'),
                                  st.get('readings_flushed'), daemon_drops(st) or 'none',
                                  st.get('udp_pauses')))
         absorbed = (st.get('readings_flushed') == st.get('readings_accepted')
                     and not daemon_drops(st) and d.stop_s < 5.0)
-        self.note('flush latency at %s readings/s offered (%s/s sent, %d sensors, ring_size %d): '
-                  'accepted %s, flushed %s in %s updates, drops %s, stand-in CPU %.0f%% of a '
-                  'core, bucketd threads (share of a core) %s, bucketd stop %.1f s; latencies in '
-                  'ms, in order: %s' % (
-                      si(rate), si(res['readings_per_s']), sensors, ring,
+        self.note('flush latency at %s readings/s offered (%s/s sent, %d sensors, default '
+                  'limits.memory): accepted %s, flushed %s in %s updates (%s flushes, %s early '
+                  'for memory), drops %s, stand-in CPU %.0f%% of a core, bucketd threads (share '
+                  'of a core) %s, bucketd stop %.1f s; %s; latencies in ms, in order: %s' % (
+                      si(rate), si(res['readings_per_s']), sensors,
                       st.get('readings_accepted'), st.get('readings_flushed'),
-                      st.get('updates_sent'), daemon_drops(st) or 'none', 100 * db_cpu,
-                      daemon_cpu, d.stop_s, ' '.join('%.0f' % (x * 1e3) for x in lat)))
+                      st.get('updates_sent'), st.get('flushes'), st.get('flushes_for_memory'),
+                      daemon_drops(st) or 'none', 100 * db_cpu, daemon_cpu, d.stop_s,
+                      describe_pool(pool_high_water(d.log())),
+                      ' '.join('%.0f' % (x * 1e3) for x in lat)))
         lat.sort()
         p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
         return {'median': statistics.median(lat), 'p99': p99, 'n': len(lat),
@@ -1078,6 +1312,328 @@ class Suite(object):
             'sends it one upsert per sensor per flush; its Python update cost is part of the '
             'latency' % (markers, markers))
 
+    # -- 8. UDP into a MongoDB that takes 1 s per bulk ----------------------------------------
+    def slow_trial(self, target, rate, standin):
+        """One step: a fresh default-config daemon writing through count_proxy, which holds
+        every update command 1 s (and with target 'sink' answers it itself)."""
+        sensors = 100
+        proxy = Proxy(self, standin.port, sink=(target == 'sink'), delay=1.0)
+        port = free_port('udp')
+        d = None
+        try:
+            d = Bucketd(self, 'slow-%s-%d' % (target, port), [('udp', port, 'influx')],
+                        sink='mongodb', database='bench_slow_%d' % port,
+                        uri='mongodb://127.0.0.1:%d/?directConnection=true' % proxy.port).start()
+            deadline = time.monotonic() + 20
+            while 'indexes ready' not in d.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            load = Load(sensors, self.fields, seed=13)
+            k0 = read_snmp_udp()
+            cpu0 = cpu_seconds(standin.proc.pid)
+            pcpu0 = cpu_seconds(proxy.proc.pid)
+            threads0 = thread_cpu(d.pid)
+            t0 = time.monotonic()
+            res = run_sim(self, load.args(port, rate=rate, duration=self.slow_step_s),
+                          self.slow_step_s + 60)
+            drained = wait_rx_drained(port)
+            k1 = read_snmp_udp()
+            wall = time.monotonic() - t0
+            db_cpu = (cpu_seconds(standin.proc.pid) - cpu0) / wall
+            px_cpu = (cpu_seconds(proxy.proc.pid) - pcpu0) / wall
+            daemon_cpu = thread_load(d.pid, threads0, wall)
+            st = d.stop()
+            self.record_disk('row 8 (UDP into a MongoDB taking 1 s per bulk)', d, st)
+            hw = pool_high_water(d.log())
+            d = None
+        finally:
+            if d is not None:
+                d.stop()
+            px = proxy.stop()
+        kernel = {k: k1.get(k, 0) - k0.get(k, 0) for k in ('RcvbufErrors', 'InErrors')}
+        sent = res['readings']
+        drops = daemon_drops(st)
+        accepted = st.get('readings_accepted', 0)
+        flushed = st.get('readings_flushed', 0)
+        lossless = (not any(kernel.values()) and not drops and accepted == sent and drained
+                    and flushed == accepted)
+        writes = [w for w in px.get('writes', []) if w.get('updates')]
+        gaps = [b['t'] - a['t'] for a, b in zip(writes, writes[1:])]
+        # With --sink: from the proxy's answer to the first byte of the next bulk, the time the
+        # daemon took to send the next bulk once the previous one was acknowledged.
+        turns = [b['t_first'] - a['t_reply'] for a, b in zip(writes, writes[1:])
+                 if 't_reply' in a and 't_first' in b]
+        t = {'target': target, 'rate': rate, 'sent': sent, 'sent_per_s': res['readings_per_s'],
+             'accepted': accepted, 'flushed': flushed, 'kernel': kernel, 'drops': drops,
+             'lossless': lossless, 'spooled': st.get('readings_spooled', 0),
+             'pauses': st.get('udp_pauses', 0), 'socket_drops': st.get('udp_socket_drops', 0),
+             'bulks': len(writes), 'max_bulk': max([w['readings'] for w in writes] or [0]),
+             'cycle': statistics.median(gaps) if gaps else None,
+             'max_cycle': max(gaps) if gaps else None, 'retries': st.get('bulk_retries', 0),
+             'turn': statistics.median(turns) if turns else None,
+             'max_turn': max(turns) if turns else None,
+             'db_cpu': db_cpu, 'px_cpu': px_cpu, 'daemon_cpu': daemon_cpu, 'hw': hw,
+             'stop_s': None}
+        log('  1 s/bulk %s rate=%s: sent %d (%s/s) accepted %d flushed %d kernel %s drops %s '
+            'spooled %d -> %s' % (target, si(rate), sent, si(t['sent_per_s']), accepted, flushed,
+                                  kernel, drops or '{}', t['spooled'],
+                                  'zero loss' if lossless else 'LOSS'))
+        return t
+
+    def describe_slow(self, t):
+        parts = ['%s/s offered %s/s sent' % (si(t['rate']), si(t['sent_per_s'])),
+                 'accepted %d of %d, flushed %d' % (t['accepted'], t['sent'], t['flushed']),
+                 'kernel drops %s' % (t['kernel'] if any(t['kernel'].values()) else 0),
+                 'udp_socket_drops %d' % t['socket_drops'],
+                 'daemon drops %s' % (t['drops'] or 'none'),
+                 'readings_spooled %d' % t['spooled'], 'udp_pauses %d' % t['pauses'],
+                 'bulk_retries %d' % t['retries'],
+                 '%d bulks of up to %d readings, one every %s s (median; max %s s)' % (
+                     t['bulks'], t['max_bulk'],
+                     '%.2f' % t['cycle'] if t['cycle'] else 'n/a',
+                     '%.2f' % t['max_cycle'] if t['max_cycle'] else 'n/a'),
+                 'acknowledgement -> next bulk\'s first byte %s' % (
+                     '%.2f s (median; max %.2f s)' % (t['turn'], t['max_turn'])
+                     if t['turn'] is not None else 'n/a'),
+                 'CPU: stand-in %.0f%%, count_proxy %.0f%%, bucketd %s' % (
+                     100 * t['db_cpu'], 100 * t['px_cpu'], t['daemon_cpu']),
+                 describe_pool(t['hw'])]
+        return '; '.join(parts) + (' -> zero loss' if t['lossless'] else ' -> LOSS')
+
+    def fig_slowdb(self):
+        self.have_sim()
+        figure = ('8. UDP -> MongoDB taking 1 s per bulk, default config, highest zero-loss '
+                  'readings/s over %g s [100 sensors, 3 fields, 1 reading/datagram]'
+                  % self.slow_step_s)
+        target = 100000
+        standin = self.get_standin()
+        # Into the sink: count_proxy answers every update itself after 1 s, so neither the
+        # stand-in's Python nor anything but bucketd and the 1 s sets the pace.
+        trials = []
+        lo, hi = None, None
+        rate = target
+        for _ in range(self.slow_steps):
+            t = self.slow_trial('sink', rate, standin)
+            trials.append(t)
+            if t['lossless']:
+                lo = t
+                if t['sent_per_s'] < 0.95 * rate:
+                    break  # the sender is the limit: faster asks deliver no more
+            else:
+                hi = t
+            if hi is None:
+                rate = rate * 2
+            elif lo is None:
+                rate = rate / 2
+            else:
+                rate = (lo['rate'] + hi['rate']) / 2
+        for t in trials:
+            self.note('8, into count_proxy --sink --delay-writes 1: ' + self.describe_slow(t))
+        best = max((t for t in trials if t['lossless']), key=lambda t: t['sent_per_s'],
+                   default=None)
+        # The same 1 s in front of the stand-in at the target rate: whether the stand-in, not
+        # bucketd, is then the limit.
+        sfresh = StandIn(self)
+        try:
+            st_trial = self.slow_trial('standin', target, sfresh)
+        except BenchError as e:
+            st_trial = e
+        finally:
+            sfresh.stop()
+        if isinstance(st_trial, Exception):
+            scell = 'not run: %s' % st_trial
+        else:
+            self.note('8, into count_proxy --delay-writes 1 -> stand-in: ' +
+                      self.describe_slow(st_trial))
+            scell = 'into the stand-in behind the same 1 s, at %s/s offered: %s (%s/s sent, ' \
+                'stand-in %.0f%% of a core, bulk every %s s)' % (
+                    si(target), 'zero loss' if st_trial['lossless'] else 'loss: %s' % (
+                        ', '.join(['accepted %d of %d' % (st_trial['accepted'], st_trial['sent'])]
+                                  + ['%s=%d' % kv for kv in st_trial['drops'].items()]
+                                  + ['flushed %d' % st_trial['flushed']])),
+                    si(st_trial['sent_per_s']), 100 * st_trial['db_cpu'],
+                    '%.2f' % st_trial['max_cycle'] if st_trial['max_cycle'] else 'n/a')
+        if best is not None:
+            cell = '%s (spooled %d, udp_pauses %d, pool high-water %s)' % (
+                si(best['sent_per_s']), best['spooled'], best['pauses'],
+                '%d/%d' % best['hw'][:2] if best['hw'] else 'n/a')
+            if best['sent_per_s'] < 0.95 * best['rate']:
+                cell += ' (sender-bound: asked %s/s)' % si(best['rate'])
+            met = met_ge(best['sent_per_s'], target)
+        else:
+            cell = 'no zero-loss rate found (lowest tried %s/s)' % si(
+                min(t['sent_per_s'] for t in trials))
+            met = 'no'
+        cell += '; tried ' + ', '.join('%s%s' % (si(t['sent_per_s']), '' if t['lossless']
+                                                  else ' (loss)') for t in trials)
+        self.rows.append(Row(figure, cell, scell, '', '>= 100 k readings/s', met))
+        self.conditions.append(
+            '1 s per bulk (row 8): bucketd with its default config (flush.interval 1s, '
+            'limits.memory 64MiB, spool on) writing through bench/count_proxy.py '
+            '--delay-writes 1, which holds every update command 1 s; --sink: the proxy then '
+            'answers it itself (the stand-in serves the handshake and indexes only); zero loss '
+            '= no kernel UDP drops, no drop_*, accepted == sent == flushed by the stop; %g s '
+            'per step, up to %d steps from 100 k/s (doubling while lossless, then bisecting; '
+            'the figure is the rate the sender achieved), 1 reading/datagram' % (
+                self.slow_step_s, self.slow_steps))
+
+    # -- 9. replay after an outage -------------------------------------------------------------
+    def replay_run(self, target):
+        """10 k readings/s over UDP throughout; MongoDB away (fault_proxy unlisten) for
+        outage_s; then back: how fast the spool drains."""
+        rate, sensors = 10000, 100
+        standin = StandIn(self)
+        cp = fp = d = sim = None
+        try:
+            cp = Proxy(self, standin.port, sink=(target == 'sink'))
+            cp_t0 = cp.t0
+            fp = FaultProxy(self, cp.port)
+            port = free_port('udp')
+            d = Bucketd(self, 'replay-%s-%d' % (target, port), [('udp', port, 'influx')],
+                        sink='mongodb', database='bench_replay',
+                        uri='mongodb://127.0.0.1:%d/?directConnection=true' % fp.port).start()
+            deadline = time.monotonic() + 20
+            while 'indexes ready' not in d.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            load = Load(sensors, self.fields, seed=17)
+            k0 = read_snmp_udp()
+            sim = start_sim(self, load.args(port, rate=rate, duration=self.outage_s + 3600))
+            time.sleep(3.0)  # healthy first
+            fp.set('unlisten')
+            t_out = time.monotonic()
+            peak = (0, 0)  # (bytes under spool.dir, of which segment files)
+            samples = []
+
+            def sample():
+                files = dir_files(d.spool_dir)
+                tot = sum(v[0] for v in files.values())
+                seg = sum(v[0] for n, v in files.items() if n.startswith('spool-'))
+                samples.append((time.monotonic(), tot, seg))
+                return tot, seg
+
+            while time.monotonic() - t_out < self.outage_s:
+                peak = max(peak, sample())
+                time.sleep(min(1.0, max(0.0, self.outage_s - (time.monotonic() - t_out))))
+            fp.set('pass')
+            t_back = time.monotonic()
+            t_empty = None
+            limit = max(300.0, 3 * self.outage_s)
+            while time.monotonic() - t_back < limit:
+                peak = max(peak, sample())
+                backlog = spool_backlog(d.spool_dir)
+                if backlog == 0:
+                    t_empty = time.monotonic()
+                    break
+                time.sleep(0.2)
+            time.sleep(3.0)  # a few live flushes after the replay
+            os.killpg(sim.pid, signal.SIGINT)
+            res = finish_sim(self, sim, 30)
+            sim = None
+            drained = wait_rx_drained(port)
+            k1 = read_snmp_udp()
+            st = d.stop()
+            hw = pool_high_water(d.log())
+            dlog = d.log()
+            d = None
+            fp.stop()
+            fp = None
+            px = cp.stop()
+            cp = None
+        finally:
+            if sim is not None:
+                self.procs.stop(sim, timeout=5)
+            if d is not None:
+                d.stop()
+            if fp is not None:
+                fp.stop()
+            if cp is not None:
+                cp.stop()
+            standin.stop()
+        spooled = st.get('readings_spooled', 0)
+        writes = sorted((cp_t0 + w['t'], w['readings']) for w in px.get('writes', [])
+                        if w.get('updates'))
+        after = [w for w in writes if w[0] >= t_back]
+        t_first = after[0][0] if after else None
+        cum, t_last, t_end = 0, None, None
+        for i, (t, n) in enumerate(after):
+            cum += n
+            if cum >= spooled:
+                t_last = t
+                t_end = after[i + 1][0] if i + 1 < len(after) else t
+                break
+        kernel = {k: k1.get(k, 0) - k0.get(k, 0) for k in ('RcvbufErrors', 'InErrors')}
+        return {'target': target, 'spooled': spooled, 'st': st, 'res': res, 'hw': hw,
+                'peak_bytes': peak[0], 'peak_seg': peak[1], 't_out': t_out, 't_back': t_back,
+                't_empty': t_empty, 't_first': t_first, 't_last': t_last, 't_end': t_end,
+                'kernel': kernel, 'drained': drained, 'px': px, 'writes_after': len(after),
+                'readings_after': sum(n for _, n in after),
+                'reconnect': 'MongoDB writes succeed again' in dlog}
+
+    def fig_replay(self):
+        self.have_sim()
+        targets = ['sink'] if self.quick else ['standin', 'sink']
+        outage = self.outage_s
+        for target in targets:
+            what = ('count_proxy --sink (answers every update itself)' if target == 'sink'
+                    else 'the stand-in (tests/mongo_server.py)')
+            figure = ('9. replay from the spool after a %s outage at 10 k readings/s, into %s '
+                      '(readings/s while the spool drains)' % (
+                          '%g min' % (outage / 60) if outage >= 60 else '%g s' % outage, what))
+            try:
+                r = self.replay_run(target)
+            except (BenchError, OSError) as e:
+                self.rows.append(not_run(figure, e))
+                continue
+            st = r['st']
+            drops = daemon_drops(st)
+            self.note('9, replay into %s: outage %.0f s (fault_proxy unlisten, then pass); '
+                      'sent %d (%s/s), accepted %s, flushed %s, readings_spooled %d, '
+                      'spool_records_replayed %s, spool_dropped_readings %s, '
+                      'spool_write_errors %s, drops %s, kernel %s, udp_pauses %s; %d writes '
+                      'carrying %d readings reached count_proxy after the outage; the '
+                      'checkpoint showed the spool empty %s after MongoDB came back (spool.sync '
+                      '1s: the checkpoint lags up to 1 s); %s' % (
+                          target, r['t_back'] - r['t_out'], r['res']['readings'],
+                          si(r['res']['readings_per_s']), st.get('readings_accepted'),
+                          st.get('readings_flushed'), r['spooled'],
+                          st.get('spool_records_replayed'), st.get('spool_dropped_readings'),
+                          st.get('spool_write_errors'), drops or 'none', r['kernel'],
+                          st.get('udp_pauses'), r['writes_after'], r['readings_after'],
+                          '%.1f s' % (r['t_empty'] - r['t_back']) if r['t_empty'] else 'never',
+                          describe_pool(r['hw'])))
+            if r['t_end'] is None or r['t_first'] is None:
+                self.rows.append(Row(figure, 'spool not drained: %d readings spooled; %d '
+                                     'writes with %d readings after the outage (see notes)' % (
+                                         r['spooled'], r['writes_after'], r['readings_after']),
+                                     '', '', '', 'n/a'))
+                continue
+            replay_s = r['t_end'] - r['t_first']
+            rate = r['spooled'] / replay_s if replay_s > 0 else None
+            lossless = (not drops and st.get('readings_accepted') == r['res']['readings']
+                        and st.get('readings_flushed') == st.get('readings_accepted')
+                        and not any(r['kernel'].values()))
+            cell = ('%s readings/s (%d spooled readings in %.1f s); spool at its peak %s under '
+                    'spool.dir (segments %s); drained %.1f s after MongoDB came back (%.1f s '
+                    'to the first write, then %.1f s of replay)%s' % (
+                        si(rate), r['spooled'], replay_s, mib(r['peak_bytes']),
+                        mib(r['peak_seg']), r['t_end'] - r['t_back'],
+                        r['t_first'] - r['t_back'], replay_s,
+                        '' if lossless else '; LOSS: sent %d accepted %s flushed %s %s' % (
+                            r['res']['readings'], st.get('readings_accepted'),
+                            st.get('readings_flushed'), drops or r['kernel'])))
+            base = 'live load %s readings/s (%.0fx the replay rate)' % (
+                si(r['res']['readings_per_s']), rate / r['res']['readings_per_s']) \
+                if rate and r['res'].get('readings_per_s') else ''
+            self.rows.append(Row(figure, cell, base, '', '', ''))
+        self.conditions.append(
+            'replay (row 9): default config, 100 sensors x 100 readings/s over UDP for the '
+            'whole run; after 3 s tests/fault_proxy.py (between bucketd and count_proxy) '
+            'closes its listener for the outage (--outage, %g s in this run), then passes '
+            'again; replay rate = readings_spooled / (first write after the outage -> the '
+            'write after the one that completes the spooled count, as count_proxy saw them: '
+            'the spool is replayed before any live batch); peak = bytes of the files under '
+            'spool.dir, polled every second; drained = that end, from the moment MongoDB came '
+            'back%s' % (outage, '; --quick: into the sink only' if self.quick else ''))
+
     # -- 7. peers ---------------------------------------------------------------------------
     def peer_load(self):
         """The one load every contender gets: a burst of UDP readings with unique seq fields."""
@@ -1122,11 +1678,11 @@ class Suite(object):
         try:
             port = free_port('udp')
             db = 'bench_peers_bucketd'
-            # Tuned like the peers' queues: each sensor's ring holds a flush interval's worth
-            # of its readings below the early-flush mark (1 + fields cells per reading).
-            ring = ring_for(rate / sensors, self.fields + 1)  # + 1: the seq field
+            # Tuned like the peers' queues: the buffer pool's early-flush mark holds a flush
+            # interval's worth of the load (1 + fields cells per reading).
+            memory = memory_for(rate, self.fields + 1)  # + 1: the seq field
             d = Bucketd(self, 'peers-bucketd', [('udp', port, 'influx')], sink='mongodb',
-                        uri=standin.uri, database=db, ring_size=ring).start()
+                        uri=standin.uri, database=db, memory=memory).start()
             client = standin.client()
             deadline = time.monotonic() + 20
             while 'indexes ready' not in d.log() and time.monotonic() < deadline:
@@ -1207,7 +1763,7 @@ class Suite(object):
                 'elapsed_s': elapsed, 'stored_per_s': stored / elapsed if elapsed > 0 else None,
                 'intact_per_s': intact / elapsed if elapsed > 0 else None,
                 'writes': n_writes, 'writes_per_reading': n_writes / sent if sent else None,
-                'ring': ring, 'stats': st, 'load_s': t_load_end - t0}
+                'memory': memory, 'stats': st, 'load_s': t_load_end - t0}
 
     def fig_peers(self):
         figure = '7. peers: readings/s stored intact'
@@ -1229,9 +1785,9 @@ class Suite(object):
             b = self.bucketd_like_peer(cmd, sensors, rate)
             bruns.append(b)
             self.note('peers, bucketd run %d: sent %d, stored %d, intact %d in %.2f s (load '
-                      '%.2f s) = %s/s, %d stand-in writes; ring_size %d; drops %s' % (
+                      '%.2f s) = %s/s, %d stand-in writes; limits.memory %s; drops %s' % (
                           len(bruns), b['sent'], b['stored'], b['intact'], b['elapsed_s'],
-                          b['load_s'], si(b['intact_per_s']), b['writes'], b['ring'],
+                          b['load_s'], si(b['intact_per_s']), b['writes'], b['memory'],
                           daemon_drops(b['stats']) or 'none'))
 
         try:
@@ -1273,17 +1829,20 @@ class Suite(object):
             'peers: the same load for all three, `%s`, into a fresh stand-in each; readings/s '
             '= intact readings (equal to a recorded sent line) / (load start -> last write the '
             'stand-in counted); bucketd '
-            'tuned like the peers\' queues (ring_size %d holds 1 s of a sensor\'s readings)'
-            % (shown, b['ring']))
+            'tuned like the peers\' queues (limits.memory %s: the early-flush mark, a quarter '
+            'of its buffer pool, holds 1 s of the load)' % (shown, b['memory']))
 
     # -- driver ---------------------------------------------------------------------------
     def run(self):
         figs = [('parser', self.fig_parser), ('udp', self.fig_udp), ('tcp', self.fig_tcp),
                 ('memory', self.fig_memory), ('latency', self.fig_latency),
-                ('standin', self.fig_into_standin), ('peers', self.fig_peers)]
+                ('standin', self.fig_into_standin), ('peers', self.fig_peers),
+                ('slowdb', self.fig_slowdb), ('replay', self.fig_replay)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
-                 'standin': '6. into the stand-in', 'peers': '7. peers'}
+                 'standin': '6. into the stand-in', 'peers': '7. peers',
+                 'slowdb': '8. UDP into a MongoDB taking 1 s per bulk',
+                 'replay': '9. replay after an outage'}
         for key, fn in figs:
             if not self.want(key):
                 continue
@@ -1301,6 +1860,46 @@ class Suite(object):
         if self.standin is not None:
             self.standin.stop()
             self.standin = None
+        self.disk_rows()
+
+    # -- 10. bytes written under spool.dir on the healthy path ---------------------------------
+    def disk_rows(self):
+        for group, ws in self.disk.items():
+            spool = sum(w['spool_bytes'] for w in ws)
+            allb = sum(w['all_bytes'] for w in ws)
+            wb = [w['write_bytes'] for w in ws if w['write_bytes'] is not None]
+            spooled = sum(w['spooled'] or 0 for w in ws)
+            changed = sorted(set(c.split(' ')[0] for w in ws for c in w['changed']))
+            cell = ('spool files (spool-*.seg, spool.ckpt) %+d B; all files %+d B%s; '
+                    'write_bytes %s (/proc/PID/io, %d of %d daemons readable); '
+                    'readings_spooled %d' % (
+                        spool, allb, ' (changed: %s)' % ', '.join(changed) if changed else '',
+                        '%d B' % sum(wb) if wb else 'n/a', len(wb), len(ws), spooled))
+            if spool == 0 and spooled == 0:
+                met = 'yes (spool files)'
+                if allb or (wb and sum(wb)):
+                    met += '; not 0 for all files / write_bytes: see notes'
+            else:
+                met = 'no'
+            self.rows.append(Row('10. bytes written under spool.dir, healthy path: %s (%d '
+                                 'daemons, each on a fresh spool.dir)' % (group, len(ws)),
+                                 cell, '', '', '0 B', met))
+            per = {}
+            for w in ws:
+                for c in w['changed']:
+                    per.setdefault(c.split(' ')[0], []).append(c.split(' ', 1)[1])
+            self.note('10, %s: per daemon, write_bytes %s; files changed between ready and '
+                      'exit: %s' % (
+                          group, ' '.join(str(w['write_bytes']) for w in ws),
+                          '; '.join('%s (%d daemons, e.g. %s)' % (n, len(v), v[0])
+                                    for n, v in sorted(per.items())) or 'none'))
+        if self.disk:
+            self.conditions.append(
+                'spool.dir writes (row 10): every daemon gets a fresh spool.dir; the sizes of '
+                'the files there are summed once the daemon is ready (the spool\'s empty '
+                '32-byte first segment is already there) and after it exited; write_bytes is '
+                'the daemon\'s /proc/PID/io from ready to its exit (read before it is reaped), '
+                'which counts every file it writes (its log goes to a pipe)')
 
 
 def flat_label(trials):
@@ -1452,11 +2051,14 @@ def main():
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
-                    'standin,peers')
+                    'standin,peers,slowdb,replay')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')
     ap.add_argument('--dirty', action='store_true', help='tracked files had changes')
+    ap.add_argument('--outage', type=float, default=0.0,
+                    help='seconds MongoDB is away before the replay row (default 600, --quick '
+                    '30)')
     args = ap.parse_args()
 
     def on_term(signum, frame):
