@@ -31,12 +31,15 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.environ.get("BUCKETD_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
 BIN = os.environ.get("BUCKETD_BIN") or os.path.join(REPO, "build", "bucketd")
+INSPECT = (os.environ.get("BUCKETD_INSPECT_BIN") or
+           os.path.join(REPO, "build", "bucketd-inspect"))
 
-for _p in (HERE, os.path.join(REPO, "tools")):
+for _p in (HERE, os.path.dirname(HERE), os.path.join(REPO, "tools")):  # tests/: fault_proxy
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -726,3 +729,51 @@ class E2ECase(unittest.TestCase):
                 msg += "\n--- log tail %s ---\n%s" % (daemon.log_path,
                                                        log_tail(daemon.log(), 30))
             self.fail(msg)
+
+
+# ---- shared by the exactly-once, spool and document-model tests ----------------------------
+
+
+def inspect_verify(uri, database, max_readings, span="1h"):
+    p = subprocess.run([INSPECT, "--uri", uri, "--database", database, "verify",
+                        "--max-readings", str(max_readings), "--span", span],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+    return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
+
+
+def with_uri_options(uri, **opts):
+    parts = urllib.parse.urlsplit(uri)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    query.update({k: str(v) for k, v in opts.items()})
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/",
+                                    urllib.parse.urlencode(query), ""))
+
+
+def primary_hostport(client, uri):
+    """Where writes go: a replica set's primary, else the URI's first host."""
+    primary = client.admin.command("hello").get("primary")
+    if primary:
+        host, _, port = primary.rpartition(":")
+        return host.strip("[]"), int(port)
+    netloc = urllib.parse.urlsplit(uri).netloc.rsplit("@", 1)[-1]
+    host, _, port = netloc.split(",")[0].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def start_fault_proxy(case, uri, client, **uri_opts):
+    """A fault proxy (tests/fault_proxy.py) in front of the server that takes writes, stopped
+    when the test ends, and the URI a daemon uses to go through it: direct connection, short
+    timeouts (uri_opts replace any of them)."""
+    import fault_proxy  # tests/fault_proxy.py (tests/ is on the path, above)
+    proxy = fault_proxy.FaultProxy(*primary_hostport(client, uri), upstream_uri=uri)
+    proxy.start()
+    case.addCleanup(proxy.stop)
+    parts = urllib.parse.urlsplit(uri)
+    auth = parts.netloc.rpartition("@")[0]
+    netloc = ("%s@" % auth if auth else "") + "127.0.0.1:%d" % proxy.port
+    opts = dict(directConnection="true", connectTimeoutMS=1000, serverSelectionTimeoutMS=1000,
+                heartbeatFrequencyMS=500)
+    opts.update(uri_opts)
+    proxied = with_uri_options(
+        urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), **opts)
+    return proxy, proxied

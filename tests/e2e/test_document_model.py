@@ -36,26 +36,22 @@ import datetime
 import glob
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
 import unittest
-import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for fault_proxy
 
 import bdtest  # noqa: E402
-import fault_proxy  # noqa: E402
 import send_readings  # noqa: E402  (tools/send_readings.py, on bdtest's path)
 
 import bson  # noqa: E402
 from bson.int64 import Int64  # noqa: E402
 
-INSPECT = (os.environ.get("BUCKETD_INSPECT_BIN") or
-           os.path.join(bdtest.REPO, "build", "bucketd-inspect"))
+INSPECT = bdtest.INSPECT
 NS = 1_000_000_000
 MS = 1_000_000
 HOUR_S = 3600
@@ -122,32 +118,6 @@ def seq_counts(docs, seq_field="seq"):
     return out
 
 
-def inspect_verify(uri, database, max_readings, span="1h"):
-    p = subprocess.run([INSPECT, "--uri", uri, "--database", database, "verify",
-                        "--max-readings", str(max_readings), "--span", span],
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
-    return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
-
-
-def with_uri_options(uri, **opts):
-    parts = urllib.parse.urlsplit(uri)
-    query = dict(urllib.parse.parse_qsl(parts.query))
-    query.update({k: str(v) for k, v in opts.items()})
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/",
-                                    urllib.parse.urlencode(query), ""))
-
-
-def primary_hostport(client, uri):
-    """Where writes go: a replica set's primary, else the URI's first host."""
-    primary = client.admin.command("hello").get("primary")
-    if primary:
-        host, _, port = primary.rpartition(":")
-        return host.strip("[]"), int(port)
-    netloc = urllib.parse.urlsplit(uri).netloc.rsplit("@", 1)[-1]
-    host, _, port = netloc.split(",")[0].rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def rewrite_stats(client, db, reset=False):
     """The test server's {bucketdTestStats: "buckets"}: bytes of the documents updates wrote,
     updates applied, bytes stored, documents stored."""
@@ -185,18 +155,7 @@ class DocumentModelCase(bdtest.E2ECase):
 
     def proxy_for(self, uri, client, **uri_opts):
         """A fault proxy in front of the server, and the URI the daemon uses through it."""
-        proxy = fault_proxy.FaultProxy(*primary_hostport(client, uri), upstream_uri=uri)
-        proxy.start()
-        self.addCleanup(proxy.stop)
-        parts = urllib.parse.urlsplit(uri)
-        auth = parts.netloc.rpartition("@")[0]
-        netloc = ("%s@" % auth if auth else "") + "127.0.0.1:%d" % proxy.port
-        opts = dict(directConnection="true", connectTimeoutMS=1000,
-                    serverSelectionTimeoutMS=1000, heartbeatFrequencyMS=500)
-        opts.update(uri_opts)
-        proxied = with_uri_options(
-            urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), **opts)
-        return proxy, proxied
+        return bdtest.start_fault_proxy(self, uri, client, **uri_opts)
 
     def wait_proxy(self, proxy, what, cond, d):
         self.assertTrue(bdtest.wait_for(lambda: cond(proxy.stats()), DEADLINE),
@@ -237,7 +196,7 @@ class DocumentModelCase(bdtest.E2ECase):
                                   len(extra), extra[:3], logs))
 
     def assertVerifyClean(self, uri, db, max_readings):
-        rc, out = inspect_verify(uri, db, max_readings)
+        rc, out = bdtest.inspect_verify(uri, db, max_readings)
         self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
 
 

@@ -21,25 +21,21 @@ tests run against a real MongoDB; the fail point tests then need it started with
 import collections
 import datetime
 import os
-import subprocess
 import sys
 import time
 import unittest
-import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for fault_proxy
 
 import bdtest  # noqa: E402
-import fault_proxy  # noqa: E402
 import send_readings  # noqa: E402  (tools/send_readings.py, on bdtest's path)
 
 import bson  # noqa: E402
 from bson.int64 import Int64  # noqa: E402
 
-INSPECT = (os.environ.get("BUCKETD_INSPECT_BIN") or
-           os.path.join(bdtest.REPO, "build", "bucketd-inspect"))
+INSPECT = bdtest.INSPECT
 NS = 1_000_000_000
 MS = 1_000_000
 HOUR_S = 3600
@@ -97,32 +93,6 @@ def seq_counts(docs, seq_field_of):
     return out
 
 
-def inspect_verify(uri, database, max_readings, span="1h"):
-    p = subprocess.run([INSPECT, "--uri", uri, "--database", database, "verify",
-                        "--max-readings", str(max_readings), "--span", span],
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
-    return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
-
-
-def with_uri_options(uri, **opts):
-    parts = urllib.parse.urlsplit(uri)
-    query = dict(urllib.parse.parse_qsl(parts.query))
-    query.update({k: str(v) for k, v in opts.items()})
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/",
-                                    urllib.parse.urlencode(query), ""))
-
-
-def primary_hostport(client, uri):
-    """Where writes go: a replica set's primary, else the URI's first host."""
-    primary = client.admin.command("hello").get("primary")
-    if primary:
-        host, _, port = primary.rpartition(":")
-        return host.strip("[]"), int(port)
-    netloc = urllib.parse.urlsplit(uri).netloc.rsplit("@", 1)[-1]
-    host, _, port = netloc.split(",")[0].rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 # ---------------------------------------------------------------------------------------------
 # The tests
 # ---------------------------------------------------------------------------------------------
@@ -148,17 +118,7 @@ class FlusherRegressions(bdtest.E2ECase):
 
     def proxy_for(self, uri, client):
         """A fault proxy in front of the server, and the URI the daemon uses through it."""
-        proxy = fault_proxy.FaultProxy(*primary_hostport(client, uri), upstream_uri=uri)
-        proxy.start()
-        self.addCleanup(proxy.stop)
-        parts = urllib.parse.urlsplit(uri)
-        auth = parts.netloc.rpartition("@")[0]
-        netloc = ("%s@" % auth if auth else "") + "127.0.0.1:%d" % proxy.port
-        proxied = with_uri_options(
-            urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")),
-            directConnection="true", connectTimeoutMS=1000, serverSelectionTimeoutMS=1000,
-            heartbeatFrequencyMS=500)
-        return proxy, proxied
+        return bdtest.start_fault_proxy(self, uri, client)
 
     def go_unreachable(self, proxy, d):
         """Refuse connections, and wait until the daemon's driver has tried one (its monitor
@@ -258,7 +218,7 @@ class FlusherRegressions(bdtest.E2ECase):
         for name in ("updates_quarantined", "readings_lost"):
             self.assertStat(st, name, 0, d)
         self.assertStat(st, "readings_flushed", 3200, d)
-        rc, out = inspect_verify(uri, db, 3600)
+        rc, out = bdtest.inspect_verify(uri, db, 3600)
         self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
 
     def test_oversized_page_of_short_fields(self):
@@ -289,7 +249,7 @@ class FlusherRegressions(bdtest.E2ECase):
         for name in ("updates_quarantined", "readings_lost"):
             self.assertStat(st, name, 0, d)
         self.assertStat(st, "readings_flushed", 100000, d)
-        rc, out = inspect_verify(uri, db, 100000)
+        rc, out = bdtest.inspect_verify(uri, db, 100000)
         self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
 
     # -- 2. nothing sent is not "maybe applied" -----------------------------------------------
@@ -434,7 +394,7 @@ class FlusherRegressions(bdtest.E2ECase):
         self.assertNoProblems(bdtest.check_documents(docs, 60, 5, strict_pages=False),
                               "invariants", d)
         self.assertStat(st, "readings_lost", 0, d)
-        rc, out = inspect_verify(uri, db, 5, "1m")
+        rc, out = bdtest.inspect_verify(uri, db, 5, "1m")
         self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
 
     # -- 4. long names ----------------------------------------------------------------------

@@ -79,17 +79,14 @@ import sys
 import threading
 import time
 import unittest
-import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for fault_proxy
 
 import bdtest  # noqa: E402
-import fault_proxy  # noqa: E402
 
-INSPECT = (os.environ.get("BUCKETD_INSPECT_BIN") or
-           os.path.join(bdtest.REPO, "build", "bucketd-inspect"))
+INSPECT = bdtest.INSPECT
 SIM = os.environ.get("BUCKETD_SIM_BIN") or os.path.join(bdtest.REPO, "build", "bucketd-sim")
 
 
@@ -150,25 +147,6 @@ KILL_BOUND_S = 2 * FLUSH_S + SYNC_S + SELECT_S
 def log(msg):
     sys.stderr.write("    [spool] %s\n" % msg)
     sys.stderr.flush()
-
-
-def with_uri_options(uri, **opts):
-    parts = urllib.parse.urlsplit(uri)
-    query = dict(urllib.parse.parse_qsl(parts.query))
-    query.update({k: str(v) for k, v in opts.items()})
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/",
-                                    urllib.parse.urlencode(query), ""))
-
-
-def primary_hostport(client, uri):
-    """Where writes go: a replica set's primary, else the URI's first host."""
-    primary = client.admin.command("hello").get("primary")
-    if primary:
-        host, _, port = primary.rpartition(":")
-        return host.strip("[]"), int(port)
-    netloc = urllib.parse.urlsplit(uri).netloc.rsplit("@", 1)[-1]
-    host, _, port = netloc.split(",")[0].rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def proc_status_kib(pid, key):
@@ -401,13 +379,6 @@ def stored_seqs(client, db):
     return out
 
 
-def inspect_verify(uri, database, max_readings):
-    p = subprocess.run([INSPECT, "--uri", uri, "--database", database, "verify",
-                        "--max-readings", str(max_readings)],
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
-    return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
-
-
 # ---------------------------------------------------------------------------------------------
 # The tests
 # ---------------------------------------------------------------------------------------------
@@ -425,18 +396,8 @@ class Spool(bdtest.E2ECase):
 
     def proxy_for(self, uri, client, **uri_opts):
         """A fault proxy in front of the server, and the URI the daemon uses through it."""
-        proxy = fault_proxy.FaultProxy(*primary_hostport(client, uri), upstream_uri=uri)
-        proxy.start()
-        self.addCleanup(proxy.stop)
-        parts = urllib.parse.urlsplit(uri)
-        auth = parts.netloc.rpartition("@")[0]
-        netloc = ("%s@" % auth if auth else "") + "127.0.0.1:%d" % proxy.port
-        opts = dict(directConnection="true", connectTimeoutMS=1000,
-                    serverSelectionTimeoutMS=int(SELECT_S * 1000), heartbeatFrequencyMS=500)
-        opts.update(uri_opts)
-        proxied = with_uri_options(
-            urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), **opts)
-        return proxy, proxied
+        uri_opts.setdefault("serverSelectionTimeoutMS", int(SELECT_S * 1000))
+        return bdtest.start_fault_proxy(self, uri, client, **uri_opts)
 
     def new_daemon(self, uri, db, name, spool, extra=None, **kw):
         cfg = {"writer_id": WRITER,
@@ -528,7 +489,7 @@ class Spool(bdtest.E2ECase):
         self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, MAX_READINGS),
                               "document invariants")
         if uri is not None:
-            rc, out = inspect_verify(uri, db, MAX_READINGS)
+            rc, out = bdtest.inspect_verify(uri, db, MAX_READINGS)
             self.assertEqual(rc, 0, "bucketd-inspect verify:\n%s" % out)
         return missing
 
