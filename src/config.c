@@ -184,6 +184,14 @@ static const struct key_def schema[] = {
      .help = "first backoff after a failed bulk write"},
     {.path = "flush.retry_max", .type = T_DURATION, CFG(flush.retry_max_ms), .min = 10,
      .max = MS_PER_H, .def = "10s", .flags = KF_RELOAD, .help = "backoff cap"},
+    {.path = "summaries.collection", .type = T_STRING, CFG(summaries.collection), .min = 0,
+     .max = 120, .def = "", .check = check_coll_name,
+     .help = "collection of one summary document per sensor and bucket; \"\" is "
+             "<mongodb.collection>_summary"},
+    {.path = "summaries.interval", .type = T_DURATION, CFG(summaries.interval_ms), .min = 0,
+     .max = MS_PER_H, .def = "60s", .flags = KF_RELOAD,
+     .help = "a bucket's summary document is recomputed at most this often after its pages "
+             "change; 0 turns summaries off"},
     {.path = "spool.dir", .type = T_STRING, CFG(spool.dir), .min = 1,
      .max = sizeof(((struct bd_config *)0)->spool.dir) - 1, .def = "/var/lib/bucketd/spool",
      .help = "directory for batches MongoDB did not take"},
@@ -515,6 +523,14 @@ static const char *check_write_concern(const char *s, uint64_t unused) {
     }
     /* A replica set has at most 50 members; a larger w could never be satisfied. */
     return n > 50 ? "must be at most 50" : NULL;
+}
+
+void bd_config_summary_collection(const struct bd_config *cfg, char *buf, size_t cap) {
+    if (cfg->summaries.collection[0] != '\0') {
+        snprintf(buf, cap, "%s", cfg->summaries.collection);
+    } else {
+        snprintf(buf, cap, "%s_summary", cfg->mongodb.collection);
+    }
 }
 
 int bd_config_spool_sync(const char *text, uint64_t *interval_ms) {
@@ -1121,6 +1137,12 @@ static int validate(struct loader *ld, yaml_mark_t top) {
     if (cfg->n_listeners == 0) {
         return fail(ld, mark_of(ld, "listeners", top), "listeners",
                     "at least one listener is required");
+    }
+    char into[BD_SUMMARY_COLLECTION_MAX];
+    bd_config_summary_collection(cfg, into, sizeof(into));
+    if (strcmp(into, cfg->mongodb.collection) == 0) {
+        return fail(ld, mark_of(ld, "summaries.collection", top), "summaries.collection",
+                    "must differ from mongodb.collection");
     }
     if (cfg->flush.retry_initial_ms > cfg->flush.retry_max_ms) {
         return fail(ld, mark_of(ld, "flush.retry_initial", mark_of(ld, "flush.retry_max", top)),

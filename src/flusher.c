@@ -174,6 +174,9 @@ static int open_state(struct bd_flusher *f, struct bd_err *err) {
     if (rc == 0) {
         rc = bd_deadletter_open(&f->dead, f->cfg->spool.dir, err);
     }
+    if (rc == 0) {
+        rc = flusher_summaries_open(f, err);
+    }
     return rc;
 }
 
@@ -255,6 +258,7 @@ void bd_flusher_free(struct bd_flusher *f) {
     bd_writer_close(f->writer, f->clean_stop);
     bd_deadletter_close(f->dead);
     flusher_spool_close(f);
+    flusher_summaries_close(f);
     if (f->table != NULL) {
         bd_sensor_table_foreach(f->table, release_sensor_state, NULL);
     }
@@ -601,8 +605,10 @@ out:
 /* ---- settling ----------------------------------------------------------------------------- */
 
 static void settle_applied(struct bd_flusher *f, uint32_t di) {
+    const struct bd_delta *d = &f->batch.deltas[di];
     f->batch.meta[di].done = true;
-    BD_STAT_ADD(f->stats, readings_flushed, f->batch.deltas[di].n_readings);
+    BD_STAT_ADD(f->stats, readings_flushed, d->n_readings);
+    flusher_summaries_mark(f, d->sensor->id, d->start_ms);
 }
 
 /*
@@ -1341,6 +1347,7 @@ static void set_gauges(struct bd_flusher *f, int64_t wall_ms) {
             }
         }
     }
+    BD_GAUGE_SET(f->stats, summary_buckets_pending, flusher_summaries_pending(f));
     BD_GAUGE_SET(f->stats, oldest_pending_age_ms,
                  oldest > 0 && wall_ms > oldest ? (uint64_t)(wall_ms - oldest) : 0);
     if (f->spool != NULL) {
@@ -1350,6 +1357,7 @@ static void set_gauges(struct bd_flusher *f, int64_t wall_ms) {
 
 void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
     step(f, mono_ns, wall_ms, stopping);
+    flusher_summaries_step(f, wall_ms, stopping);
     set_gauges(f, wall_ms);
 }
 

@@ -18,6 +18,7 @@
 #include "bucketd/pages.h"
 #include "bucketd/replay.h"
 #include "bucketd/spool.h"
+#include "bucketd/summaries.h"
 #include "bucketd/writer.h"
 
 /* Readings the deltas may hold before they are written ahead of the interval (~50 MB). */
@@ -97,6 +98,11 @@ struct bd_flusher {
     uint64_t batch_seq;
     int64_t learn_horizon_ms; /* buckets starting at or before this may hold earlier pages */
     int64_t batch_max_start_ms;
+
+    /* Buckets whose summary documents are due a refresh (NULL: summaries off, or no store). */
+    struct bd_summaries *sums;
+    int64_t sums_next_ms; /* wall clock of the next round */
+    struct bd_ratelimit sums_log;
 };
 
 /* flusher.c */
@@ -129,5 +135,16 @@ void flusher_spool_stats(struct bd_flusher *f);
 /* Wall clock of the oldest spooled reading (0: none). A spool left by an earlier run counts from
  * this start: its records carry no time. */
 int64_t flusher_spool_oldest_ms(const struct bd_flusher *f);
+
+/* flusher_summaries.c */
+int flusher_summaries_open(struct bd_flusher *f, struct bd_err *err);
+/* Buckets left unrefreshed are counted and logged. */
+void flusher_summaries_close(struct bd_flusher *f);
+/* A page of this bucket was acknowledged. */
+void flusher_summaries_mark(struct bd_flusher *f, const char *sensor_id, int64_t start_ms);
+/* After the step: a round of refreshes if one is due. */
+void flusher_summaries_step(struct bd_flusher *f, int64_t wall_ms, bool stopping);
+/* Buckets waiting for a refresh. */
+uint32_t flusher_summaries_pending(const struct bd_flusher *f);
 
 #endif

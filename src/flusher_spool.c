@@ -257,7 +257,8 @@ static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
                                 .run_arg = f,
                                 .dead = f->dead,
                                 .stats = f->stats,
-                                .cfg = f->cfg};
+                                .cfg = f->cfg,
+                                .sums = f->sums};
     struct prepare_call pc = {.st = f->store};
     flusher_run_io(f, prepare_run, &pc);
     if (!pc.ok) {

@@ -13,6 +13,7 @@
 #include "bucketd/alloc.h"
 #include "bucketd/log.h"
 #include "bucketd/mongo.h"
+#include "bucketd/summaries.h"
 
 struct mongo_store {
     struct bd_store base;
@@ -23,7 +24,8 @@ struct mongo_store {
     mongoc_write_concern_t *wc;
     mongoc_client_t *client;
     mongoc_collection_t *coll;
-    bool indexes_ok;
+    char summary_coll[BD_SUMMARY_COLLECTION_MAX];
+    bool indexes_ok, summary_index_ok;
     struct bd_ratelimit index_log;
 };
 
@@ -39,15 +41,16 @@ static bool ensure_client(struct mongo_store *m) {
     return true;
 }
 
-/* Idempotent: createIndexes with an existing identical index is a no-op on the server. */
-static void ensure_indexes(struct mongo_store *m) {
-    if (m->indexes_ok) {
-        return;
-    }
+/*
+ * {sensor_id: 1, bucket_start: 1} on a collection (unique on the summary collection, where
+ * $merge needs it). Idempotent: createIndexes with an existing identical index is a no-op on the
+ * server.
+ */
+static bool create_index(struct mongo_store *m, const char *coll, bool unique) {
     bson_t cmd, indexes, idx, key, reply;
     bson_error_t berr;
     bson_init(&cmd);
-    BSON_APPEND_UTF8(&cmd, "createIndexes", m->cfg->mongodb.collection);
+    BSON_APPEND_UTF8(&cmd, "createIndexes", coll);
     BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &indexes);
     BSON_APPEND_DOCUMENT_BEGIN(&indexes, "0", &idx);
     BSON_APPEND_DOCUMENT_BEGIN(&idx, "key", &key);
@@ -55,19 +58,32 @@ static void ensure_indexes(struct mongo_store *m) {
     BSON_APPEND_INT32(&key, "bucket_start", 1);
     bson_append_document_end(&idx, &key);
     BSON_APPEND_UTF8(&idx, "name", "sensor_id_1_bucket_start_1");
+    if (unique) {
+        BSON_APPEND_BOOL(&idx, "unique", true);
+    }
     bson_append_document_end(&indexes, &idx);
     bson_append_array_end(&cmd, &indexes);
     mongoc_database_t *db = mongoc_client_get_database(m->client, m->cfg->mongodb.database);
-    if (mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr)) {
-        m->indexes_ok = true;
-        bd_info("indexes ready on %s.%s", m->cfg->mongodb.database, m->cfg->mongodb.collection);
+    bool ok = mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr);
+    if (ok) {
+        bd_info("indexes ready on %s.%s", m->cfg->mongodb.database, coll);
     } else if (bd_ratelimit_ok(&m->index_log, bd_mono_ns())) {
         bd_error("cannot create indexes on %s.%s (will retry): %s", m->cfg->mongodb.database,
-                 m->cfg->mongodb.collection, berr.message);
+                 coll, berr.message);
     }
     mongoc_database_destroy(db);
     bson_destroy(&reply);
     bson_destroy(&cmd);
+    return ok;
+}
+
+static void ensure_indexes(struct mongo_store *m) {
+    if (!m->indexes_ok) {
+        m->indexes_ok = create_index(m, m->cfg->mongodb.collection, false);
+    }
+    if (!m->summary_index_ok && m->cfg->summaries.interval_ms > 0) {
+        m->summary_index_ok = create_index(m, m->summary_coll, true);
+    }
 }
 
 static bool m_prepare(struct bd_store *st, bson_error_t *error) {
@@ -177,6 +193,27 @@ static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, ui
     return ok;
 }
 
+static bool m_refresh_summaries(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
+                                bson_error_t *error) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    bson_t pipeline, opts;
+    const bson_t *doc;
+    ensure_indexes(m); /* $merge on sensor_id, bucket_start needs the unique index */
+    bd_summaries_pipeline(keys, n, NULL, m->summary_coll, &pipeline);
+    bson_init(&opts);
+    mongoc_write_concern_append(m->wc, &opts);
+    mongoc_cursor_t *cur =
+        mongoc_collection_aggregate(m->coll, MONGOC_QUERY_NONE, &pipeline, &opts, NULL);
+    while (mongoc_cursor_next(cur, &doc)) {
+        /* $merge returns no documents */
+    }
+    bool ok = !mongoc_cursor_error(cur, error);
+    mongoc_cursor_destroy(cur);
+    bson_destroy(&opts);
+    bson_destroy(&pipeline);
+    return ok;
+}
+
 /*
  * One query sorted on w.<writer_id>: a collection scan on a large collection, which is why the
  * number is normally kept on disk (writer.h).
@@ -235,6 +272,7 @@ static const struct bd_store_ops mongo_ops = {
     .prepare = m_prepare,
     .bulk_upsert = m_bulk_upsert,
     .find_pages = m_find_pages,
+    .refresh_summaries = m_refresh_summaries,
     .max_writer_seq = m_max_writer_seq,
     .release = m_release,
     .destroy = m_destroy,
@@ -251,6 +289,7 @@ int bd_store_mongo_new(struct bd_store **out, const struct bd_config *cfg, const
     m->base.ops = &mongo_ops;
     m->cfg = cfg;
     snprintf(m->writer_key, sizeof(m->writer_key), "%s", writer_key);
+    bd_config_summary_collection(cfg, m->summary_coll, sizeof(m->summary_coll));
     m->index_log.interval_ns = 10 * BD_NS_PER_S;
     m->index_log.burst = 1;
     m->uri = bd_mongo_uri_new(cfg->mongodb.uri, err);

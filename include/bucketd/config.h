@@ -67,6 +67,11 @@ struct bd_config {
     } flush;
 
     struct {
+        char collection[128]; /* "" (default): "<mongodb.collection>_summary" */
+        uint64_t interval_ms; /* a bucket's summary is refreshed at most this often; 0 = off */
+    } summaries;
+
+    struct {
         char dir[1024];     /* default /var/lib/bucketd/spool */
         uint64_t max_bytes; /* default 1 GiB */
         char sync[16];      /* none | batch | a duration; default 1s (bd_config_spool_sync) */
@@ -99,6 +104,10 @@ enum bd_spool_when_full {
 
 /* spool.sync text: enum bd_spool_sync (spool.h) and *interval_ms, or -EINVAL. */
 int bd_config_spool_sync(const char *text, uint64_t *interval_ms);
+
+/* The summary collection's name: summaries.collection, or "<mongodb.collection>_summary". */
+#define BD_SUMMARY_COLLECTION_MAX 136
+void bd_config_summary_collection(const struct bd_config *cfg, char *buf, size_t cap);
 
 /* Fill cfg with every default (writer_id stays "": see struct bd_config). */
 void bd_config_defaults(struct bd_config *cfg);

@@ -53,6 +53,8 @@ void bd_replay_buf_reset(struct bd_replay_buf *buf);
 void bd_replay_buf_close(struct bd_replay_buf *buf);
 
 /* What replaying needs from the flusher. */
+struct bd_summaries;
+
 struct bd_replay_env {
     struct bd_store *store;
     /* Runs fn(fn_arg) -- one store call -- and returns when it returned. */
@@ -61,6 +63,7 @@ struct bd_replay_env {
     struct bd_deadletter *dead; /* may be NULL */
     struct bd_stats *stats;
     const struct bd_config *cfg;
+    struct bd_summaries *sums; /* buckets written are marked here; may be NULL */
 };
 
 struct bd_replay;

@@ -59,6 +59,10 @@
     X(spool_corrupt_records, "spool records skipped for a bad checksum (each counted once)") \
     X(spool_dropped_readings, "readings dropped from a full spool (spool.when_full)")        \
     X(spool_write_errors, "spool writes or syncs that failed (disk full, I/O error)")        \
+    X(summary_refreshes, "aggregates that recomputed summary documents")                    \
+    X(summary_buckets_refreshed, "summary documents recomputed (one per bucket and refresh)") \
+    X(summary_refresh_errors, "summary refreshes that failed (tried again at the next interval)") \
+    X(summary_buckets_skipped, "buckets whose summary was not refreshed after a write (stop, memory)") \
     X(readings_lost, "readings given up at shutdown: not written, not spooled")
 
 /* Gauges: values now, set by the flusher thread at each step (BD_GAUGE_SET). */
@@ -70,6 +74,7 @@
     X(pending_readings, "readings in those batches")                                        \
     X(spool_bytes, "bytes of the spool's segment files")                                    \
     X(spool_segments, "spool segment files")                                                \
+    X(summary_buckets_pending, "buckets whose summary document waits for its refresh")      \
     X(oldest_pending_age_ms, "age of the oldest reading accepted and not yet written (ms)")
 /* clang-format on */
 

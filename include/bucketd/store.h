@@ -47,6 +47,11 @@ struct bd_store_ops {
     /* Every stored page of these n buckets: fn once per page document. */
     bool (*find_pages)(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
                        bd_store_page_cb fn, void *arg, bson_error_t *error);
+    /* Recompute the summary documents of these n buckets (summaries.h): one aggregate on the
+     * page collection, ending in $merge into the summary collection, with the configured write
+     * concern. NULL in a store without summaries. */
+    bool (*refresh_summaries)(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
+                              bson_error_t *error);
     /* The highest number this writer left in the collection (0: none). */
     bool (*max_writer_seq)(struct bd_store *st, uint64_t *seq, bson_error_t *error);
     /* The using thread ends: give back what belongs to it (the pooled client). */

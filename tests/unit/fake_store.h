@@ -42,6 +42,15 @@ struct fake_doc {
     uint64_t rewritten; /* readings written by the storage engine: the count after each update */
 };
 
+/* A summary document: the totals of a bucket's pages at its last refresh. */
+struct fake_summary {
+    char *sensor_id;
+    int64_t start_ms;
+    int64_t count;      /* the pages' counts summed */
+    uint32_t pages;
+    uint32_t refreshes; /* times it was recomputed */
+};
+
 struct fake_store {
     struct bd_store base;
     char writer_key[160];
@@ -75,6 +84,12 @@ struct fake_store {
     pthread_cond_t cv;
     bool hold, holding;
     uint32_t delay_us; /* each bulk takes this long first (a slow server) */
+
+    /* Summary refreshes (summaries.h): recomputed from the model's pages, like the aggregate. */
+    struct fake_summary *sums;
+    uint32_t n_sums, cap_sums;
+    uint32_t refresh_calls, refresh_max_keys;
+    bool refresh_fails; /* answered like an unreachable server, nothing changed */
 };
 
 /* Test thread: wait until a bulk is held (false after timeout_s). */
@@ -393,6 +408,57 @@ static bool fake_max_seq(struct bd_store *st, uint64_t *seq, bson_error_t *error
     return true;
 }
 
+static struct fake_summary *fake_summary_of(struct fake_store *fs, const char *sensor_id,
+                                            int64_t start_ms) {
+    for (uint32_t i = 0; i < fs->n_sums; i++) {
+        if (fs->sums[i].start_ms == start_ms && strcmp(fs->sums[i].sensor_id, sensor_id) == 0) {
+            return &fs->sums[i];
+        }
+    }
+    return NULL;
+}
+
+static bool fake_refresh(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
+                         bson_error_t *error) {
+    struct fake_store *fs = (struct fake_store *)st;
+    fs->refresh_calls++;
+    fs->refresh_max_keys = n > fs->refresh_max_keys ? n : fs->refresh_max_keys;
+    if (fs->refresh_fails) {
+        bson_set_error(error, MONGOC_ERROR_SERVER_SELECTION, MONGOC_ERROR_SERVER_SELECTION_FAILURE,
+                       "No suitable servers found");
+        return false;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        int64_t count = 0;
+        uint32_t pages = 0;
+        for (uint32_t i = 0; i < fs->n_docs; i++) {
+            const struct fake_doc *d = &fs->docs[i];
+            if (d->start_ms == keys[k].start_ms && strcmp(d->sensor_id, keys[k].sensor_id) == 0) {
+                count += d->count;
+                pages++;
+            }
+        }
+        if (pages == 0) {
+            continue; /* the aggregate's $match finds nothing: no document */
+        }
+        struct fake_summary *sm = fake_summary_of(fs, keys[k].sensor_id, keys[k].start_ms);
+        if (sm == NULL) {
+            if (fs->n_sums == fs->cap_sums) {
+                fs->cap_sums = fs->cap_sums ? fs->cap_sums * 2 : 16;
+                fs->sums = realloc(fs->sums, fs->cap_sums * sizeof(*fs->sums));
+            }
+            sm = &fs->sums[fs->n_sums++];
+            memset(sm, 0, sizeof(*sm));
+            sm->sensor_id = strdup(keys[k].sensor_id);
+            sm->start_ms = keys[k].start_ms;
+        }
+        sm->count = count;
+        sm->pages = pages;
+        sm->refreshes++;
+    }
+    return true;
+}
+
 static void fake_release(struct bd_store *st) {
     (void)st;
 }
@@ -406,6 +472,7 @@ static const struct bd_store_ops fake_ops = {
     .prepare = fake_prepare,
     .bulk_upsert = fake_bulk,
     .find_pages = fake_find_pages,
+    .refresh_summaries = fake_refresh,
     .max_writer_seq = fake_max_seq,
     .release = fake_release,
     .destroy = fake_destroy,
@@ -425,6 +492,10 @@ static void fake_free(struct fake_store *fs) {
         free(fs->docs[i].sensor_id);
     }
     free(fs->docs);
+    for (uint32_t i = 0; i < fs->n_sums; i++) {
+        free(fs->sums[i].sensor_id);
+    }
+    free(fs->sums);
     pthread_cond_destroy(&fs->cv);
     pthread_mutex_destroy(&fs->mu);
 }

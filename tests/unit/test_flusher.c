@@ -1198,3 +1198,160 @@ Test(flusher, an_outage_whose_attempts_outlast_their_backoff_is_spooled_too) {
     assert_stored(2, 5);
     cr_assert_eq(STAT(writer_conflicts), 0);
 }
+
+/* ---- summary documents (summaries.h) ------------------------------------------------------- */
+
+static const struct fake_summary *summary_of(int sensor, int64_t start_ms) {
+    char name[32];
+    return fake_summary_of(&fs, sensor_name(name, sizeof(name), sensor), start_ms);
+}
+
+Test(flusher, written_buckets_have_their_summaries_recomputed_once_per_interval) {
+    stop();
+    cfg.summaries.interval_ms = 60000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    char name[32];
+    /* Two sensors, readings in two buckets each. */
+    for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 5; j++) {
+            accept1(sensor_name(name, sizeof(name), i), j, t0 - HOUR_MS + j * 1000);
+            accept1(sensor_name(name, sizeof(name), i), j, t0 + j * 1000);
+        }
+    }
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_flushed), 20);
+    cr_assert_eq(fs.refresh_calls, 0, "the first round comes an interval after the start");
+    cr_assert_eq(STAT(summary_buckets_pending), 4);
+    mono += 59000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 59000, false);
+    cr_assert_eq(fs.refresh_calls, 0);
+    mono += 1000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 60000, false);
+    cr_assert_eq(fs.refresh_calls, 1, "one aggregate for the four buckets");
+    cr_assert_eq(fs.n_sums, 4);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(summary_of(i, t0)->count, 5);
+        cr_assert_eq(summary_of(i, t0 - HOUR_MS)->count, 5);
+    }
+    cr_assert_eq(STAT(summary_buckets_refreshed), 4);
+    cr_assert_eq(STAT(summary_buckets_pending), 0);
+    /* More readings for one bucket: only that one is recomputed, at the next round. */
+    accept1(sensor_name(name, sizeof(name), 0), 9, t0 + 9000);
+    publish();
+    mono += 1000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 61000, false);
+    cr_assert_eq(fs.refresh_calls, 1, "not before the interval");
+    mono += 60000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 121000, false);
+    cr_assert_eq(fs.refresh_calls, 2);
+    cr_assert_eq(summary_of(0, t0)->count, 6);
+    cr_assert_eq(summary_of(0, t0)->refreshes, 2);
+    cr_assert_eq(summary_of(1, t0)->refreshes, 1, "an unchanged bucket is not read again");
+    cr_assert_eq(STAT(summary_refreshes), 2);
+}
+
+Test(flusher, a_failed_summary_refresh_is_tried_again_and_never_delays_readings) {
+    stop();
+    cfg.summaries.interval_ms = 10000;
+    cfg.flush.max_updates = 2; /* buckets per aggregate too */
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    char name[32];
+    for (int i = 0; i < 3; i++) {
+        accept1(sensor_name(name, sizeof(name), i), i, t0);
+    }
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    fs.refresh_fails = true;
+    mono += 10000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 10000, false);
+    cr_assert_eq(STAT(summary_refresh_errors), 1);
+    cr_assert_eq(STAT(summary_buckets_pending), 3, "kept for the next round");
+    /* Readings keep flowing meanwhile. */
+    accept1(sensor_name(name, sizeof(name), 3), 3, t0);
+    publish();
+    mono += 1000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 11000, false);
+    cr_assert_eq(STAT(readings_flushed), 4);
+    cr_assert_eq(fs.refresh_calls, 1, "not retried before the interval");
+    fs.refresh_fails = false;
+    /* The next rounds: chunks of flush.max_updates buckets, one chunk per step. */
+    for (int s = 0; s < 4; s++) {
+        mono += 10000 * MS;
+        bd_flusher_step(flusher, mono, now_ms + 21000 + s * 10000, false);
+    }
+    cr_assert_eq(fs.refresh_max_keys, 2);
+    cr_assert_eq(fs.n_sums, 4);
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(summary_of(i, t0)->count, 1, "sensor %d", i);
+    }
+    cr_assert_eq(STAT(summary_buckets_pending), 0);
+    cr_assert_eq(STAT(summary_buckets_skipped), 0);
+}
+
+Test(flusher, a_stop_recomputes_the_summaries_written_last_without_waiting) {
+    stop();
+    cfg.summaries.interval_ms = 3600000;
+    start();
+    send_sensors(3, 4);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fs.n_sums, 3);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(summary_of(i, now_ms / HOUR_MS * HOUR_MS)->count, 4);
+    }
+    cr_assert_eq(STAT(summary_buckets_pending), 0);
+}
+
+Test(flusher, summaries_left_unrefreshed_at_a_stop_are_counted) {
+    stop();
+    cfg.summaries.interval_ms = 3600000;
+    start();
+    send_sensors(2, 3);
+    fs.refresh_fails = true;
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(STAT(readings_flushed), 6, "the readings do not wait for summaries");
+    cr_assert_eq(fs.n_sums, 0);
+    bd_flusher_free(flusher);
+    flusher = NULL;
+    cr_assert_eq(STAT(summary_buckets_skipped), 2);
+    bd_sensor_table_free(table);
+    table = NULL;
+    fake_free(&fs);
+    start(); /* for the teardown */
+}
+
+Test(flusher, summaries_off_sends_no_aggregate) {
+    stop();
+    cfg.summaries.interval_ms = 0;
+    start();
+    send_sensors(2, 3);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fs.refresh_calls, 0);
+    cr_assert_eq(STAT(summary_buckets_pending), 0);
+}
+
+Test(flusher, spooled_batches_replayed_later_refresh_their_summaries) {
+    stop();
+    cfg.summaries.interval_ms = 3600000;
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+    start();
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    send_sensors(2, 3);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* written, failed */
+    send_more(2, 2, 3);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_spooled), 10, "both batches on disk");
+    cr_assert_gt(run(20), 0);
+    assert_stored(2, 5);
+    cr_assert_gt(STAT(spool_records_replayed), 0);
+    int64_t start_ms = now_ms / HOUR_MS * HOUR_MS;
+    cr_assert_eq(summary_of(0, start_ms)->count, 5);
+    cr_assert_eq(summary_of(1, start_ms)->count, 5);
+}
