@@ -209,7 +209,8 @@ uint64_t bd_replay_seq(const struct bd_replay *r) {
 static void settle_applied(struct bd_replay *r, const struct bd_replay_env *env, uint32_t i) {
     r->u[i].done = true;
     BD_STAT_ADD(env->stats, readings_flushed, r->u[i].n_readings);
-    if (env->sums != NULL && bd_summaries_mark(env->sums, r->u[i].sensor_id, r->u[i].start_ms) < 0) {
+    if (env->sums != NULL &&
+        bd_summaries_mark(env->sums, r->u[i].sensor_id, r->u[i].start_ms) < 0) {
         BD_STAT_ADD(env->stats, summary_buckets_skipped, 1);
     }
 }

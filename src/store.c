@@ -68,8 +68,8 @@ static bool create_index(struct mongo_store *m, const char *coll, bool unique) {
     if (ok) {
         bd_info("indexes ready on %s.%s", m->cfg->mongodb.database, coll);
     } else if (bd_ratelimit_ok(&m->index_log, bd_mono_ns())) {
-        bd_error("cannot create indexes on %s.%s (will retry): %s", m->cfg->mongodb.database,
-                 coll, berr.message);
+        bd_error("cannot create indexes on %s.%s (will retry): %s", m->cfg->mongodb.database, coll,
+                 berr.message);
     }
     mongoc_database_destroy(db);
     bson_destroy(&reply);

@@ -46,7 +46,7 @@ struct fake_doc {
 struct fake_summary {
     char *sensor_id;
     int64_t start_ms;
-    int64_t count;      /* the pages' counts summed */
+    int64_t count; /* the pages' counts summed */
     uint32_t pages;
     uint32_t refreshes; /* times it was recomputed */
 };

@@ -423,7 +423,30 @@ Test(config, enum_names) {
 Test(config, unknown_key_lists_valid_keys) {
     expect_fail(LISTENER "bogus: 1\n", "4:1", "bogus",
                 "unknown key; valid keys here: writer_id, listeners, sink, mongodb, buckets, "
-                "flush, spool, metrics, log, limits");
+                "flush, summaries, spool, metrics, log, limits");
+}
+
+Test(config, summary_collection_defaults_to_the_collection_name_with_a_suffix) {
+    struct bd_config cfg;
+    char into[BD_SUMMARY_COLLECTION_MAX];
+    expect_ok(LISTENER "mongodb:\n  collection: pages\n", &cfg);
+    cr_assert_eq(cfg.summaries.interval_ms, 60000);
+    bd_config_summary_collection(&cfg, into, sizeof(into));
+    cr_assert_str_eq(into, "pages_summary");
+    expect_ok(LISTENER "summaries:\n  collection: hourly\n  interval: 0s\n", &cfg);
+    bd_config_summary_collection(&cfg, into, sizeof(into));
+    cr_assert_str_eq(into, "hourly");
+    cr_assert_eq(cfg.summaries.interval_ms, 0);
+}
+
+Test(config, summary_collection_must_differ_from_the_page_collection) {
+    expect_fail(LISTENER "summaries:\n  collection: buckets\n", "5:15", "summaries.collection",
+                "must differ from mongodb.collection");
+    expect_fail(LISTENER "mongodb:\n  collection: a_summary\nsummaries:\n  collection: a_summary\n",
+                "7:15", "summaries.collection", "must differ");
+    expect_fail(LISTENER "summaries:\n  collection: \"system.x\"\n", "5:15", "summaries.collection",
+                "reserved");
+    expect_fail(LISTENER "summaries:\n  interval: 2h\n", "5:13", "summaries.interval", "1h");
 }
 
 Test(config, typo_in_nested_key) {

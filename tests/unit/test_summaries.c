@@ -90,7 +90,7 @@ Test(summaries, a_failed_round_gives_its_buckets_back_without_duplicates) {
     bd_summaries_mark(s, "c", 0);
     bd_summaries_begin(s);
     cr_assert_eq(bd_summaries_next(s, keys, 1), 1);
-    bd_summaries_advance(s, 1); /* "a" refreshed */
+    bd_summaries_advance(s, 1);   /* "a" refreshed */
     bd_summaries_mark(s, "b", 0); /* written again meanwhile */
     cr_assert_eq(bd_summaries_next(s, keys, 4), 2);
     cr_assert_eq(bd_summaries_requeue(s), 0); /* the refresh of b and c failed */
