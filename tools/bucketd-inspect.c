@@ -40,6 +40,7 @@
 #include "bucketd/deadletter.h"
 #include "bucketd/mongo.h"
 #include "bucketd/names.h"
+#include "bucketd/summaries.h"
 
 /* Documents per reply: pages hold up to max_readings readings, so keep batches modest. */
 #define BATCH_SIZE 64
@@ -55,7 +56,8 @@ static const char usage[] =
     "usage: bucketd-inspect [CONNECTION] buckets --sensor ID [--from T] [--to T]\n"
     "                       [--span DURATION] [--json|--table] [--raw-names]\n"
     "       bucketd-inspect [CONNECTION] verify [--sensor ID] [--max-readings N]\n"
-    "                       [--span DURATION]\n"
+    "                       [--span DURATION] [--summaries]\n"
+    "       bucketd-inspect [CONNECTION] summaries rebuild [--sensor ID] [--from T] [--to T]\n"
     "       bucketd-inspect [CONNECTION] dead-letter list [--file PATH]\n"
     "       bucketd-inspect [CONNECTION] dead-letter replay [--file PATH] [--dry-run]\n"
     "       bucketd-inspect --help | --version\n"
@@ -70,6 +72,8 @@ static const char usage[] =
     "                        unless the URI sets its own)\n"
     "      --database NAME   default telemetry\n"
     "      --collection NAME default buckets\n"
+    "      --summary-collection NAME\n"
+    "                        default summaries.collection, or <collection>_summary\n"
     "\n"
     "buckets: the pages of one sensor's buckets that hold readings from [--from, --to),\n"
     "sorted by bucket_start then page. T is RFC 3339 (2025-01-15T14:00:00Z) or unix seconds.\n"
@@ -94,6 +98,16 @@ static const char usage[] =
     "  --sensor ID           only this sensor\n"
     "  --max-readings N      page cap (default 3600, or buckets.max_readings)\n"
     "  --span DURATION       bucket span: 1h, 15m, ... (default 1h, or buckets.span)\n"
+    "  --summaries           also check the summary collection against the pages: one\n"
+    "                        summary per bucket, its count, pages, meta and per-field\n"
+    "                        min/max/sum/count/avg those of the bucket's readings (a\n"
+    "                        summary whose bucket has no pages left is a warning)\n"
+    "\n"
+    "summaries rebuild: recomputes the summary documents of the buckets with pages in\n"
+    "[--from, --to) (of --sensor only, if given) from their pages, as the daemon does after\n"
+    "it writes (one aggregate ending in $merge, with mongodb.write_concern); for summaries\n"
+    "a crash or an unreachable MongoDB left stale. Safe to run at any time, also while the\n"
+    "daemon runs. Prints how many summary documents the range holds afterwards.\n"
     "\n"
     "dead-letter list: the updates MongoDB refused for good, one line per record:\n"
     "  <time refused> <record id> <bucket _id> <N> readings code <C>: <message>\n"
@@ -367,7 +381,14 @@ static char *value_json(const bson_iter_t *it) {
 /* ---------------------------------------------------------------------------------------- */
 /* Options and connection                                                                   */
 
-enum command { CMD_NONE = 0, CMD_BUCKETS, CMD_VERIFY, CMD_DL_LIST, CMD_DL_REPLAY };
+enum command {
+    CMD_NONE = 0,
+    CMD_BUCKETS,
+    CMD_VERIFY,
+    CMD_DL_LIST,
+    CMD_DL_REPLAY,
+    CMD_SUMMARIES_REBUILD
+};
 
 static const char *const command_names[] = {
     [CMD_NONE] = "",
@@ -375,6 +396,7 @@ static const char *const command_names[] = {
     [CMD_VERIFY] = "verify",
     [CMD_DL_LIST] = "dead-letter list",
     [CMD_DL_REPLAY] = "dead-letter replay",
+    [CMD_SUMMARIES_REBUILD] = "summaries rebuild",
 };
 
 enum opt_id {
@@ -382,6 +404,7 @@ enum opt_id {
     OPT_URI,
     OPT_DATABASE,
     OPT_COLLECTION,
+    OPT_SUMMARY_COLLECTION,
     OPT_SENSOR,
     OPT_FROM,
     OPT_TO,
@@ -392,6 +415,7 @@ enum opt_id {
     OPT_SPAN,
     OPT_FILE,
     OPT_DRY_RUN,
+    OPT_SUMMARIES,
     OPT_HELP,
     OPT_VERSION,
     N_OPTS
@@ -402,6 +426,7 @@ enum opt_id {
 #define FOR_VERIFY (1u << CMD_VERIFY)
 #define FOR_DL_LIST (1u << CMD_DL_LIST)
 #define FOR_DL_REPLAY (1u << CMD_DL_REPLAY)
+#define FOR_SUMMARIES (1u << CMD_SUMMARIES_REBUILD)
 
 static const struct opt_def {
     const char *name;
@@ -413,9 +438,10 @@ static const struct opt_def {
     [OPT_URI] = {"--uri", NULL, true, FOR_ANY},
     [OPT_DATABASE] = {"--database", NULL, true, FOR_ANY},
     [OPT_COLLECTION] = {"--collection", NULL, true, FOR_ANY},
-    [OPT_SENSOR] = {"--sensor", NULL, true, FOR_BUCKETS | FOR_VERIFY},
-    [OPT_FROM] = {"--from", NULL, true, FOR_BUCKETS},
-    [OPT_TO] = {"--to", NULL, true, FOR_BUCKETS},
+    [OPT_SUMMARY_COLLECTION] = {"--summary-collection", NULL, true, FOR_ANY},
+    [OPT_SENSOR] = {"--sensor", NULL, true, FOR_BUCKETS | FOR_VERIFY | FOR_SUMMARIES},
+    [OPT_FROM] = {"--from", NULL, true, FOR_BUCKETS | FOR_SUMMARIES},
+    [OPT_TO] = {"--to", NULL, true, FOR_BUCKETS | FOR_SUMMARIES},
     [OPT_JSON] = {"--json", NULL, false, FOR_BUCKETS},
     [OPT_TABLE] = {"--table", NULL, false, FOR_BUCKETS},
     [OPT_RAW_NAMES] = {"--raw-names", NULL, false, FOR_BUCKETS},
@@ -423,6 +449,7 @@ static const struct opt_def {
     [OPT_SPAN] = {"--span", NULL, true, FOR_BUCKETS | FOR_VERIFY},
     [OPT_FILE] = {"--file", NULL, true, FOR_DL_LIST | FOR_DL_REPLAY},
     [OPT_DRY_RUN] = {"--dry-run", NULL, false, FOR_DL_REPLAY},
+    [OPT_SUMMARIES] = {"--summaries", NULL, false, FOR_VERIFY},
     [OPT_HELP] = {"--help", "-h", false, FOR_ANY},
     [OPT_VERSION] = {"--version", NULL, false, FOR_ANY},
 };
@@ -441,6 +468,7 @@ struct settings {
     const char *uri;
     const char *database;
     const char *collection;
+    char summary_collection[BD_SUMMARY_COLLECTION_MAX];
     uint64_t span_ms;
     uint32_t max_readings;
     const char *write_concern;
@@ -479,9 +507,18 @@ static int find_opt(const char *a, const char **inline_val) {
 /* 0 to run, -1 to exit 0 at once (--help, --version), or EXIT_USAGE (already reported). */
 static int parse_args(int argc, char **argv, struct options *o) {
     bool dead_letter = false; /* "dead-letter" seen, its subcommand not yet */
+    bool summaries = false;   /* "summaries" seen, its subcommand not yet */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-' || a[1] == '\0') {
+            if (summaries) {
+                summaries = false;
+                if (strcmp(a, "rebuild") != 0) {
+                    return bad_usage("unknown summaries command '%s' (rebuild)", a);
+                }
+                o->cmd = CMD_SUMMARIES_REBUILD;
+                continue;
+            }
             if (dead_letter) {
                 dead_letter = false;
                 if (strcmp(a, "list") == 0) {
@@ -502,8 +539,12 @@ static int parse_args(int argc, char **argv, struct options *o) {
                 o->cmd = CMD_VERIFY;
             } else if (strcmp(a, "dead-letter") == 0) {
                 dead_letter = true;
+            } else if (strcmp(a, "summaries") == 0) {
+                summaries = true;
             } else {
-                return bad_usage("unknown command '%s' (buckets, verify or dead-letter)", a);
+                return bad_usage("unknown command '%s' (buckets, verify, summaries or "
+                                 "dead-letter)",
+                                 a);
             }
             continue;
         }
@@ -532,8 +573,11 @@ static int parse_args(int argc, char **argv, struct options *o) {
     if (dead_letter) {
         return bad_usage("dead-letter needs a command (list or replay)");
     }
+    if (summaries) {
+        return bad_usage("summaries needs a command (rebuild)");
+    }
     if (o->cmd == CMD_NONE) {
-        return bad_usage("no command given (buckets, verify or dead-letter)");
+        return bad_usage("no command given (buckets, verify, summaries or dead-letter)");
     }
     for (int k = 0; k < N_OPTS; k++) {
         if (o->given[k] && opt_defs[k].cmds != FOR_ANY && !(opt_defs[k].cmds & (1u << o->cmd))) {
@@ -572,6 +616,15 @@ static int resolve_settings(const struct options *o, struct bd_config *cfg, stru
     s->uri = o->given[OPT_URI] ? o->value[OPT_URI] : cfg->mongodb.uri;
     s->database = o->given[OPT_DATABASE] ? o->value[OPT_DATABASE] : cfg->mongodb.database;
     s->collection = o->given[OPT_COLLECTION] ? o->value[OPT_COLLECTION] : cfg->mongodb.collection;
+    if (o->given[OPT_SUMMARY_COLLECTION]) {
+        snprintf(s->summary_collection, sizeof(s->summary_collection), "%s",
+                 o->value[OPT_SUMMARY_COLLECTION]);
+    } else if (cfg->summaries.collection[0] == '\0') {
+        /* The daemon's default, after the collection given here. */
+        snprintf(s->summary_collection, sizeof(s->summary_collection), "%s_summary", s->collection);
+    } else {
+        bd_config_summary_collection(cfg, s->summary_collection, sizeof(s->summary_collection));
+    }
     s->span_ms = cfg->buckets.span_ms;
     s->max_readings = cfg->buckets.max_readings;
     s->write_concern = cfg->mongodb.write_concern;
@@ -595,8 +648,11 @@ static int resolve_settings(const struct options *o, struct bd_config *cfg, stru
         }
         s->max_readings = (uint32_t)n;
     }
-    if (*s->database == '\0' || *s->collection == '\0') {
+    if (*s->database == '\0' || *s->collection == '\0' || *s->summary_collection == '\0') {
         return bd_err_set(err, -EINVAL, "the database and collection names must not be empty");
+    }
+    if (strcmp(s->summary_collection, s->collection) == 0) {
+        return bd_err_set(err, -EINVAL, "the summary collection must differ from the collection");
     }
     return 0;
 }
@@ -648,11 +704,14 @@ static int cursor_status(mongoc_cursor_t *cursor, const struct settings *s, stru
 /* ---------------------------------------------------------------------------------------- */
 /* buckets                                                                                  */
 
-/* {sensor_id: ID, bucket_start: {$gte: from's bucket, $lt: to}}: equality, then range. */
+/* {sensor_id: ID, bucket_start: {$gte: from's bucket, $lt: to}}: equality, then range (each
+ * only if given). */
 static void buckets_filter(const struct options *o, const struct settings *s, bson_t *filter) {
     bson_t range;
     bson_init(filter);
-    BSON_APPEND_UTF8(filter, "sensor_id", o->value[OPT_SENSOR]);
+    if (o->given[OPT_SENSOR]) {
+        BSON_APPEND_UTF8(filter, "sensor_id", o->value[OPT_SENSOR]);
+    }
     if (o->given[OPT_FROM] || o->given[OPT_TO]) {
         BSON_APPEND_DOCUMENT_BEGIN(filter, "bucket_start", &range);
         if (o->given[OPT_FROM]) {
@@ -1109,6 +1168,10 @@ struct group {
     int64_t start_ms;
     struct page_info *pages;
     size_t n_pages, cap_pages;
+    /* verify --summaries: the bucket's readings over all its pages (names owned). */
+    int64_t n_readings;
+    struct field_acc *tot;
+    size_t n_tot, cap_tot;
 };
 
 /* Reading-level problem kinds, each listed LIST_PER_KIND times per document at most. */
@@ -1129,6 +1192,12 @@ struct verifier {
     size_t n_acc, cap_acc;
     uint64_t rk_count[N_RKINDS]; /* reading-level problems of the document being checked */
     struct group g;
+    /* verify --summaries: the summary collection, read in the pages' order alongside them. */
+    mongoc_cursor_t *sums;
+    bson_t *sum_doc; /* the summary read and not yet matched, or NULL */
+    const char *sum_sensor;
+    int64_t sum_start;
+    uint64_t summaries;
 };
 
 static void vsay(const char *id, const char *tag, const char *fmt, va_list ap) {
@@ -1414,6 +1483,10 @@ static void check_summary(struct verifier *v, const char *id, const bson_t *summ
 }
 
 static void group_free(struct group *g) {
+    for (size_t i = 0; i < g->n_tot; i++) {
+        bson_free((char *)g->tot[i].name);
+    }
+    bson_free(g->tot);
     for (size_t i = 0; i < g->n_pages; i++) {
         bson_free(g->pages[i].id);
         if (g->pages[i].meta != NULL) {
@@ -1441,12 +1514,17 @@ static int cmp_page(const void *a, const void *b) {
  * counted in updates_quarantined, dropped) page p stays short, or never exists, while page
  * p + 1 fills. The readings are lost and counted; every document left is still consistent.
  */
+static void match_summary(struct verifier *v);
+
 static void group_finish(struct verifier *v) {
     struct group *g = &v->g;
     if (!g->active) {
         return;
     }
     qsort(g->pages, g->n_pages, sizeof(*g->pages), cmp_page);
+    if (v->sums != NULL) {
+        match_summary(v);
+    }
     const struct page_info *ref = NULL;
     for (size_t i = 0; i < g->n_pages; i++) {
         const struct page_info *p = &g->pages[i];
@@ -1521,6 +1599,196 @@ static void fmt_span(uint64_t ms, char *buf, size_t cap) {
     } else {
         snprintf(buf, cap, "%" PRIu64 "ms", ms);
     }
+}
+
+/* ---- verify --summaries ------------------------------------------------------------------ */
+
+/* The page just checked (its readings in v->acc) counts towards its bucket's totals. */
+static void group_fold(struct verifier *v, int64_t n) {
+    struct group *g = &v->g;
+    g->n_readings += n;
+    for (size_t i = 0; i < v->n_acc; i++) {
+        const struct field_acc *a = &v->acc[i];
+        if (a->n_num == 0) {
+            continue;
+        }
+        struct field_acc *t = NULL;
+        for (size_t k = 0; k < g->n_tot && t == NULL; k++) {
+            t = strcmp(g->tot[k].name, a->name) == 0 ? &g->tot[k] : NULL;
+        }
+        if (t == NULL) {
+            if (g->n_tot == g->cap_tot) {
+                g->cap_tot = g->cap_tot ? 2 * g->cap_tot : 8;
+                g->tot = bson_realloc(g->tot, g->cap_tot * sizeof(*g->tot));
+            }
+            t = &g->tot[g->n_tot++];
+            *t = (struct field_acc){.name = bson_strdup(a->name)};
+        }
+        if (t->n_num == 0 || num_cmp(&a->min, &t->min) < 0) {
+            t->min = a->min;
+        }
+        if (t->n_num == 0 || num_cmp(&a->max, &t->max) > 0) {
+            t->max = a->max;
+        }
+        t->sum += a->sum;
+        t->comp += a->comp;
+        t->sum_abs += a->sum_abs;
+        t->n_num += a->n_num;
+    }
+}
+
+/* Read the next summary document into v->sum_doc (NULL at the end, or after an error, which
+ * cmd_verify reports). One without a string sensor_id or a date bucket_start is a problem and
+ * skipped. */
+static void next_summary(struct verifier *v) {
+    const bson_t *doc;
+    bson_iter_t it;
+    if (v->sum_doc != NULL) {
+        bson_destroy(v->sum_doc);
+        v->sum_doc = NULL;
+    }
+    while (mongoc_cursor_next(v->sums, &doc)) {
+        v->summaries++;
+        const char *sensor = NULL;
+        if (bson_iter_init_find(&it, doc, "sensor_id") && BSON_ITER_HOLDS_UTF8(&it)) {
+            sensor = bson_iter_utf8(&it, NULL);
+        }
+        if (sensor == NULL || !bson_iter_init_find(&it, doc, "bucket_start") ||
+            !BSON_ITER_HOLDS_DATE_TIME(&it)) {
+            char *id = bson_iter_init_find(&it, doc, "_id") ? value_json(&it) : NULL;
+            problem(v, id != NULL ? id : "(summary without _id)",
+                    "summary document without a string sensor_id and a date bucket_start");
+            bson_free(id);
+            continue;
+        }
+        v->sum_doc = bson_copy(doc);
+        bson_iter_init_find(&it, v->sum_doc, "sensor_id");
+        v->sum_sensor = bson_iter_utf8(&it, NULL);
+        bson_iter_init_find(&it, v->sum_doc, "bucket_start");
+        v->sum_start = bson_iter_date_time(&it);
+        return;
+    }
+}
+
+/* How a summary is named in messages: "summary <sensor_id>|<bucket start, unix s>". */
+static void summary_name(char *buf, size_t cap, const char *sensor, int64_t start_ms) {
+    snprintf(buf, cap, "summary %s|%" PRId64, sensor, bd_floor_div(start_ms, 1000));
+}
+
+/* The summary document v->sum_doc against the totals of the bucket v->g. */
+static void check_summary_doc(struct verifier *v) {
+    const struct group *g = &v->g;
+    const bson_t *doc = v->sum_doc;
+    char id[BD_BUCKET_ID_MAX + 16], a[64], b[64];
+    bson_iter_t it;
+    bson_t meta, summary, sd;
+    summary_name(id, sizeof(id), g->sensor_id, g->start_ms);
+    if (want(v, id, doc, "count", "count", T_INT, "int64", &it) &&
+        bson_iter_as_int64(&it) != g->n_readings) {
+        problem(v, id,
+                "count is not the readings of the bucket's pages (expected %" PRId64
+                ", found %" PRId64 ")",
+                g->n_readings, bson_iter_as_int64(&it));
+    }
+    if (want(v, id, doc, "pages", "pages", T_INT, "a number", &it) &&
+        bson_iter_as_int64(&it) != (int64_t)g->n_pages) {
+        problem(v, id, "pages is wrong (expected %zu, found %" PRId64 ")", g->n_pages,
+                bson_iter_as_int64(&it));
+    }
+    int64_t want_end = g->start_ms + (int64_t)v->s->span_ms - 1;
+    if (want(v, id, doc, "bucket_end", "bucket_end", T_BIT(BSON_TYPE_DATE_TIME), "date", &it) &&
+        bson_iter_date_time(&it) != want_end) {
+        fmt_time(want_end, a, sizeof(a));
+        fmt_time(bson_iter_date_time(&it), b, sizeof(b));
+        problem(v, id, "bucket_end is wrong (expected %s, found %s)", a, b);
+    }
+    const bson_t *ref = NULL;
+    for (size_t i = 0; i < g->n_pages && ref == NULL; i++) {
+        ref = g->pages[i].meta;
+    }
+    if (want(v, id, doc, "meta", "meta", T_BIT(BSON_TYPE_DOCUMENT), "document", &it) &&
+        sub_document(&it, &meta) && ref != NULL && !bson_equal(&meta, ref)) {
+        problem(v, id, "meta differs from the pages' meta");
+    }
+    struct field_acc *tot = g->tot;
+    for (size_t i = 0; i < g->n_tot; i++) {
+        tot[i].has_summary = false;
+    }
+    if (want(v, id, doc, "summary", "summary", T_BIT(BSON_TYPE_DOCUMENT), "document", &it) &&
+        sub_document(&it, &summary) && bson_iter_init(&it, &summary)) {
+        while (bson_iter_next(&it)) {
+            const char *k = bson_iter_key(&it);
+            struct field_acc *f = NULL;
+            for (size_t i = 0; i < g->n_tot && f == NULL; i++) {
+                f = strcmp(tot[i].name, k) == 0 ? &tot[i] : NULL;
+            }
+            if (f == NULL) {
+                problem(v, id,
+                        "summary.%s summarises a field without numeric readings in the "
+                        "bucket's pages (expected no summary, found one)",
+                        k);
+                continue;
+            }
+            f->has_summary = true;
+            if (!sub_document(&it, &sd)) {
+                problem(v, id, "summary.%s has the wrong type (expected document, found %s)", k,
+                        type_name(bson_iter_type(&it)));
+                continue;
+            }
+            check_field_summary(v, id, k, f, &sd);
+        }
+    }
+    for (size_t i = 0; i < g->n_tot; i++) {
+        if (!tot[i].has_summary) {
+            problem(v, id,
+                    "summary.%s is missing (expected a summary of %" PRId64
+                    " numeric readings, found nothing)",
+                    tot[i].name, tot[i].n_num);
+        }
+    }
+}
+
+/* Orders (sensor, start) as the server sorts {sensor_id: 1, bucket_start: 1}: strings
+ * bytewise (the simple collation), then dates. */
+static int cmp_bucket(const char *s1, int64_t t1, const char *s2, int64_t t2) {
+    int c = strcmp(s1, s2);
+    return c != 0 ? c : (t1 > t2) - (t1 < t2);
+}
+
+static void orphan_summary(struct verifier *v) {
+    char id[BD_BUCKET_ID_MAX + 16];
+    summary_name(id, sizeof(id), v->sum_sensor, v->sum_start);
+    warning(v, id, "summary of a bucket without pages (its pages were deleted, e.g. expired)");
+}
+
+/* The bucket v->g is complete: find its summary among those read in the same order. */
+static void match_summary(struct verifier *v) {
+    const struct group *g = &v->g;
+    char id[BD_BUCKET_ID_MAX + 16];
+    for (;;) {
+        if (v->sum_doc == NULL) {
+            next_summary(v);
+        }
+        if (v->sum_doc == NULL) {
+            break;
+        }
+        int c = cmp_bucket(v->sum_sensor, v->sum_start, g->sensor_id, g->start_ms);
+        if (c > 0) {
+            break;
+        }
+        if (c == 0) {
+            check_summary_doc(v);
+            next_summary(v);
+            return;
+        }
+        orphan_summary(v);
+        next_summary(v);
+    }
+    summary_name(id, sizeof(id), g->sensor_id, g->start_ms);
+    problem(v, id,
+            "no summary document for this bucket in %s (expected one, with %" PRId64
+            " readings; bucketd-inspect summaries rebuild recomputes it)",
+            v->s->summary_collection, g->n_readings);
 }
 
 /* Every invariant of one document; the bucket-wide ones through group_add. -ENOMEM only. */
@@ -1662,6 +1930,9 @@ static int check_document(struct verifier *v, const bson_t *doc) {
 
     if (sensor_id != NULL && has_start && has_page) {
         group_add(v, id, sensor_id, start, page, n, has_meta ? &meta : NULL);
+        if (v->sums != NULL) {
+            group_fold(v, n);
+        }
     }
 out:
     bson_free(want_id);
@@ -1689,6 +1960,11 @@ static int cmd_verify(struct conn *c, const struct options *o, const struct sett
     BSON_APPEND_BOOL(&opts, "allowDiskUse", true);
 
     mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c->coll, &filter, &opts, NULL);
+    mongoc_collection_t *sums = NULL;
+    if (o->given[OPT_SUMMARIES]) {
+        sums = mongoc_client_get_collection(c->client, s->database, s->summary_collection);
+        v->sums = mongoc_collection_find_with_opts(sums, &filter, &opts, NULL);
+    }
     while (mongoc_cursor_next(cursor, &doc)) {
         rc = check_document(v, doc);
         if (rc < 0) {
@@ -1701,7 +1977,22 @@ static int cmd_verify(struct conn *c, const struct options *o, const struct sett
         goto out;
     }
     group_finish(v);
+    if (v->sums != NULL) {
+        if (v->sum_doc == NULL) {
+            next_summary(v);
+        }
+        while (v->sum_doc != NULL) {
+            orphan_summary(v);
+            next_summary(v);
+        }
+        rc = cursor_status(v->sums, s, err);
+    }
 out:
+    if (v->sums != NULL) {
+        mongoc_cursor_destroy(v->sums);
+        v->sums = NULL;
+    }
+    mongoc_collection_destroy(sums);
     mongoc_cursor_destroy(cursor);
     bson_destroy(&opts);
     bson_destroy(&filter);
@@ -1711,7 +2002,58 @@ out:
 static void verifier_close(struct verifier *v) {
     /* A bucket still open here was cut short by an error: free it unchecked. */
     group_free(&v->g);
+    if (v->sum_doc != NULL) {
+        bson_destroy(v->sum_doc);
+    }
     free(v->acc);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* summaries rebuild                                                                        */
+
+static int cmd_summaries_rebuild(struct conn *c, const struct options *o, const struct settings *s,
+                                 struct bd_err *err) {
+    bson_t filter, pipeline, opts;
+    bson_error_t berr;
+    const bson_t *doc;
+    int rc = 0;
+    buckets_filter(o, s, &filter);
+    bd_summaries_pipeline(NULL, 0, &filter, s->summary_collection, &pipeline);
+    bson_init(&opts);
+    mongoc_write_concern_t *wc = NULL;
+    rc = bd_mongo_write_concern_new(s->write_concern, s->wtimeout_ms, &wc, err);
+    if (rc < 0) {
+        goto out;
+    }
+    mongoc_write_concern_append(wc, &opts);
+    BSON_APPEND_BOOL(&opts, "allowDiskUse", true);
+    mongoc_cursor_t *cur =
+        mongoc_collection_aggregate(c->coll, MONGOC_QUERY_NONE, &pipeline, &opts, NULL);
+    while (mongoc_cursor_next(cur, &doc)) {
+        /* $merge returns no documents */
+    }
+    rc = cursor_status(cur, s, err);
+    mongoc_cursor_destroy(cur);
+    if (rc < 0) {
+        goto out;
+    }
+    mongoc_collection_t *sums =
+        mongoc_client_get_collection(c->client, s->database, s->summary_collection);
+    int64_t n = mongoc_collection_count_documents(sums, &filter, NULL, NULL, NULL, &berr);
+    mongoc_collection_destroy(sums);
+    if (n < 0) {
+        rc = bd_err_set(err, -EIO, "counting %s.%s failed: %s", s->database, s->summary_collection,
+                        berr.message);
+        goto out;
+    }
+    printf("rebuilt from %s.%s: %" PRId64 " summary documents in %s.%s for this range\n",
+           s->database, s->collection, n, s->database, s->summary_collection);
+out:
+    mongoc_write_concern_destroy(wc);
+    bson_destroy(&opts);
+    bson_destroy(&pipeline);
+    bson_destroy(&filter);
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -2230,6 +2572,9 @@ int main(int argc, char **argv) {
         case CMD_VERIFY:
             rc = cmd_verify(&c, &o, &s, &v, &err);
             break;
+        case CMD_SUMMARIES_REBUILD:
+            rc = cmd_summaries_rebuild(&c, &o, &s, &err);
+            break;
         default:
             rc = cmd_dead_letter(&c, &o, &s, &status, &err);
             break;
@@ -2242,8 +2587,11 @@ int main(int argc, char **argv) {
         goto out;
     }
     if (o.cmd == CMD_VERIFY) {
-        printf("verified %" PRIu64 " documents, %" PRIu64 " readings: %" PRIu64 " problems",
-               v.documents, v.readings, v.problems);
+        printf("verified %" PRIu64 " documents, %" PRIu64 " readings", v.documents, v.readings);
+        if (o.given[OPT_SUMMARIES]) {
+            printf(", %" PRIu64 " summaries", v.summaries);
+        }
+        printf(": %" PRIu64 " problems", v.problems);
         if (v.warnings > 0) {
             printf(", %" PRIu64 " warnings", v.warnings);
         }

@@ -12,6 +12,7 @@ import datetime
 import math
 import os
 import socket
+import subprocess
 import sys
 import time
 import unittest
@@ -65,6 +66,15 @@ def line(sensor, fields, ts_ns):
         else:
             parts.append("%s=%r" % (k, v))
     return ("%s %s %d\n" % (sensor, ",".join(parts), ts_ns)).encode()
+
+
+def inspect(*args):
+    if not os.access(bdtest.INSPECT, os.X_OK):
+        raise AssertionError("bucketd-inspect not found at %s (set BUCKETD_INSPECT_BIN)"
+                             % bdtest.INSPECT)
+    p = subprocess.run([bdtest.INSPECT] + [str(a) for a in args], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=120)
+    return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
 
 
 class SummaryDocuments(bdtest.E2ECase):
@@ -176,6 +186,43 @@ class SummaryDocuments(bdtest.E2ECase):
         self.assertEqual([x["count"] for x in q],
                          [expected.buckets[("room,floor=1", start)]["count"],
                           expected.buckets[("room,floor=1", start + SPAN_S)]["count"]])
+        self.check_inspect(uri, client, db, expected)
+
+    def check_inspect(self, uri, client, db, expected):
+        """verify --summaries finds stale, missing and orphaned summaries; summaries rebuild
+        repairs the first two."""
+        conn = ["--uri", uri, "--database", db]
+        verify = conn + ["verify", "--summaries", "--max-readings", MAX_READINGS]
+        rc, out = inspect(*verify)
+        self.assertEqual(rc, 0, out)
+        self.assertIn(", %d summaries: 0 problems" % len(expected.buckets), out)
+
+        summaries = client[db]["buckets_summary"]
+        start = hour_start(-2)
+        when = datetime_of(start)
+        summaries.update_one({"sensor_id": "pump", "bucket_start": when},
+                             {"$inc": {"count": 1}, "$set": {"summary.temp.max": 99.5}})
+        summaries.delete_one({"sensor_id": "room,floor=2", "bucket_start": when})
+        summaries.insert_one({"sensor_id": "gone", "bucket_start": when, "count": Int64(1)})
+        rc, out = inspect(*verify)
+        self.assertEqual(rc, 1, out)
+        want_count = expected.buckets[("pump", start)]["count"]
+        self.assertIn("summary pump|%d: count is not the readings of the bucket's pages "
+                      "(expected %d, found %d)" % (start, want_count, want_count + 1), out)
+        self.assertIn("summary pump|%d: summary.temp.max is wrong" % start, out)
+        self.assertIn("summary room,floor=2|%d: no summary document for this bucket" % start, out)
+        self.assertIn("summary gone|%d: warning: summary of a bucket without pages" % start, out)
+        self.assertIn(": 3 problems, 1 warnings", out)
+
+        rc, out = inspect(*(conn + ["summaries", "rebuild", "--from", start,
+                                    "--to", start + SPAN_S]))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("4 summary documents in %s.buckets_summary for this range" % db, out)
+        rc, out = inspect(*verify)
+        self.assertEqual(rc, 0, out)
+        self.assertIn(": 0 problems, 1 warnings", out)
+        summaries.delete_one({"sensor_id": "gone"})
+        self.assertSummaries(client, db, expected)
 
     def test_summaries_follow_the_pages_while_the_daemon_runs(self):
         uri, client, db = self.new_database()
