@@ -1197,6 +1197,7 @@ struct verifier {
     bson_t *sum_doc; /* the summary read and not yet matched, or NULL */
     const char *sum_sensor;
     int64_t sum_start;
+    bool sums_done; /* the cursor is at its end (or failed): not advanced again */
     uint64_t summaries;
 };
 
@@ -1647,7 +1648,7 @@ static void next_summary(struct verifier *v) {
         bson_destroy(v->sum_doc);
         v->sum_doc = NULL;
     }
-    while (mongoc_cursor_next(v->sums, &doc)) {
+    while (!v->sums_done && mongoc_cursor_next(v->sums, &doc)) {
         v->summaries++;
         const char *sensor = NULL;
         if (bson_iter_init_find(&it, doc, "sensor_id") && BSON_ITER_HOLDS_UTF8(&it)) {
@@ -1668,6 +1669,7 @@ static void next_summary(struct verifier *v) {
         v->sum_start = bson_iter_date_time(&it);
         return;
     }
+    v->sums_done = true;
 }
 
 /* How a summary is named in messages: "summary <sensor_id>|<bucket start, unix s>". */
