@@ -243,6 +243,36 @@ class SummaryDocuments(bdtest.E2ECase):
         self.assertSummaries(client, db, expected, d)
         d.stop()
 
+    def test_a_failed_refresh_is_retried_and_delays_no_reading(self):
+        uri, client, db = self.new_database()
+        self.addCleanup(lambda: client.admin.command("configureFailPoint", "failCommand",
+                                                    mode="off"))
+        client.admin.command("configureFailPoint", "failCommand", mode={"times": 2},
+                             data={"failCommands": ["aggregate"], "appName": "bucketd",
+                                   "errorCode": 91})
+        expected = Expected()
+        d = self.start_daemon(uri, db, interval="500ms")
+        spec = self.readings(["valve,n=1", "valve,n=2"], [-1], 10)
+        self.send(d, expected, spec)
+        # The readings are written whatever the refreshes do.
+        self.assertEqual(bdtest.wait_stored(client, db, len(spec), DEADLINE), len(spec))
+        coll = client[db]["buckets_summary"]
+
+        def refreshed():
+            return sum(int(x["count"]) for x in coll.find({})) == len(spec)
+
+        self.assertTrue(bdtest.wait_for(refreshed, DEADLINE),
+                        "summaries not refreshed after the failures\n" + bdtest.log_tail(d.log()))
+        entered = client.admin.command("configureFailPoint", "failCommand", mode="off")["count"]
+        stats = d.stop()
+        self.assertEqual(entered, 2)
+        self.assertStat(stats, "summary_refresh_errors", 2, d)
+        self.assertStat(stats, "readings_flushed", len(spec), d)
+        self.assertStat(stats, "summary_buckets_skipped", 0, d)
+        self.assertSummaries(client, db, expected, d)
+        self.assertTrue(any("refreshing the summary documents of" in l for l in d.log_lines()),
+                        bdtest.log_tail(d.log()))
+
     def test_summaries_off_writes_no_summary_document(self):
         uri, client, db = self.new_database()
         d = self.start_daemon(uri, db, interval="0s")
