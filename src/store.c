@@ -137,15 +137,12 @@ static uint64_t doc_writer_seq(const struct mongo_store *m, const bson_t *doc) {
     return 0;
 }
 
-static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
-                         bd_store_page_cb fn, void *arg, bson_error_t *error) {
-    struct mongo_store *m = (struct mongo_store *)st;
-    bson_t filter, or, clause, opts, proj;
+void bd_store_buckets_filter(const struct bd_page_key *keys, uint32_t n, bson_t *filter) {
+    bson_t or, clause;
     char idx[16];
     const char *key;
-    const bson_t *doc;
-    bson_init(&filter);
-    BSON_APPEND_ARRAY_BEGIN(&filter, "$or", & or);
+    bson_init(filter);
+    BSON_APPEND_ARRAY_BEGIN(filter, "$or", & or);
     for (uint32_t i = 0; i < n; i++) {
         bson_uint32_to_string(i, &key, idx, sizeof(idx));
         BSON_APPEND_DOCUMENT_BEGIN(& or, key, &clause);
@@ -153,7 +150,15 @@ static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, ui
         BSON_APPEND_DATE_TIME(&clause, "bucket_start", keys[i].start_ms);
         bson_append_document_end(& or, &clause);
     }
-    bson_append_array_end(&filter, & or);
+    bson_append_array_end(filter, & or);
+}
+
+static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
+                         bd_store_page_cb fn, void *arg, bson_error_t *error) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    bson_t filter, opts, proj;
+    const bson_t *doc;
+    bd_store_buckets_filter(keys, n, &filter);
     bson_init(&opts);
     BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
     BSON_APPEND_INT32(&proj, "sensor_id", 1);

@@ -181,24 +181,6 @@ uint32_t bd_summaries_requeue(struct bd_summaries *s) {
 
 /* ---- the aggregate ------------------------------------------------------------------------ */
 
-/* {$match: {$or: [{sensor_id, bucket_start}, ...]}} */
-static void append_match(bson_t *stage, const struct bd_page_key *keys, uint32_t n) {
-    bson_t match, or, clause;
-    char idx[16];
-    const char *key;
-    BSON_APPEND_DOCUMENT_BEGIN(stage, "$match", &match);
-    BSON_APPEND_ARRAY_BEGIN(&match, "$or", & or);
-    for (uint32_t i = 0; i < n; i++) {
-        bson_uint32_to_string(i, &key, idx, sizeof(idx));
-        BSON_APPEND_DOCUMENT_BEGIN(& or, key, &clause);
-        BSON_APPEND_UTF8(&clause, "sensor_id", keys[i].sensor_id);
-        BSON_APPEND_DATE_TIME(&clause, "bucket_start", keys[i].start_ms);
-        bson_append_document_end(& or, &clause);
-    }
-    bson_append_array_end(&match, & or);
-    bson_append_document_end(stage, &match);
-}
-
 /*
  * After the $match, in MongoDB's extended JSON (the pages' `summary` keys are field names already
  * escaped for MongoDB, see names.h, so they are safe as keys here):
@@ -264,7 +246,10 @@ void bd_summaries_pipeline(const struct bd_page_key *keys, uint32_t n, const bso
     if (match != NULL) {
         BSON_APPEND_DOCUMENT(&stage, "$match", match);
     } else {
-        append_match(&stage, keys, n);
+        bson_t own;
+        bd_store_buckets_filter(keys, n, &own);
+        BSON_APPEND_DOCUMENT(&stage, "$match", &own);
+        bson_destroy(&own);
     }
     bson_append_document_end(pipeline, &stage);
     /* A constant that parses: checked by the unit tests. */

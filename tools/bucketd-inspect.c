@@ -1448,20 +1448,32 @@ static void check_field_summary(struct verifier *v, const char *id, const char *
     }
 }
 
-static void check_summary(struct verifier *v, const char *id, const bson_t *summary) {
+/*
+ * A summary document (per-field summaries) against the readings' accumulators acc[0..n): every
+ * field with numeric readings summarised and right, nothing else summarised. whose says where
+ * the readings are, for the messages ("" for the page's own).
+ */
+static void check_summary_of(struct verifier *v, const char *id, const bson_t *summary,
+                             struct field_acc *acc, size_t n, const char *whose) {
     bson_iter_t it;
     bson_t sd;
+    for (size_t i = 0; i < n; i++) {
+        acc[i].has_summary = false;
+    }
     if (!bson_iter_init(&it, summary)) {
         return;
     }
     while (bson_iter_next(&it)) {
         const char *k = bson_iter_key(&it);
-        struct field_acc *f = find_acc(v, k);
+        struct field_acc *f = NULL;
+        for (size_t i = 0; i < n && f == NULL; i++) {
+            f = strcmp(acc[i].name, k) == 0 ? &acc[i] : NULL;
+        }
         if (f == NULL || f->n_num == 0) {
             problem(v, id,
-                    "summary.%s summarises a field without numeric readings (expected no "
+                    "summary.%s summarises a field without numeric readings%s (expected no "
                     "summary, found one)",
-                    k);
+                    k, whose);
             continue;
         }
         f->has_summary = true;
@@ -1472,8 +1484,8 @@ static void check_summary(struct verifier *v, const char *id, const bson_t *summ
         }
         check_field_summary(v, id, k, f, &sd);
     }
-    for (size_t i = 0; i < v->n_acc; i++) {
-        const struct field_acc *f = &v->acc[i];
+    for (size_t i = 0; i < n; i++) {
+        const struct field_acc *f = &acc[i];
         if (f->n_num > 0 && !f->has_summary) {
             problem(v, id,
                     "summary.%s is missing (expected a summary of %" PRId64
@@ -1481,6 +1493,10 @@ static void check_summary(struct verifier *v, const char *id, const bson_t *summ
                     f->name, f->n_num);
         }
     }
+}
+
+static void check_summary(struct verifier *v, const char *id, const bson_t *summary) {
+    check_summary_of(v, id, summary, v->acc, v->n_acc, "");
 }
 
 static void group_free(struct group *g) {
@@ -1679,11 +1695,11 @@ static void summary_name(char *buf, size_t cap, const char *sensor, int64_t star
 
 /* The summary document v->sum_doc against the totals of the bucket v->g. */
 static void check_summary_doc(struct verifier *v) {
-    const struct group *g = &v->g;
+    struct group *g = &v->g;
     const bson_t *doc = v->sum_doc;
     char id[BD_BUCKET_ID_MAX + 16], a[64], b[64];
     bson_iter_t it;
-    bson_t meta, summary, sd;
+    bson_t meta, summary;
     summary_name(id, sizeof(id), g->sensor_id, g->start_ms);
     if (want(v, id, doc, "count", "count", T_INT, "int64", &it) &&
         bson_iter_as_int64(&it) != g->n_readings) {
@@ -1712,41 +1728,9 @@ static void check_summary_doc(struct verifier *v) {
         sub_document(&it, &meta) && ref != NULL && !bson_equal(&meta, ref)) {
         problem(v, id, "meta differs from the pages' meta");
     }
-    struct field_acc *tot = g->tot;
-    for (size_t i = 0; i < g->n_tot; i++) {
-        tot[i].has_summary = false;
-    }
     if (want(v, id, doc, "summary", "summary", T_BIT(BSON_TYPE_DOCUMENT), "document", &it) &&
-        sub_document(&it, &summary) && bson_iter_init(&it, &summary)) {
-        while (bson_iter_next(&it)) {
-            const char *k = bson_iter_key(&it);
-            struct field_acc *f = NULL;
-            for (size_t i = 0; i < g->n_tot && f == NULL; i++) {
-                f = strcmp(tot[i].name, k) == 0 ? &tot[i] : NULL;
-            }
-            if (f == NULL) {
-                problem(v, id,
-                        "summary.%s summarises a field without numeric readings in the "
-                        "bucket's pages (expected no summary, found one)",
-                        k);
-                continue;
-            }
-            f->has_summary = true;
-            if (!sub_document(&it, &sd)) {
-                problem(v, id, "summary.%s has the wrong type (expected document, found %s)", k,
-                        type_name(bson_iter_type(&it)));
-                continue;
-            }
-            check_field_summary(v, id, k, f, &sd);
-        }
-    }
-    for (size_t i = 0; i < g->n_tot; i++) {
-        if (!tot[i].has_summary) {
-            problem(v, id,
-                    "summary.%s is missing (expected a summary of %" PRId64
-                    " numeric readings, found nothing)",
-                    tot[i].name, tot[i].n_num);
-        }
+        sub_document(&it, &summary)) {
+        check_summary_of(v, id, &summary, g->tot, g->n_tot, " in the bucket's pages");
     }
 }
 

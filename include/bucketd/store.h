@@ -70,6 +70,10 @@ struct bd_store {
 int bd_store_mongo_new(struct bd_store **out, const struct bd_config *cfg, const char *writer_key,
                        struct bd_err *err);
 
+/* {$or: [{sensor_id, bucket_start}, ...]}: the documents of these n buckets. Initialises
+ * filter. */
+void bd_store_buckets_filter(const struct bd_page_key *keys, uint32_t n, bson_t *filter);
+
 /* NULL is a no-op. */
 void bd_store_free(struct bd_store *st);
 
