@@ -105,8 +105,9 @@ static void report_previous_run(const struct bd_flusher *f) {
             strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
         }
         bd_warn("the previous run of writer %s did not stop cleanly (killed or crashed): "
-                "readings it accepted after its last acknowledged write (%s) and before it "
-                "ended were lost; nothing it wrote will be written twice",
+                "readings it accepted after its last acknowledged write (at or up to a "
+                "minute after %s) and before it ended were lost; nothing it wrote will be "
+                "written twice",
                 p->writer_id, when);
     }
 }

@@ -30,6 +30,7 @@ struct bd_writer {
     uint64_t reserved; /* first sequence not covered by the synced reservation */
     int64_t max_bucket_start_ms;
     int64_t last_ack_ms;
+    int64_t saved_ack_ms; /* last_ack_ms as the file holds it */
     struct bd_writer_prev prev;
     struct bd_ratelimit save_log;
 };
@@ -247,10 +248,19 @@ int bd_writer_raise(struct bd_writer *w, uint64_t seen, struct bd_err *err) {
 
 void bd_writer_acked(struct bd_writer *w, int64_t now_ms, int64_t max_start_ms) {
     struct bd_err err = {0};
+    bool advanced = max_start_ms > w->max_bucket_start_ms;
     w->last_ack_ms = now_ms;
-    if (max_start_ms > w->max_bucket_start_ms) {
+    if (advanced) {
         w->max_bucket_start_ms = max_start_ms;
     }
+    /* Written when a newer bucket was written (once per span, normally), else at most once per
+     * BD_WRITER_ACK_SAVE_MS: not at every flush, since nothing should wear the disk while
+     * MongoDB keeps up. */
+    if (!advanced && now_ms >= w->saved_ack_ms &&
+        now_ms - w->saved_ack_ms < BD_WRITER_ACK_SAVE_MS) {
+        return;
+    }
+    w->saved_ack_ms = now_ms;
     if (save_state(w, false, false, &err) < 0) {
         if (bd_ratelimit_ok(&w->save_log, bd_mono_ns())) {
             bd_warn("%s", err.msg);

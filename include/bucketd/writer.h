@@ -18,7 +18,8 @@
  *                   writer_id <id>
  *                   reserved <first sequence not yet handed out by any run>
  *                   max_bucket_start_ms <newest bucket start written>
- *                   last_ack_ms <wall-clock ms of the last acknowledged bulk write>
+ *                   last_ack_ms <wall-clock ms of an acknowledged bulk write, at most
+ *                                BD_WRITER_ACK_SAVE_MS before the last one>
  *                   clean <1 if the last run stopped through its stop path>
  *
  * Flusher thread only after bd_writer_open.
@@ -30,6 +31,11 @@
 #include <stdint.h>
 
 #include "bucketd/common.h"
+
+/* writer.state's last_ack_ms is brought up to date at most this often (and whenever a newer
+ * bucket is written, and at a stop), so a crash report can be this much older than the last
+ * acknowledged write. */
+#define BD_WRITER_ACK_SAVE_MS 60000
 
 /* The file in spool.dir that keeps the writer id across starts. */
 #define BD_WRITER_ID_FILE "writer-id"

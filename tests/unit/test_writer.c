@@ -359,3 +359,36 @@ Test(writer, no_identity_while_another_daemon_holds_the_directory) {
     w = open_ok("spool");
     bd_writer_close(w, true);
 }
+
+/* writer.state's last_ack_ms as the file holds it now (-1: no such line). */
+static int64_t state_ack_ms(const char *sub) {
+    char path[400], buf[1024];
+    snprintf(path, sizeof(path), "%s/%s/writer.state", dir, sub);
+    const char *text = file_text(path, buf, sizeof(buf));
+    const char *at = strstr(text, "last_ack_ms ");
+    return at != NULL ? strtoll(at + strlen("last_ack_ms "), NULL, 10) : -1;
+}
+
+Test(writer, acknowledgements_rewrite_the_state_file_at_most_once_a_minute) {
+    struct bd_writer *w = open_ok("spool");
+    next_ok(w);
+    const int64_t t0 = 1000000;
+    bd_writer_acked(w, t0, 3600000);
+    cr_assert_eq(state_ack_ms("spool"), t0, "the first acknowledgement is recorded");
+    /* Flushes every second within the minute, same bucket: the file is left alone. */
+    for (int64_t s = 1; s < 60; s++) {
+        bd_writer_acked(w, t0 + s * 1000, 3600000);
+    }
+    cr_assert_eq(state_ack_ms("spool"), t0);
+    /* A newer bucket is recorded at once (the look-up horizon after a clock jump needs it). */
+    bd_writer_acked(w, t0 + 59500, 7200000);
+    cr_assert_eq(state_ack_ms("spool"), t0 + 59500);
+    bd_writer_acked(w, t0 + 60000, 7200000);
+    cr_assert_eq(state_ack_ms("spool"), t0 + 59500);
+    bd_writer_acked(w, t0 + 59500 + BD_WRITER_ACK_SAVE_MS, 7200000);
+    cr_assert_eq(state_ack_ms("spool"), t0 + 59500 + BD_WRITER_ACK_SAVE_MS, "a minute later");
+    /* A stop records the last one exactly. */
+    bd_writer_acked(w, t0 + 130000, 7200000);
+    bd_writer_close(w, true);
+    cr_assert_eq(state_ack_ms("spool"), t0 + 130000);
+}
