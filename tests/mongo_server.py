@@ -33,6 +33,18 @@ behaviour is unchanged without it):
                       depends on where chunks live, which is not modelled), nor is
                       findAndModify.  The handshake stays a standalone's (a mongos one would
                       make drivers send transaction numbers); collStats adds "sharded".
+                      A $merge into an existing (so sharded) collection must name every
+                      shard-key field in 'on', as the manual requires for a sharded output
+                      collection: mongos finds no unique index for such fields, and fails the
+                      aggregate with 51190 "Cannot find index to verify that join fields will
+                      be unique" (its code also for any 'on' fields without a supporting
+                      index, where mongod says 51183; src/mongo/db/pipeline/process_interface/
+                      mongos_process_interface.cpp ensureFieldsUniqueOrResolveDocumentKey).
+                      Without 'on' it merges on the shard-key fields and _id (the document
+                      key, no index needed), so each result must hold them.  A $merge into
+                      a collection that does not exist yet is not held to this (mongos
+                      creates it unsharded); once created, it counts as sharded like any
+                      other.
   --unstable-sortarray
                       $sortArray returns elements with equal sort keys in reverse input order
                       (MongoDB documents no stability for it; by default the sort is stable).
@@ -58,7 +70,8 @@ docBytesWritten is the sum of the BSON sizes of the documents written by updates
 updatesApplied their number, storedBytes the sum of the BSON sizes of the documents stored now
 and count their number; docBytesWritten / storedBytes is the rewrite ratio.  reset: true zeroes
 the two write counters after the reply was made from them; dropping a collection zeroes them
-too.  Plain inserts are not counted.  A real MongoDB has no such command.
+too.  Plain inserts are not counted; the updates and upserts a $merge makes are.  A real
+MongoDB has no such command.
 
 The wire protocol (OP_MSG with document sequences, OP_QUERY handshakes) comes
 from python3-mockupdb; the data model and query language from
@@ -74,7 +87,47 @@ other clients need and the libraries lack or get wrong:
   $replaceWith) with MongoDB's upsert seeding and dotted-path semantics;
 * aggregation expressions with MongoDB's semantics: BSON comparison order
   across types, missing versus null, int32/int64/double arithmetic and
-  promotion, $sortArray, $arrayElemAt with negative indexes, ...;
+  promotion, $sortArray, $arrayElemAt with negative indexes, $objectToArray,
+  $arrayToObject, ...;
+* $group with MongoDB's accumulators ($sum, $avg, $min, $max, $first, $last, $push,
+  $addToSet, $mergeObjects, $count): groups by BSON equality of _id (missing is null),
+  $sum/$min/$max keep BSON types, $first/$last take the first/last document's value (missing
+  gives null); groups come out sorted by _id, where MongoDB promises no order.  $unwind
+  with MongoDB's options and errors (includeArrayIndex an Int64);
+* $merge (src/mongo/db/pipeline/document_source_merge.cpp, document_source_merge_spec.cpp,
+  merge_processor.cpp, process_interface/common_mongod_process_interface.cpp, and the
+  manual's $merge page), as the last stage only (40601):
+    - into: a collection name or {db, coll}, in any database, also the collection being
+      aggregated (allowed since MongoDB 4.4); on: "_id" (the default, needs no index) or
+      field names, which need a unique, non-partial index with the simple collation whose
+      key is exactly those fields in any order (sparse counts), else 51183 "Cannot find
+      index to verify that join fields will be unique" (also when the collection does not
+      exist yet); whenMatched "replace", "keepExisting", "merge", "fail" and whenNotMatched
+      "insert", "discard", "fail" in the pairs MongoDB has (else 51181).  A whenMatched
+      pipeline, and a collation on such an aggregate, answer 238 (not supported).
+    - the stage is checked field by field as its IDL parser does: an unknown field 40415,
+      no 'into' 40414, 51178 / 5786800 / 5786801 for 'into', 51186 / 51187 / 51134 / 31465
+      for 'on', 51191 or BadValue (2) for 'whenMatched', TypeMismatch or BadValue for
+      'whenNotMatched', 51199 for 'let' without a pipeline, 31319 / 31320 for system
+      collections and the admin, config and local databases.
+    - each result needs its 'on' fields: an array there is 51185, missing (also behind a
+      non-document), null or undefined 51132 (6.0's rule; 8.1 merges those as null); with
+      'on' "_id" a result without _id gets a new ObjectId (never a match).
+    - each result is written the way MongoDB's merge strategy writes it, through this
+      server's write path (the 16 MiB limit: 17419 / 17420, unique indexes, validators and
+      bypassDocumentValidation, the output collection's bucketdTestStats counters, which
+      count every document the $merge updated or upserted): whenMatched "fail" inserts it
+      (a match is a duplicate key, 11000); "replace" replaces the matched document, which
+      keeps its _id (a result with another _id: 66, ImmutableField), "merge" $sets its
+      fields, "keepExisting" leaves the match alone, each as an upsert of the document by
+      the 'on' fields for whenNotMatched "insert" (a new ObjectId when neither the result
+      nor 'on' gives _id).  The writes go in unordered batches of up to 100,000 documents
+      and 16 MiB: every write of a batch is tried, then the first error fails the command
+      (MergeStageNoMatchingDocument, 13113, for an unmatched result under whenNotMatched
+      "fail"); what earlier batches wrote stays, as on a real server.
+    - the output collection is created by its first write; the reply is an empty cursor on
+      the aggregated namespace; writeConcern is checked as for other writes, and failCommand
+      treats such an aggregate as a write (its writeConcernError applies);
 * unique secondary indexes that are checked without scanning;
 * an O(1) path for {_id: X} filters;
 * MongoDB's limits: a document over 16 MiB is not stored (the one write fails: 17419 for an
@@ -199,6 +252,7 @@ CODE_NAMES = {
     10107: 'NotWritablePrimary',
     11600: 'InterruptedAtShutdown', 11602: 'InterruptedDueToReplStateChange',
     13435: 'NotPrimaryNoSecondaryOk', 13436: 'NotPrimaryOrSecondary', 40415: 'Location40415',
+    13113: 'MergeStageNoMatchingDocument',
 }
 
 
@@ -1298,6 +1352,66 @@ def _x_filter(p, v):
     return out
 
 
+def _x_object_to_array(p, v):
+    x = p.eval(_unary(v, '$objectToArray'))
+    if nullish(x):
+        return None
+    if not isinstance(x, dict):
+        fail(40390, '$objectToArray requires a document input, found: %s' % type_name(x))
+    return [{'k': k, 'v': val} for k, val in x.items()]
+
+
+def _x_array_to_object(p, v):
+    """$arrayToObject (ExpressionArrayToObject): [{k, v}, ...] or [[k, v], ...], one format
+    throughout; a repeated key keeps its first position and takes the last value."""
+    arr = p.eval(_unary(v, '$arrayToObject'))
+    if nullish(arr):
+        return None
+    if not isinstance(arr, list):
+        fail(40386, '$arrayToObject requires an array input, found: %s' % type_name(arr))
+    out = {}
+    if not arr:
+        return out
+    objects = isinstance(arr[0], dict)
+    if not objects and not isinstance(arr[0], list):
+        fail(40398, 'Unrecognised input type format for $arrayToObject: %s' % type_name(arr[0]))
+    for el in arr:
+        if objects:
+            if not isinstance(el, dict):
+                fail(40391, '$arrayToObject requires a consistent input format. Elements must '
+                            'all be arrays or all be objects. Object was detected, now found: '
+                            '%s' % type_name(el))
+            if len(el) != 2:
+                fail(40392, "$arrayToObject requires an object keys of 'k' and 'v'. Found "
+                            "incorrect number of keys:%d" % len(el))
+            if 'k' not in el or 'v' not in el:
+                fail(40393, "$arrayToObject requires an object with keys 'k' and 'v'. Missing "
+                            "either or both keys from: %s" % fmt_value(el))
+            key, value = el['k'], el['v']
+            if not isinstance(key, str):
+                fail(40394, "$arrayToObject requires an object with keys 'k' and 'v', where "
+                            "the value of 'k' must be of type string. Found type: %s"
+                     % type_name(key))
+            if '\x00' in key:
+                fail(4940401, "Key field cannot contain an embedded null byte")
+        else:
+            if not isinstance(el, list):
+                fail(40396, '$arrayToObject requires a consistent input format. Elements must '
+                            'all be arrays or all be objects. Array was detected, now found: '
+                            '%s' % type_name(el))
+            if len(el) != 2:
+                fail(40397, '$arrayToObject requires an array of size 2 arrays,found array of '
+                            'size: %d' % len(el))
+            key, value = el
+            if not isinstance(key, str):
+                fail(40395, '$arrayToObject requires an array of key-value pairs, where the key '
+                            'must be of type string. Found key type: %s' % type_name(key))
+            if '\x00' in key:
+                fail(4940400, "Key field cannot contain an embedded null byte")
+        out[key] = value
+    return out
+
+
 def _x_reduce(p, v):
     if not isinstance(v, dict):
         fail(40075, '$reduce only supports an object as its argument')
@@ -1364,6 +1478,8 @@ _EXPR_HANDLERS = {
     '$range': _x_range,
     '$filter': _x_filter,
     '$reduce': _x_reduce,
+    '$objectToArray': _x_object_to_array,
+    '$arrayToObject': _x_array_to_object,
 }
 
 
@@ -1741,13 +1857,222 @@ def _agg_sort(coll, db, options):
     return sort_docs(coll, _sort_items(options))
 
 
-_mm_group = mm_aggregate._handle_group_stage
+# $group (DocumentSourceGroup, src/mongo/db/pipeline/document_source_group.cpp and the
+# accumulators in src/mongo/db/pipeline/accumulator_*.cpp).
+
+# Accumulators the test server implements; the others MongoDB 6.0 has are refused with 238.
+_GROUP_ACCUMULATORS = frozenset((
+    '$sum', '$avg', '$min', '$max', '$first', '$last', '$push', '$addToSet', '$mergeObjects',
+    '$count'))
+_GROUP_ACCUMULATORS_UNSUPPORTED = frozenset((
+    '$stdDevPop', '$stdDevSamp', '$top', '$bottom', '$topN', '$bottomN', '$firstN', '$lastN',
+    '$maxN', '$minN', '$accumulator'))
+
+
+def compile_group(spec):
+    """[(field, accumulator, operand)] of a $group specification, checked as
+    AccumulationStatement::parseAccumulationStatement does."""
+    if not isinstance(spec, dict):
+        fail(15947, "a group's fields must be specified in an object")
+    if '_id' not in spec:
+        fail(15955, 'a group specification must include an _id')
+    accs = []
+    for name, acc in spec.items():
+        if name == '_id':
+            continue
+        if not isinstance(acc, dict) or not acc or next(iter(acc))[:1] != '$':
+            fail(40234, "The field '%s' must be an accumulator object" % name)
+        if '.' in name:
+            fail(40235, "The field name '%s' cannot contain '.'" % name)
+        if name[:1] == '$':
+            fail(40236, "The field name '%s' cannot be an operator name" % name)
+        if len(acc) != 1:
+            fail(40238, "The field '%s' must specify one accumulator" % name)
+        (op, operand), = acc.items()
+        if isinstance(operand, list):
+            fail(40237, 'The %s accumulator is a unary operator' % op)
+        if op in _GROUP_ACCUMULATORS_UNSUPPORTED:
+            fail(238, 'the %s accumulator is not supported by the test server' % op)
+        if op not in _GROUP_ACCUMULATORS:
+            fail(15952, "unknown group operator '%s'" % op)
+        if op == '$count':
+            if operand != {}:
+                fail(14, '$count takes no arguments, i.e. $count:{}')
+            op, operand = '$sum', 1
+        check_expression(operand)
+        accs.append((name, op, operand))
+    check_expression(spec['_id'])
+    return accs
+
+
+def _accumulate(op, values):
+    """The result of one accumulator over the operand values of a group's documents, in
+    input order (MISSING where the operand evaluated to missing)."""
+    if op == '$sum':
+        return sum_numbers(values)
+    if op == '$avg':
+        return avg_numbers(values)
+    if op == '$min':
+        return bson_min_max(values, False)
+    if op == '$max':
+        return bson_min_max(values, True)
+    if op in ('$first', '$last'):
+        # AccumulatorFirst/Last keep the value of the first/last document as it is, missing
+        # included, and a missing value comes out as null.
+        v = values[0] if op == '$first' else values[-1]
+        return None if v is MISSING else v
+    if op == '$push':
+        return [v for v in values if v is not MISSING]
+    if op == '$addToSet':
+        seen = set()
+        out = []
+        for v in values:
+            if v is MISSING:
+                continue
+            h = hkey(v)
+            if h not in seen:
+                seen.add(h)
+                out.append(v)
+        return out
+    # $mergeObjects
+    out = {}
+    for v in values:
+        if nullish(v):
+            continue
+        if not isinstance(v, dict):
+            fail(40400, '$mergeObjects requires object inputs, but input %s is of type %s'
+                 % (fmt_value(v), type_name(v)))
+        out.update(v)
+    return out
 
 
 def _agg_group(coll, db, options):
-    if not coll:
-        return []
-    return _mm_group(coll, db, options)
+    """$group: documents are grouped by the BSON value of _id (numbers of different types
+    that are equal are one group; missing is null), each accumulator sees its operand for
+    every document of the group in input order.  MongoDB gives groups in no particular
+    order; this server gives them sorted by _id."""
+    accs = compile_group(options)
+    id_expr = options['_id']
+    groups = {}
+    for doc in coll:
+        parser = ExprParser(doc, ignore_missing_keys=True)
+        key = parser.eval(id_expr)
+        if key is MISSING:
+            key = None
+        h = hkey(key)
+        group = groups.get(h)
+        if group is None:
+            group = groups[h] = (key, [[] for _ in accs])
+        for (_, _, operand), values in zip(accs, group[1]):
+            values.append(parser.eval(operand))
+    out = []
+    for key, values in groups.values():
+        doc = {'_id': key}
+        for (name, op, _), vals in zip(accs, values):
+            doc[name] = _accumulate(op, vals)
+        out.append(doc)
+    if len(out) > 1:
+        out.sort(key=functools.cmp_to_key(lambda a, b: bson_cmp(a['_id'], b['_id'])))
+    return out
+
+
+def _unwind_options(options):
+    if isinstance(options, str):
+        path, preserve, index_field = options, False, None
+    elif isinstance(options, dict):
+        path = preserve = index_field = None
+        for k, v in options.items():
+            if k == 'path':
+                if not isinstance(v, str):
+                    fail(28808, 'expected a string as the path for $unwind stage, got %s'
+                         % type_name(v))
+                path = v
+            elif k == 'preserveNullAndEmptyArrays':
+                if not isinstance(v, bool):
+                    fail(28809, 'expected a boolean for the preserveNullAndEmptyArrays option '
+                                'to $unwind stage, got %s' % type_name(v))
+                preserve = v
+            elif k == 'includeArrayIndex':
+                if not isinstance(v, str) or not v:
+                    fail(28810, 'expected a non-empty string for the includeArrayIndex option '
+                                'to $unwind stage, got %s' % type_name(v))
+                if v[0] == '$':
+                    fail(28822, "includeArrayIndex option to $unwind stage should not be "
+                                "prefixed with a '$': %s" % v)
+                index_field = v
+            else:
+                fail(28811, 'unrecognized option to $unwind stage: %s' % k)
+        if path is None:
+            fail(28812, 'no path specified to $unwind stage')
+    else:
+        fail(15981, 'expected either a string or an object as specification for $unwind '
+                    'stage, got %s' % type_name(options))
+    if path[:1] != '$':
+        fail(28818, "path option to $unwind stage should be prefixed with a '$': %s" % path)
+    return (_path_parts(path[1:]), bool(preserve),
+            _path_parts(index_field) if index_field else None)
+
+
+def _get_nested(doc, parts):
+    """Document::getNestedField: through sub-documents only (an array on the way is
+    missing)."""
+    value = doc
+    for part in parts:
+        if not isinstance(value, dict):
+            return MISSING
+        value = value.get(part, MISSING)
+    return value
+
+
+def _set_nested(doc, parts, value):
+    """A copy of doc with the path set (value MISSING: removed); the containers on the path
+    are copied, the rest is shared."""
+    out = dict(doc)
+    head = parts[0]
+    if len(parts) == 1:
+        if value is MISSING:
+            out.pop(head, None)
+        else:
+            out[head] = value
+        return out
+    child = out.get(head)
+    if not isinstance(child, dict):
+        if value is MISSING:
+            return out
+        child = {}
+    out[head] = _set_nested(child, parts[1:], value)
+    return out
+
+
+def _agg_unwind(coll, db, options):
+    """$unwind (src/mongo/db/pipeline/document_source_unwind.cpp): one document per element
+    of the array at the path; a value that is neither an array nor null/missing is taken as
+    a one-element array; includeArrayIndex is an Int64 (null where there was no array)."""
+    parts, preserve, index_parts = _unwind_options(options)
+    out = []
+    for doc in coll:
+        value = _get_nested(doc, parts)
+        if isinstance(value, list) and value:
+            for i, el in enumerate(value):
+                new = _set_nested(doc, parts, el)
+                if index_parts:
+                    new = _set_nested(new, index_parts, Int64(i))
+                out.append(new)
+            continue
+        if isinstance(value, list):
+            if not preserve:
+                continue
+            new = _set_nested(doc, parts, MISSING)
+        elif nullish(value):
+            if not preserve:
+                continue
+            new = doc
+        else:
+            new = doc
+        if index_parts:
+            new = _set_nested(new, index_parts, None)
+        out.append(new)
+    return out
 
 
 def _install_mongomock_fixes():
@@ -1763,6 +2088,7 @@ def _install_mongomock_fixes():
         '$replaceWith': _agg_replace_with,
         '$sort': _agg_sort,
         '$group': _agg_group,
+        '$unwind': _agg_unwind,
     })
     mm_aggregate._GROUPING_OPERATOR_MAP.update({
         '$sum': sum_numbers,
@@ -2732,6 +3058,219 @@ def _check_update_conflicts(update):
 
 
 # --------------------------------------------------------------------------
+# $merge (src/mongo/db/pipeline/document_source_merge.cpp, document_source_merge_spec.cpp,
+# merge_processor.cpp, process_interface/common_mongod_process_interface.cpp)
+# --------------------------------------------------------------------------
+
+# The (whenMatched, whenNotMatched) pairs MongoDB has a merge strategy for
+# (getMergeStrategyDescriptors); any other pair is refused with 51181.
+MERGE_MODES = frozenset((
+    ('replace', 'insert'), ('replace', 'fail'), ('replace', 'discard'),
+    ('merge', 'insert'), ('merge', 'fail'), ('merge', 'discard'),
+    ('keepExisting', 'insert'), ('fail', 'insert'),
+    ('pipeline', 'insert'), ('pipeline', 'fail'), ('pipeline', 'discard')))
+MERGE_WHEN_MATCHED = ('replace', 'keepExisting', 'merge', 'fail')
+MERGE_WHEN_NOT_MATCHED = ('insert', 'discard', 'fail')
+MERGE_NO_MATCH_MSG = ('$merge could not find a matching document in the target collection for '
+                      'at least one document in the source collection')
+MERGE_INDEX_MSG = 'Cannot find index to verify that join fields will be unique'
+
+
+class MergeSpec(object):
+    """A parsed $merge stage."""
+    __slots__ = ('db', 'coll', 'on', 'when_matched', 'when_not_matched')
+
+
+def _merge_bad_type(field, v, expected):
+    fail(14, "BSON field '$merge.%s' is the wrong type '%s', expected type '%s'"
+         % (field, type_name(v), expected))
+
+
+def parse_merge_spec(spec, db):
+    """Parse a $merge stage as DocumentSourceMerge::LiteParsed::parse and createFromBson do:
+    the IDL fields in the order given (an unknown one is 40415, 'into' is required), then
+    the target namespace and the mode pair.  on: None when not given."""
+    out = MergeSpec()
+    out.db, out.on = db, None
+    out.when_matched, out.when_not_matched = 'merge', 'insert'
+    if isinstance(spec, str):
+        into = spec
+    elif isinstance(spec, dict):
+        into = MISSING
+        for k, v in spec.items():
+            if k == 'into':
+                into = v
+                if not isinstance(v, (str, dict)):
+                    fail(51178, "$merge 'into' field  must be either a string or an object, "
+                                "but found %s" % type_name(v))
+            elif k == 'on':
+                if isinstance(v, str):
+                    fields = [v]
+                elif isinstance(v, list):
+                    for f in v:
+                        if not isinstance(f, str):
+                            fail(51134, "$merge 'on' array elements must be strings, but found "
+                                        "%s" % type_name(f))
+                    fields = list(v)
+                else:
+                    fail(51186, "$merge 'on' field  must be either a string or an array of "
+                                "strings, but found %s" % type_name(v))
+                if not fields:
+                    fail(51187, "If explicitly specifying $merge 'on', must include at least "
+                                "one field")
+                out.on = fields
+            elif k == 'whenMatched':
+                if isinstance(v, list):
+                    out.when_matched = 'pipeline'
+                elif isinstance(v, str):
+                    if v not in MERGE_WHEN_MATCHED:
+                        fail(2, "Enumeration value '%s' for field 'whenMatched' is not a valid "
+                                "value." % v)
+                    out.when_matched = v
+                else:
+                    fail(51191, "$merge 'whenMatched' field  must be either a string or an "
+                                "array, but found %s" % type_name(v))
+            elif k == 'whenNotMatched':
+                if not isinstance(v, str):
+                    _merge_bad_type(k, v, 'string')
+                if v not in MERGE_WHEN_NOT_MATCHED:
+                    fail(2, "Enumeration value '%s' for field '$merge.whenNotMatched' is not a "
+                            "valid value." % v)
+                out.when_not_matched = v
+            elif k == 'let':
+                if not isinstance(v, dict):
+                    _merge_bad_type(k, v, 'object')
+            elif k == 'targetCollectionVersion':
+                # Only a router sends it (with the shard version of the target).
+                fail(51123, 'Unexpected target chunk version specified')
+            else:
+                fail(40415, "BSON field '$merge.%s' is an unknown field." % k)
+        if into is MISSING:
+            fail(40414, "BSON field '$merge.into' is missing but a required field")
+    else:
+        fail(14, '$merge requires a string or object argument, but found %s' % type_name(spec))
+    if isinstance(into, str):
+        if not into:
+            fail(5786800, "$merge 'into' field cannot be an empty string")
+        out.coll = into
+    else:
+        coll = None
+        for k, v in into.items():
+            if k in ('db', 'coll'):
+                if not isinstance(v, str):
+                    fail(14, "BSON field 'into.%s' is the wrong type '%s', expected type "
+                             "'string'" % (k, type_name(v)))
+                if k == 'db':
+                    out.db = v
+                else:
+                    coll = v
+            else:
+                fail(40415, "BSON field 'into.%s' is an unknown field." % k)
+        if not coll:
+            fail(5786801, "$merge 'into' field must specify a 'coll' that is not empty, null "
+                          "or undefined")
+        out.coll = coll
+    try:
+        _check_db_name(out.db)
+        _check_coll_name(out.db, out.coll)
+    except CommandError:
+        fail(73, "Invalid $merge target namespace: '%s.%s'" % (out.db, out.coll))
+    if (out.when_matched, out.when_not_matched) not in MERGE_MODES:
+        fail(51181, "Combination of $merge modes 'whenMatched: %s' and 'whenNotMatched: %s' is "
+                    "not supported" % (out.when_matched, out.when_not_matched))
+    if out.on is not None:
+        seen = set()
+        for f in out.on:
+            if not f:
+                fail(40352, 'FieldPath cannot be constructed with empty string')
+            _path_parts(f)
+            if f in seen:
+                fail(31465, "Found a duplicate field '%s'" % f)
+            seen.add(f)
+    if out.coll.startswith('system.'):
+        fail(31319, 'Cannot $merge to special collection: %s' % out.coll)
+    if out.db in ('admin', 'config', 'local'):
+        fail(31320, 'Cannot $merge to internal database: %s' % out.db)
+    if out.when_matched == 'pipeline':
+        raise CommandError(238, '$merge with a whenMatched pipeline is not supported by the '
+                                'test server')
+    if isinstance(spec, dict) and spec.get('let') is not None:
+        fail(51199, "Cannot use 'let' variables with 'whenMatched: %s' mode" % out.when_matched)
+    return out
+
+
+def merge_supporting_index(store, on_fields):
+    """Whether an index of the collection proves the 'on' fields unique, as supportsUniqueKey
+    decides: the _id index for ["_id"], else a unique, non-partial index with the simple
+    collation whose key pattern names exactly the 'on' fields (any order, ascending or
+    descending; a sparse one counts)."""
+    if set(on_fields) == {'_id'}:
+        return True
+    if not store.is_created:
+        return False
+    want = set(on_fields)
+    for info in store.indexes.values():
+        if not info.get('unique') or 'partialFilterExpression' in info:
+            continue
+        if info.get('collation') not in (None, {'locale': 'simple'}):
+            continue
+        key = info['key']
+        if len(key) != len(want) or {f for f, _ in key} != want:
+            continue
+        if all(is_number(d) and not isinstance(d, bool) for _, d in key):
+            return True
+    return False
+
+
+def merge_on_value(doc, path):
+    """The value of one 'on' field of a result document (MergeProcessor::
+    _extractMergeOnFieldsFromDoc, 6.0): an array there is 51185; missing (also behind a
+    non-document on the path), null or undefined is 51132."""
+    value = doc
+    parts = path.split('.')
+    for i, part in enumerate(parts):
+        if not isinstance(value, dict):
+            value = MISSING
+            break
+        value = value.get(part, MISSING)
+        if isinstance(value, list) and i == len(parts) - 1:
+            fail(51185, "$merge write error: 'on' field '%s' is an array" % path)
+    if nullish(value):
+        fail(51132, "$merge write error: 'on' field '%s' cannot be missing, null, undefined or "
+                    "an array" % path)
+    return value
+
+
+def _merge_set_fields(base, doc):
+    """base with the top-level fields of doc $set: existing fields replaced in place, new
+    ones added in field-name order, as the update system adds the fields of one $set."""
+    out = dict(base)
+    for k in sorted(doc):
+        if '.' in k or k[:1] == '$':
+            raise CommandError(238, "$merge of a field named '%s' is not supported by the test "
+                                    "server" % k)
+        out[k] = doc[k]
+    return out
+
+
+def _upsert_base(key, _id):
+    """The document an upsert by the 'on' fields starts from: _id, then the query's
+    equality fields (dotted paths as sub-documents)."""
+    base = {'_id': _id}
+    for path in sorted(key):
+        if path == '_id':
+            continue
+        base = _set_nested(base, path.split('.'), key[path])
+    return base
+
+
+def _same_value(a, b):
+    """Binary equality of two values (same BSON type and bytes), as the immutable _id check
+    compares them."""
+    return _identical({'v': a}, {'v': b})
+
+
+# --------------------------------------------------------------------------
 # Fail points (what mongod offers tests with --setParameter enableTestCommands=1)
 # --------------------------------------------------------------------------
 
@@ -2817,6 +3356,14 @@ WRITE_CONCERN_COMMANDS = frozenset((
     'createIndexes', 'dropIndexes', 'renameCollection', 'collMod'))
 
 FAIL_COMMAND_MSG = "Failing command via 'failCommand' failpoint"
+
+
+def aggregate_writes(cmd):
+    """Whether an aggregate writes (ends with $merge or $out), which makes it a command that
+    supports writeConcern (Pipeline::aggHasWriteStage)."""
+    pipeline = cmd.get('pipeline')
+    return (isinstance(pipeline, list) and pipeline and isinstance(pipeline[-1], dict) and
+            ('$merge' in pipeline[-1] or '$out' in pipeline[-1]))
 
 
 # The write commands a failCommand writeErrorCode (an extension of this server) can fail.
@@ -3051,7 +3598,8 @@ class Backend(object):
     def fail_command_after(self, db, name, cmd, conn_id, reply):
         """The writeConcernError of a failCommand, attached to the reply of a command that
         ran (its writes applied), in place of waiting for the write concern."""
-        if _COMMAND_ALIASES.get(name, name) not in WRITE_CONCERN_COMMANDS:
+        if _COMMAND_ALIASES.get(name, name) not in WRITE_CONCERN_COMMANDS and not (
+                name == 'aggregate' and aggregate_writes(cmd)):
             return
         with self.fp_lock:
             fp = self.fail_points['failCommand']
@@ -3989,6 +4537,22 @@ class Backend(object):
             if not isinstance(st, dict) or len(st) != 1:
                 raise CommandError(40323, 'A pipeline stage specification object must contain '
                                           'exactly one field.')
+        merge = None
+        for i, st in enumerate(stages):
+            if '$merge' in st:
+                spec = parse_merge_spec(st['$merge'], db)
+                on_fields = self._merge_on_fields(db, spec)
+                if i != len(stages) - 1:
+                    raise CommandError(40601, '$merge can only be the final stage in the '
+                                              'pipeline')
+                merge = (spec, on_fields)
+        if merge is not None:
+            self._check_write_concern(cmd)
+            collation = cmd.get('collation')
+            if collation is not None and collation != {'locale': 'simple'}:
+                raise CommandError(238, '$merge with a collation is not supported by the test '
+                                        'server')
+            stages = stages[:-1]
         if stages and '$match' in stages[0]:
             docs = list(coll._iter_documents(stages[0]['$match']))
             stages = stages[1:]
@@ -3997,13 +4561,130 @@ class Backend(object):
         names = {next(iter(st)) for st in stages}
         if names & {'$lookup', '$graphLookup', '$facet', '$out'}:
             docs = copy.deepcopy(docs)
-        if '$merge' in names:
-            raise CommandError(238, '$merge is not supported by the test server')
         out = list(mm_aggregate.process_pipeline(docs, _DbView(self, db), stages, None))
+        if merge is not None:
+            self._run_merge(merge[0], merge[1], out, bool(cmd.get('bypassDocumentValidation')))
+            out = []
         if stages and '$out' in stages[-1]:
             out = []
         batch = _as_int(cmd['cursor'].get('batchSize'), 'batchSize', 0)
         return self.cursor_reply('%s.%s' % (db, target), out, batch)
+
+    def _merge_on_fields(self, db, spec):
+        """The 'on' fields of a $merge, checked against the output collection
+        (ensureFieldsUniqueOrResolveDocumentKey): given ones need a supporting unique index,
+        51183 (mongos: 51190); with --sharded, an existing output collection counts as
+        sharded, given 'on' fields must then hold every shard-key field (mongos finds no
+        index otherwise: 51190) and the default is the shard-key fields and _id (the
+        document key), which needs no index check."""
+        store = self.coll(spec.db, spec.coll)._store
+        sharded = self.sharded(spec.db, spec.coll)
+        key_paths = [p for p, _ in self.shard_key] if sharded else []
+        if spec.on is None:
+            if sharded and store.is_created:
+                return key_paths + ([] if '_id' in key_paths else ['_id'])
+            return ['_id']
+        if sharded and store.is_created and not set(key_paths) <= set(spec.on):
+            raise CommandError(51190, MERGE_INDEX_MSG)
+        if not merge_supporting_index(store, spec.on):
+            raise CommandError(51190 if sharded else 51183, MERGE_INDEX_MSG)
+        return spec.on
+
+    def _run_merge(self, spec, on_fields, docs, bypass_validation):
+        """Write the results of a pipeline as $merge does: in batches (of up to
+        MAX_WRITE_BATCH documents and about 16 MiB, as the writer of a $merge batches), each
+        document's 'on' fields extracted first (an error there fails the batch unwritten),
+        then every write of the batch attempted (the batches are unordered) and the first
+        write error, if any, failing the command; earlier batches stay written."""
+        coll = self.coll(spec.db, spec.coll)
+        with_id = '_id' in on_fields
+        coll._bypass_validation = bypass_validation
+        try:
+            batch = []
+            size = 0
+            for doc in docs:
+                if with_id and '_id' not in doc:
+                    doc = dict(doc)
+                    doc['_id'] = ObjectId()
+                key = {f: merge_on_value(doc, f) for f in on_fields}
+                doc_size = bson_size(doc)
+                if batch and (len(batch) >= MAX_WRITE_BATCH or
+                              size + doc_size > MAX_BSON_SIZE):
+                    self._merge_batch(coll, spec, batch)
+                    batch, size = [], 0
+                batch.append((doc, key))
+                size += doc_size
+            if batch:
+                self._merge_batch(coll, spec, batch)
+        finally:
+            coll._bypass_validation = False
+
+    def _merge_batch(self, coll, spec, batch):
+        error = None
+        unmatched = False
+        for doc, key in batch:
+            self.opcounters['insert' if spec.when_matched == 'fail' else 'update'] += 1
+            try:
+                if not self._merge_one(coll, spec, doc, key):
+                    unmatched = True
+            except (OperationFailure, CommandError) as exc:
+                if error is None:
+                    error = exc
+        if error is not None:
+            raise error
+        if unmatched and spec.when_not_matched == 'fail':
+            raise CommandError(13113, MERGE_NO_MATCH_MSG)
+
+    def _merge_one(self, coll, spec, doc, key):
+        """One result document through the write MongoDB's merge strategy sends for it
+        (merge_processor.cpp): whenMatched "fail" inserts it; the others update by the 'on'
+        fields, "replace" with the document as a replacement, "merge" with {$set: document},
+        "keepExisting" with {$setOnInsert: document}, as an upsert for whenNotMatched
+        "insert".  False when nothing matched and nothing was inserted."""
+        if spec.when_matched == 'fail':
+            coll._insert(dict(doc))
+            return True
+        old = next(iter(coll._iter_documents(key)), None)
+        if old is None:
+            if spec.when_not_matched != 'insert':
+                return False
+            if spec.when_matched == 'replace':
+                new = dict(doc)
+                _id = new.pop('_id', MISSING)
+                if _id is MISSING:
+                    _id = key.get('_id', ObjectId())
+                new = _with_id_first(new, _id)
+            else:
+                # {$set | $setOnInsert: document} upserted: the query's equality fields, then
+                # the document's (its _id, if any, is the new document's).
+                _id = key['_id'] if '_id' in key else doc.get('_id', MISSING)
+                new = _merge_set_fields(_upsert_base(key, ObjectId() if _id is MISSING
+                                                     else _id), doc)
+            coll._insert_kind = 'upsert'
+            try:
+                coll._insert(new)
+            finally:
+                coll._insert_kind = 'insert'
+            return True
+        if spec.when_matched == 'keepExisting':
+            return True
+        if spec.when_matched == 'replace':
+            if '_id' in doc and not _same_value(doc['_id'], old['_id']):
+                raise WriteError("After applying the update, the (immutable) field '_id' was "
+                                 "found to have been altered to _id: %s"
+                                 % fmt_value(doc['_id']), 66)
+            new = _with_id_first(doc, old['_id'])
+        else:
+            if '_id' in doc and not _same_value(doc['_id'], old['_id']):
+                raise WriteError("Performing an update on the path '_id' would modify the "
+                                 "immutable field '_id'", 66)
+            new = _merge_set_fields(old, doc)
+        if not _identical(new, old):
+            coll.check_write(new, 'update', old)
+            coll.add_uniques(new)
+            coll._docs()[id_key(old['_id'])] = new
+            coll.note_update_write()
+        return True
 
 
 def _same_index_options(a, b):

@@ -25,6 +25,7 @@ import bson  # noqa: E402
 import pymongo  # noqa: E402
 from bson.binary import Binary  # noqa: E402
 from bson.int64 import Int64  # noqa: E402
+from bson.objectid import ObjectId  # noqa: E402
 from pymongo import InsertOne, UpdateOne, uri_parser  # noqa: E402
 from pymongo.errors import (BulkWriteError, ConnectionFailure, DuplicateKeyError,  # noqa: E402
                             NetworkTimeout, OperationFailure, PyMongoError, WriteConcernError,
@@ -33,6 +34,8 @@ from pymongo.errors import (BulkWriteError, ConnectionFailure, DuplicateKeyError
 EXTERNAL = external_uri() is not None
 HOUR = datetime.timedelta(hours=1)
 MS = datetime.timedelta(milliseconds=1)
+SECOND = datetime.timedelta(seconds=1)
+EPOCH = datetime.datetime(1970, 1, 1)
 
 MAX_BSON = 16 * 1024 * 1024              # BSONObjMaxUserSize: the largest stored document
 MAX_INTERNAL_BSON = MAX_BSON + 16 * 1024  # BSONObjMaxInternalSize: the largest on the wire
@@ -742,6 +745,27 @@ class FailPointTest(unittest.TestCase):
         self.assertNotIn('errorLabels', reply)
         self.assertEqual(self.truth.find_one({'_id': 3})['v'], 3)
 
+    def test_aggregate_with_merge(self):
+        # An aggregate is failed like any command; a $merge makes it a write, so a
+        # writeConcernError comes after its writes applied.
+        self.truth.insert_one({'_id': 1, 'v': 1})
+        out = db['%s_out' % self.truth.name]
+        out.drop()
+        self.addCleanup(out.drop)
+        merge = [{'$merge': {'into': out.name}}]
+        self.fail({'times': 1}, failCommands=['aggregate'], errorCode=365)
+        reply = self.command_error(lambda: self.coll.database.command(
+            'aggregate', self.coll.name, pipeline=merge, cursor={}))
+        self.assertEqual(reply.get('code'), 365, reply)
+        self.assertIsNone(out.find_one())
+        wce = {'code': 64, 'codeName': 'WriteConcernFailed',
+               'errmsg': 'waiting for replication timed out'}
+        self.fail({'times': 1}, failCommands=['aggregate'], writeConcernError=wce)
+        reply = self.coll.database.command('aggregate', self.coll.name, pipeline=merge,
+                                           cursor={})
+        self.assertEqual(reply['writeConcernError']['code'], 64)
+        self.assertEqual(out.find_one(), {'_id': 1, 'v': 1})
+
     def test_error_labels_from_the_data(self):
         self.fail({'times': 1}, failCommands=['update'], errorCode=10107,
                   errorLabels=['RetryableWriteError'])
@@ -888,6 +912,426 @@ class ValidatorTest(unittest.TestCase):
                 self.coll.insert_one(bad)
             self.assertEqual(cm.exception.code, 121, bad)
         self.assertEqual([d['_id'] for d in self.coll.find()], [1])
+
+
+# ---------------------------------------------------------------------------------------------
+# $merge: the per-bucket summary the daemon maintains from its pages
+# ---------------------------------------------------------------------------------------------
+
+def summary_pipeline(buckets, into):
+    """The aggregate bucketd runs on the page collection to (re)write the summary documents of
+    some buckets: [(sensor_id, bucket_start)], merged into the collection into."""
+    return [
+        {'$match': {'$or': [{'sensor_id': s, 'bucket_start': t} for s, t in buckets]}},
+        {'$project': {'_id': 0, 'sensor_id': 1, 'meta': 1, 'bucket_start': 1, 'bucket_end': 1,
+                      'f': {'$concatArrays': [
+                          [{'k': None, 'c': '$count', 'p': {'$literal': 1}}],
+                          {'$objectToArray': {'$ifNull': ['$summary', {}]}}]}}},
+        {'$unwind': '$f'},
+        {'$group': {'_id': {'s': '$sensor_id', 't': '$bucket_start', 'k': '$f.k'},
+                    'meta': {'$first': '$meta'}, 'end': {'$first': '$bucket_end'},
+                    'min': {'$min': '$f.v.min'}, 'max': {'$max': '$f.v.max'},
+                    'sum': {'$sum': '$f.v.sum'}, 'n': {'$sum': '$f.v.count'},
+                    'count': {'$sum': '$f.c'}, 'pages': {'$sum': '$f.p'}}},
+        {'$group': {'_id': {'s': '$_id.s', 't': '$_id.t'},
+                    'meta': {'$first': '$meta'}, 'end': {'$first': '$end'},
+                    'count': {'$sum': '$count'}, 'pages': {'$sum': '$pages'},
+                    'fields': {'$push': {'k': '$_id.k', 'v': {
+                        'min': '$min', 'max': '$max', 'sum': '$sum', 'count': '$n',
+                        'avg': {'$cond': [{'$gt': ['$n', 0]},
+                                          {'$divide': ['$sum', '$n']}, None]}}}}}},
+        {'$project': {'_id': 0, 'sensor_id': '$_id.s', 'bucket_start': '$_id.t',
+                      'bucket_end': '$end', 'meta': 1, 'pages': 1, 'count': 1,
+                      'summary': {'$arrayToObject': {'$filter': {
+                          'input': '$fields', 'as': 'x', 'cond': {'$ne': ['$$x.k', None]}}}}}},
+        {'$merge': {'into': into, 'on': ['sensor_id', 'bucket_start'],
+                    'whenMatched': 'replace', 'whenNotMatched': 'insert'}},
+    ]
+
+
+def field_summary(values):
+    """A page's summary entry for one field, as bucketd writes it (int64 values: an int64
+    sum)."""
+    total = sum(values)
+    if all(type(v) is Int64 for v in values):
+        total = Int64(total)
+    return {'min': min(values), 'max': max(values), 'sum': total,
+            'count': Int64(len(values)), 'avg': total / len(values)}
+
+
+def summary_page(sensor_id, start, page, count, summary=None):
+    """A page document of a bucket (summary None: the page has no summary field)."""
+    doc = {'_id': '%s|%d|%d' % (sensor_id, (start - EPOCH) // SECOND, page),
+           'sensor_id': sensor_id, 'meta': {'measurement': 'weather', 'tags': {'site': 'roof'}},
+           'bucket_start': start, 'bucket_end': start + HOUR - MS, 'page': page,
+           'count': Int64(count), 'readings': [], 'w': {'gw1': Int64(page + 1)}}
+    if summary is not None:
+        doc['summary'] = summary
+    return doc
+
+
+def expected_summary(pages):
+    """What the summary pipeline must give for the pages of one bucket, computed here: counts
+    and page numbers added up, per field the smallest min, the largest max, the sums and the
+    counts added up (types kept: doubles stay doubles, int64s int64s) and their quotient."""
+    first = pages[0]
+    fields = {}
+    for p in pages:
+        for name, s in (p.get('summary') or {}).items():
+            fields.setdefault(name, []).append(s)
+    summary = {}
+    for name, entries in fields.items():
+        total = entries[0]['sum']
+        for e in entries[1:]:
+            total += e['sum']
+        n = Int64(sum(e['count'] for e in entries))
+        summary[name] = {'min': min(e['min'] for e in entries),
+                         'max': max(e['max'] for e in entries),
+                         'sum': Int64(total) if isinstance(total, int) else total,
+                         'count': n, 'avg': float(total) / n}
+    return {'sensor_id': first['sensor_id'], 'bucket_start': first['bucket_start'],
+            'bucket_end': first['bucket_end'], 'meta': first['meta'],
+            'count': Int64(sum(p['count'] for p in pages)), 'pages': len(pages),
+            'summary': summary}
+
+
+def server_version():
+    return tuple(client.admin.command('buildInfo')['versionArray'][:2])
+
+
+class MergeStageTest(unittest.TestCase):
+    """$merge (src/mongo/db/pipeline/document_source_merge.cpp, merge_processor.cpp and
+    process_interface/common_mongod_process_interface.cpp of the server; the manual's $merge
+    page): the summary aggregate bucketd runs, and each rule a real server enforces on it."""
+
+    T = datetime.datetime(2025, 1, 15, 14, 0, 0)
+
+    def setUp(self):
+        self.pages = db['merge_pages_%s' % self._testMethodName]
+        self.out = db['merge_summary_%s' % self._testMethodName]
+        for c in (self.pages, self.out):
+            c.drop()
+
+    def unique_index(self, coll, keys, **options):
+        spec = {'key': dict(keys), 'name': '_'.join('%s_%s' % kv for kv in keys),
+                'unique': True}
+        spec.update(options)
+        db.command('createIndexes', coll.name, indexes=[spec])
+
+    def aggregate(self, pipeline, coll=None, **kw):
+        return db.command('aggregate', (coll or self.pages).name, pipeline=pipeline,
+                          cursor={}, **kw)
+
+    def merge_error(self, stage, pipeline=(), coll=None):
+        """The code of the aggregate [*pipeline, stage] failing."""
+        with self.assertRaises(OperationFailure, msg=repr(stage)) as cm:
+            self.aggregate(list(pipeline) + [stage], coll)
+        return cm.exception.code
+
+    def fixture(self):
+        t, t2 = self.T, self.T + HOUR
+        temp = field_summary
+        return {
+            ('s1', t): [
+                summary_page('s1', t, 0, 3, {'temp': temp([19.0, 23.5, 17.5]),
+                                             'hum': temp([Int64(35), Int64(48), Int64(37)])}),
+                summary_page('s1', t, 1, 2, {'temp': temp([18.0, 22.0])}),
+                summary_page('s1', t, 2, 4)],                  # booleans only: no summary
+            ('s1', t2): [summary_page('s1', t2, 0, 1, {})],     # booleans only: {}
+            ('s2', t): [summary_page('s2', t, 0, 5, {'temp': temp([1.5, 2.5])})],
+        }
+
+    def summaries(self):
+        return {(d['sensor_id'], d['bucket_start']): d for d in self.out.find()}
+
+    def check_summary(self, doc, pages):
+        self.assertEqual({k: v for k, v in doc.items() if k != '_id'}, expected_summary(pages))
+        self.assertIs(type(doc['count']), Int64)
+        self.assertIs(type(doc['pages']), int)
+        for entry in doc['summary'].values():
+            self.assertIs(type(entry['count']), Int64)
+            self.assertIs(type(entry['avg']), float)
+        if 'temp' in doc['summary']:
+            self.assertEqual({type(v) for k, v in doc['summary']['temp'].items()
+                              if k != 'count'}, {float})
+        if 'hum' in doc['summary']:
+            self.assertEqual([type(doc['summary']['hum'][k]) for k in ('min', 'max', 'sum')],
+                             [Int64] * 3)
+
+    def test_summary_pipeline(self):
+        buckets = self.fixture()
+        for pages in buckets.values():
+            self.pages.insert_many(pages)
+        self.unique_index(self.out, [('sensor_id', 1), ('bucket_start', 1)])
+        wanted = [('s1', self.T), ('s1', self.T + HOUR)]
+        reply = self.aggregate(summary_pipeline(wanted, self.out.name),
+                               writeConcern={'w': 'majority'})
+        self.assertEqual(reply['cursor']['firstBatch'], [])
+        self.assertEqual(reply['cursor']['id'], 0)
+        got = self.summaries()
+        self.assertEqual(set(got), set(wanted))          # s2 was not asked for
+        for key in wanted:
+            self.check_summary(got[key], buckets[key])
+            # Not in the results: an insert by the 'on' fields generates an ObjectId.
+            self.assertIsInstance(got[key]['_id'], ObjectId)
+        self.assertEqual(got[('s1', self.T + HOUR)]['summary'], {})
+
+        # A page more (a new field too): the summary is replaced, its _id kept.
+        late = summary_page('s1', self.T, 3, 2, {'temp': field_summary([30.5, 16.0]),
+                                                  'pres': field_summary([1013.25, 1012.75])})
+        self.pages.insert_one(late)
+        buckets[('s1', self.T)].append(late)
+        self.aggregate(summary_pipeline(wanted, self.out.name), writeConcern={'w': 'majority'})
+        again = self.summaries()
+        self.assertEqual(self.out.count_documents({}), 2)
+        for key in wanted:
+            self.assertEqual(again[key]['_id'], got[key]['_id'])
+            self.check_summary(again[key], buckets[key])
+        self.assertEqual(again[('s1', self.T)]['summary']['temp']['min'], 16.0)
+        self.assertEqual(again[('s1', self.T)]['pages'], 4)
+
+    def test_stages_of_the_pipeline(self):
+        # The pieces the summary relies on, one by one.
+        self.pages.insert_many([
+            {'_id': 1, 'g': 'a', 'v': 1, 'l': Int64(10), 'd': 0.5, 'o': {'x': 1, 'y': 'z'},
+             'arr': [1, 2]},
+            {'_id': 2, 'g': 'a', 'v': Int64(2), 'l': Int64(20), 'd': 1.5, 'arr': []},
+            {'_id': 3, 'g': 'b', 'v': 'text', 'arr': None},
+            {'_id': 4, 'arr': 'scalar', 'd': 2.0}])
+        out = list(self.pages.aggregate([
+            {'$sort': {'_id': 1}},
+            {'$group': {'_id': {'g': '$g', 'k': None},
+                        'first': {'$first': '$o'}, 'last': {'$last': '$o'},
+                        'min': {'$min': '$v'}, 'max': {'$max': '$v'},
+                        'sum': {'$sum': '$v'}, 'longs': {'$sum': '$l'},
+                        'dbl': {'$sum': '$d'}, 'n': {'$sum': 1}, 'none': {'$sum': '$nothing'},
+                        'push': {'$push': '$o.y'}}},
+            {'$sort': {'_id.g': 1}}]))
+        self.assertEqual([d['_id'] for d in out],
+                         [{'k': None}, {'g': 'a', 'k': None}, {'g': 'b', 'k': None}])
+        nog, a, b = out
+        # $first/$last take the first/last document's value, missing as null.
+        self.assertEqual((a['first'], a['last']), ({'x': 1, 'y': 'z'}, None))
+        self.assertEqual((a['min'], a['max']), (1, 2))
+        self.assertIs(type(a['max']), Int64)            # $max keeps the type
+        self.assertEqual((b['min'], b['max']), ('text', 'text'))
+        self.assertEqual((a['sum'], a['longs'], a['dbl'], a['n']), (3, 30, 2.0, 2))
+        self.assertEqual([type(a[k]) for k in ('sum', 'longs', 'dbl', 'n')],
+                         [Int64, Int64, float, int])
+        self.assertEqual((b['sum'], b['none'], nog['dbl']), (0, 0, 2.0))
+        self.assertIs(type(b['sum']), int)
+        self.assertEqual((a['push'], b['push']), (['z'], []))   # $push skips missing
+
+        unwound = list(self.pages.aggregate([{'$unwind': '$arr'}, {'$sort': {'_id': 1, 'arr': 1}},
+                                             {'$project': {'arr': 1}}]))
+        self.assertEqual(unwound, [{'_id': 1, 'arr': 1}, {'_id': 1, 'arr': 2},
+                                   {'_id': 4, 'arr': 'scalar'}])
+        doc = list(self.pages.aggregate([{'$match': {'_id': 1}}, {'$project': {
+            '_id': 0,
+            'pairs': {'$objectToArray': '$o'},
+            'none': {'$objectToArray': {'$ifNull': ['$missing', {}]}},
+            'null': {'$objectToArray': '$missing'},
+            'back': {'$arrayToObject': {'$objectToArray': '$o'}},
+            'kept': {'$arrayToObject': [[['a', 1], ['b', 2], ['a', 3]]]},
+            'cat': {'$concatArrays': [[{'k': None, 'c': '$l', 'm': '$missing',
+                                        'p': {'$literal': 1}}], '$arr']},
+            'odd': {'$filter': {'input': '$arr', 'as': 'x', 'cond': {'$ne': ['$$x', 2]}}},
+            'half': {'$cond': [{'$gt': ['$l', 0]}, {'$divide': ['$l', 4]}, None]},
+            'o': 1}}]))[0]
+        self.assertEqual(list(doc), ['o', 'pairs', 'none', 'null', 'back', 'kept', 'cat',
+                                     'odd', 'half'])
+        self.assertEqual(doc['pairs'], [{'k': 'x', 'v': 1}, {'k': 'y', 'v': 'z'}])
+        self.assertEqual((doc['none'], doc['null']), ([], None))
+        self.assertEqual(doc['back'], {'x': 1, 'y': 'z'})
+        self.assertEqual(doc['kept'], {'a': 3, 'b': 2})        # the last value of a key
+        self.assertEqual(doc['cat'], [{'k': None, 'c': 10, 'p': 1}, 1, 2])
+        self.assertIs(type(doc['cat'][0]['c']), Int64)
+        self.assertEqual(doc['odd'], [1])
+        self.assertEqual(doc['half'], 2.5)
+        for bad, code in (([{'k': 1, 'v': 2}], 40394), ([['a']], 40397), ('str', 40386),
+                          ([{'k': 'a', 'v': 1}, ['b', 2]], 40391)):
+            with self.assertRaises(OperationFailure, msg=repr(bad)) as cm:
+                list(self.pages.aggregate([{'$project': {
+                    'x': {'$arrayToObject': {'$literal': bad}}}}]))
+            self.assertEqual(cm.exception.code, code, bad)
+        with self.assertRaises(OperationFailure) as cm:
+            list(self.pages.aggregate([{'$project': {'x': {'$objectToArray': '$v'}}}]))
+        self.assertEqual(cm.exception.code, 40390)
+
+    def test_on_fields_need_a_unique_index(self):
+        self.pages.insert_many([{'_id': i, 'a': i, 'b': -i} for i in range(3)])
+        stage = {'$merge': {'into': self.out.name, 'on': ['a', 'b']}}
+        # No collection yet: only "_id" can do without an index.
+        self.assertEqual(self.merge_error(stage), 51183)
+        db.create_collection(self.out.name)
+        self.assertEqual(self.merge_error(stage), 51183)
+        self.out.create_index([('a', 1), ('b', 1)])                     # not unique
+        self.assertEqual(self.merge_error(stage), 51183)
+        self.unique_index(self.out, [('a', 1), ('b', 1), ('c', 1)])     # more fields
+        self.unique_index(self.out, [('a', 1)])                         # fewer
+        self.unique_index(self.out, [('b', 1), ('a', 1)], name='partial',
+                          partialFilterExpression={'a': {'$gte': 0}})
+        self.assertEqual(self.merge_error(stage), 51183)
+        self.unique_index(self.out, [('b', -1), ('a', 1)])              # any order, direction
+        self.aggregate([stage])
+        self.assertEqual(self.out.count_documents({}), 3)
+        # A sparse one counts too.
+        sparse = {'$merge': {'into': self.out.name, 'on': 'b', 'whenMatched': 'replace'}}
+        self.assertEqual(self.merge_error(sparse), 51183)
+        self.unique_index(self.out, [('b', 1)], sparse=True)
+        self.aggregate([sparse])
+        # "_id" (the default) needs nothing, and creates the collection.
+        other = db['%s_id' % self.out.name]
+        other.drop()
+        self.addCleanup(other.drop)
+        self.aggregate([{'$merge': {'into': other.name, 'on': '_id'}}])
+        self.aggregate([{'$merge': other.name}])
+        self.assertEqual(sorted(d['_id'] for d in other.find()), [0, 1, 2])
+
+    def test_stage_specification_errors(self):
+        self.pages.insert_one({'_id': 1, 'a': 1})
+        into = self.out.name
+        cases = [
+            ({'$merge': {'into': into, 'bogus': 1}}, 40415),
+            ({'$merge': {'on': '_id'}}, 40414),
+            ({'$merge': 5}, 14),
+            ({'$merge': {'into': 5}}, 51178),
+            ({'$merge': {'into': {'db': db.name}}}, 5786801),
+            ({'$merge': {'into': into, 'on': 3.5}}, 51186),
+            ({'$merge': {'into': into, 'on': []}}, 51187),
+            ({'$merge': {'into': into, 'on': ['a', 1]}}, 51134),
+            ({'$merge': {'into': into, 'on': ['_id', '_id']}}, 31465),
+            ({'$merge': {'into': into, 'whenMatched': 'overwrite'}}, 2),
+            ({'$merge': {'into': into, 'whenMatched': 1}}, 51191),
+            ({'$merge': {'into': into, 'whenNotMatched': 'upsert'}}, 2),
+            ({'$merge': {'into': into, 'whenMatched': 'keepExisting',
+                         'whenNotMatched': 'discard'}}, 51181),
+            ({'$merge': {'into': into, 'whenMatched': 'fail', 'whenNotMatched': 'fail'}}, 51181),
+            ({'$merge': {'into': into, 'whenMatched': 'replace', 'let': {'x': 1}}}, 51199),
+            ({'$merge': {'into': 'system.views'}}, 31319),
+        ]
+        for stage, code in cases:
+            self.assertEqual(self.merge_error(stage), code, stage)
+        # Only as the last stage.
+        with self.assertRaises(OperationFailure) as cm:
+            self.aggregate([{'$merge': {'into': into}}, {'$match': {}}])
+        self.assertEqual(cm.exception.code, 40601)
+        self.assertNotIn(into, db.list_collection_names())
+
+    def test_on_field_values(self):
+        self.unique_index(self.out, [('k', 1)])
+        stage = {'$merge': {'into': self.out.name, 'on': 'k'}}
+        self.pages.insert_one({'_id': 1, 'k': [1, 2]})
+        self.assertEqual(self.merge_error(stage), 51185)
+        self.pages.delete_many({})
+        self.unique_index(self.out, [('a.b', 1)])
+        self.pages.insert_one({'_id': 1, 'a': {'b': ['x']}})
+        self.assertEqual(self.merge_error({'$merge': {'into': self.out.name, 'on': 'a.b'}}),
+                         51185)
+        # Missing, null (MongoDB 8.1 merges these as null when the index is not sparse).
+        if server_version() < (8, 1):
+            for doc in ({'_id': 2}, {'_id': 3, 'k': None}):
+                self.pages.delete_many({})
+                self.pages.insert_one(doc)
+                self.assertEqual(self.merge_error(stage), 51132, doc)
+        self.assertEqual(self.out.count_documents({}), 0)
+
+    def test_id_rules(self):
+        self.unique_index(self.out, [('k', 1)])
+        self.out.insert_one({'_id': 'kept', 'k': 1, 'old': True})
+        self.pages.insert_many([{'_id': 10, 'k': 1, 'new': True}, {'_id': 11, 'k': 2}])
+        replace = {'$merge': {'into': self.out.name, 'on': 'k', 'whenMatched': 'replace'}}
+        # A result _id other than the matched document's: _id is immutable.
+        self.assertEqual(self.merge_error(replace), 66)
+        self.assertEqual(self.out.find_one({'k': 1}), {'_id': 'kept', 'k': 1, 'old': True})
+        # Without _id in the results: the matched document keeps its own, an insert gets one.
+        self.out.delete_many({'k': 2})
+        self.aggregate([{'$project': {'_id': 0}}, replace])
+        self.assertEqual(self.out.find_one({'k': 1}), {'_id': 'kept', 'k': 1, 'new': True})
+        self.assertIsInstance(self.out.find_one({'k': 2})['_id'], ObjectId)
+        # The same _id is no change of it.
+        self.out.delete_many({})
+        self.out.insert_one({'_id': 10, 'k': 1})
+        self.aggregate([{'$match': {'_id': 10}}, replace])
+        self.assertEqual(list(self.out.find()), [{'_id': 10, 'k': 1, 'new': True}])
+        # On "_id", a result without one gets a new ObjectId: never a match.
+        self.out.drop()
+        for _ in range(2):
+            self.aggregate([{'$project': {'_id': 0}}, {'$merge': {'into': self.out.name}}])
+        self.assertEqual(self.out.count_documents({}), 4)
+
+    def test_modes(self):
+        self.pages.insert_many([{'_id': 1, 'a': 'new', 'b': 'new'}, {'_id': 2, 'a': 'new'}])
+
+        def reset():
+            self.out.delete_many({})
+            self.out.insert_one({'_id': 1, 'a': 'old', 'c': 'old'})
+
+        def run(matched, not_matched='insert'):
+            reset()
+            return self.aggregate([{'$merge': {'into': self.out.name, 'whenMatched': matched,
+                                               'whenNotMatched': not_matched}}])
+
+        def stored():
+            return sorted(self.out.find(), key=lambda d: d['_id'])
+
+        run('merge')
+        self.assertEqual(stored(), [{'_id': 1, 'a': 'new', 'c': 'old', 'b': 'new'},
+                                    {'_id': 2, 'a': 'new'}])
+        run('replace')
+        self.assertEqual(stored(), [{'_id': 1, 'a': 'new', 'b': 'new'}, {'_id': 2, 'a': 'new'}])
+        run('keepExisting')
+        self.assertEqual(stored(), [{'_id': 1, 'a': 'old', 'c': 'old'}, {'_id': 2, 'a': 'new'}])
+        run('replace', 'discard')
+        self.assertEqual(stored(), [{'_id': 1, 'a': 'new', 'b': 'new'}])
+        run('merge', 'discard')
+        self.assertEqual(stored(), [{'_id': 1, 'a': 'new', 'c': 'old', 'b': 'new'}])
+        with self.assertRaises(OperationFailure) as cm:
+            run('fail')
+        self.assertEqual(cm.exception.code, 11000)
+        self.assertEqual(self.out.find_one({'_id': 1}), {'_id': 1, 'a': 'old', 'c': 'old'})
+        for matched in ('replace', 'merge'):
+            with self.assertRaises(OperationFailure) as cm:
+                run(matched, 'fail')
+            self.assertEqual(cm.exception.code, 13113)      # MergeStageNoMatchingDocument
+            self.assertIsNone(self.out.find_one({'_id': 2}))
+        # No match at all: "fail" is fine.
+        self.out.delete_many({})
+        self.aggregate([{'$merge': {'into': self.out.name, 'whenMatched': 'fail'}}])
+        self.assertEqual(self.out.count_documents({}), 2)
+
+    def test_targets(self):
+        self.pages.insert_many([{'_id': 1, 'v': 1}, {'_id': 2, 'v': 2}])
+        # Another database.
+        other = client[unique_db_name('bucketd_merge')]
+        self.addCleanup(client.drop_database, other.name)
+        self.aggregate([{'$merge': {'into': {'db': other.name, 'coll': 'out'}}}])
+        self.assertEqual(sorted(d['_id'] for d in other.out.find()), [1, 2])
+        # The collection being aggregated (MongoDB 4.4 and later).
+        self.aggregate([{'$project': {'seen': {'$literal': True}}},
+                        {'$merge': {'into': self.pages.name, 'whenMatched': 'merge'}}])
+        self.assertEqual(list(self.pages.find().sort('_id', 1)),
+                         [{'_id': 1, 'v': 1, 'seen': True}, {'_id': 2, 'v': 2, 'seen': True}])
+
+    def test_writes_are_checked(self):
+        self.pages.insert_many([{'_id': 1, 'u': 'x'}, {'_id': 2, 'u': 'x'}])
+        # Other unique indexes of the output collection.
+        self.unique_index(self.out, [('u', 1)])
+        with self.assertRaises(OperationFailure) as cm:
+            self.aggregate([{'$merge': {'into': self.out.name}}])
+        self.assertEqual(cm.exception.code, 11000)
+        self.assertEqual(self.out.count_documents({}), 1)
+        # Its validator.
+        checked = db['%s_checked' % self.out.name]
+        checked.drop()
+        self.addCleanup(checked.drop)
+        db.create_collection(checked.name, validator={'u': {'$type': 'int'}})
+        with self.assertRaises(OperationFailure) as cm:
+            self.aggregate([{'$merge': {'into': checked.name}}])
+        self.assertEqual(cm.exception.code, 121)
+        self.assertEqual(checked.count_documents({}), 0)
+        self.aggregate([{'$merge': {'into': checked.name}}], bypassDocumentValidation=True)
+        self.assertEqual(checked.count_documents({}), 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1200,6 +1644,128 @@ class RewriteStatsTest(StandInCase):
         other.drop()
         self.assertEqual(self.stats(other), (0, 0, 0, 0))
         self.assertEqual(self.stats(coll)[1], 1)
+
+
+class MergeShardedTest(StandInCase):
+    """--sharded: the 'on' fields of a $merge into an existing (so sharded) collection must
+    hold every shard-key field; mongos then finds no supporting index (51190).  Without
+    'on', the shard-key fields and _id are the default."""
+
+    server_options = {'sharded': 'sensor_id:1,bucket_start:1'}
+    T = datetime.datetime(2025, 1, 15, 14, 0, 0)
+
+    def setup(self, coll, pages, indexes=()):
+        """coll (the output) created with the unique indexes [(name, key)], and a page
+        collection holding pages next to it."""
+        source = coll.database['%s_pages' % coll.name]
+        source.drop()
+        source.insert_many(pages)
+        coll.drop()
+        coll.database.create_collection(coll.name)
+        for name, key in indexes:
+            coll.database.command('createIndexes', coll.name, indexes=[
+                {'key': key, 'name': name, 'unique': True}])
+        return source
+
+    def test_summary_pipeline_names_the_shard_key(self):
+        strict, _ = self.colls()
+        pages = self.setup(strict, [
+            summary_page('s1', self.T, 0, 3, {'temp': field_summary([1.5])}),
+            summary_page('s1', self.T, 1, 2)],
+            [('sk', {'sensor_id': 1, 'bucket_start': 1})])
+        pages.database.command('aggregate', pages.name, cursor={},
+                               pipeline=summary_pipeline([('s1', self.T)], strict.name))
+        doc = strict.find_one()
+        self.assertEqual((doc['count'], doc['pages']), (5, 2))
+
+    def test_on_without_the_shard_key(self):
+        strict, plain = self.colls()
+        for coll in (plain, strict):
+            pages = self.setup(coll, [{'_id': i, 'sensor_id': s, 'bucket_start': self.T}
+                                      for i, s in enumerate('ab')],
+                               [('sensor', {'sensor_id': 1})])
+            for on in ('_id', 'sensor_id'):
+                cmd = dict(cursor={}, pipeline=[{'$merge': {'into': coll.name, 'on': on}}])
+                if coll is plain:
+                    pages.database.command('aggregate', pages.name, **cmd)
+                    continue
+                with self.assertRaises(OperationFailure) as cm:
+                    pages.database.command('aggregate', pages.name, **cmd)
+                self.assertEqual(cm.exception.code, 51190)
+                self.assertEqual(cm.exception.details['errmsg'],
+                                 'Cannot find index to verify that join fields will be unique')
+        self.assertEqual(plain.count_documents({}), 2)
+        self.assertEqual(strict.count_documents({}), 0)
+        # Not created yet, the output collection is not sharded: "_id" is enough.
+        other = strict.database['%s_new' % strict.name]
+        pages.database.command('aggregate', pages.name, cursor={},
+                               pipeline=[{'$merge': {'into': other.name, 'on': '_id'}}])
+        self.assertEqual(other.count_documents({}), 2)
+
+    def test_default_on_is_the_document_key(self):
+        strict, _ = self.colls()
+        pages = self.setup(strict, [summary_page('s1', self.T, 0, 3),
+                                    summary_page('s1', self.T, 1, 2)])
+        merge = {'$merge': {'into': strict.name, 'whenMatched': 'replace'}}
+        pages.database.command('aggregate', pages.name, cursor={}, pipeline=[merge])
+        pages.database.command('aggregate', pages.name, cursor={}, pipeline=[merge])
+        self.assertEqual(strict.count_documents({}), 2)
+        # Every shard-key field must be in each result.
+        with self.assertRaises(OperationFailure) as cm:
+            pages.database.command('aggregate', pages.name, cursor={}, pipeline=[
+                {'$project': {'bucket_start': 0}}, merge])
+        self.assertEqual(cm.exception.code, 51132)
+
+
+class MergeWriteStatsTest(StandInCase):
+    """The writes of a $merge go through the server's write path: counted by
+    bucketdTestStats as the updates they are, refused past 16 MiB, write concern checked."""
+
+    def test_counts_what_merge_writes(self):
+        coll, _ = self.colls()
+        pages = coll.database['%s_pages' % coll.name]
+        t = datetime.datetime(2025, 1, 15, 14, 0, 0)
+        pages.insert_many([summary_page('s1', t, 0, 3, {'temp': field_summary([1.5, 2.5])}),
+                           summary_page('s1', t + HOUR, 0, 1, {})])
+        coll.database.command('createIndexes', coll.name, indexes=[
+            {'key': {'sensor_id': 1, 'bucket_start': 1}, 'name': 'sk', 'unique': True}])
+        pipeline = summary_pipeline([('s1', t), ('s1', t + HOUR)], coll.name)
+
+        def stats():
+            reply = coll.database.command('bucketdTestStats', coll.name)
+            return reply['docBytesWritten'], reply['updatesApplied']
+
+        def size(doc):
+            return len(bson.encode(doc))
+
+        coll.database.command('aggregate', pages.name, pipeline=pipeline, cursor={})
+        self.assertEqual(stats(), (sum(size(d) for d in coll.find()), 2))   # two upserts
+        coll.database.command('aggregate', pages.name, pipeline=pipeline, cursor={})
+        self.assertEqual(stats()[1], 2)                  # nothing changed: nothing written
+        before = stats()[0]
+        pages.insert_one(summary_page('s1', t, 1, 1, {'temp': field_summary([9.5])}))
+        coll.database.command('aggregate', pages.name, pipeline=pipeline, cursor={})
+        self.assertEqual(stats(), (before + size(coll.find_one({'bucket_start': t})), 3))
+
+    def test_limits_and_write_concern(self):
+        coll, _ = self.colls()
+        pages = coll.database['%s_pages' % coll.name]
+        pages.insert_one({'_id': 1, 'big': 'x' * (MAX_BSON - 100)})
+        coll.insert_one({'_id': 1})
+        grow = [{'$set': {'more': 'y' * 200}}, {'$merge': {'into': coll.name}}]
+        with self.assertRaises(OperationFailure) as cm:
+            coll.database.command('aggregate', pages.name, pipeline=grow, cursor={})
+        self.assertEqual(cm.exception.code, 17419)       # an update past 16 MiB
+        self.assertEqual(coll.find_one(), {'_id': 1})
+        coll.delete_many({})
+        with self.assertRaises(OperationFailure) as cm:
+            coll.database.command('aggregate', pages.name, pipeline=grow, cursor={})
+        self.assertEqual(cm.exception.code, 17420)       # the insert of an upsert
+        with self.assertRaises(OperationFailure) as cm:
+            coll.database.command('aggregate', pages.name, pipeline=[
+                {'$merge': {'into': coll.name}}], cursor={}, writeConcern={'w': 2})
+        self.assertEqual(cm.exception.code, 2)
+        self.assertIsNone(coll.find_one())
 
 
 class InjectedErrorTest(StandInCase):
