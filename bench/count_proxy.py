@@ -3,7 +3,7 @@
 """Counting TCP proxy: measures the bytes a client puts on the wire to a server.
 
     /usr/bin/python3 bench/count_proxy.py --target HOST:PORT [--listen HOST:PORT] [--writes]
-        [--sink] [--delay-writes S]
+        [--replies] [--sink] [--delay-writes S]
 
 Listens on 127.0.0.1 (a free port unless --listen gives one), forwards every
 connection to --target unchanged, and counts the bytes and wire-protocol
@@ -25,7 +25,12 @@ which equals the length of its $set._n.$literal array) by walking the BSON
 without decoding the readings, so that itemising a bulk of 200,000 readings
 costs next to nothing and does not hold up the forwarding (a statement without
 that field is decoded and its $literal array counted), and the bench suite
-can tell the flush cycles apart on the wire.  The bench suite runs it between bucketd and
+can tell the flush cycles apart on the wire.  With --replies as well (forwarding only) each
+forwarded update command also gets "t_server_reply", when the server's reply to it (matched by
+its responseTo) had come back through the proxy, so t_server_reply - t_first is the write's
+own time as the client sees it; and aggregate commands are itemised too, in a list
+"aggregates" of {"t", "t_first", "t_server_reply", "bytes", "merge": whether it holds a
+$merge stage, as bucketd's summary refreshes do}.  The bench suite runs it between bucketd and
 the MongoDB stand-in: bytes client->server divided by readings flushed is the
 wire cost of a reading.  Two threads per connection, one per direction; each
 count has one writer and is summed at the end.
@@ -61,6 +66,19 @@ import time
 
 
 OP_MSG = 2013
+
+
+def command_name(msg):
+    """The command name (the body's first key) of an OP_MSG, or None; read without decoding."""
+    if len(msg) < 21 or struct.unpack_from('<i', msg, 12)[0] != OP_MSG:
+        return None
+    i = 20
+    while i < len(msg) and msg[i] == 1:
+        i += 1 + struct.unpack_from('<i', msg, i + 1)[0]
+    if i + 6 > len(msg) or msg[i] != 0:
+        return None
+    j = msg.find(b'\0', i + 6)
+    return bytes(msg[i + 6:j]).decode('utf-8', 'replace') if j > 0 else None
 
 
 def is_update_command(msg):
@@ -265,9 +283,12 @@ class Pump(object):
     With `hold` (--sink or --delay-writes, client->server only) messages are forwarded whole,
     and update commands are delayed and, with --sink, answered here instead of forwarded."""
 
-    def __init__(self, src, dst, writes=None, t0=0.0, hold=None):
+    def __init__(self, src, dst, writes=None, t0=0.0, hold=None, replies=None, asked=None):
         self.src = src
         self.dst = dst
+        self.replies = replies  # server->client with --replies: {responseTo: time}
+        self.asked = asked      # client->server with --replies: [(requestID, item)]
+        self.aggregates = []    # client->server with --replies: itemised aggregate commands
         self.bytes = 0
         self.messages = 0
         self.writes = writes    # list to append decoded update commands to, or None
@@ -285,6 +306,10 @@ class Pump(object):
     def _done(self):
         msg = self._msg
         self._msg = bytearray()
+        if self.replies is not None:
+            if len(msg) >= 12:
+                self.replies[struct.unpack_from('<i', msg, 8)[0]] = time.monotonic()
+            return
         if self.hold is not None:
             # Itemised once forwarded or answered: decoding a large bulk takes a while, and the
             # client should not wait for it.
@@ -305,9 +330,16 @@ class Pump(object):
             if t_reply is not None:
                 w['t_reply'] = round(t_reply - self.t0, 4)
             self.writes.append(w)
+            if self.asked is not None:
+                self.asked.append((struct.unpack_from('<i', msg, 4)[0], w))
+        elif self.asked is not None and command_name(msg) == 'aggregate':
+            w = {'t': round(t - self.t0, 4), 'bytes': len(msg),
+                 't_first': round(t_first - self.t0, 4), 'merge': b'$merge' in msg}
+            self.aggregates.append(w)
+            self.asked.append((struct.unpack_from('<i', msg, 4)[0], w))
 
     def _keep(self):
-        return self.writes is not None or self.hold is not None
+        return self.writes is not None or self.hold is not None or self.replies is not None
 
     def _frame(self, data):
         i = 0
@@ -412,6 +444,9 @@ def main():
     ap.add_argument('--target', required=True, help='HOST:PORT of the server')
     ap.add_argument('--listen', default='127.0.0.1:0', help='HOST:PORT to listen on')
     ap.add_argument('--writes', action='store_true', help='itemise update commands')
+    ap.add_argument('--replies', action='store_true',
+                    help='with --writes, forwarding: time the server\'s reply to each update '
+                    'and aggregate command')
     ap.add_argument('--sink', action='store_true',
                     help='answer update commands here instead of forwarding them')
     ap.add_argument('--delay-writes', type=float, default=0.0, metavar='S',
@@ -464,8 +499,10 @@ def main():
         if args.sink or args.delay_writes > 0:
             hold = {'delay': args.delay_writes, 'sink': args.sink, 'lock': threading.Lock()}
             to_client = LockedSocket(client, hold['lock'])
-        up = Pump(client, server, writes if args.writes else None, t0, hold)
-        down = Pump(server, to_client)
+        timed = args.replies and args.writes and hold is None
+        up = Pump(client, server, writes if args.writes else None, t0, hold,
+                  asked=[] if timed else None)
+        down = Pump(server, to_client, replies={} if timed else None)
         with lock:
             pumps.append((up, down))
             socks.extend((client, server))
@@ -489,7 +526,15 @@ def main():
             totals['sunk_writes'] = sum(u.sunk for u, _ in pumps)
             totals['delayed_writes'] = sum(u.delayed for u, _ in pumps)
         if args.writes:
+            aggregates = []
+            for u, d in pumps:
+                for rid, w in (u.asked or ()):
+                    if d.replies is not None and rid in d.replies:
+                        w['t_server_reply'] = round(d.replies[rid] - t0, 4)
+                aggregates.extend(u.aggregates)
             totals['writes'] = sorted(writes, key=lambda w: w['t'])
+            if args.replies:
+                totals['aggregates'] = sorted(aggregates, key=lambda w: w['t'])
     print(json.dumps(totals), flush=True)
     return 0
 

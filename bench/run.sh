@@ -3,14 +3,19 @@
 # machine and conditions, then one table row per figure with bucketd's number, the baseline
 # measured in the same run, their ratio, the target and whether it is met.
 #
-#   bench/run.sh [--quick] [--build DIR] [--only LIST] [--outage SECONDS] [--no-netns]
+#   bench/run.sh [--quick] [--build DIR] [--only LIST] [--outage SECONDS]
+#                [--writecost SECONDS] [--summary-hours N] [--no-netns]
 #
 #   --quick     reduced suite (short steps, fewer search steps, 10k instead of 100k sensors,
 #               no peers, a 30 s outage) that finishes in a few minutes; its report is not saved
 #   --build DIR Release build directory (default build-bench/ in the repository)
 #   --only LIST comma-separated subset:
-#               parser,udp,tcp,memory,latency,standin,peers,slowdb,replay
+#               parser,udp,tcp,memory,latency,standin,peers,slowdb,replay,writecost,summaries
 #   --outage S  how long MongoDB is away before the replay row (default 600, --quick 30)
+#   --writecost S   how long the 1 Hz sensors of the write-cost row send (default 300,
+#               --quick 60)
+#   --summary-hours N   past hours of 1 Hz readings for the summaries row (default 48,
+#               --quick 6)
 #   --no-netns  stay in the host network namespace
 #
 # The full suite saves its report as bench/results/<date>-<short commit>.md. bench/README.md
@@ -27,6 +32,8 @@ quick=0
 build=$REPO/build-bench
 only=""
 outage=""
+writecost=""
+summary_hours=""
 netns=1
 orig_args=("$@")
 while [ $# -gt 0 ]; do
@@ -38,8 +45,12 @@ while [ $# -gt 0 ]; do
         --only=*) only=${1#--only=} ;;
         --outage) outage=$2; shift ;;
         --outage=*) outage=${1#--outage=} ;;
+        --writecost) writecost=$2; shift ;;
+        --writecost=*) writecost=${1#--writecost=} ;;
+        --summary-hours) summary_hours=$2; shift ;;
+        --summary-hours=*) summary_hours=${1#--summary-hours=} ;;
         --no-netns) netns=0 ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -141,6 +152,8 @@ args=(--repo "$REPO" --build "$build" --work "$work" --date "$(date '+%Y-%m-%d %
 [ "$quick" = 1 ] && args+=(--quick)
 [ -n "$only" ] && args+=(--only "$only")
 [ -n "$outage" ] && args+=(--outage "$outage")
+[ -n "$writecost" ] && args+=(--writecost "$writecost")
+[ -n "$summary_hours" ] && args+=(--summary-hours "$summary_hours")
 [ -n "$out" ] && args+=(--out "$out")
 [ "$in_netns" = 1 ] && args+=(--netns)
 

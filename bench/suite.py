@@ -402,7 +402,7 @@ class Bucketd(object):
     """One bucketd with a generated config; start() waits for 'ready', stop() returns stats."""
 
     def __init__(self, ctx, name, listeners, sink='blackhole', uri=None, database=None,
-                 flush='1s', memory=None, max_sensors=None, max_delay=None):
+                 flush='1s', memory=None, max_sensors=None, max_delay=None, extra=()):
         self.ctx = ctx
         self.name = name
         self.listeners = listeners  # [(proto, port, format)]
@@ -433,6 +433,7 @@ class Bucketd(object):
             limits.append('  max_sensors: %d' % max_sensors)
         if limits:
             lines += ['limits:'] + limits
+        lines += list(extra)  # further sections, e.g. ['buckets:', '  max_late: 72h']
         self.config_text = '\n'.join(lines) + '\n'
         self.proc = None
         self.stop_s = None
@@ -642,12 +643,15 @@ class StandIn(object):
 
 class Proxy(object):
     """bench/count_proxy.py in front of a server; sink: it answers update commands itself;
-    delay: each update command is held that many seconds."""
+    delay: each update command is held that many seconds; replies: the server's reply to each
+    forwarded update and aggregate command is timed."""
 
-    def __init__(self, ctx, target_port, sink=False, delay=0.0):
+    def __init__(self, ctx, target_port, sink=False, delay=0.0, replies=False):
         self.ctx = ctx
         cmd = [PYTHON, os.path.join(ctx.repo, 'bench', 'count_proxy.py'),
                '--target', '127.0.0.1:%d' % target_port, '--writes']
+        if replies:
+            cmd.append('--replies')
         if sink:
             cmd.append('--sink')
         if delay:
@@ -797,6 +801,14 @@ class Suite(object):
         self.outage_s = args.outage if args.outage else (30.0 if q else 600.0)
         # 10: {group: [disk_writes() of each daemon]} from the healthy-path rows.
         self.disk = {}
+        # 11: 1 Hz sensors in real time for --writecost seconds (default 300, --quick 60).
+        # 1000 sensors: the Python stand-in takes a bulk of their 1000 updates in about half a
+        # second and averages a few percent of a core on this 2-core machine (the notes give
+        # both for the run); the sender, also Python, sends 1000 datagrams a second.
+        self.writecost_s = args.writecost if args.writecost else (60.0 if q else 300.0)
+        self.wc_sensors = 1000
+        # 12: past hours of one 1 Hz sensor (--summary-hours; default 48, --quick 6).
+        self.summary_hours = args.summary_hours if args.summary_hours else (6 if q else 48)
 
     def record_disk(self, group, d, st):
         w = d.disk_writes()
@@ -1836,18 +1848,595 @@ class Suite(object):
             'tuned like the peers\' queues (limits.memory %s: the early-flush mark, a quarter '
             'of its buffer pool, holds 1 s of the load)' % (shown, b['memory']))
 
+    # -- 11. write cost and visibility of 1 Hz sensors -----------------------------------------
+    def fig_writecost(self):
+        """N sensors x 1 reading/s in real time into a default-config daemon and a fresh
+        stand-in: the stand-in's document bytes written by updates against what is stored, the
+        model that extrapolates it to an hour, and the delay until marked readings show in
+        their page and in their summary document."""
+        if importlib.util.find_spec('pymongo') is None:
+            raise BenchError('pymongo is not importable by %s' % PYTHON)
+        import threading
+        import bson
+        from bson.codec_options import CodecOptions
+        from bson.raw_bson import RawBSONDocument
+        sensors = self.wc_sensors
+        dur = int(self.writecost_s)
+        mark_every = 20
+        poll = 0.1
+        # The defaults this row measures (config/bucketd.yaml), which the daemon runs with.
+        max_delay, interval, sum_interval, max_readings = 30.0, 1.0, 60.0, 1000
+        max_future_s = 600  # buckets.max_future: the look-up horizon's distance from the start
+        # A 1 Hz page's oldest pending reading, drained at a flush, is due max_delay later, at
+        # a flush: each update carries the readings of max_delay / interval + 1 flushes.
+        per_update = int(max_delay / interval) + 1
+        db_name = 'bench_writecost'
+        marker_sensor = 'wc,s=0'
+        standin = StandIn(self)  # fresh: its write counters, CPU and memory are this row's
+        proxy = d = sender = None
+        stop_send = threading.Event()
+        lock = threading.Lock()
+        counts = {}   # (sensor, bucket start s) -> readings sent
+        markers = []  # marked readings of marker_sensor
+        sent = {'n': 0, 't0': None, 't1': None, 'late_s': 0.0}
+        try:
+            # count_proxy times each bulk write and summary refresh (request -> server reply).
+            proxy = Proxy(self, standin.port, replies=True)
+            px_t0 = proxy.t0
+            port = free_port('udp')
+            d = Bucketd(self, 'writecost', [('udp', port, 'influx')], sink='mongodb',
+                        uri='mongodb://127.0.0.1:%d/?directConnection=true' % proxy.port,
+                        database=db_name).start()
+            ready_s = time.time()
+            deadline = time.monotonic() + 20
+            while 'indexes ready' not in d.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            client = standin.client()
+            db = client[db_name]
+            pages = db['buckets']
+            sums = db['buckets_summary']
+            pages.find_one({'_id': 'warm-up'})
+            cpu0 = cpu_seconds(standin.proc.pid)
+            threads0 = thread_cpu(d.pid)
+            t_run0 = time.monotonic()
+
+            def send():
+                # One datagram per reading, every sensor once a second, timestamps "now" (whole
+                # milliseconds, what a BSON date keeps); a marker every mark_every seconds from
+                # marker_sensor: f0 = 1e6 + its number (other readings' f0 is below 100).
+                rnd = random.Random(23)
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                t0 = time.monotonic()
+                sent['t0'] = t0
+                try:
+                    for s in range(dur):
+                        wait = t0 + s - time.monotonic()
+                        if wait > 0 and stop_send.wait(wait):
+                            return
+                        sent['late_s'] = max(sent['late_s'], -wait)
+                        for i in range(sensors):
+                            ts_ms = time.time_ns() // 10**6
+                            bucket = ts_ms // 1000 // 3600 * 3600
+                            pos = counts.get((i, bucket), 0)
+                            mark = i == 0 and s % mark_every == mark_every // 4
+                            f0 = 1e6 + len(markers) if mark else rnd.uniform(0, 100)
+                            line = 'wc,s=%d f0=%.2f,f1=%di %d\n' % (
+                                i, f0, rnd.randint(0, 1000), ts_ms * 10**6)
+                            t_sent = time.monotonic()
+                            sock.sendto(line.encode(), ('127.0.0.1', port))
+                            counts[(i, bucket)] = pos + 1
+                            sent['n'] += 1
+                            if mark:
+                                with lock:
+                                    markers.append({
+                                        'no': len(markers), 't_sent': t_sent, 'ts_ms': ts_ms,
+                                        'f0': float('%.2f' % f0), 'bucket': bucket, 'pos': pos,
+                                        'page_id': '%s|%d|%d' % (marker_sensor, bucket,
+                                                                 pos // max_readings)})
+                finally:
+                    sent['t1'] = time.monotonic()
+                    sock.close()
+
+            sender = threading.Thread(target=send, daemon=True)
+            sender.start()
+            # Poll while markers wait: the page by its _id (the stand-in finds an _id without a
+            # scan), the summary by {sensor_id, bucket_start}; a marker is visible once the
+            # document's count passes its position (readings arrive in order, one writer).
+            taken = 0
+            pend_page, pend_sum = [], []
+            grace = max_delay + interval + sum_interval + 60.0
+            while True:
+                with lock:
+                    new = markers[taken:]
+                    taken = len(markers)
+                pend_page += new
+                pend_sum += new
+                for pid in sorted(set(m['page_id'] for m in pend_page)):
+                    doc = pages.find_one({'_id': pid}, {'count': 1})
+                    t_seen = time.monotonic()
+                    for m in [m for m in pend_page if m['page_id'] == pid]:
+                        if doc is not None and doc.get('count', 0) > m['pos'] % max_readings:
+                            m['page_s'] = t_seen - m['t_sent']
+                            pend_page.remove(m)
+                for b in sorted(set(m['bucket'] for m in pend_sum)):
+                    doc = sums.find_one({'sensor_id': marker_sensor, 'bucket_start':
+                                         datetime.datetime(1970, 1, 1) +
+                                         datetime.timedelta(seconds=b)}, {'count': 1})
+                    t_seen = time.monotonic()
+                    for m in [m for m in pend_sum if m['bucket'] == b]:
+                        if doc is not None and doc.get('count', 0) > m['pos']:
+                            m['sum_s'] = t_seen - m['t_sent']
+                            pend_sum.remove(m)
+                if not sender.is_alive():
+                    if not pend_page and not pend_sum:
+                        break
+                    if time.monotonic() - sent['t1'] > grace:
+                        break
+                time.sleep(poll)
+            t_quiet = time.monotonic()
+            wall = t_quiet - t_run0
+            db_cpu = (cpu_seconds(standin.proc.pid) - cpu0) / wall
+            daemon_cpu = thread_load(d.pid, threads0, wall)
+            st = d.stop()
+            d_stop = d.stop_s
+            hw = pool_high_water(d.log())
+            d = None
+            px = proxy.stop()
+            proxy = None
+            standin_mem = proc_status(standin.proc.pid)
+            wstats = db.command('bucketdTestStats', 'buckets')
+            sstats = db.command('bucketdTestStats', 'buckets_summary')
+            raw = CodecOptions(document_class=RawBSONDocument)
+            stored = [(len(r.raw), bson.decode(r.raw)) for r in
+                      pages.with_options(codec_options=raw).find({})]
+            sdocs = [len(r.raw) for r in sums.with_options(codec_options=raw).find({})]
+            client.close()
+        finally:
+            stop_send.set()
+            if sender is not None:
+                sender.join(5)
+            if d is not None:
+                d.stop()
+            if proxy is not None:
+                proxy.stop()
+            standin.stop()
+
+        # -- checks: everything sent was stored, marked readings where they were looked for
+        n_sent = sent['n']
+        drops = daemon_drops(st)
+        problems = []
+        if st.get('readings_accepted') != n_sent or st.get('readings_flushed') != n_sent or drops:
+            problems.append('sent %d, accepted %s, flushed %s, drops %s' % (
+                n_sent, st.get('readings_accepted'), st.get('readings_flushed'),
+                drops or 'none'))
+        if st.get('summary_refresh_errors') or st.get('summary_buckets_skipped'):
+            problems.append('summary_refresh_errors %s, summary_buckets_skipped %s' % (
+                st.get('summary_refresh_errors'), st.get('summary_buckets_skipped')))
+        by_id = {doc['_id']: (size, doc) for size, doc in stored}
+        for m in markers:
+            got = by_id.get(m['page_id'])
+            r = got[1]['readings'][m['pos'] % max_readings] if got and len(
+                got[1].get('readings', [])) > m['pos'] % max_readings else None
+            if r is None or dt_ms(r.get('ts')) != m['ts_ms'] or r.get('f0') != m['f0']:
+                problems.append('marker %d not at %s[%d]' % (m['no'], m['page_id'],
+                                                              m['pos'] % max_readings))
+        unseen = [m['no'] for m in markers if 'page_s' not in m or 'sum_s' not in m]
+        if unseen:
+            problems.append('markers %s not seen within %.0f s of the load\'s end' % (
+                unseen, grace))
+
+        # -- the model: a page's document is rewritten whole at each update; the size of a page
+        # of n readings from its stored shape: header H (the document with readings: []) plus,
+        # per reading i, 2 + digits(i) + c bytes (array element: type, key "i", the reading).
+        csizes = set()
+        heads = []
+        exact = True
+        for size, doc in stored:
+            rs = doc.get('readings', [])
+            cs = [len(bson.encode(r)) for r in rs]
+            csizes.update(cs)
+            h = len(bson.encode(dict(doc, readings=[])))
+            heads.append(h)
+            if h + sum(2 + len(str(i)) + c for i, c in enumerate(cs)) != size or \
+                    len(bson.encode(doc)) != size:
+                exact = False
+        if not stored or len(csizes) != 1:
+            raise BenchError('pages stored: %d; reading sizes %s (the model needs one)' % (
+                len(stored), sorted(csizes)))
+        c = csizes.pop()
+
+        def page_size(h, n):
+            return h + sum(2 + len(str(i)) + c for i in range(n))
+
+        def page_cost(h, n_final, looked_up=False):
+            """(updates, bytes written, readings written) of a page that ends with n_final
+            readings, updated every per_update readings and once more with the rest; a page
+            whose bucket the daemon had to look up first is written at once with the one
+            reading drained by then, and counts on from there."""
+            first = 1 if looked_up else 0
+            ns = ([first] if first else []) + list(
+                range(first + per_update, n_final, per_update)) + [n_final]
+            if len(ns) > 1 and ns[-2] == ns[-1]:
+                ns.pop()
+            return len(ns), sum(page_size(h, n) for n in ns), sum(ns)
+
+        # Buckets starting before the look-up horizon (start + buckets.max_future) may hold
+        # pages of an earlier run: their page 0 is looked up, then written at the next flush.
+        horizon = int(ready_s) + max_future_s
+        m_updates = m_bytes = looked = 0
+        for size, doc in stored:
+            lu = doc.get('page') == 0 and dt_ms(doc.get('bucket_start')) // 1000 <= horizon
+            looked += lu
+            u, b, _ = page_cost(len(bson.encode(dict(doc, readings=[]))), doc.get('count', 0),
+                                lu)
+            m_updates += u
+            m_bytes += b
+        w_bytes = int(wstats['docBytesWritten'])
+        w_updates = int(wstats['updatesApplied'])
+        w_stored = int(wstats['storedBytes'])
+        measured = w_bytes / w_stored if w_stored else None
+        model_run = m_bytes / w_stored if w_stored else None
+        # The model stands if it predicts this run's updates and bytes within 5%.
+        agree = (measured is not None and abs(model_run - measured) <= 0.05 * measured and
+                 abs(m_updates - w_updates) <= 0.05 * w_updates)
+        # An hour of one 1 Hz sensor: 3,600 readings on pages of max_readings.
+        h_med = sorted(heads)[len(heads) // 2]
+        hour_pages = [max_readings] * (3600 // max_readings) + (
+            [3600 % max_readings] if 3600 % max_readings else [])
+        hour = [page_cost(h_med, p) for p in hour_pages]
+        hour_written = sum(x[1] for x in hour)
+        hour_stored = sum(page_size(h_med, p) for p in hour_pages)
+        hour_ratio = hour_written / hour_stored
+        hour_readings_ratio = sum(x[2] for x in hour) / 3600.0
+        # Summaries: a bucket whose pages changed is recomputed at most once per
+        # summaries.interval; a 1 Hz sensor's pages change every per_update s, so every round.
+        s_bytes = int(sstats['docBytesWritten'])
+        s_updates = int(sstats['updatesApplied'])
+        s_count = int(sstats['count'])
+        s_size = statistics.median(sdocs) if sdocs else None
+        sum_run = s_bytes / w_stored if w_stored else None
+        rounds_hour = 3600.0 / sum_interval
+        sum_hour = rounds_hour * s_size / hour_stored if s_size else None
+
+        # -- visibility and the write's own time on the wire
+        bulks = [w for w in px.get('writes', []) if w.get('updates') and 't_server_reply' in w]
+        wtimes = [w['t_server_reply'] - w['t_first'] for w in bulks]
+        aggs = [a for a in px.get('aggregates', [])
+                if a.get('merge') and 't_server_reply' in a]
+        atimes = [a['t_server_reply'] - a['t_first'] for a in aggs]
+        page_lat = [m['page_s'] for m in markers if 'page_s' in m]
+        sum_lat = [m['sum_s'] for m in markers if 'sum_s' in m]
+        w_max = max(wtimes) if wtimes else 0.0
+        a_max = max(atimes) if atimes else 0.0
+        page_bound = max_delay + interval + w_max
+        sum_bound = max_delay + interval + w_max + sum_interval + a_max
+
+        load = '%d sensors x 1 reading/s (2 fields) over UDP for %d s' % (sensors, dur)
+        bad = '; PROBLEMS: %s' % '; '.join(problems) if problems else ''
+        fig = ('11a. write cost: document bytes written by updates / bytes stored, pages of 1 Hz '
+               'sensors over an hour (default config; measured over %d s, extrapolated by the '
+               'model) [%s]' % (dur, load))
+        cell = ('%.1fx for an hour (model; %.2fx in readings, as the unit test counts); '
+                'measured over %d s: %.2fx (%d B written / %d B stored, %d updates), model for '
+                'the same pages %.2fx (%d updates)%s; summaries: %.2fx of the pages\' stored '
+                'bytes over %d s, %.2fx for an hour (model)%s' % (
+                    hour_ratio, hour_readings_ratio, dur, measured, w_bytes, w_stored,
+                    w_updates, model_run, m_updates,
+                    ', agree' if agree else ', DISAGREE: the extrapolation does not stand',
+                    sum_run, dur, sum_hour, bad))
+        met = met_le(hour_ratio, 20.0) if agree and not problems else 'n/a (%s)' % (
+            'model disagrees' if not agree else 'see PROBLEMS')
+        self.rows.append(Row(fig, cell, '', '', '<= 20x', met))
+
+        def lat(xs):
+            return 'median %.1f s, max %.1f s (%d markers)' % (
+                statistics.median(xs), max(xs), len(xs)) if xs else 'no marker seen'
+
+        self.rows.append(Row(
+            '11b. visibility: marked reading sent -> in its page (find by _id every %.1f s) '
+            '[one of the %d sensors, a marker every %d s]' % (poll, sensors, mark_every),
+            lat(page_lat) + bad, '', '',
+            '<= max_delay + interval + write = %.0f s + %.2f s (slowest bulk on the wire)' % (
+                max_delay + interval, w_max),
+            (met_le(max(page_lat), page_bound + poll) if page_lat and not problems
+             else 'n/a')))
+        self.rows.append(Row(
+            '11c. visibility: marked reading sent -> counted in its summary document (find '
+            'every %.1f s)' % poll, lat(sum_lat) + bad, '', '',
+            '<= that + summaries.interval + refresh = %.0f s + %.2f s (slowest bulk and '
+            'slowest refresh aggregate on the wire)' % (
+                max_delay + interval + sum_interval, w_max + a_max),
+            (met_le(max(sum_lat), sum_bound + poll) if sum_lat and not problems
+             else 'n/a')))
+
+        self.note('11, write cost: sent %d readings (%d sensors, %d s, the sender at most %.2f s '
+                  'behind its schedule), accepted %s, flushed %s in %s updates and %s bulk '
+                  'writes, page_lookups %s, drops %s; summary_refreshes %s, '
+                  'summary_buckets_refreshed %s, summary_refresh_errors %s; stand-in CPU %.0f%% '
+                  'of a core, VmHWM %s; bucketd threads %s; bucketd stop %.1f s; %s' % (
+                      n_sent, sensors, dur, sent['late_s'], st.get('readings_accepted'),
+                      st.get('readings_flushed'), st.get('updates_sent'),
+                      st.get('bulk_writes'), st.get('page_lookups'), drops or 'none',
+                      st.get('summary_refreshes'), st.get('summary_buckets_refreshed'),
+                      st.get('summary_refresh_errors'), 100 * db_cpu,
+                      mib(standin_mem.get('VmHWM', 0)), daemon_cpu, d_stop,
+                      describe_pool(hw)))
+        self.note('11, the model: a page\'s document is rewritten whole at every update; with '
+                  'flush.max_delay %gs and flush.interval %gs a 1 Hz page is updated once its '
+                  'oldest pending reading waited max_delay, i.e. every %d readings, and once '
+                  'more with the rest (page full, or the load\'s end), so a page of P readings '
+                  'updated k times costs sum over j of size(min(j x %d, P)), about (k + 1) / 2 x '
+                  'its size. size(n) = H + sum over i < n of (2 + digits(i) + c), from the '
+                  'stored pages: c = %d B per reading (ts, f0 double, f1 int64), H = %d..%d B '
+                  '(the page with readings: []); this reproduces %s. A freshly started daemon '
+                  'first looks up the buckets that may hold pages of an earlier run (starting '
+                  'before its start + buckets.max_future) and writes their page 0 at the next '
+                  'flush with the one reading drained by then (%d pages here; a running '
+                  'daemon creates the next hours\' buckets without a look-up, so the hour '
+                  'below has none). Prediction for the %d stored pages of this run (%d..%d '
+                  'readings): %d updates, %d B written = %.3fx; measured (bucketdTestStats): '
+                  '%d updates, %d B = %.3fx (%+.1f%%). An '
+                  'hour: pages of %s readings, %s updates, %d B written / %d B stored = %.2fx '
+                  '(%.2fx counted in readings; the unit test flusher::an_hour_of_a_1hz_sensor_'
+                  'rewrites_at_most_20_bytes_per_byte_stored counts 16.3 in readings over a '
+                  'simulated hour of the real flusher)' % (
+                      max_delay, interval, per_update, per_update, c, min(heads), max(heads),
+                      'every stored page\'s size exactly' if exact else
+                      'NOT every stored page\'s size', looked, len(stored),
+                      min(doc.get('count', 0) for _, doc in stored),
+                      max(doc.get('count', 0) for _, doc in stored), m_updates, m_bytes,
+                      model_run, w_updates, w_bytes, measured,
+                      100.0 * (model_run - measured) / measured if measured else 0.0,
+                      '/'.join(str(p) for p in hour_pages),
+                      '/'.join(str(x[0]) for x in hour), hour_written, hour_stored,
+                      hour_ratio, hour_readings_ratio))
+        self.note('11, summaries: %d summary documents of %s B (median), %d refreshes written '
+                  '(%.1f per document over the %.0f s from the load\'s start to the stop), %d B '
+                  'written = %.3fx the pages\' %d stored bytes; an hour: %g refreshes (one per '
+                  'summaries.interval %gs: a 1 Hz sensor\'s pages change every %d s) x %s B / '
+                  '%d B of pages = %.3fx' % (
+                      s_count, s_size, s_updates, s_updates / s_count if s_count else 0,
+                      wall, s_bytes, sum_run, w_stored, rounds_hour, sum_interval, per_update,
+                      s_size, hour_stored, sum_hour))
+        t_load = sent['t0'] or 0.0
+        shapes = ['%.1f: %d/%d' % (px_t0 + w['t'] - t_load, w['updates'], w['readings'])
+                  for w in px.get('writes', []) if w.get('updates')]
+        self.note('11, bulk writes on the wire (s after the load\'s start: updates/readings): '
+                  '%s' % (', '.join(shapes) or 'none'))
+        self.note('11, visibility: page delays in s, in order: %s; summary delays: %s; bulk '
+                  'writes on the wire (request -> server reply): %d, median %.3f s, max %.3f s; '
+                  'summary refresh aggregates ($merge): %d, median %.3f s, max %.3f s' % (
+                      ' '.join('%.1f' % x for x in page_lat) or 'none',
+                      ' '.join('%.1f' % x for x in sum_lat) or 'none', len(wtimes),
+                      statistics.median(wtimes) if wtimes else 0.0, w_max, len(atimes),
+                      statistics.median(atimes) if atimes else 0.0, a_max))
+        self.conditions.append(
+            'write cost and visibility (rows 11): bucketd with its default config apart from '
+            'listener, MongoDB URI and database, spool.dir, metrics off, writer_id and '
+            'flush.stop_timeout 60s (flush.interval 1s, flush.max_delay 30s, '
+            'buckets.max_readings 1000, summaries.interval 60s), writing through '
+            'bench/count_proxy.py --replies (it times each bulk and refresh from request to '
+            'the server\'s reply) into a fresh stand-in; the load comes from the suite itself '
+            '(Python, one datagram per reading, %d sensors each once a second, timestamps '
+            '"now"; %d sensors: what the Python stand-in takes with room to spare here, see '
+            'its CPU share and the bulks\' times in the notes); --writecost %d s; byte counts '
+            'from the stand-in\'s bucketdTestStats' % (sensors, sensors, dur))
+
+    # -- 12. bytes read for a month of hourly summaries -----------------------------------------
+    def fig_summaries(self):
+        """One sensor at 1 Hz over many past hours, loaded over TCP; after the stop (which
+        refreshes every summary due) the README's dashboard query on the summary collection,
+        and the same range of the page collection, with the BSON sizes of every document each
+        touches."""
+        if importlib.util.find_spec('pymongo') is None:
+            raise BenchError('pymongo is not importable by %s' % PYTHON)
+        import bson
+        from bson.codec_options import CodecOptions
+        from bson.raw_bson import RawBSONDocument
+        hours = int(self.summary_hours)
+        sensor = 'dash,site=roof'
+        fields = ('f0', 'f1')
+        db_name = 'bench_summaries'
+        span = 3600
+        # Whole past hours, the newest ending where the current hour starts.
+        h_end = int(time.time()) // span * span
+        h0 = h_end - hours * span
+        max_late_h = hours + 2
+        rnd = random.Random(29)
+        want = {}  # hour start -> {'count', field: [min, max, sum]}
+        chunks = []
+        buf = []
+        for i in range(hours * span):
+            ts = h0 + i
+            v0 = float('%.2f' % rnd.uniform(-20.0, 40.0))
+            v1 = rnd.randint(0, 1000)
+            buf.append('%s f0=%.2f,f1=%di %d\n' % (sensor, v0, v1, ts * 10**9))
+            w = want.setdefault(ts // span * span, {'count': 0, 'f0': [v0, v0, 0.0],
+                                                    'f1': [v1, v1, 0]})
+            w['count'] += 1
+            for k, v in (('f0', v0), ('f1', v1)):
+                w[k][0] = min(w[k][0], v)
+                w[k][1] = max(w[k][1], v)
+                w[k][2] += v
+            if len(buf) == 4000:
+                chunks.append(''.join(buf).encode())
+                buf = []
+        if buf:
+            chunks.append(''.join(buf).encode())
+        n_sent = hours * span
+        line_bytes = sum(len(c) for c in chunks)
+        standin = StandIn(self)  # fresh: only this sensor's documents
+        d = None
+        try:
+            port = free_port('tcp')
+            d = Bucketd(self, 'summaries', [('tcp', port, 'influx')], sink='mongodb',
+                        uri=standin.uri, database=db_name,
+                        extra=['buckets:', '  max_late: %dh' % max_late_h]).start()
+            deadline = time.monotonic() + 20
+            while 'indexes ready' not in d.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            with socket.create_connection(('127.0.0.1', port), timeout=600) as sock:
+                for chunk in chunks:
+                    sock.sendall(chunk)
+            drained = wait_tcp_drained(port, timeout=600)
+            t_sent = time.monotonic() - t0
+            st = d.stop(timeout=1200)  # writes everything, then refreshes every summary due
+            stop_s = d.stop_s
+            d = None
+            standin_mem = proc_status(standin.proc.pid)
+            client = standin.client()
+            db = client[db_name]
+            raw = CodecOptions(document_class=RawBSONDocument)
+            q = {'sensor_id': sensor,
+                 'bucket_start': {'$gte': datetime.datetime.utcfromtimestamp(h0),
+                                  '$lt': datetime.datetime.utcfromtimestamp(h_end)}}
+            # The README's dashboard query, as a dashboard sends it (what comes back) ...
+            proj = {'_id': 0, 'bucket_start': 1, 'count': 1, 'summary.f0': 1}
+            t_q = time.monotonic()
+            returned = [len(r.raw) for r in db['buckets_summary'].with_options(
+                codec_options=raw).find(q, proj).sort('bucket_start', 1)]
+            q_s = time.monotonic() - t_q
+            # ... and every document it matches, whole: what the server reads for it.
+            sdocs = [(len(r.raw), bson.decode(r.raw)) for r in db['buckets_summary'].with_options(
+                codec_options=raw).find(q).sort('bucket_start', 1)]
+            # The same range of the page collection: every page of those hours, whole.
+            pdocs = [(len(r.raw), dt_ms(r['bucket_start']) // 1000, r['count'])
+                     for r in db['buckets'].with_options(codec_options=raw).find(q).sort(
+                         'bucket_start', 1)]
+            psizes = {}
+            for size, h, n in pdocs:
+                psizes.setdefault(h, []).append((size, n))
+            client.close()
+        finally:
+            if d is not None:
+                d.stop()
+            standin.stop()
+
+        # -- checks: every reading stored, every hour's summary right
+        problems = []
+        drops = daemon_drops(st)
+        if st.get('readings_accepted') != n_sent or st.get('readings_flushed') != n_sent or \
+                drops or not drained:
+            problems.append('sent %d, accepted %s, flushed %s, drops %s%s' % (
+                n_sent, st.get('readings_accepted'), st.get('readings_flushed'),
+                drops or 'none', '' if drained else ', TCP not drained'))
+        if st.get('summary_refresh_errors') or st.get('summary_buckets_skipped'):
+            problems.append('summary_refresh_errors %s, summary_buckets_skipped %s' % (
+                st.get('summary_refresh_errors'), st.get('summary_buckets_skipped')))
+        by_hour = {dt_ms(doc['bucket_start']) // 1000: (size, doc) for size, doc in sdocs}
+        wrong = []
+        for h, w in sorted(want.items()):
+            got = by_hour.get(h)
+            if got is None:
+                wrong.append('%d: no summary' % h)
+                continue
+            doc = got[1]
+            summ = doc.get('summary', {})
+            ok = doc.get('count') == w['count'] and sorted(summ) == list(fields) and \
+                sum(n for _, n in psizes.get(h, [])) == w['count'] and \
+                doc.get('pages') == len(psizes.get(h, []))
+            for k in fields:
+                s = summ.get(k, {})
+                ok = ok and s.get('count') == w['count'] and s.get('min') == w[k][0] and \
+                    s.get('max') == w[k][1] and isinstance(s.get('sum'), float) and \
+                    abs(s['sum'] - w[k][2]) <= 1e-9 * max(1.0, abs(w[k][2]))
+            if not ok:
+                wrong.append('%d: count %s of %d, pages %s' % (h, doc.get('count'), w['count'],
+                                                               doc.get('pages')))
+        if wrong:
+            problems.append('%d of %d hours wrong (e.g. %s)' % (len(wrong), hours, wrong[0]))
+        if len(sdocs) != hours:
+            problems.append('the query matched %d summaries for %d hours' % (len(sdocs), hours))
+
+        s_sizes = [size for size, _ in sdocs]
+        p_hour = {h: sum(sz for sz, _ in v) for h, v in psizes.items()}
+        p_pages = sorted(set(len(v) for v in psizes.values()))
+        s_total = sum(s_sizes)
+        p_total = sum(size for size, _, _ in pdocs)
+        s_per_h = s_total / hours
+        p_per_h = p_total / hours
+        s_month = 720 * s_per_h
+        p_month = 720 * p_per_h
+        constant = (s_sizes and max(s_sizes) == min(s_sizes) and p_hour and
+                    max(p_hour.values()) - min(p_hour.values()) <= 0.001 * p_per_h)
+        one = sdocs[len(sdocs) // 2][1] if sdocs else {}
+        per_field = {k: len(bson.encode({k: v})) - 5
+                     for k, v in one.get('summary', {}).items()}
+        bad = '; PROBLEMS: %s' % '; '.join(problems) if problems else ''
+        fig = ('12. dashboard read: document bytes the server reads for a month of hourly '
+               'summaries of one 1 Hz sensor (README query; 2 numeric fields; measured over '
+               '%d hours, x 720 / %d)' % (hours, hours))
+        cell = ('%s/month (%.0f B/hour: one summary document per hour, %s); the query returned '
+                '%.0f B/hour with its projection%s%s' % (
+                    '%.0f kB' % (s_month / 1e3), s_per_h,
+                    'the same size every hour' if s_sizes and max(s_sizes) == min(s_sizes)
+                    else 'sizes %d..%d B' % (min(s_sizes), max(s_sizes)),
+                    sum(returned) / hours,
+                    '' if constant else '; per-hour sizes vary: the x720 is approximate', bad))
+        base = ('the pages of those hours: %.1f MB/month (%.0f B/hour in %s pages/hour)' % (
+            p_month / 1e6, p_per_h, '/'.join(str(x) for x in p_pages)))
+        ratio = '%s (%.0fx less)' % (pct(s_month / p_month), p_month / s_month) \
+            if s_month and p_month else 'n/a'
+        met = met_le(s_month, 1e6) if not problems else 'no (%s)' % '; '.join(problems)[:120]
+        self.rows.append(Row(fig, cell, base, ratio, '<= 1 MB (10^6 B)', met))
+        self.note('12, summaries: %d readings (%d hours x 3600, f0 float, f1 integer, timestamps '
+                  '%s to %s) sent over one TCP connection and read by the daemon in %.2f s '
+                  '(%s of lines), buckets.max_late %dh; accepted %s, flushed %s in %s '
+                  'updates, page_lookups %s, summary_refreshes %s, summary_buckets_refreshed '
+                  '%s; bucketd stop (writes the rest, then refreshes every summary due) '
+                  '%.1f s; stand-in VmHWM %s' % (
+                      n_sent, hours, datetime.datetime.utcfromtimestamp(h0).isoformat() + 'Z',
+                      datetime.datetime.utcfromtimestamp(h_end - 1).isoformat() + 'Z', t_sent,
+                      mib(line_bytes), max_late_h, st.get('readings_accepted'),
+                      st.get('readings_flushed'), st.get('updates_sent'),
+                      st.get('page_lookups'), st.get('summary_refreshes'),
+                      st.get('summary_buckets_refreshed'), stop_s,
+                      mib(standin_mem.get('VmHWM', 0))))
+        self.note('12, sizes: summary documents %d..%d B (%s; the rest %d B), %d matched in '
+                  '%.3f s, %d B returned with the projection {_id: 0, bucket_start: 1, count: 1, '
+                  '"summary.f0": 1}; pages: %d..%d B per hour (%s pages), %d matched; per hour '
+                  '%s; correctness: %s' % (
+                      min(s_sizes) if s_sizes else 0, max(s_sizes) if s_sizes else 0,
+                      ', '.join('summary.%s %d B' % kv for kv in sorted(per_field.items())),
+                      (s_sizes[len(s_sizes) // 2] - sum(per_field.values())) if s_sizes else 0,
+                      len(sdocs), q_s, sum(returned), min(p_hour.values()) if p_hour else 0,
+                      max(p_hour.values()) if p_hour else 0,
+                      '/'.join(str(x) for x in p_pages), len(pdocs),
+                      'constant, so the month is 720 x the hourly figure' if constant else
+                      'NOT constant', 'every hour\'s summary has count 3600 = readings sent, '
+                      'pages = its page documents, and f0/f1 min, max, count and sum (to 1e-9) '
+                      'equal to what was sent' if not wrong else '%d hours wrong: %s' % (
+                          len(wrong), '; '.join(wrong[:3]))))
+        self.conditions.append(
+            'dashboard read (row 12): bucketd with its default config apart from listener, '
+            'MongoDB URI and database, spool.dir, metrics off, writer_id, flush.stop_timeout '
+            '60s and buckets.max_late %dh (for readings up to %d hours old), one sensor at '
+            '1 Hz over %d past hours (--summary-hours) sent over TCP as fast as the daemon '
+            'reads, into a fresh stand-in; after the stop, bytes = the BSON sizes of the whole '
+            'documents the query matches (what the server reads), not only the projection it '
+            'returns' % (max_late_h, hours, hours))
+
     # -- driver ---------------------------------------------------------------------------
     def run(self):
         figs = [('parser', self.fig_parser), ('udp', self.fig_udp), ('tcp', self.fig_tcp),
                 ('memory', self.fig_memory), ('latency', self.fig_latency),
                 ('standin', self.fig_into_standin), ('peers', self.fig_peers),
-                ('slowdb', self.fig_slowdb), ('replay', self.fig_replay)]
+                ('slowdb', self.fig_slowdb), ('replay', self.fig_replay),
+                ('writecost', self.fig_writecost), ('summaries', self.fig_summaries)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
                  'standin': '6. into the stand-in', 'peers': '7. peers',
                  'slowdb': '8. UDP into a MongoDB taking 1 s per bulk',
-                 'replay': '9. replay after an outage'}
+                 'replay': '9. replay after an outage',
+                 'writecost': '11. write cost and visibility (1 Hz sensors)',
+                 'summaries': '12. dashboard read cost (summaries)'}
+        disk_done = False
         for key, fn in figs:
+            if key == 'writecost' and not disk_done:
+                # Row 10 comes from rows 2-8, all done by now: it goes before rows 11 and 12.
+                self.disk_rows()
+                disk_done = True
             if not self.want(key):
                 continue
             if key == 'peers' and self.quick:
@@ -1864,7 +2453,8 @@ class Suite(object):
         if self.standin is not None:
             self.standin.stop()
             self.standin = None
-        self.disk_rows()
+        if not disk_done:
+            self.disk_rows()
 
     # -- 10. bytes written under spool.dir on the healthy path ---------------------------------
     def disk_rows(self):
@@ -2055,7 +2645,7 @@ def main():
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
-                    'standin,peers,slowdb,replay')
+                    'standin,peers,slowdb,replay,writecost,summaries')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')
@@ -2063,6 +2653,11 @@ def main():
     ap.add_argument('--outage', type=float, default=0.0,
                     help='seconds MongoDB is away before the replay row (default 600, --quick '
                     '30)')
+    ap.add_argument('--writecost', type=float, default=0.0,
+                    help='seconds of 1 Hz load for the write-cost row (default 300, --quick 60)')
+    ap.add_argument('--summary-hours', type=int, default=0,
+                    help='past hours of 1 Hz readings for the summaries row (default 48, '
+                    '--quick 6)')
     args = ap.parse_args()
 
     def on_term(signum, frame):
