@@ -1560,3 +1560,12 @@ int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx) {
     }
     return -EAFNOSUPPORT;
 }
+
+int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg) {
+    /* Not yet: the running listeners stay. */
+    cfg->n_listeners = in->n_listeners;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        cfg->listeners[i] = in->listeners[i].cfg;
+    }
+    return 0;
+}

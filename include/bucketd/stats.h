@@ -42,6 +42,9 @@
     X(drop_buffer_full, "readings dropped: the buffer pool (half of limits.memory) was full") \
     X(drop_sensor_limit, "readings dropped: limits.max_sensors reached")                   \
     X(string_fields_dropped, "string fields dropped (strings are not stored)")              \
+    /* loop thread (reload.c) */                                                           \
+    X(config_reloads, "SIGHUP reloads that read a valid file (its reloadable keys applied)") \
+    X(config_reload_errors, "SIGHUP reloads refused: the file did not validate")          \
     /* flusher thread */                                                                   \
     X(readings_flushed, "readings written to the sink")                                    \
     X(flushes, "flush cycles with data")                                                   \
