@@ -132,6 +132,8 @@ void flusher_run_io(void *arg, bd_io_fn fn, void *fn_arg);
 void flusher_drain(struct bd_flusher *f, int64_t wall_ms);
 
 /* flusher_spool.c */
+/* The store's prepare (connect, indexes) on the I/O thread, draining meanwhile. */
+bool flusher_prepare_store(struct bd_flusher *f, bson_error_t *error);
 int flusher_spool_open(struct bd_flusher *f, struct bd_err *err);
 void flusher_spool_close(struct bd_flusher *f);
 /* The spool holds records not yet replayed (or one being replayed). */

@@ -154,4 +154,10 @@ void flusher_reload_adopt(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms
     if (f->reconfigured != NULL) {
         f->reconfigured(f->reconfigured_arg, gen);
     }
+    if (f->store != NULL) {
+        /* Indexes and retention as now configured, without waiting for the next write (an idle
+         * daemon may have none for long). A failure is the store's to log; writes retry it. */
+        bson_error_t berr;
+        (void)flusher_prepare_store(f, &berr);
+    }
 }
