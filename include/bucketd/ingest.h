@@ -3,7 +3,7 @@
  * connection). Everything here runs on the ingest thread, which owns the uv loop; each line is
  * parsed with the listener's parser and handed to the sensor table. With a UDP listener the
  * ingest thread also reads the kernel's UDP drop counters from /proc, once a second and once
- * more at stop, into the stats (see the end of this file).
+ * more at stop, into the stats (see below; src/kstats.c).
  */
 #ifndef BUCKETD_INGEST_H
 #define BUCKETD_INGEST_H
