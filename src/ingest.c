@@ -15,6 +15,11 @@
  * plus a receive buffer of limits.max_line + CONN_SLACK bytes) allocated at accept and freed by
  * its close callback. Nothing is allocated per datagram or per line.
  *
+ * A reload changes the listener set (bd_ingest_set_listeners): a new listener opens in a free
+ * slot; a removed one closes its socket (UDP: after reading out its buffer, as at a stop) and,
+ * TCP, keeps its connections until their senders close them, so that nothing they send is
+ * lost; its slot is free again once its handles have closed.
+ *
  * Lifetime: every uv handle that is open counts in in->open_handles and its close callback
  * decrements it. The struct is destroyed when it has been released (bd_ingest_free, or a failed
  * bd_ingest_new) and no handle is left open, so a close callback never sees freed memory, even
@@ -39,6 +44,10 @@
 #define SAMPLE_INTERVAL_NS (10 * BD_NS_PER_S)
 /* Bytes of an offending line quoted in a sample. */
 #define SAMPLE_QUOTE 96
+
+/* Listener slots: every listener a configuration may have, and as many removed ones still
+ * finishing their connections. */
+#define LISTENER_SLOTS (2 * BD_MAX_LISTENERS)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Lifetime                                                                                 */
@@ -73,9 +82,27 @@ void ingest_handle_closed(struct bd_ingest *in) {
     }
 }
 
+/* A removed listener whose handles and connections are all gone gives its slot back. */
+static void maybe_free_slot(struct listener *l) {
+    if (l->in_use && !l->active && l->closing == 0 && !l->h_open && !l->sweep_open &&
+        l->conns == NULL) {
+        ingest_listener_release(l);
+        l->in_use = false;
+    }
+}
+
 void ingest_on_listener_handle_closed(uv_handle_t *h) {
     struct listener *l = h->data;
-    ingest_handle_closed(l->in);
+    struct bd_ingest *in = l->in;
+    BD_ASSERT(l->closing > 0);
+    l->closing--;
+    maybe_free_slot(l);
+    ingest_handle_closed(in);
+}
+
+static void close_handle(struct listener *l, uv_handle_t *h) {
+    l->closing++;
+    uv_close(h, ingest_on_listener_handle_closed);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -260,6 +287,8 @@ int ingest_listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
     l->in = in;
     l->idx = idx;
     l->cfg = *cfg;
+    l->in_use = true;
+    l->active = true;
     /* Numbered from 1, as a person counts the entries of the listeners list. */
     snprintf(l->name, sizeof(l->name), "listener %u (%s %s)", idx + 1, bd_proto_name(l->cfg.proto),
              l->cfg.bind);
@@ -284,19 +313,36 @@ int ingest_listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
     return 0;
 }
 
-void ingest_listener_close(struct listener *l) {
+/* The listening socket alone (a removed TCP listener keeps its connections and their sweep). */
+static void close_socket(struct listener *l) {
     if (l->h_open) {
         if (l->cfg.proto == BD_PROTO_UDP) {
             uv_udp_recv_stop(&l->h.udp);
         }
-        uv_close(&l->h.handle, ingest_on_listener_handle_closed);
+        close_handle(l, &l->h.handle);
         l->h_open = false;
     }
+}
+
+void ingest_listener_close(struct listener *l) {
+    close_socket(l);
     if (l->sweep_open) {
-        uv_close((uv_handle_t *)&l->sweep, ingest_on_listener_handle_closed);
+        close_handle(l, (uv_handle_t *)&l->sweep);
         l->sweep_open = false;
     }
     ingest_tcp_stop_conns(l);
+}
+
+void ingest_listener_conns_gone(struct listener *l) {
+    if (l->active || l->in->stopping) {
+        return;
+    }
+    bd_info("%s: the last connection left open at its removal has closed", l->name);
+    if (l->sweep_open) {
+        close_handle(l, (uv_handle_t *)&l->sweep);
+        l->sweep_open = false;
+    }
+    maybe_free_slot(l);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -318,12 +364,12 @@ int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_confi
     in->stats = stats;
     in->max_line = cfg->limits.max_line;
     in->udp_stop_drain_ns = UDP_STOP_DRAIN_NS;
-    if (cfg->n_listeners > 0) {
-        in->listeners = calloc(cfg->n_listeners, sizeof(*in->listeners));
-        if (in->listeners == NULL) {
-            rc = bd_err_set(err, -ENOMEM, "ingest: out of memory");
-            goto out;
-        }
+    BD_ASSERT(cfg->n_listeners <= BD_MAX_LISTENERS);
+    in->cap_listeners = LISTENER_SLOTS;
+    in->listeners = calloc(in->cap_listeners, sizeof(*in->listeners));
+    if (in->listeners == NULL) {
+        rc = bd_err_set(err, -ENOMEM, "ingest: out of memory");
+        goto out;
     }
 
     for (uint32_t i = 0; i < cfg->n_listeners; i++) {
@@ -362,7 +408,7 @@ void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {
     for (uint32_t i = 0; i < in->n_listeners; i++) {
         struct listener *l = &in->listeners[i];
         if (l->h_open && l->cfg.proto == BD_PROTO_UDP) {
-            ingest_udp_drain_at_stop(l);
+            ingest_udp_drain_at_stop(l, "at stop");
         }
     }
     /* The last reading, while our sockets still exist, for the stats printed at the stop. */
@@ -454,11 +500,112 @@ int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx) {
     return -EAFNOSUPPORT;
 }
 
-int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg) {
-    /* Not yet: the running listeners stay. */
-    cfg->n_listeners = in->n_listeners;
+/* The active listener that binds what lc binds, or NULL. */
+static struct listener *find_active(struct bd_ingest *in, const struct bd_listener_config *lc) {
     for (uint32_t i = 0; i < in->n_listeners; i++) {
-        cfg->listeners[i] = in->listeners[i].cfg;
+        struct listener *l = &in->listeners[i];
+        if (l->active && bd_listener_same(&l->cfg, lc)) {
+            return l;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * A reload removed l. UDP: what its socket buffer holds arrived before the reload, so it is read
+ * out first, as at a stop. TCP: no new connection; the open ones stay, read as before, until
+ * their senders close them (or the idle timeout does), so nothing they send is lost.
+ */
+static void remove_listener(struct listener *l) {
+    l->active = false;
+    if (l->cfg.proto == BD_PROTO_UDP) {
+        ingest_udp_drain_at_stop(l, "at its removal");
+    }
+    if (l->conns == NULL) {
+        ingest_listener_close(l);
+        bd_info("%s: removed", l->name);
+    } else {
+        close_socket(l);
+        bd_info("%s: removed; its %u open connections stay until their senders close them", l->name,
+                l->n_conns);
+    }
+    maybe_free_slot(l);
+}
+
+/* A listener a reload added, in a free slot. */
+static int add_listener(struct bd_ingest *in, const struct bd_listener_config *lc,
+                        struct bd_err *err) {
+    uint32_t i = 0;
+    while (i < in->cap_listeners && in->listeners[i].in_use) {
+        i++;
+    }
+    if (i == in->cap_listeners) {
+        return bd_err_set(err, -ENOSPC,
+                          "listener %s %s: not added: listeners removed earlier still have "
+                          "connections open; try again once they have closed",
+                          bd_proto_name(lc->proto), lc->bind);
+    }
+    struct listener *l = &in->listeners[i];
+    memset(l, 0, sizeof(*l));
+    in->n_listeners = BD_MAX(in->n_listeners, i + 1);
+    int rc = ingest_listener_open(in, l, i, lc, err);
+    if (rc < 0) {
+        l->active = false;
+        ingest_listener_close(l); /* what it opened; the slot frees itself once closed */
+        maybe_free_slot(l);
+        return rc;
+    }
+    /* The kernel's drop counters read this socket from now on (started here when it is the
+     * first UDP listener). Without them the listener still works. */
+    struct bd_err kerr = {0};
+    if (ingest_kstats_start(in, &kerr) < 0) {
+        bd_warn("%s: %s; the kernel's UDP drop counters are not read", l->name, kerr.msg);
     }
     return 0;
+}
+
+/* Whether cfg still has the active listener l. */
+static bool kept(const struct listener *l, const struct bd_config *cfg) {
+    for (uint32_t k = 0; k < cfg->n_listeners; k++) {
+        if (bd_listener_same(&l->cfg, &cfg->listeners[k])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg) {
+    struct bd_listener_config now[BD_MAX_LISTENERS];
+    uint32_t n = 0;
+    int rc = 0;
+    bool udp_goes = false;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        const struct listener *l = &in->listeners[i];
+        udp_goes |= l->active && l->cfg.proto == BD_PROTO_UDP && !kept(l, cfg);
+    }
+    if (udp_goes) {
+        ingest_kstats_update(in); /* the drops of sockets about to close, while they exist */
+    }
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        struct listener *l = &in->listeners[i];
+        if (l->active && !kept(l, cfg)) {
+            remove_listener(l);
+        }
+    }
+    /* Removed first: a listener may take over an address one of them had. */
+    for (uint32_t k = 0; k < cfg->n_listeners; k++) {
+        const struct listener *l = find_active(in, &cfg->listeners[k]);
+        struct bd_err err = {0};
+        if (l != NULL) {
+            now[n++] = l->cfg;
+        } else if (add_listener(in, &cfg->listeners[k], &err) < 0) {
+            bd_error("reload: %s; the configuration runs without it", err.msg);
+            rc = -1;
+        } else {
+            now[n++] = cfg->listeners[k];
+        }
+    }
+    memcpy(cfg->listeners, now, n * sizeof(now[0]));
+    cfg->n_listeners = n;
+    return rc;
 }

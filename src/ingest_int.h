@@ -50,6 +50,16 @@ struct listener {
     struct bd_listener_config cfg; /* a copy: the config may be reloaded under us */
     char name[192];                /* "listener 2 (tcp 0.0.0.0:8094)" for errors and logs */
 
+    /*
+     * Its slot of in->listeners (see struct bd_ingest): in_use from open until everything of a
+     * removed listener is gone; active while the configuration has it. closing counts the
+     * uv_close() calls on h and sweep whose callbacks have not run: the slot's memory holds
+     * those handles, so it is reused only once they are done.
+     */
+    bool in_use;
+    bool active;
+    uint32_t closing;
+
     union {
         uv_handle_t handle;
         uv_udp_t udp;
@@ -90,8 +100,15 @@ struct bd_ingest {
     struct bd_stats *stats;
     size_t max_line;
 
+    /*
+     * Slots, never moved (they hold uv handles): the listeners of the configuration in its order
+     * at start, then those a reload adds, in free slots. A removed TCP listener keeps its slot
+     * while its connections last. n_listeners is the high-water mark of slots used (every loop
+     * over listeners walks that far: a free slot has nothing open, so every step skips it).
+     */
     struct listener *listeners;
     uint32_t n_listeners;
+    uint32_t cap_listeners; /* LISTENER_SLOTS */
 
     /* Kernel UDP counters (only with a UDP listener; see ingest.h). */
     uv_timer_t kstats_timer;
@@ -121,6 +138,8 @@ struct bd_ingest {
 void ingest_handle_closed(struct bd_ingest *in);
 /* Close callback of a listener's own handles (socket, idle sweep). */
 void ingest_on_listener_handle_closed(uv_handle_t *h);
+/* The last connection of l went (tcp.c): a listener a reload removed closes its idle sweep. */
+void ingest_listener_conns_gone(struct listener *l);
 
 /*
  * One listener, the slot l of in->listeners (zeroed): its name, parser and point, and its socket
@@ -133,6 +152,7 @@ int ingest_listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
  * Stop one listener: close its socket and idle sweep, stop reading its connections and finish
  * what they hold (a connection that has to wait for ring space stays, paused, for resume or
  * abort). A UDP listener's socket buffer is read out first by ingest_udp_drain_at_stop().
+ * Idempotent.
  */
 void ingest_listener_close(struct listener *l);
 /* Free what the listener owns once its handles and connections have closed. */
@@ -162,8 +182,9 @@ void ingest_maybe_stopped(struct bd_ingest *in);
 int ingest_udp_open(struct listener *l, struct bd_err *err);
 /* Read again once the congestion is gone or the flusher has stalled (bd_ingest_resume). */
 void ingest_udp_maybe_resume(struct listener *l);
-/* At stop, before the socket closes: read out what its receive buffer still holds. */
-void ingest_udp_drain_at_stop(struct listener *l);
+/* At stop (or removal), before the socket closes: read out what its receive buffer still holds.
+ * when ("at stop", "at its removal") is for the log. */
+void ingest_udp_drain_at_stop(struct listener *l, const char *when);
 
 /* ---- tcp.c ---- */
 

@@ -297,6 +297,9 @@ static void on_kstats_timer(uv_timer_t *t) {
 
 int ingest_kstats_start(struct bd_ingest *in, struct bd_err *err) {
     bool udp = false;
+    if (in->kstats_buf != NULL) {
+        return 0; /* started already (a reload adding a UDP listener asks again) */
+    }
     for (uint32_t i = 0; i < in->n_listeners; i++) {
         udp |= in->listeners[i].cfg.proto == BD_PROTO_UDP;
     }
@@ -304,8 +307,9 @@ int ingest_kstats_start(struct bd_ingest *in, struct bd_err *err) {
         return 0;
     }
     in->kstats_buf = malloc(KSTATS_BUF);
-    in->kstats_socks = calloc(in->n_listeners, sizeof(*in->kstats_socks));
+    in->kstats_socks = calloc(in->cap_listeners, sizeof(*in->kstats_socks));
     if (in->kstats_buf == NULL || in->kstats_socks == NULL) {
+        ingest_kstats_free(in); /* none or both: the update reads through both */
         return bd_err_set(err, -ENOMEM, "ingest: out of memory");
     }
     ingest_kstats_update(in);

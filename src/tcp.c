@@ -220,6 +220,9 @@ static void conn_close(struct conn *c) {
     l->n_conns--;
     /* uv_close closes the descriptor right away; only the memory waits for the callback. */
     uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+    if (l->conns == NULL) {
+        ingest_listener_conns_gone(l);
+    }
 }
 
 static void reject(struct listener *l, uv_stream_t *server) {

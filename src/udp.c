@@ -219,12 +219,13 @@ out:
 }
 
 /*
- * The read-out at stop ran out of time (senders still sending keep the buffer full): what the
- * socket still holds is read once more, unparsed, only to be counted in udp_unread_at_stop, up
- * to UDP_STOP_DISCARD_MAX datagrams, so that the loss is a number and not a guess.
+ * The read-out at stop (or removal) ran out of time (senders still sending keep the buffer
+ * full): what the socket still holds is read once more, unparsed, only to be counted in
+ * udp_unread_at_stop, up to UDP_STOP_DISCARD_MAX datagrams, so that the loss is a number and
+ * not a guess.
  */
 static void udp_discard_at_stop(struct listener *l, uv_os_fd_t fd, struct mmsghdr *msgs,
-                                struct iovec *iov) {
+                                struct iovec *iov, const char *when) {
     uint64_t discarded = 0;
     while (discarded < UDP_STOP_DISCARD_MAX) {
         for (int k = 0; k < UDP_SLOTS; k++) {
@@ -240,20 +241,21 @@ static void udp_discard_at_stop(struct listener *l, uv_os_fd_t fd, struct mmsghd
         discarded += (uint64_t)n;
     }
     BD_STAT_ADD(l->in->stats, udp_unread_at_stop, discarded);
-    bd_warn("%s: still reading the socket buffer after %d ms at stop; %s%llu datagrams left "
+    bd_warn("%s: still reading the socket buffer after %d ms %s; %s%llu datagrams left "
             "in it are discarded (udp_unread_at_stop; senders still sending?)",
-            l->name, (int)(l->in->udp_stop_drain_ns / BD_NS_PER_MS),
+            l->name, (int)(l->in->udp_stop_drain_ns / BD_NS_PER_MS), when,
             discarded >= UDP_STOP_DISCARD_MAX ? "at least " : "", (unsigned long long)discarded);
 }
 
 /*
- * At stop: the datagrams already in the socket's receive buffer arrived before the stop, and
+ * At stop (or the listener's removal by a reload, `when` says which, for the log): the
+ * datagrams already in the socket's receive buffer arrived before the stop, and
  * with UDP backpressure that buffer may hold megabytes. Read them out (non-blocking, into the
  * slab, through the same path as the loop's reads) until the socket is empty or
  * UDP_STOP_DRAIN_NS has passed (senders that keep sending could keep it full), instead of
  * losing them when the socket closes; what is left then is counted (udp_discard_at_stop).
  */
-void ingest_udp_drain_at_stop(struct listener *l) {
+void ingest_udp_drain_at_stop(struct listener *l, const char *when) {
     uv_os_fd_t fd;
     if (l->slab == NULL || uv_fileno(&l->h.handle, &fd) != 0) {
         return;
@@ -290,12 +292,12 @@ void ingest_udp_drain_at_stop(struct listener *l) {
         }
         n_read += (uint64_t)n;
         if (bd_mono_ns() >= deadline) {
-            udp_discard_at_stop(l, fd, msgs, iov);
+            udp_discard_at_stop(l, fd, msgs, iov, when);
             break;
         }
     }
     if (n_read > 0) {
-        bd_info("%s: %llu datagrams read from the socket buffer at stop", l->name,
-                (unsigned long long)n_read);
+        bd_info("%s: %llu datagrams read from the socket buffer %s", l->name,
+                (unsigned long long)n_read, when);
     }
 }

@@ -23,7 +23,7 @@
       "host-wide UDP receive-buffer drops since start (/proc/net/snmp{,6})")              \
     X(udp_kernel_in_errors, "host-wide UDP InErrors since start (/proc/net/snmp{,6})")        \
     X(udp_pauses, "times UDP reading paused for the buffer pool past its high-water mark")           \
-    X(udp_unread_at_stop, "UDP datagrams still queued at a stop past its read-out, discarded") \
+    X(udp_unread_at_stop, "UDP datagrams still queued past the read-out at a stop (or a listener's removal), discarded") \
     X(tcp_connections, "TCP connections accepted")                                        \
     X(tcp_rejected, "TCP connections refused (max_connections)")                           \
     X(tcp_bytes, "TCP payload bytes received")                                            \

@@ -70,6 +70,44 @@ class NotifySocket:
         self.sock.close()
 
 
+class Load(threading.Thread):
+    """Sends readings one by one (paced) over one UDP socket or one TCP connection until told
+    to stop or out of readings; remembers when each was sent (monotonic ns)."""
+
+    def __init__(self, readings, udp=None, tcp=None, pace_s=0.002):
+        threading.Thread.__init__(self, daemon=True)
+        self.readings = readings
+        self.sender = sr.Sender(udp=udp, tcp=tcp, pace_every=0)
+        self.pace_s = pace_s
+        self.sent_at = []
+        self.stop_event = threading.Event()
+        self.error = None
+
+    def run(self):
+        try:
+            for r in self.readings:
+                if self.stop_event.is_set():
+                    break
+                self.sender.send_reading(r)
+                self.sender.flush()
+                self.sent_at.append(time.monotonic_ns())
+                time.sleep(self.pace_s)
+        except Exception as e:  # reported by finish()
+            self.error = e
+        finally:
+            self.sender.close()
+
+    @property
+    def sent(self):
+        return self.readings[:len(self.sent_at)]
+
+    def finish(self, case):
+        self.stop_event.set()
+        self.join(DEADLINE)
+        case.assertFalse(self.is_alive(), "a load thread did not end")
+        case.assertIsNone(self.error, "sending failed: %r" % self.error)
+
+
 class Reload(bdtest.E2ECase):
     db_prefix = "reload"
 
@@ -91,6 +129,88 @@ class Reload(bdtest.E2ECase):
         docs = self.documents(client, db)
         self.assertNoProblems(bdtest.check_readings(docs, readings, SPAN_S), "readings", d)
         self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, 3600), "documents", d)
+
+    def test_reloads_under_load_store_every_reading_once(self):
+        uri, client, db = self.new_database()
+        d = self.daemon(uri, db, listeners=[
+            {"name": "udp", "proto": "udp"}, {"name": "tcp", "proto": "tcp"},
+            {"name": "udp-gone", "proto": "udp"}, {"name": "tcp-gone", "proto": "tcp"}])
+        d.start()
+        good = d.config
+
+        def readings(base, seq_base):
+            rs = sr.make_readings(sensors=3, per_sensor=3000, sensor_base=base,
+                                  seq_base=seq_base, seed=base)
+            return sorted(rs, key=lambda r: r.ts_ns)  # the sensors take turns
+
+        loads = {
+            "udp": Load(readings(0, 0), udp=d.addr("udp")),
+            "tcp": Load(readings(10, 100000), tcp=d.addr("tcp")),
+            "udp-gone": Load(readings(20, 200000), udp=d.addr("udp-gone")),
+            "tcp-gone": Load(readings(30, 300000), tcp=d.addr("tcp-gone")),
+        }
+        for load in loads.values():
+            load.start()
+        self.assertTrue(bdtest.wait_for(
+            lambda: all(len(l.sent_at) >= 100 for l in loads.values()), DEADLINE))
+
+        d.config = bdtest.deep_merge(good, {"flush": {"interval": "50ms"},
+                                            "log": {"level": "debug"}})
+        d.reload()
+
+        # The UDP and TCP listeners "-gone" go, one is added.
+        new_port = bdtest.free_port("tcp")
+        d.config["listeners"] = [l for l in d.config["listeners"]
+                                 if not l["bind"].endswith(":%d" % d.addr("udp-gone")[1]) and
+                                 not l["bind"].endswith(":%d" % d.addr("tcp-gone")[1])]
+        d.config["listeners"].append({"proto": "tcp", "bind": "127.0.0.1:%d" % new_port,
+                                      "format": "influx", "precision": "ns"})
+        hup_ns = time.monotonic_ns()
+        added = d.reload()
+        self.assertIn("reload: listener udp 127.0.0.1:%d removed" % d.addr("udp-gone")[1], added)
+        self.assertIn("reload: listener tcp 127.0.0.1:%d added" % new_port, added)
+        self.assertIn("listening on 127.0.0.1:%d" % new_port, added)
+        self.assertRegex(added, r"\(tcp 127\.0\.0\.1:%d\): removed; its 1 open connections "
+                                r"stay" % d.addr("tcp-gone")[1])
+        loads["udp-gone"].finish(self)  # it sent to a closed port for a while: counted below
+        loads["tcp-new"] = Load(readings(40, 400000), tcp=("127.0.0.1", new_port))
+        loads["tcp-new"].start()
+        self.assertTrue(bdtest.wait_for(lambda: len(loads["tcp-new"].sent_at) >= 100, DEADLINE))
+
+        d.config["flush"]["interval"] = "200ms"
+        d.config["log"]["level"] = "info"
+        d.config["buckets"]["max_late"] = "48h"
+        d.reload()
+        with open(d.config_path) as f:
+            text = f.read()
+        d.reload(text=text.replace("max_late: 48h", "max_late: 48 hours"),
+                 expect="the running configuration stays in force")
+        d.reload()
+        self.assertTrue(bdtest.wait_for(lambda: len(loads["tcp-new"].sent_at) >= 300, DEADLINE))
+        for load in loads.values():
+            load.finish(self)
+        stats = d.stop()
+
+        # What must be stored exactly once: everything sent to a listener that existed, the
+        # readings sent to the removed UDP listener before the reload included.
+        gone = loads["udp-gone"]
+        before = [r for r, t in zip(gone.sent, gone.sent_at) if t < hup_ns]
+        after = gone.sent[len(before):]
+        docs = self.documents(client, db)
+        stored = {(doc["sensor_id"], r["seq"]) for doc in docs for r in doc["readings"]}
+        after_stored = [r for r in after if (r.sensor_id, r.seq) in stored]
+        expected = [r for name, l in loads.items() if name != "udp-gone" for r in l.sent]
+        expected += before + after_stored
+        self.assertNoProblems(bdtest.check_readings(docs, expected, SPAN_S), "readings", d)
+        self.assertNoProblems(bdtest.check_documents(docs, SPAN_S, 3600), "documents", d)
+        sys.stderr.write("\n[reload under load] %d readings stored once; of %d sent to the UDP "
+                         "listener after the SIGHUP that removed it, %d were stored and %d lost "
+                         "(sent to a closed port)\n" % (len(expected), len(after),
+                                                          len(after_stored),
+                                                          len(after) - len(after_stored)))
+        self.assertStat(stats, "config_reloads", 4, d)
+        self.assertStat(stats, "config_reload_errors", 1, d)
+        self.assertStat(stats, "udp_socket_drops", 0, d)
 
     def test_a_file_that_does_not_validate_changes_nothing(self):
         uri, client, db = self.new_database()
