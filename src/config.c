@@ -68,6 +68,7 @@ enum key_flag {
     KF_EMPTY_OK = 1 << 4, /* hostport: "" means disabled */
     KF_RESOLVE = 1 << 5,  /* hostport: also store the sockaddr at addr_off */
     KF_UNSET_OK = 1 << 6, /* no default: "" until the file sets it (the dump then leaves it out) */
+    KF_SECRET = 1 << 7,   /* may hold credentials: a reload logs that it changed, not its value */
 };
 
 struct enum_name {
@@ -154,7 +155,8 @@ static const struct key_def schema[] = {
      .help = "where bucket updates go; blackhole counts and discards them"},
     {.path = "mongodb.uri", .type = T_STRING, CFG(mongodb.uri), .min = 1,
      .max = sizeof(((struct bd_config *)0)->mongodb.uri) - 1,
-     .def = "mongodb://127.0.0.1:27017/", .check = check_uri, .help = "connection string"},
+     .def = "mongodb://127.0.0.1:27017/", .check = check_uri, .flags = KF_SECRET,
+     .help = "connection string"},
     {.path = "mongodb.database", .type = T_STRING, CFG(mongodb.database), .min = 1, .max = 63,
      .def = "telemetry", .check = check_db_name, .help = "database name"},
     {.path = "mongodb.collection", .type = T_STRING, CFG(mongodb.collection), .min = 1,
@@ -1584,6 +1586,10 @@ int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *
         }
         format_value(k, cur, x, sizeof(x));
         format_value(k, next, y, sizeof(y));
+        if (k->flags & KF_SECRET) {
+            snprintf(x, sizeof(x), "(not shown)");
+            snprintf(y, sizeof(y), "(changed)");
+        }
         bool applied = (k->flags & KF_RELOAD) != 0;
         report(cb, arg, k->path, x, y, applied);
         if (applied) {
