@@ -29,7 +29,7 @@ struct bd_reload {
     _Atomic uint64_t adopted_gen; /* the newest generation the flusher runs */
     uint64_t gen;                 /* the newest handed over (loop thread) */
     uint64_t done_gen;            /* the newest reported complete (loop thread) */
-    uint32_t changes, restart_keys;
+    uint32_t changes, not_applied; /* of the reload running (loop thread) */
 };
 
 /* sd_notify wants MONOTONIC_USEC with RELOADING=1 (systemd >= 253, Type=notify-reload: it tells
@@ -76,7 +76,7 @@ static void on_change(void *arg, const struct bd_config_change *c) {
     } else if (c->applied) {
         bd_info("reload: %s: %s -> %s", c->key, c->from, c->to);
     } else {
-        r->restart_keys++;
+        r->not_applied++;
         bd_warn("reload: %s: %s -> %s needs a restart; keeping %s until then", c->key, c->from,
                 c->to, c->from);
     }
@@ -91,14 +91,14 @@ static void fit_table_room(struct bd_reload *r, struct bd_config *next) {
                 "hold (%u); keeping %u until a restart",
                 next->limits.max_sensors, sensors_room, r->t.cfg->limits.max_sensors);
         next->limits.max_sensors = r->t.cfg->limits.max_sensors;
-        r->restart_keys++;
+        r->not_applied++;
     }
     if (next->limits.max_fields > fields_room) {
         bd_warn("reload: limits.max_fields: %u is more than the buffer pool's segments were sized "
                 "for at start (%u); keeping %u until a restart",
                 next->limits.max_fields, fields_room, r->t.cfg->limits.max_fields);
         next->limits.max_fields = r->t.cfg->limits.max_fields;
-        r->restart_keys++;
+        r->not_applied++;
     }
 }
 
@@ -118,7 +118,7 @@ void bd_reload_run(struct bd_reload *r) {
     if (bd_config_load(loaded, cur->path, &err) < 0) {
         goto refused;
     }
-    r->changes = r->restart_keys = 0;
+    r->changes = r->not_applied = 0;
     if (bd_config_reload_merge(cur, loaded, next, on_change, r, &err) < 0) {
         goto refused;
     }
@@ -127,7 +127,7 @@ void bd_reload_run(struct bd_reload *r) {
     bd_log_set_level((enum bd_log_level)next->log.level);
     bd_sensor_table_set_limits(r->t.table, next);
     if (bd_ingest_set_listeners(r->t.ingest, next) < 0) {
-        r->restart_keys++; /* a listener that could not be opened; logged, left out of next */
+        r->not_applied++; /* a listener that could not be opened: logged, left out of next */
     }
     r->gen++;
     if (bd_flusher_reconfigure(r->t.flusher, next, r->gen) < 0) {
@@ -137,8 +137,8 @@ void bd_reload_run(struct bd_reload *r) {
     }
     *cur = *next;
     BD_STAT_ADD(r->t.stats, config_reloads, 1);
-    bd_info("reload: %s read, %u changes, %u kept until a restart", cur->path, r->changes,
-            r->restart_keys);
+    bd_info("reload: %s read: %u changes, %u of them not applied (named above)", cur->path,
+            r->changes, r->not_applied);
     goto out;
 
 refused:
