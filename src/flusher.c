@@ -244,13 +244,7 @@ void bd_flusher_free(struct bd_flusher *f) {
     BD_ASSERT(!f->started);
     bd_batch_close(&f->batch);
     bd_batch_close(&f->fill);
-    free(f->ops);
-    free(f->selectors);
-    free(f->updates);
-    free(f->sel_ptrs);
-    free(f->upd_ptrs);
-    free(f->outcomes);
-    free(f->readback);
+    flusher_chunk_free(f);
     bd_writer_close(f->writer, f->clean_stop);
     bd_deadletter_close(f->dead);
     flusher_spool_close(f);

@@ -154,6 +154,7 @@ int64_t flusher_spool_oldest_ms(const struct bd_flusher *f);
 /* (Re)allocate the chunk arrays (ops .. readback) for max updates a bulk; -ENOMEM keeps the old
  * ones. Between steps only: they are scratch space of one send. */
 int flusher_chunk_alloc(struct bd_flusher *f, uint32_t max);
+void flusher_chunk_free(struct bd_flusher *f);
 /* Start of a step: adopt the configuration a reload handed over, if any. */
 void flusher_reload_adopt(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms);
 

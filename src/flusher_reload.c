@@ -50,41 +50,41 @@ int bd_flusher_reconfigure(struct bd_flusher *f, const struct bd_config *cfg, ui
 }
 
 /* The arrays one bulk is built in, at start (setup) and when a reload raises flush.max_updates. */
+void flusher_chunk_free(struct bd_flusher *f) {
+    void *arrays[] = {f->ops,      f->selectors, f->updates, f->sel_ptrs,
+                      f->upd_ptrs, f->outcomes,  f->readback};
+    for (size_t i = 0; i < BD_ARRAY_LEN(arrays); i++) {
+        free(arrays[i]);
+    }
+}
+
 int flusher_chunk_alloc(struct bd_flusher *f, uint32_t max) {
-    uint32_t *ops = bd_calloc(max, sizeof(*ops));
-    /* bson_t is declared 128-byte aligned: calloc does not promise that. */
-    bson_t *selectors = aligned_alloc(BSON_ALIGNOF(bson_t), (size_t)max * sizeof(*selectors));
-    bson_t *updates = aligned_alloc(BSON_ALIGNOF(bson_t), (size_t)max * sizeof(*updates));
-    const bson_t **sel_ptrs = bd_calloc(max, sizeof(*sel_ptrs));
-    const bson_t **upd_ptrs = bd_calloc(max, sizeof(*upd_ptrs));
-    struct bd_op_outcome *outcomes = bd_calloc(max, sizeof(*outcomes));
-    uint32_t *readback = bd_calloc(max, sizeof(*readback));
-    bool ok = ops != NULL && selectors != NULL && updates != NULL && sel_ptrs != NULL &&
-              upd_ptrs != NULL && outcomes != NULL && readback != NULL;
-    if (!ok) {
-        free(ops);
-        free(selectors);
-        free(updates);
-        free(sel_ptrs);
-        free(upd_ptrs);
-        free(outcomes);
-        free(readback);
+    /* A flusher struct only as the holder of the new arrays: flusher_chunk_free frees either
+     * set. */
+    struct bd_flusher fresh = {
+        .ops = bd_calloc(max, sizeof(*f->ops)),
+        /* bson_t is declared 128-byte aligned: calloc does not promise that. */
+        .selectors = aligned_alloc(BSON_ALIGNOF(bson_t), (size_t)max * sizeof(*f->selectors)),
+        .updates = aligned_alloc(BSON_ALIGNOF(bson_t), (size_t)max * sizeof(*f->updates)),
+        .sel_ptrs = bd_calloc(max, sizeof(*f->sel_ptrs)),
+        .upd_ptrs = bd_calloc(max, sizeof(*f->upd_ptrs)),
+        .outcomes = bd_calloc(max, sizeof(*f->outcomes)),
+        .readback = bd_calloc(max, sizeof(*f->readback)),
+    };
+    if (fresh.ops == NULL || fresh.selectors == NULL || fresh.updates == NULL ||
+        fresh.sel_ptrs == NULL || fresh.upd_ptrs == NULL || fresh.outcomes == NULL ||
+        fresh.readback == NULL) {
+        flusher_chunk_free(&fresh);
         return -ENOMEM;
     }
-    free(f->ops);
-    free(f->selectors);
-    free(f->updates);
-    free(f->sel_ptrs);
-    free(f->upd_ptrs);
-    free(f->outcomes);
-    free(f->readback);
-    f->ops = ops;
-    f->selectors = selectors;
-    f->updates = updates;
-    f->sel_ptrs = sel_ptrs;
-    f->upd_ptrs = upd_ptrs;
-    f->outcomes = outcomes;
-    f->readback = readback;
+    flusher_chunk_free(f);
+    f->ops = fresh.ops;
+    f->selectors = fresh.selectors;
+    f->updates = fresh.updates;
+    f->sel_ptrs = fresh.sel_ptrs;
+    f->upd_ptrs = fresh.upd_ptrs;
+    f->outcomes = fresh.outcomes;
+    f->readback = fresh.readback;
     f->chunk_cap = max;
     return 0;
 }

@@ -26,9 +26,9 @@ struct bd_reload {
     uv_async_t adopted;
     bool adopted_open; /* guarded by mu */
     pthread_mutex_t mu;
-    _Atomic uint64_t adopted_gen; /* the newest generation the flusher runs */
-    uint64_t gen;                 /* the newest handed over (loop thread) */
-    uint64_t done_gen;            /* the newest reported complete (loop thread) */
+    _Atomic uint64_t adopted_gen;  /* the newest generation the flusher runs */
+    uint64_t gen;                  /* the newest handed over (loop thread) */
+    uint64_t done_gen;             /* the newest reported complete (loop thread) */
     uint32_t changes, not_applied; /* of the reload running (loop thread) */
 };
 
@@ -82,24 +82,24 @@ static void on_change(void *arg, const struct bd_config_change *c) {
     }
 }
 
-/* Limits the sensor table sized at start cannot grow past: the running value stays. */
+/* A limit the sensor table sized at start cannot grow past (room): the running value stays. */
+static void fit(struct bd_reload *r, const char *key, uint32_t *want, uint32_t room,
+                uint32_t running, const char *sized) {
+    if (*want > room) {
+        bd_warn("reload: %s: %u is more than %s (%u); keeping %u until a restart", key, *want,
+                sized, room, running);
+        *want = running;
+        r->not_applied++;
+    }
+}
+
 static void fit_table_room(struct bd_reload *r, struct bd_config *next) {
     uint32_t sensors_room, fields_room;
     bd_sensor_table_limits_room(r->t.table, &sensors_room, &fields_room);
-    if (next->limits.max_sensors > sensors_room) {
-        bd_warn("reload: limits.max_sensors: %u is more than the sensor queues reserved at start "
-                "hold (%u); keeping %u until a restart",
-                next->limits.max_sensors, sensors_room, r->t.cfg->limits.max_sensors);
-        next->limits.max_sensors = r->t.cfg->limits.max_sensors;
-        r->not_applied++;
-    }
-    if (next->limits.max_fields > fields_room) {
-        bd_warn("reload: limits.max_fields: %u is more than the buffer pool's segments were sized "
-                "for at start (%u); keeping %u until a restart",
-                next->limits.max_fields, fields_room, r->t.cfg->limits.max_fields);
-        next->limits.max_fields = r->t.cfg->limits.max_fields;
-        r->not_applied++;
-    }
+    fit(r, "limits.max_sensors", &next->limits.max_sensors, sensors_room,
+        r->t.cfg->limits.max_sensors, "the sensor queues reserved at start hold");
+    fit(r, "limits.max_fields", &next->limits.max_fields, fields_room, r->t.cfg->limits.max_fields,
+        "the buffer pool's segments were sized for at start");
 }
 
 void bd_reload_run(struct bd_reload *r) {

@@ -111,10 +111,15 @@ class Load(threading.Thread):
 class Reload(bdtest.E2ECase):
     db_prefix = "reload"
 
-    def notify_socket(self):
+    def start_notifying(self):
+        """A daemon that tells its NOTIFY_SOCKET, started (READY=1 heard): client, db, ns, d."""
+        uri, client, db = self.new_database()
         ns = NotifySocket(os.path.join(self.workdir, "notify"))
         self.addCleanup(ns.close)
-        return ns
+        d = self.daemon(uri, db, env={"NOTIFY_SOCKET": ns.path})
+        d.start()
+        self.assertEqual(ns.next().get("READY"), "1")
+        return client, db, ns, d
 
     def wait_log(self, d, text, count=1):
         if not bdtest.wait_for(lambda: d.log().count(text) >= count or not d.alive(), DEADLINE):
@@ -213,11 +218,7 @@ class Reload(bdtest.E2ECase):
         self.assertStat(stats, "udp_socket_drops", 0, d)
 
     def test_a_file_that_does_not_validate_changes_nothing(self):
-        uri, client, db = self.new_database()
-        ns = self.notify_socket()
-        d = self.daemon(uri, db, env={"NOTIFY_SOCKET": ns.path})
-        d.start()
-        self.assertEqual(ns.next().get("READY"), "1")
+        client, db, ns, d = self.start_notifying()
         with open(d.config_path) as f:
             good = f.read()
         self.assertIn("  interval: 200ms\n", good)
@@ -244,11 +245,7 @@ class Reload(bdtest.E2ECase):
         self.assertStat(stats, "config_reloads", 0, d)
 
     def test_keys_that_need_a_restart_are_named_and_keep_their_values(self):
-        uri, client, db = self.new_database()
-        ns = self.notify_socket()
-        d = self.daemon(uri, db, env={"NOTIFY_SOCKET": ns.path})
-        d.start()
-        self.assertEqual(ns.next().get("READY"), "1")
+        client, db, ns, d = self.start_notifying()
         # A TCP connection is logged at debug only: this one, accepted (its readings are
         # stored) while at info, is not.
         first = sr.make_readings(sensors=3, per_sensor=10, seed=4, seq_base=0)
