@@ -120,7 +120,9 @@ static void begin_stop(struct daemon *d, const char *why) {
 static void on_signal(uv_signal_t *h, int signum) {
     struct daemon *d = h->data;
     if (signum == SIGHUP) {
-        bd_reload_run(d->reload);
+        if (d->reload != NULL) { /* NULL only while a failed start winds down */
+            bd_reload_run(d->reload);
+        }
         return;
     }
     begin_stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");

@@ -134,6 +134,7 @@ void bd_reload_run(struct bd_reload *r) {
         bd_error("reload: out of memory handing the configuration to the flusher; it keeps "
                  "running the previous one");
         r->gen--;
+        notify_ready("ready (reload incomplete: the flusher keeps its configuration)");
     }
     *cur = *next;
     BD_STAT_ADD(r->t.stats, config_reloads, 1);
