@@ -13,7 +13,8 @@
   operator on {bucket_end: 1} is left alone and reported.
 
 Every wait is on a log line, the notify socket or stored readings, with a generous deadline
-that is never asserted as a duration. Run time: about 15 s against the test server.
+that is never asserted as a duration. Run time: about 4 s against the test server (5 s
+under ASan or TSan).
 
 Run: /usr/bin/python3 tests/e2e/test_reload.py   (see bdtest.py for the environment; with
 BUCKETD_TEST_MONGODB_URI the same tests run against a real MongoDB)
