@@ -37,6 +37,12 @@
 #define MIB (1024 * KIB)
 #define GIB (1024 * MIB)
 
+/*
+ * Retention becomes a TTL index's expireAfterSeconds. MongoDB 6.0 refuses a value above the
+ * seconds since 1970 (about 1.7e9 today); 50 years stays below that for decades.
+ */
+#define MAX_RETENTION_MS (50 * 365 * MS_PER_DAY)
+
 /* A config file is a few KiB; anything this large is a wrong path, not a config. */
 #define MAX_FILE_BYTES (1024 * 1024)
 
@@ -62,6 +68,7 @@ enum key_flag {
     KF_EMPTY_OK = 1 << 4, /* hostport: "" means disabled */
     KF_RESOLVE = 1 << 5,  /* hostport: also store the sockaddr at addr_off */
     KF_UNSET_OK = 1 << 6, /* no default: "" until the file sets it (the dump then leaves it out) */
+    KF_SECRET = 1 << 7,   /* may hold credentials: a reload logs that it changed, not its value */
 };
 
 struct enum_name {
@@ -105,6 +112,7 @@ static const char *check_db_name(const char *s, uint64_t unused);
 static const char *check_coll_name(const char *s, uint64_t unused);
 static const char *check_write_concern(const char *s, uint64_t unused);
 static const char *check_span(const char *s, uint64_t ms);
+static const char *check_retention(const char *s, uint64_t ms);
 static const char *check_pow2(const char *s, uint64_t n);
 static const char *check_spool_sync(const char *s, uint64_t unused);
 static const struct enum_name when_full_names[] = {{"drop_oldest", BD_SPOOL_FULL_DROP_OLDEST},
@@ -124,7 +132,9 @@ static const struct key_def schema[] = {
      .check = check_writer_id, .flags = KF_UNSET_OK,
      .help = "identifies this daemon's writes in MongoDB; letters, digits, '-' and '_'; "
              "default: generated once, kept in spool.dir"},
-    {.path = "listeners", .type = T_LISTENERS, .help = "sockets readings arrive on"},
+    {.path = "listeners", .type = T_LISTENERS, .flags = KF_RELOAD,
+     .help = "sockets readings arrive on; a reload adds and removes listeners, matched by proto "
+             "and address (their other keys need a restart)"},
     {.path = "listeners[].proto", .type = T_ENUM, LST(proto), .names = proto_names,
      .flags = KF_REQUIRED, .help = "transport"},
     {.path = "listeners[].bind", .type = T_HOSTPORT, LST(bind),
@@ -145,7 +155,8 @@ static const struct key_def schema[] = {
      .help = "where bucket updates go; blackhole counts and discards them"},
     {.path = "mongodb.uri", .type = T_STRING, CFG(mongodb.uri), .min = 1,
      .max = sizeof(((struct bd_config *)0)->mongodb.uri) - 1,
-     .def = "mongodb://127.0.0.1:27017/", .check = check_uri, .help = "connection string"},
+     .def = "mongodb://127.0.0.1:27017/", .check = check_uri, .flags = KF_SECRET,
+     .help = "connection string"},
     {.path = "mongodb.database", .type = T_STRING, CFG(mongodb.database), .min = 1, .max = 63,
      .def = "telemetry", .check = check_db_name, .help = "database name"},
     {.path = "mongodb.collection", .type = T_STRING, CFG(mongodb.collection), .min = 1,
@@ -169,6 +180,10 @@ static const struct key_def schema[] = {
     {.path = "buckets.max_future", .type = T_DURATION, CFG(buckets.max_future_ms), .min = 0,
      .max = MS_PER_DAY, .def = "10m", .flags = KF_RELOAD,
      .help = "readings further ahead than this are dropped"},
+    {.path = "buckets.retention", .type = T_DURATION, CFG(buckets.retention_ms), .min = 0,
+     .max = MAX_RETENTION_MS, .def = "0", .check = check_retention, .flags = KF_RELOAD,
+     .help = "bucket documents are deleted by MongoDB this long after their bucket_end (a TTL "
+             "index); 0 keeps them forever"},
     {.path = "flush.interval", .type = T_DURATION, CFG(flush.interval_ms), .min = 10,
      .max = MS_PER_H, .def = "1s", .flags = KF_RELOAD, .help = "time between bulk writes"},
     {.path = "flush.max_updates", .type = T_UINT, CFG(flush.max_updates), .min = 1,
@@ -192,6 +207,10 @@ static const struct key_def schema[] = {
      .max = MS_PER_H, .def = "60s", .flags = KF_RELOAD,
      .help = "a bucket's summary document is recomputed at most this often after its pages "
              "change; 0 turns summaries off"},
+    {.path = "summaries.retention", .type = T_DURATION, CFG(summaries.retention_ms), .min = 0,
+     .max = MAX_RETENTION_MS, .def = "0", .check = check_retention, .flags = KF_RELOAD,
+     .help = "summary documents are deleted by MongoDB this long after their bucket_end; 0 "
+             "keeps them forever; at least buckets.retention"},
     {.path = "spool.dir", .type = T_STRING, CFG(spool.dir), .min = 1,
      .max = sizeof(((struct bd_config *)0)->spool.dir) - 1, .def = "/var/lib/bucketd/spool",
      .help = "directory for batches MongoDB did not take"},
@@ -210,17 +229,21 @@ static const struct key_def schema[] = {
     {.path = "log.level", .type = T_LOGLEVEL, CFG(log.level), .def = "info",
      .names = level_names, .flags = KF_RELOAD, .help = "least severe level logged"},
     {.path = "limits.max_sensors", .type = T_UINT, CFG(limits.max_sensors), .min = 1,
-     .max = 10000000, .def = "100000", .help = "distinct sensors tracked"},
+     .max = 10000000, .def = "100000", .flags = KF_RELOAD,
+     .help = "distinct sensors tracked (a reload raises it only as far as the queues reserved "
+             "at start hold)"},
     {.path = "limits.memory", .type = T_SIZE, CFG(limits.memory), .min = 256 * KIB,
      .max = 64 * GIB, .def = "64MiB",
      .help = "memory for buffered readings: half for the sensor queues' pool, half for "
              "pending batches"},
     {.path = "limits.ring_size", .type = T_UINT, CFG(limits.ring_size), .min = 16,
-     .max = 1048576, .def = "256", .check = check_pow2,
+     .max = 1048576, .def = "256", .check = check_pow2, .flags = KF_RELOAD,
      .help = "no longer used (limits.memory bounds all buffering); accepted so older "
              "configs still load"},
     {.path = "limits.max_fields", .type = T_UINT, CFG(limits.max_fields), .min = 1,
-     .max = BD_PARSE_MAX_FIELDS, .def = "32", .help = "fields per line"},
+     .max = BD_PARSE_MAX_FIELDS, .def = "32", .flags = KF_RELOAD,
+     .help = "fields per line (a reload raises it only up to the value at start, which sized "
+             "the queues' segments)"},
     {.path = "limits.max_line", .type = T_SIZE, CFG(limits.max_line), .min = 256,
      .max = 16 * MIB, .def = "64KiB", .help = "bytes per line"},
 };
@@ -488,7 +511,8 @@ static const char *check_writer_id(const char *s, uint64_t unused) {
 }
 
 static const char *check_uri(const char *s, uint64_t unused) {
-    /* Config loading runs on one thread (start-up, --check-config), so one buffer is enough. */
+    /* Config loading runs on one thread (start-up, --check-config, a reload on the loop thread),
+     * so one buffer is enough. */
     static struct bd_err uri_err;
     if (strncmp(s, "mongodb://", 10) != 0 && strncmp(s, "mongodb+srv://", 14) != 0) {
         return "must start with mongodb:// or mongodb+srv://";
@@ -560,6 +584,11 @@ static const char *check_spool_sync(const char *s, uint64_t unused) {
 static const char *check_span(const char *s, uint64_t ms) {
     /* Buckets must start at the same instants every day, or a bucket would straddle midnight. */
     return MS_PER_DAY % ms != 0 ? "must divide 24h evenly (e.g. 1m, 15m, 1h, 6h, 24h)" : NULL;
+}
+
+static const char *check_retention(const char *s, uint64_t ms) {
+    /* expireAfterSeconds is a number of seconds: "1500ms" would be rounded behind the user's back. */
+    return ms % MS_PER_S != 0 ? "must be whole seconds (e.g. 720h, 90m, 3600s)" : NULL;
 }
 
 static const char *check_pow2(const char *s, uint64_t n) {
@@ -1131,24 +1160,80 @@ static yaml_mark_t mark_of(struct loader *ld, const char *path, yaml_mark_t fall
     return ld->set[i] ? ld->mark[i] : fallback;
 }
 
-/* Rules that involve more than one key, checked once the whole file is applied. */
-static int validate(struct loader *ld, yaml_mark_t top) {
-    const struct bd_config *cfg = ld->cfg;
+/* A rule that involves more than one key: which key the message is about, the other one (for a
+ * position when the first was not given in the file), and why. */
+struct rule_failure {
+    const char *key;
+    const char *other; /* NULL: none */
+    char why[200];
+};
+
+/*
+ * The rules that involve more than one key. Checked once the whole file is applied, and again
+ * on the configuration a reload would run (some of its keys may keep running values). True, and
+ * rf filled, when cfg breaks one.
+ */
+static bool broken_rule(const struct bd_config *cfg, struct rule_failure *rf) {
+    char into[BD_SUMMARY_COLLECTION_MAX], a[32];
+    *rf = (struct rule_failure){0};
     if (cfg->n_listeners == 0) {
-        return fail(ld, mark_of(ld, "listeners", top), "listeners",
-                    "at least one listener is required");
+        rf->key = "listeners";
+        snprintf(rf->why, sizeof(rf->why), "at least one listener is required");
+        return true;
     }
-    char into[BD_SUMMARY_COLLECTION_MAX];
     bd_config_summary_collection(cfg, into, sizeof(into));
     if (strcmp(into, cfg->mongodb.collection) == 0) {
-        return fail(ld, mark_of(ld, "summaries.collection", top), "summaries.collection",
-                    "must differ from mongodb.collection");
+        rf->key = "summaries.collection";
+        snprintf(rf->why, sizeof(rf->why), "must differ from mongodb.collection");
+        return true;
     }
     if (cfg->flush.retry_initial_ms > cfg->flush.retry_max_ms) {
-        return fail(ld, mark_of(ld, "flush.retry_initial", mark_of(ld, "flush.retry_max", top)),
-                    "flush.retry_initial", "must not exceed flush.retry_max");
+        rf->key = "flush.retry_initial";
+        rf->other = "flush.retry_max";
+        snprintf(rf->why, sizeof(rf->why), "must not exceed flush.retry_max");
+        return true;
     }
-    return 0;
+    /*
+     * MongoDB deletes a document once its bucket_end is older than the retention. A bucket still
+     * takes readings up to buckets.max_late after its end, so a shorter retention would delete
+     * pages that a late reading then starts again from nothing.
+     */
+    uint64_t open_ms = cfg->buckets.max_late_ms + cfg->buckets.span_ms;
+    if (cfg->buckets.retention_ms != 0 && cfg->buckets.retention_ms < open_ms) {
+        format_scaled(open_ms, duration_units, "ms", a, sizeof(a));
+        rf->key = "buckets.retention";
+        rf->other = "buckets.max_late";
+        snprintf(rf->why, sizeof(rf->why),
+                 "must be 0 (off) or at least buckets.max_late + buckets.span (%s), so that no "
+                 "bucket expires while it can still take readings",
+                 a);
+        return true;
+    }
+    /*
+     * Summaries may outlive their pages (dashboards keep their hourly figures), never the
+     * reverse: bucketd-inspect verify reports pages without a summary as a problem.
+     */
+    if (cfg->summaries.retention_ms != 0 &&
+        (cfg->buckets.retention_ms == 0 ||
+         cfg->summaries.retention_ms < cfg->buckets.retention_ms)) {
+        rf->key = "summaries.retention";
+        rf->other = "buckets.retention";
+        snprintf(rf->why, sizeof(rf->why),
+                 "must be 0 (off) or at least buckets.retention (which must then be set): a "
+                 "summary may outlive its pages, not expire before them");
+        return true;
+    }
+    return false;
+}
+
+/* Rules that involve more than one key, checked once the whole file is applied. */
+static int validate(struct loader *ld, yaml_mark_t top) {
+    struct rule_failure rf;
+    if (!broken_rule(ld->cfg, &rf)) {
+        return 0;
+    }
+    yaml_mark_t where = rf.other != NULL ? mark_of(ld, rf.other, top) : top;
+    return fail(ld, mark_of(ld, rf.key, where), rf.key, "%s", rf.why);
 }
 
 static int yaml_failure(struct loader *ld, const yaml_parser_t *parser) {
@@ -1411,38 +1496,117 @@ static bool key_differs(const struct key_def *k, const void *a, const void *b) {
     return strcmp(x, y) != 0;
 }
 
-int bd_config_reload_check(const struct bd_config *cur, const struct bd_config *next,
+bool bd_listener_same(const struct bd_listener_config *a, const struct bd_listener_config *b) {
+    return a->proto == b->proto && same_addr(&a->addr, &b->addr);
+}
+
+static void listener_text(const struct bd_listener_config *lc, char *buf, size_t len) {
+    snprintf(buf, len, "%s %s", bd_proto_name(lc->proto), lc->bind);
+}
+
+static void report(bd_config_change_cb cb, void *arg, const char *key, const char *from,
+                   const char *to, bool applied) {
+    if (cb != NULL) {
+        struct bd_config_change c = {.key = key, .from = from, .to = to, .applied = applied};
+        cb(arg, &c);
+    }
+}
+
+/*
+ * The listener set of the file, each listener the file keeps (same proto and address) with its
+ * running values: a listener is a socket, so its other keys need a restart.
+ */
+static void merge_listeners(const struct bd_config *cur, const struct bd_config *next,
+                            struct bd_config *out, bd_config_change_cb cb, void *arg) {
+    char key[64], x[1100], y[1100];
+    for (uint32_t n = 0; n < next->n_listeners; n++) {
+        const struct bd_listener_config *want = &next->listeners[n];
+        const struct bd_listener_config *have = NULL;
+        for (uint32_t c = 0; c < cur->n_listeners && have == NULL; c++) {
+            have = bd_listener_same(&cur->listeners[c], want) ? &cur->listeners[c] : NULL;
+        }
+        if (have == NULL) {
+            listener_text(want, y, sizeof(y));
+            report(cb, arg, "listeners", "", y, true);
+            out->listeners[n] = *want;
+            continue;
+        }
+        for (size_t j = 0; j < N_KEYS; j++) {
+            const struct key_def *lk = &schema[j];
+            /* bind names the socket both share, however it is written. */
+            if (in_listener(lk) && !(lk->flags & KF_RESOLVE) && listener_key_applies(lk, want) &&
+                key_differs(lk, have, want)) {
+                snprintf(key, sizeof(key), "listeners[%" PRIu32 "].%s", n,
+                         lk->path + sizeof(LISTENER_PREFIX) - 1);
+                format_value(lk, have, x, sizeof(x));
+                format_value(lk, want, y, sizeof(y));
+                report(cb, arg, key, x, y, false);
+            }
+        }
+        out->listeners[n] = *have;
+    }
+    for (uint32_t c = 0; c < cur->n_listeners; c++) {
+        bool kept = false;
+        for (uint32_t n = 0; n < next->n_listeners && !kept; n++) {
+            kept = bd_listener_same(&cur->listeners[c], &next->listeners[n]);
+        }
+        if (!kept) {
+            listener_text(&cur->listeners[c], x, sizeof(x));
+            report(cb, arg, "listeners", x, "", true);
+        }
+    }
+    out->n_listeners = next->n_listeners;
+}
+
+int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *next,
+                           struct bd_config *out, bd_config_change_cb cb, void *arg,
                            struct bd_err *err) {
+    char x[1100], y[1100];
+    struct bd_config *merged = malloc(sizeof(*merged));
+    if (merged == NULL) {
+        return bd_err_set(err, -ENOMEM, "%s: out of memory", next->path);
+    }
+    *merged = *cur;
     for (size_t i = 0; i < N_KEYS; i++) {
         const struct key_def *k = &schema[i];
-        if ((k->flags & KF_RELOAD) || in_listener(k)) {
+        if (in_listener(k)) {
             continue;
         }
         if (k->type == T_LISTENERS) {
-            if (cur->n_listeners != next->n_listeners) {
-                return bd_err_set(err, -EINVAL,
-                                  "%s: listeners: the number of listeners cannot change on "
-                                  "reload; restart to apply",
-                                  next->path);
-            }
-            for (uint32_t n = 0; n < cur->n_listeners; n++) {
-                for (size_t j = 0; j < N_KEYS; j++) {
-                    const struct key_def *lk = &schema[j];
-                    if (in_listener(lk) && !(lk->flags & KF_RELOAD) &&
-                        key_differs(lk, &cur->listeners[n], &next->listeners[n])) {
-                        return bd_err_set(err, -EINVAL,
-                                          "%s: listeners[%" PRIu32 "].%s: cannot change on "
-                                          "reload; restart to apply",
-                                          next->path, n, lk->path + sizeof(LISTENER_PREFIX) - 1);
-                    }
-                }
-            }
+            merge_listeners(cur, next, merged, cb, arg);
             continue;
         }
-        if (key_differs(k, cur, next)) {
-            return bd_err_set(err, -EINVAL, "%s: %s: cannot change on reload; restart to apply",
-                              next->path, k->path);
+        /* A key the file leaves unset keeps what the daemon worked out for it (writer_id: the
+         * id kept in spool.dir, which a restart would use as well). */
+        if ((k->flags & KF_UNSET_OK) && *((const char *)next + k->off) == '\0') {
+            continue;
+        }
+        if (!key_differs(k, cur, next)) {
+            continue;
+        }
+        format_value(k, cur, x, sizeof(x));
+        format_value(k, next, y, sizeof(y));
+        if (k->flags & KF_SECRET) {
+            snprintf(x, sizeof(x), "(not shown)");
+            snprintf(y, sizeof(y), "(changed)");
+        }
+        bool applied = (k->flags & KF_RELOAD) != 0;
+        report(cb, arg, k->path, x, y, applied);
+        if (applied) {
+            memcpy((char *)merged + k->off, (const char *)next + k->off, k->size);
         }
     }
-    return 0;
+    struct rule_failure rf;
+    int rc = 0;
+    if (broken_rule(merged, &rf)) {
+        /* Possible only through a running value kept for a key that needs a restart. */
+        rc = bd_err_set(err, -EINVAL,
+                        "%s: %s: %s (with the running values of the keys that "
+                        "need a restart)",
+                        next->path, rf.key, rf.why);
+    } else {
+        *out = *merged;
+    }
+    free(merged);
+    return rc;
 }

@@ -4,6 +4,10 @@
  * the flusher (condition variable) when a ring passes its high-water mark, and the flusher
  * rings the loop (uv_async_send) after each drain so paused TCP readers resume.
  *
+ * SIGHUP reloads the configuration (reload.h). run_cfg is the loop thread's copy: a reload
+ * changes it in place, and every other thread has a copy of its own (the flusher) or the values
+ * it needs (the sensor table, the listeners, the store), so nothing else ever reads it.
+ *
  * Stop order on SIGTERM/SIGINT: stop and close the listeners (data already received is parsed
  * into the rings), close the remaining handles and let the loop end, then stop the flusher,
  * which drains every ring and flushes with a deadline. Nothing accepted is dropped on a clean
@@ -24,14 +28,17 @@
 #include "bucketd/flusher.h"
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
+#include "bucketd/reload.h"
 #include "bucketd/sensor.h"
 #include "bucketd/stats.h"
 #include "bucketd/writer.h"
 
 struct daemon {
     const struct bd_config *cfg; /* &run_cfg */
-    /* The configuration as run: the loaded one with the writer id worked out (writer.h). */
+    /* The configuration as run: the loaded one with the writer id worked out (writer.h), and
+     * what reloads changed since. Loop thread only. */
     struct bd_config run_cfg;
+    struct bd_reload *reload;
     uv_loop_t loop;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_async_t drained;
@@ -78,6 +85,7 @@ static void on_ingest_stopped(void *arg) {
     pthread_mutex_unlock(&d->drained_mu);
     uv_close((uv_handle_t *)&d->drained, NULL);
     uv_close((uv_handle_t *)&d->stop_timer, NULL);
+    bd_reload_close(d->reload);
 }
 
 static void on_stop_deadline(uv_timer_t *t) {
@@ -112,7 +120,9 @@ static void begin_stop(struct daemon *d, const char *why) {
 static void on_signal(uv_signal_t *h, int signum) {
     struct daemon *d = h->data;
     if (signum == SIGHUP) {
-        bd_warn("SIGHUP: configuration reload is not supported yet; keeping the running config");
+        if (d->reload != NULL) { /* NULL only while a failed start winds down */
+            bd_reload_run(d->reload);
+        }
         return;
     }
     begin_stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -201,6 +211,17 @@ int bd_daemon_run(const struct bd_config *cfg) {
     uv_async_init(&d->loop, &d->drained, on_drained_async);
     d->drained.data = d;
     d->drained_open = true;
+    struct bd_reload_targets targets = {.cfg = &d->run_cfg,
+                                        .table = d->table,
+                                        .flusher = d->flusher,
+                                        .ingest = d->ingest,
+                                        .stats = &d->stats};
+    if (bd_reload_new(&d->reload, &d->loop, &targets, &err) < 0) {
+        bd_error("%s", err.msg);
+        begin_stop(d, "start-up failure");
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        goto out;
+    }
 
     if (bd_flusher_start(d->flusher, &err) < 0) {
         bd_error("%s", err.msg);
@@ -230,6 +251,7 @@ int bd_daemon_run(const struct bd_config *cfg) {
     exit_code = 0;
 out:
     bd_ingest_free(d->ingest);
+    bd_reload_close(d->reload);
     if (loop_open) {
         /* A failed start leaves handles closing (a listener that could not bind): let their
          * close callbacks run. Nothing is active here, so this returns at once otherwise. */
@@ -238,6 +260,7 @@ out:
         BD_ASSERT(rc == 0); /* every handle was closed */
     }
     bd_flusher_free(d->flusher);
+    bd_reload_free(d->reload);
     bd_sensor_table_free(d->table);
     mongoc_cleanup();
     pthread_mutex_destroy(&d->drained_mu);

@@ -127,11 +127,17 @@ static int open_writer(struct bd_flusher *f, struct bd_err *err) {
 /* Everything but the store; a NULL store means the blackhole sink. */
 static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_sensor_table *table,
                  struct bd_stats *stats, struct bd_err *err) {
-    f->cfg = cfg;
-    f->table = table;
-    f->stats = stats;
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
+    /* Its own copy: the caller's may change under a reload (see cfg_own). */
+    f->cfg_own = bd_malloc(sizeof(*f->cfg_own));
+    if (f->cfg_own == NULL) {
+        return bd_err_set(err, -ENOMEM, "flusher: out of memory");
+    }
+    *f->cfg_own = *cfg;
+    f->cfg = cfg = f->cfg_own;
+    f->table = table;
+    f->stats = stats;
     f->rng = (uint64_t)bd_now_ns() | 1;
     f->clean_stop = true; /* a daemon that fails before the thread starts accepted nothing */
     f->batch_id = 1;
@@ -149,18 +155,8 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
     f->oom_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 1};
     f->spool_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 2};
     snprintf(f->writer_key, sizeof(f->writer_key), BD_WRITER_KEY_PREFIX "%s", cfg->writer_id);
-    uint32_t max = cfg->flush.max_updates;
-    f->ops = bd_calloc(max, sizeof(*f->ops));
-    /* bson_t is declared 128-byte aligned: calloc does not promise that. */
-    f->selectors = aligned_alloc(BSON_ALIGNOF(bson_t), (size_t)max * sizeof(*f->selectors));
-    f->updates = aligned_alloc(BSON_ALIGNOF(bson_t), (size_t)max * sizeof(*f->updates));
-    f->sel_ptrs = bd_calloc(max, sizeof(*f->sel_ptrs));
-    f->upd_ptrs = bd_calloc(max, sizeof(*f->upd_ptrs));
-    f->outcomes = bd_calloc(max, sizeof(*f->outcomes));
-    f->readback = bd_calloc(max, sizeof(*f->readback));
-    if (f->ops == NULL || f->selectors == NULL || f->updates == NULL || f->sel_ptrs == NULL ||
-        f->upd_ptrs == NULL || f->outcomes == NULL || f->readback == NULL ||
-        bd_batch_init(&f->batch) < 0 || bd_batch_init(&f->fill) < 0) {
+    if (flusher_chunk_alloc(f, cfg->flush.max_updates) < 0 || bd_batch_init(&f->batch) < 0 ||
+        bd_batch_init(&f->fill) < 0) {
         return bd_err_set(err, -ENOMEM, "flusher: out of memory");
     }
     return 0;
@@ -249,23 +245,19 @@ void bd_flusher_free(struct bd_flusher *f) {
     BD_ASSERT(!f->started);
     bd_batch_close(&f->batch);
     bd_batch_close(&f->fill);
-    free(f->ops);
-    free(f->selectors);
-    free(f->updates);
-    free(f->sel_ptrs);
-    free(f->upd_ptrs);
-    free(f->outcomes);
-    free(f->readback);
+    flusher_chunk_free(f);
     bd_writer_close(f->writer, f->clean_stop);
     bd_deadletter_close(f->dead);
     flusher_spool_close(f);
-    flusher_summaries_close(f);
+    flusher_summaries_close(f, "the stop");
     if (f->table != NULL) {
         bd_sensor_table_foreach(f->table, release_sensor_state, NULL);
     }
     bd_store_free(f->store);
     pthread_cond_destroy(&f->cv);
     pthread_mutex_destroy(&f->mu);
+    free(f->cfg_next);
+    free(f->cfg_own);
     free(f);
 }
 
@@ -1357,6 +1349,7 @@ static void set_gauges(struct bd_flusher *f, int64_t wall_ms) {
 }
 
 void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
+    flusher_reload_adopt(f, mono_ns, wall_ms);
     step(f, mono_ns, wall_ms, stopping);
     flusher_summaries_step(f, wall_ms, stopping);
     set_gauges(f, wall_ms);

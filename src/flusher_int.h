@@ -31,7 +31,18 @@
 #define MAX_DUP_CHECKS 3
 
 struct bd_flusher {
-    const struct bd_config *cfg;
+    /*
+     * The configuration this thread runs with: cfg_own, its own copy, which nothing else reads
+     * (the daemon's copy may change on the loop thread at any time). A reload hands the next one
+     * over in cfg_next (under mu); the step adopts it first thing, where no store call is in
+     * flight (flusher_reload.c), and frees the one it replaced.
+     */
+    const struct bd_config *cfg; /* == cfg_own */
+    struct bd_config *cfg_own;
+    struct bd_config *cfg_next; /* guarded by mu; NULL: none waiting */
+    uint64_t cfg_next_gen;      /* guarded by mu */
+    bd_flusher_reconfigured_cb reconfigured;
+    void *reconfigured_arg;
     struct bd_sensor_table *table;
     struct bd_stats *stats;
 
@@ -65,6 +76,7 @@ struct bd_flusher {
     uint32_t attempt;     /* consecutive failed attempts */
     int64_t retry_at;     /* monotonic ns of the next attempt, 0 = none */
     uint32_t chunk_max;   /* updates per bulk: flush.max_updates, halved after a driver refusal */
+    uint32_t chunk_cap;   /* what the chunk arrays below hold (flush.max_updates, or more) */
     uint64_t rng;         /* xorshift state for jitter */
     bool clean_stop;      /* not started, or the thread ended through its stop path */
     enum bd_bulk_cause last_cause; /* why the last failed attempt failed */
@@ -120,6 +132,8 @@ void flusher_run_io(void *arg, bd_io_fn fn, void *fn_arg);
 void flusher_drain(struct bd_flusher *f, int64_t wall_ms);
 
 /* flusher_spool.c */
+/* The store's prepare (connect, indexes) on the I/O thread, draining meanwhile. */
+bool flusher_prepare_store(struct bd_flusher *f, bson_error_t *error);
 int flusher_spool_open(struct bd_flusher *f, struct bd_err *err);
 void flusher_spool_close(struct bd_flusher *f);
 /* The spool holds records not yet replayed (or one being replayed). */
@@ -136,10 +150,18 @@ void flusher_spool_stats(struct bd_flusher *f);
  * this start: its records carry no time. */
 int64_t flusher_spool_oldest_ms(const struct bd_flusher *f);
 
+/* flusher_reload.c */
+/* (Re)allocate the chunk arrays (ops .. readback) for max updates a bulk; -ENOMEM keeps the old
+ * ones. Between steps only: they are scratch space of one send. */
+int flusher_chunk_alloc(struct bd_flusher *f, uint32_t max);
+void flusher_chunk_free(struct bd_flusher *f);
+/* Start of a step: adopt the configuration a reload handed over, if any. */
+void flusher_reload_adopt(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms);
+
 /* flusher_summaries.c */
 int flusher_summaries_open(struct bd_flusher *f, struct bd_err *err);
-/* Buckets left unrefreshed are counted and logged. */
-void flusher_summaries_close(struct bd_flusher *f);
+/* Buckets left unrefreshed are counted and logged, saying why (a stop, a reload). */
+void flusher_summaries_close(struct bd_flusher *f, const char *why);
 /* A page of this bucket was acknowledged. */
 void flusher_summaries_mark(struct bd_flusher *f, const char *sensor_id, int64_t start_ms);
 /* After the step: a round of refreshes if one is due. */

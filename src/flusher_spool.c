@@ -250,6 +250,15 @@ static void prepare_run(void *arg) {
     c->ok = c->st->ops->prepare(c->st, &c->error);
 }
 
+bool flusher_prepare_store(struct bd_flusher *f, bson_error_t *error) {
+    struct prepare_call pc = {.st = f->store};
+    flusher_run_io(f, prepare_run, &pc);
+    if (!pc.ok) {
+        *error = pc.error;
+    }
+    return pc.ok;
+}
+
 /* Replay records from the spool's head until one fails or enough were done for one step. */
 static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
     struct bd_replay_env env = {.store = f->store,
@@ -259,10 +268,9 @@ static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
                                 .stats = f->stats,
                                 .cfg = f->cfg,
                                 .sums = f->sums};
-    struct prepare_call pc = {.st = f->store};
-    flusher_run_io(f, prepare_run, &pc);
-    if (!pc.ok) {
-        note_failure(f, BD_CAUSE_UNREACHABLE, pc.error.message);
+    bson_error_t perr;
+    if (!flusher_prepare_store(f, &perr)) {
+        note_failure(f, BD_CAUSE_UNREACHABLE, perr.message);
         schedule_retry(f, mono_ns);
         return;
     }

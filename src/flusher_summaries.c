@@ -28,17 +28,17 @@ int flusher_summaries_open(struct bd_flusher *f, struct bd_err *err) {
     return 0;
 }
 
-void flusher_summaries_close(struct bd_flusher *f) {
+void flusher_summaries_close(struct bd_flusher *f, const char *why) {
     if (f->sums == NULL) {
         return;
     }
     uint64_t left = (uint64_t)bd_summaries_waiting(f->sums) + bd_summaries_in_round(f->sums);
     if (left > 0) {
         BD_STAT_ADD(f->stats, summary_buckets_skipped, left);
-        bd_warn("the summary documents of %" PRIu64 " buckets were not refreshed before the "
-                "stop; they miss the readings written last until their buckets are written "
-                "again (bucketd-inspect summaries rebuilds them)",
-                left);
+        bd_warn("the summary documents of %" PRIu64 " buckets were not refreshed before %s; "
+                "they miss the readings written last until their buckets are written again "
+                "(bucketd-inspect summaries rebuilds them)",
+                left, why);
     }
     bd_summaries_free(f->sums);
     f->sums = NULL;

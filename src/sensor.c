@@ -96,8 +96,7 @@ struct bd_sensor_table {
     /* Read-modify-written by both threads: see the hand-off protocol. Alone in its pair. */
     alignas(BD_RING_CACHELINE) _Atomic uint64_t handoff;
 
-    alignas(BD_RING_CACHELINE) const struct bd_config *cfg;
-    struct bd_stats *stats;
+    alignas(BD_RING_CACHELINE) struct bd_stats *stats;
 
     /* Hash index, ingest thread only. */
     struct slot *slots;
@@ -121,7 +120,9 @@ struct bd_sensor_table {
     uint32_t high_segs; /* in use above this: congested */
     uint32_t low_segs;  /* congestion ends at or below this */
     bool wake_armed;
+    /* The limits (bd_sensor_table_set_limits), ingest thread only. */
     uint32_t max_fields;
+    uint32_t pool_fields; /* max_fields at start: what a pool segment holds a record of */
     int64_t max_late_ns;
     int64_t max_future_ns;
 
@@ -197,10 +198,10 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
         rc = bd_err_set(err, -ENOMEM, "sensor table: out of memory");
         goto out;
     }
-    t->cfg = cfg;
     t->stats = stats;
     t->max_sensors = cfg->limits.max_sensors;
     t->max_fields = cfg->limits.max_fields;
+    t->pool_fields = t->max_fields;
     t->max_late_ns = (int64_t)cfg->buckets.max_late_ms * BD_NS_PER_MS;
     t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
     t->limit_log.interval_ns = 10 * BD_NS_PER_S;
@@ -235,6 +236,23 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
 out:
     bd_sensor_table_free(t);
     return rc;
+}
+
+void bd_sensor_table_limits_room(const struct bd_sensor_table *t, uint32_t *max_sensors,
+                                 uint32_t *max_fields) {
+    /* Both queues hold each sensor at most once, so their capacity is the real sensor limit. */
+    *max_sensors = BD_MIN(bd_ring_capacity(&t->dirty), bd_ring_capacity(&t->reclaim));
+    *max_fields = t->pool_fields;
+}
+
+void bd_sensor_table_set_limits(struct bd_sensor_table *t, const struct bd_config *cfg) {
+    uint32_t sensors_room, fields_room;
+    bd_sensor_table_limits_room(t, &sensors_room, &fields_room);
+    BD_ASSERT(cfg->limits.max_sensors <= sensors_room && cfg->limits.max_fields <= fields_room);
+    t->max_sensors = cfg->limits.max_sensors;
+    t->max_fields = cfg->limits.max_fields;
+    t->max_late_ns = (int64_t)cfg->buckets.max_late_ms * BD_NS_PER_MS;
+    t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
 }
 
 void bd_sensor_table_free(struct bd_sensor_table *t) {

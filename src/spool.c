@@ -787,6 +787,11 @@ int bd_spool_ack(struct bd_spool *s, uint64_t id) {
     return s->o.sync == BD_SPOOL_SYNC_BATCH ? save_ckpt(s) : 0;
 }
 
+void bd_spool_set_max_bytes(struct bd_spool *s, uint64_t max_bytes) {
+    /* Checked before every write, so a lower cap takes effect at the next append. */
+    s->o.max_bytes = max_bytes == 0 ? UINT64_MAX : max_bytes;
+}
+
 bool bd_spool_empty(const struct bd_spool *s) {
     return s->n == 0 || (s->n == 1 && !s->peeked && s->rd_off >= s->segs[0].size);
 }

@@ -2,10 +2,15 @@
  * The MongoDB store (see include/bucketd/store.h): mongo-c-driver behind the flusher's store
  * interface. The client is popped from the pool on first use by the flusher thread and pushed
  * back by release() when that thread ends.
+ *
+ * The store keeps its own copies of the settings it needs (names, write concern, retention):
+ * the configuration it was made from is replaced by a reload, which reaches the store through
+ * reconfigure(), called by the flusher between store calls.
  */
 #include "bucketd/store.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <mongoc/mongoc.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,11 +18,25 @@
 #include "bucketd/alloc.h"
 #include "bucketd/log.h"
 #include "bucketd/mongo.h"
+#include "bucketd/retention.h"
 #include "bucketd/summaries.h"
+
+/* A failed retention change (privileges, a conflicting index) is tried again this often. */
+#define RETENTION_RETRY_NS (60 * BD_NS_PER_S)
+
+/* The TTL index of one collection (retention.h): the wanted expiry, and whether it is in place. */
+struct ttl {
+    uint64_t seconds; /* 0: none */
+    bool ok;
+    int64_t next_try_ns;
+};
 
 struct mongo_store {
     struct bd_store base;
-    const struct bd_config *cfg;
+    char database[sizeof(((struct bd_config *)0)->mongodb.database)];
+    char collection[sizeof(((struct bd_config *)0)->mongodb.collection)];
+    bool summaries_on; /* summaries.interval > 0 */
+    struct ttl pages_ttl, summary_ttl;
     char writer_key[160];
     mongoc_uri_t *uri;
     mongoc_client_pool_t *pool;
@@ -35,8 +54,7 @@ static bool ensure_client(struct mongo_store *m) {
         if (m->client == NULL) {
             return false;
         }
-        m->coll = mongoc_client_get_collection(m->client, m->cfg->mongodb.database,
-                                               m->cfg->mongodb.collection);
+        m->coll = mongoc_client_get_collection(m->client, m->database, m->collection);
     }
     return true;
 }
@@ -63,12 +81,12 @@ static bool create_index(struct mongo_store *m, const char *coll, bool unique) {
     }
     bson_append_document_end(&indexes, &idx);
     bson_append_array_end(&cmd, &indexes);
-    mongoc_database_t *db = mongoc_client_get_database(m->client, m->cfg->mongodb.database);
+    mongoc_database_t *db = mongoc_client_get_database(m->client, m->database);
     bool ok = mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr);
     if (ok) {
-        bd_info("indexes ready on %s.%s", m->cfg->mongodb.database, coll);
+        bd_info("indexes ready on %s.%s", m->database, coll);
     } else if (bd_ratelimit_ok(&m->index_log, bd_mono_ns())) {
-        bd_error("cannot create indexes on %s.%s (will retry): %s", m->cfg->mongodb.database, coll,
+        bd_error("cannot create indexes on %s.%s (will retry): %s", m->database, coll,
                  berr.message);
     }
     mongoc_database_destroy(db);
@@ -77,12 +95,55 @@ static bool create_index(struct mongo_store *m, const char *coll, bool unique) {
     return ok;
 }
 
+/* The retention's TTL index of coll in place (retention.h), once per change of value. */
+static void ensure_ttl(struct mongo_store *m, const char *coll, const char *key, struct ttl *t) {
+    int64_t now = bd_mono_ns();
+    if (t->ok || now < t->next_try_ns) {
+        return;
+    }
+    bson_error_t berr;
+    enum bd_retention_done done;
+    int64_t old = 0;
+    mongoc_database_t *db = mongoc_client_get_database(m->client, m->database);
+    t->ok = bd_retention_sync(db, coll, t->seconds, &done, &old, &berr);
+    mongoc_database_destroy(db);
+    if (!t->ok) {
+        t->next_try_ns = now + RETENTION_RETRY_NS;
+        bd_error("%s: cannot set the TTL index %s on %s.%s (tried again in %d s): %s", key,
+                 BD_RETENTION_INDEX, m->database, coll, (int)(RETENTION_RETRY_NS / BD_NS_PER_S),
+                 berr.message);
+    } else if (done == BD_RETENTION_CREATED) {
+        bd_info("%s: documents of %s.%s are deleted by MongoDB %" PRIu64 " s after their "
+                "bucket_end (TTL index %s created)",
+                key, m->database, coll, t->seconds, BD_RETENTION_INDEX);
+    } else if (done == BD_RETENTION_CHANGED) {
+        bd_info("%s: documents of %s.%s are deleted by MongoDB %" PRIu64 " s after their "
+                "bucket_end (TTL index %s changed from %" PRId64 " s by collMod)",
+                key, m->database, coll, t->seconds, BD_RETENTION_INDEX, old);
+    } else if (done == BD_RETENTION_DROPPED) {
+        bd_info("%s: off; TTL index %s dropped from %s.%s, no document expires any more", key,
+                BD_RETENTION_INDEX, m->database, coll);
+    }
+}
+
 static void ensure_indexes(struct mongo_store *m) {
     if (!m->indexes_ok) {
-        m->indexes_ok = create_index(m, m->cfg->mongodb.collection, false);
+        m->indexes_ok = create_index(m, m->collection, false);
     }
-    if (!m->summary_index_ok && m->cfg->summaries.interval_ms > 0) {
+    if (!m->summary_index_ok && m->summaries_on) {
         m->summary_index_ok = create_index(m, m->summary_coll, true);
+    }
+    ensure_ttl(m, m->collection, "buckets.retention", &m->pages_ttl);
+    if (m->summaries_on) {
+        ensure_ttl(m, m->summary_coll, "summaries.retention", &m->summary_ttl);
+    }
+}
+
+/* A new wanted value is tried at the next prepare, whatever failed before. */
+static void set_ttl(struct ttl *t, uint64_t retention_ms) {
+    uint64_t seconds = retention_ms / 1000;
+    if (seconds != t->seconds || !t->ok) {
+        *t = (struct ttl){.seconds = seconds};
     }
 }
 
@@ -252,6 +313,26 @@ static bool m_max_writer_seq(struct bd_store *st, uint64_t *seq, bson_error_t *e
     return ok;
 }
 
+/* Between store calls (the flusher, adopting a reload): nothing of this is in use. */
+static void m_reconfigure(struct bd_store *st, const struct bd_config *cfg) {
+    struct mongo_store *m = (struct mongo_store *)st;
+    struct bd_err err = {0};
+    mongoc_write_concern_t *wc = NULL;
+    if (bd_mongo_write_concern_new(cfg->mongodb.write_concern, cfg->mongodb.wtimeout_ms, &wc,
+                                   &err) < 0) {
+        bd_error("%s; keeping the running write concern", err.msg); /* validated at load */
+    } else {
+        mongoc_write_concern_destroy(m->wc);
+        m->wc = wc;
+    }
+    if (cfg->summaries.interval_ms > 0 && !m->summaries_on) {
+        m->summary_index_ok = false;
+    }
+    m->summaries_on = cfg->summaries.interval_ms > 0;
+    set_ttl(&m->pages_ttl, cfg->buckets.retention_ms);
+    set_ttl(&m->summary_ttl, cfg->summaries.retention_ms);
+}
+
 static void m_release(struct bd_store *st) {
     struct mongo_store *m = (struct mongo_store *)st;
     if (m->client != NULL) {
@@ -279,6 +360,7 @@ static const struct bd_store_ops mongo_ops = {
     .find_pages = m_find_pages,
     .refresh_summaries = m_refresh_summaries,
     .max_writer_seq = m_max_writer_seq,
+    .reconfigure = m_reconfigure,
     .release = m_release,
     .destroy = m_destroy,
 };
@@ -292,7 +374,11 @@ int bd_store_mongo_new(struct bd_store **out, const struct bd_config *cfg, const
         return bd_err_set(err, -ENOMEM, "store: out of memory");
     }
     m->base.ops = &mongo_ops;
-    m->cfg = cfg;
+    snprintf(m->database, sizeof(m->database), "%s", cfg->mongodb.database);
+    snprintf(m->collection, sizeof(m->collection), "%s", cfg->mongodb.collection);
+    m->summaries_on = cfg->summaries.interval_ms > 0;
+    set_ttl(&m->pages_ttl, cfg->buckets.retention_ms);
+    set_ttl(&m->summary_ttl, cfg->summaries.retention_ms);
     snprintf(m->writer_key, sizeof(m->writer_key), "%s", writer_key);
     bd_config_summary_collection(cfg, m->summary_coll, sizeof(m->summary_coll));
     m->index_log.interval_ns = 10 * BD_NS_PER_S;

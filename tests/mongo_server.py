@@ -138,6 +138,19 @@ other clients need and the libraries lack or get wrong:
 * collection validators (create / collMod with validator, validationLevel,
   validationAction; query operators and a top-level $jsonSchema subset): a write whose
   result fails it fails alone with DocumentValidationFailure (121);
+* TTL indexes as MongoDB 6.0 checks them: createIndexes takes expireAfterSeconds only as a
+  number from 0 to the seconds since 1970 (else CannotCreateIndex, 67), and an index with
+  the same name or key but another expireAfterSeconds is IndexOptionsConflict (85); collMod
+  {index: {name | keyPattern, expireAfterSeconds}} changes it in place (the reply has
+  expireAfterSeconds_new, and expireAfterSeconds_old when the index had one; an index without
+  one becomes a TTL index if it has a single field, as since 5.1) and refuses what mongod does:
+  an unknown field (40415), a wrong type (14), both or neither of name and keyPattern, no
+  option to change, a negative or too large value, the _id index, a compound index (72), an
+  index that does not exist (27); hidden, unique and prepareUnique answer 238 (not supported
+  here).  listIndexes shows expireAfterSeconds.  Expiry is mongomock's: a document whose
+  indexed date is older than expireAfterSeconds is removed the next time its collection is
+  read or written, at once, where MongoDB's TTL monitor deletes it within about 60 s (and
+  only on a primary);
 * the failCommand fail point of mongod's test commands, on the admin database:
 
     {configureFailPoint: "failCommand",
@@ -3908,17 +3921,110 @@ class Backend(object):
         if not store.is_created:
             raise CommandError(26, 'ns does not exist: %s.%s' % (db, coll_name))
         for key in cmd:
-            if key in (name, 'validator', 'validationLevel', 'validationAction',
+            if key in (name, 'index', 'validator', 'validationLevel', 'validationAction',
                        'writeConcern', 'lsid', '$db', '$readPreference', '$clusterTime'):
                 continue
-            if key in ('index', 'expireAfterSeconds', 'viewOn', 'pipeline',
+            if key in ('expireAfterSeconds', 'viewOn', 'pipeline',
                        'changeStreamPreAndPostImages', 'timeseries', 'recordPreImages'):
                 raise CommandError(238, 'collMod %s is not supported by the test server' % key)
             raise CommandError(40415, "BSON field 'collMod.%s' is an unknown field." % key)
+        index_change = None
+        if 'index' in cmd:
+            index_change = self._collmod_index(db, coll_name, store, cmd['index'])
         options = dict(getattr(store, '_bd_options', None) or {})
         options.update(self._validation_options(db, cmd, name))
         store._bd_options = options or None
-        return {'ok': 1.0}
+        reply = {}
+        if index_change is not None:
+            reply.update(index_change())
+        reply['ok'] = 1.0
+        return reply
+
+    def _collmod_index(self, db, coll_name, store, spec):
+        """collMod's index option, checked as MongoDB 6.0 checks it (coll_mod.idl, coll_mod.cpp
+        parseCollModRequest, coll_mod_index.cpp): expireAfterSeconds of one index, found by name
+        or by key pattern; hidden, unique and prepareUnique are not supported here (238).
+        Returns a function that applies the change and gives the reply's fields, so that
+        nothing changes when another option of the command is refused."""
+        if not isinstance(spec, dict):
+            raise CommandError(14, "BSON field 'collMod.index' is the wrong type '%s', expected "
+                                   "type 'object'" % type_name(spec))
+        types = {'name': ('string',), 'keyPattern': ('object',), 'hidden': ('bool',),
+                 'unique': ('bool',), 'prepareUnique': ('bool',),
+                 'expireAfterSeconds': ('long', 'int', 'decimal', 'double')}
+        for field, value in spec.items():
+            if field not in types:
+                raise CommandError(40415, "BSON field 'collMod.index.%s' is an unknown field."
+                                   % field)
+            if type_name(value) not in types[field]:
+                want = types[field]
+                raise CommandError(14, "BSON field 'collMod.index.%s' is the wrong type '%s', "
+                                       "expected %s" % (
+                                           field, type_name(value),
+                                           "type '%s'" % want[0] if len(want) == 1 else
+                                           "types '[%s]'" % ', '.join(want)))
+        if 'name' in spec and 'keyPattern' in spec:
+            raise CommandError(72, 'Cannot specify both key pattern and name.')
+        if 'name' not in spec and 'keyPattern' not in spec:
+            raise CommandError(72, 'Must specify either index name or key pattern.')
+        if not any(f in spec for f in ('expireAfterSeconds', 'hidden', 'unique',
+                                       'prepareUnique')):
+            raise CommandError(72, 'no expireAfterSeconds, hidden, unique, or prepareUnique '
+                                   'field')
+        for field in ('hidden', 'unique', 'prepareUnique'):
+            if field in spec:
+                raise CommandError(238, 'collMod index %s is not supported by the test server'
+                                   % field)
+        new = spec['expireAfterSeconds']
+        if isinstance(new, Decimal128):
+            new = new.to_decimal()
+        seconds = int(new) if not (isinstance(new, float) and math.isnan(new)) else 0
+        if seconds < 0:
+            raise CommandError(72, "TTL index 'expireAfterSeconds' option cannot be less than 0")
+        if seconds > int(time.time()):
+            raise CommandError(72, "TTL index 'expireAfterSeconds' option must be within an "
+                                   "acceptable range, try a lower number")
+        ns = '%s.%s' % (db, coll_name)
+        if 'name' in spec:
+            iname = spec['name']
+            if iname == '_id_':
+                info = {'key': [('_id', 1)]}
+            elif iname in store.indexes:
+                info = store.indexes[iname]
+            else:
+                raise CommandError(27, 'cannot find index %s for ns %s' % (iname, ns))
+        else:
+            pattern = spec['keyPattern']
+            if bson_cmp(pattern, {'_id': 1}) == 0:
+                iname, info = '_id_', {'key': [('_id', 1)]}
+            else:
+                found = [(n, i) for n, i in store.indexes.items()
+                         if bson_cmp(dict(i['key']), pattern) == 0]
+                if not found:
+                    raise CommandError(27, 'cannot find index %s for ns %s'
+                                       % (fmt_value(pattern), ns))
+                iname, info = found[0]
+        old = info.get('expireAfterSeconds')
+        if old is None:
+            if iname == '_id_':
+                raise CommandError(72, 'the _id field does not support TTL indexes')
+            if len(info['key']) != 1:
+                raise CommandError(72, 'TTL indexes are single-field indexes, compound indexes '
+                                       'do not support TTL')
+        elif not is_number(old):
+            raise CommandError(72, 'existing expireAfterSeconds field is not a number')
+
+        def apply():
+            # The reply carries the new value, and the old one when the index had one, whether
+            # or not it changed (coll_mod_index.cpp processCollModIndexRequest, 6.0).
+            info['expireAfterSeconds'] = spec['expireAfterSeconds']
+            store._ttl_indexes[iname] = info
+            out = {'expireAfterSeconds_new': spec['expireAfterSeconds']}
+            if old is not None:
+                out = {'expireAfterSeconds_old': old,
+                       'expireAfterSeconds_new': spec['expireAfterSeconds']}
+            return out
+        return apply
 
     def _kill_ns_cursors(self, prefix):
         for cid in [c.id for c in self.cursors.values() if c.ns.startswith(prefix)]:
@@ -4065,6 +4171,8 @@ class Backend(object):
                                            'numbers or index type strings: %s'
                                        % fmt_value(key))
             info = {'key': [(f, d) for f, d in key.items()]}
+            if 'expireAfterSeconds' in spec:
+                _check_ttl_option(spec)
             for opt, v in spec.items():
                 if opt in ('key', 'name', 'v', 'ns', 'background'):
                     continue
@@ -4685,6 +4793,25 @@ class Backend(object):
             coll._docs()[id_key(old['_id'])] = new
             coll.note_update_write()
         return True
+
+
+def _check_ttl_option(spec):
+    """expireAfterSeconds of a createIndexes spec, as MongoDB 6.0 checks it
+    (index_key_validate.cpp validateIndexSpecTTL): a number, not negative, and no more than the
+    seconds since 1970."""
+    v = spec['expireAfterSeconds']
+    shown = fmt_value(dict(spec))
+    if not is_number(v):
+        raise CommandError(67, "TTL index 'expireAfterSeconds' option must be numeric, but "
+                               "received a type of '%s'. Index spec: %s" % (type_name(v), shown))
+    if isinstance(v, Decimal128):
+        v = v.to_decimal()
+    if not (isinstance(v, float) and math.isnan(v)) and int(v) < 0:
+        raise CommandError(67, "TTL index 'expireAfterSeconds' option cannot be less than 0. "
+                               "Index spec: %s" % shown)
+    if not (isinstance(v, float) and math.isnan(v)) and int(v) > int(time.time()):
+        raise CommandError(67, "TTL index 'expireAfterSeconds' option must be within an "
+                               "acceptable range, try a lower number. Index spec: %s" % shown)
 
 
 def _same_index_options(a, b):

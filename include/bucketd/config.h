@@ -1,7 +1,9 @@
 /*
  * The daemon's configuration: one schema table (src/config.c) describes every key, its type,
  * bounds, default and help; this header is the parsed result. Loaded on the main thread before
- * any other thread starts; read-only afterwards.
+ * any other thread starts; a reload (reload.h) loads the file again on that thread and hands
+ * each other thread its own copy, so a struct bd_config is never changed while another thread
+ * reads it.
  */
 #ifndef BUCKETD_CONFIG_H
 #define BUCKETD_CONFIG_H
@@ -55,6 +57,7 @@ struct bd_config {
         uint64_t max_bytes;     /* estimated BSON bytes per page, default 128 KiB */
         uint64_t max_late_ms;   /* readings older than now - max_late are dropped; default 24h */
         uint64_t max_future_ms; /* readings newer than now + max_future are dropped; default 10m */
+        uint64_t retention_ms;  /* TTL on bucket_end (whole seconds); 0 (default) = none */
     } buckets;
 
     struct {
@@ -67,8 +70,9 @@ struct bd_config {
     } flush;
 
     struct {
-        char collection[128]; /* "" (default): "<mongodb.collection>_summary" */
-        uint64_t interval_ms; /* a bucket's summary is refreshed at most this often; 0 = off */
+        char collection[128];  /* "" (default): "<mongodb.collection>_summary" */
+        uint64_t interval_ms;  /* a bucket's summary is refreshed at most this often; 0 = off */
+        uint64_t retention_ms; /* TTL on the summaries' bucket_end; 0 (default) = none */
     } summaries;
 
     struct {
@@ -124,12 +128,31 @@ int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err);
  */
 int bd_config_dump(const struct bd_config *cfg, FILE *out);
 
+/* One difference between the running configuration and the file a reload read. */
+struct bd_config_change {
+    /* "flush.interval"; "listeners[2].format" (a kept listener, by its index in the file);
+     * "listeners" for a listener added (from "") or removed (to ""), shown as "udp 0.0.0.0:8089". */
+    const char *key;
+    const char *from; /* the running value, as the file would write it */
+    const char *to;   /* the file's value */
+    bool applied;     /* false: the key needs a restart and keeps its running value */
+};
+typedef void (*bd_config_change_cb)(void *arg, const struct bd_config_change *c);
+
 /*
- * For SIGHUP: 0 if next differs from cur only in keys the schema marks reloadable, else -EINVAL
- * with err->msg naming the first key that needs a restart.
+ * For SIGHUP: *out = cur with every key the schema marks reloadable taken from next. The
+ * listener set is next's: listeners are matched by proto and address, those only in next are
+ * added, those only in cur removed, and a kept one keeps its running values (its other keys
+ * need a restart). A key next leaves unset (writer_id) keeps its running value. cb (may be NULL)
+ * is called for every difference, applied or not. -EINVAL, with out untouched, if the result
+ * breaks a rule between keys (possible when a key that needs a restart keeps its value).
  */
-int bd_config_reload_check(const struct bd_config *cur, const struct bd_config *next,
+int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *next,
+                           struct bd_config *out, bd_config_change_cb cb, void *arg,
                            struct bd_err *err);
+
+/* The same socket: same proto and address (what a reload matches listeners by). */
+bool bd_listener_same(const struct bd_listener_config *a, const struct bd_listener_config *b);
 
 /* Strict unit parsers, shared with the tools: "1500ms", "1s", "5m", "1h"; "64KiB", "8MiB". */
 int bd_parse_duration_ms(const char *s, uint64_t *out_ms);

@@ -45,6 +45,20 @@ int bd_flusher_new_with_store(struct bd_flusher **out, const struct bd_config *c
                               struct bd_sensor_table *table, struct bd_stats *stats,
                               struct bd_store *store, struct bd_err *err);
 void bd_flusher_set_drained(struct bd_flusher *f, bd_flusher_drained_cb cb, void *arg);
+
+/* Called on the flusher thread once it runs the configuration of reload generation gen. */
+typedef void (*bd_flusher_reconfigured_cb)(void *arg, uint64_t gen);
+void bd_flusher_set_reconfigured(struct bd_flusher *f, bd_flusher_reconfigured_cb cb, void *arg);
+
+/*
+ * Any thread (the loop, on SIGHUP): run with cfg from the next step on. cfg is copied; the keys
+ * that need a restart must hold their running values (bd_config_reload_merge). The flusher takes
+ * it at the start of a step, where no store call is in flight, applies what changed (flush.*,
+ * buckets.max_late/max_future, summaries.interval/retention, spool.max_bytes, and the store's
+ * write concern and retention), then calls the reconfigured callback with gen. A second call
+ * before the first was taken replaces it. -ENOMEM if cfg cannot be copied.
+ */
+int bd_flusher_reconfigure(struct bd_flusher *f, const struct bd_config *cfg, uint64_t gen);
 int bd_flusher_start(struct bd_flusher *f, struct bd_err *err);
 /* Any thread: flush now instead of at the next interval. */
 void bd_flusher_wake(struct bd_flusher *f);

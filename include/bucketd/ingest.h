@@ -3,7 +3,7 @@
  * connection). Everything here runs on the ingest thread, which owns the uv loop; each line is
  * parsed with the listener's parser and handed to the sensor table. With a UDP listener the
  * ingest thread also reads the kernel's UDP drop counters from /proc, once a second and once
- * more at stop, into the stats (see the end of this file).
+ * more at stop, into the stats (see below; src/kstats.c).
  */
 #ifndef BUCKETD_INGEST_H
 #define BUCKETD_INGEST_H
@@ -26,6 +26,14 @@ struct bd_ingest;
  */
 int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_config *cfg,
                   struct bd_sensor_table *table, struct bd_stats *stats, struct bd_err *err);
+
+/*
+ * A reload: make the open listeners those of cfg (matched by proto and address, as
+ * bd_config_reload_merge matches them). Listeners only in cfg are opened; a removed listener
+ * is closed as at a stop. A listener that cannot be opened is logged and left out of cfg (so
+ * that cfg says what runs): -1 then, else 0.
+ */
+int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg);
 
 /* Called on the loop thread when a stop has finished with every connection. */
 typedef void (*bd_ingest_stopped_cb)(void *arg);

@@ -117,6 +117,18 @@ typedef void (*bd_sensor_wake_cb)(void *arg);
 int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cfg,
                         struct bd_stats *stats, struct bd_err *err);
 void bd_sensor_table_free(struct bd_sensor_table *t);
+/*
+ * How far a reload may raise limits.max_sensors and limits.max_fields: the capacity of the
+ * sensor queues and the record size of the pool's segments, both sized at start.
+ */
+void bd_sensor_table_limits_room(const struct bd_sensor_table *t, uint32_t *max_sensors,
+                                 uint32_t *max_fields);
+/*
+ * Ingest thread (a reload): take cfg's limits.max_sensors and limits.max_fields (within the
+ * room above) and the accepted time window (buckets.max_late, buckets.max_future). A lower
+ * max_sensors keeps the sensors already known; only new ones are refused.
+ */
+void bd_sensor_table_set_limits(struct bd_sensor_table *t, const struct bd_config *cfg);
 void bd_sensor_table_set_wake(struct bd_sensor_table *t, bd_sensor_wake_cb cb, void *arg);
 uint32_t bd_sensor_table_count(const struct bd_sensor_table *t);
 

@@ -197,6 +197,10 @@ int bd_spool_peek(struct bd_spool *s, struct bd_spool_record *rec);
  */
 int bd_spool_ack(struct bd_spool *s, uint64_t id);
 
+/* A new cap (a reload; 0: none), applied from the next append on: a spool already above it is
+ * brought under it by that append as `full` says. */
+void bd_spool_set_max_bytes(struct bd_spool *s, uint64_t max_bytes);
+
 /*
  * No unacknowledged record is left before the write end. false can still mean that peek finds
  * nothing but corrupt bytes (it then skips them and the spool becomes empty).

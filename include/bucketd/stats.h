@@ -23,7 +23,7 @@
       "host-wide UDP receive-buffer drops since start (/proc/net/snmp{,6})")              \
     X(udp_kernel_in_errors, "host-wide UDP InErrors since start (/proc/net/snmp{,6})")        \
     X(udp_pauses, "times UDP reading paused for the buffer pool past its high-water mark")           \
-    X(udp_unread_at_stop, "UDP datagrams still queued at a stop past its read-out, discarded") \
+    X(udp_unread_at_stop, "UDP datagrams still queued past the read-out at a stop (or a listener's removal), discarded") \
     X(tcp_connections, "TCP connections accepted")                                        \
     X(tcp_rejected, "TCP connections refused (max_connections)")                           \
     X(tcp_bytes, "TCP payload bytes received")                                            \
@@ -42,6 +42,9 @@
     X(drop_buffer_full, "readings dropped: the buffer pool (half of limits.memory) was full") \
     X(drop_sensor_limit, "readings dropped: limits.max_sensors reached")                   \
     X(string_fields_dropped, "string fields dropped (strings are not stored)")              \
+    /* loop thread (reload.c) */                                                           \
+    X(config_reloads, "SIGHUP reloads that read a valid file (its reloadable keys applied)") \
+    X(config_reload_errors, "SIGHUP reloads refused: the file did not validate")          \
     /* flusher thread */                                                                   \
     X(readings_flushed, "readings written to the sink")                                    \
     X(flushes, "flush cycles with data")                                                   \

@@ -54,6 +54,9 @@ struct bd_store_ops {
                               bson_error_t *error);
     /* The highest number this writer left in the collection (0: none). */
     bool (*max_writer_seq)(struct bd_store *st, uint64_t *seq, bson_error_t *error);
+    /* A reload: take cfg's write concern, summaries.interval and retention (the keys that need
+     * a restart are unchanged). Called between store calls. NULL in a store with no settings. */
+    void (*reconfigure)(struct bd_store *st, const struct bd_config *cfg);
     /* The using thread ends: give back what belongs to it (the pooled client). */
     void (*release)(struct bd_store *st);
     void (*destroy)(struct bd_store *st);

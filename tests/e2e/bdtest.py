@@ -243,8 +243,10 @@ class Daemon:
     )
 
     def __init__(self, workdir, mongo_uri, database, collection="buckets", listeners=None,
-                 max_readings=3600, flush_interval="200ms", extra=None, create_spool=True):
+                 max_readings=3600, flush_interval="200ms", extra=None, create_spool=True,
+                 env=None):
         self.workdir = workdir
+        self.env = env  # extra environment variables for the process
         self.create_spool = create_spool
         self.database = database
         self.collection = collection
@@ -315,9 +317,10 @@ class Daemon:
             raise DaemonError("bucketd binary not found at %s (set BUCKETD_BIN)" % BIN)
         self.write_config()
         self._logf = open(self.log_path, "wb")
+        env = dict(os.environ, **self.env) if self.env else None
         self.proc = subprocess.Popen([BIN, "-c", self.config_path], stdin=subprocess.DEVNULL,
                                      stdout=self._logf, stderr=subprocess.STDOUT,
-                                     cwd=self.workdir)
+                                     cwd=self.workdir, env=env)
         ok = wait_for(lambda: self.proc.poll() is not None or READY_RE.search(self.log()),
                       ready_timeout)
         if self.proc.poll() is not None:
@@ -329,6 +332,23 @@ class Daemon:
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
+
+    def reload(self, text=None, expect="reload complete", timeout=60.0):
+        """Write the config (self.config, or text as is), send SIGHUP and wait until the log
+        holds `expect` once more than before. Returns the log written since the signal."""
+        before = self.log()
+        if text is None:
+            self.write_config()
+        else:
+            with open(self.config_path, "w") as f:
+                f.write(text)
+        self.proc.send_signal(signal.SIGHUP)
+        had = before.count(expect)
+        if not wait_for(lambda: self.log().count(expect) > had or not self.alive(), timeout):
+            self.fail("no %r in the log within %.0fs of SIGHUP" % (expect, timeout))
+        if not self.alive():
+            self.fail("bucketd exited after SIGHUP")
+        return self.log()[len(before):]
 
     def stop(self, timeout=60.0, sig=signal.SIGTERM, expect_rc=0):
         """Signal the daemon, wait for it to exit; returns the stats dict (or None)."""

@@ -432,6 +432,93 @@ class CrudTest(unittest.TestCase):
         self.assertEqual({ix['name'] for ix in self.coll.list_indexes()}, {'_id_', first})
 
 
+class TtlIndexTest(unittest.TestCase):
+    """TTL indexes, as bucketd's retention uses them (src/retention.c): createIndexes with
+    expireAfterSeconds, collMod of it by name or key pattern, and what MongoDB refuses."""
+
+    def setUp(self):
+        self.name = 'ttl_%s' % self._testMethodName
+        db[self.name].drop()
+        self.coll = db[self.name]
+        self.coll.insert_one({'_id': 0, 'bucket_end': datetime.datetime.utcnow()})
+
+    def expiry(self, name):
+        for ix in self.coll.list_indexes():
+            if ix['name'] == name:
+                return ix.get('expireAfterSeconds')
+        raise AssertionError('no index %s' % name)
+
+    def create(self, seconds, name='bucket_end_ttl', key=None):
+        return db.command('createIndexes', self.name, indexes=[
+            {'key': key or {'bucket_end': 1}, 'name': name, 'expireAfterSeconds': seconds}])
+
+    def coll_mod(self, index, name=None):
+        return db.command('collMod', name or self.name, index=index)
+
+    def assertCode(self, code, fn, *args):
+        with self.assertRaises(OperationFailure) as cm:
+            fn(*args)
+        self.assertEqual(cm.exception.code, code, cm.exception.details)
+
+    def test_created_then_changed_in_place(self):
+        self.create(3600)
+        self.assertEqual(self.expiry('bucket_end_ttl'), 3600)
+        again = self.create(3600)
+        self.assertEqual(again['numIndexesBefore'], again['numIndexesAfter'])
+        self.assertCode(85, self.create, 7200)
+        reply = self.coll_mod({'name': 'bucket_end_ttl', 'expireAfterSeconds': 7200})
+        self.assertEqual((reply['expireAfterSeconds_old'], reply['expireAfterSeconds_new']),
+                         (3600, 7200))
+        self.assertEqual(self.expiry('bucket_end_ttl'), 7200)
+        reply = self.coll_mod({'keyPattern': {'bucket_end': 1}, 'expireAfterSeconds': 60})
+        self.assertEqual((reply['expireAfterSeconds_old'], reply['expireAfterSeconds_new']),
+                         (7200, 60))
+        self.assertEqual(self.expiry('bucket_end_ttl'), 60)
+        self.coll.drop_index('bucket_end_ttl')
+        self.assertEqual({ix['name'] for ix in self.coll.list_indexes()}, {'_id_'})
+
+    def test_a_single_field_index_becomes_a_ttl_index(self):
+        self.coll.create_index('bucket_end', name='plain')
+        self.assertIsNone(self.expiry('plain'))
+        reply = self.coll_mod({'name': 'plain', 'expireAfterSeconds': 600})
+        self.assertNotIn('expireAfterSeconds_old', reply)
+        self.assertEqual(reply['expireAfterSeconds_new'], 600)
+        self.assertEqual(self.expiry('plain'), 600)
+
+    def test_refusals_change_nothing(self):
+        self.create(3600)
+        self.coll.create_index([('a', 1), ('b', 1)], name='ab')
+        for index, code in [
+                ({'name': 'bucket_end_ttl', 'keyPattern': {'bucket_end': 1},
+                  'expireAfterSeconds': 1}, 72),
+                ({'expireAfterSeconds': 1}, 72),
+                ({'name': 'bucket_end_ttl'}, 72),
+                ({'name': 'bucket_end_ttl', 'expireAfterSeconds': -1}, 72),
+                ({'name': 'bucket_end_ttl', 'expireAfterSeconds': 'x'}, 14),
+                ({'name': 'bucket_end_ttl', 'expireAfterSeconds': 1, 'bogus': 1}, 40415),
+                ({'name': 'nope', 'expireAfterSeconds': 1}, 27),
+                ({'keyPattern': {'nope': 1}, 'expireAfterSeconds': 1}, 27),
+                ({'name': '_id_', 'expireAfterSeconds': 1}, 72),
+                ({'name': 'ab', 'expireAfterSeconds': 1}, 72)]:
+            with self.subTest(index=index):
+                self.assertCode(code, self.coll_mod, index)
+        self.assertEqual(self.expiry('bucket_end_ttl'), 3600)
+        self.assertCode(26, self.coll_mod, {'name': 'bucket_end_ttl', 'expireAfterSeconds': 1},
+                        'ttl_no_such_collection')
+        self.assertCode(67, self.create, 'x', 'other')
+        self.assertCode(67, self.create, -5, 'other')
+        self.assertEqual({ix['name'] for ix in self.coll.list_indexes()},
+                         {'_id_', 'bucket_end_ttl', 'ab'})
+
+    @unittest.skipIf(EXTERNAL, "MongoDB's TTL monitor deletes within about 60 s, not at once")
+    def test_the_test_server_expires_documents_when_the_collection_is_next_read(self):
+        now = datetime.datetime.utcnow()
+        self.coll.insert_many([{'_id': 1, 'bucket_end': now - 2 * HOUR},
+                               {'_id': 2, 'bucket_end': now}, {'_id': 3}])
+        self.create(3600)
+        self.assertEqual(sorted(d['_id'] for d in self.coll.find()), [0, 2, 3])
+
+
 # ---------------------------------------------------------------------------------------------
 # Raw wire messages, for what a driver refuses to send
 # ---------------------------------------------------------------------------------------------

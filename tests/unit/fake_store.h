@@ -90,6 +90,11 @@ struct fake_store {
     uint32_t n_sums, cap_sums;
     uint32_t refresh_calls, refresh_max_keys;
     bool refresh_fails; /* answered like an unreachable server, nothing changed */
+
+    /* The settings the last reconfigure (a reload) handed over. */
+    uint32_t reconfigures;
+    char write_concern[64];
+    uint64_t retention_ms, summaries_retention_ms;
 };
 
 /* Test thread: wait until a bulk is held (false after timeout_s). */
@@ -459,6 +464,14 @@ static bool fake_refresh(struct bd_store *st, const struct bd_page_key *keys, ui
     return true;
 }
 
+static void fake_reconfigure(struct bd_store *st, const struct bd_config *cfg) {
+    struct fake_store *fs = (struct fake_store *)st;
+    fs->reconfigures++;
+    snprintf(fs->write_concern, sizeof(fs->write_concern), "%s", cfg->mongodb.write_concern);
+    fs->retention_ms = cfg->buckets.retention_ms;
+    fs->summaries_retention_ms = cfg->summaries.retention_ms;
+}
+
 static void fake_release(struct bd_store *st) {
     (void)st;
 }
@@ -474,6 +487,7 @@ static const struct bd_store_ops fake_ops = {
     .find_pages = fake_find_pages,
     .refresh_summaries = fake_refresh,
     .max_writer_seq = fake_max_seq,
+    .reconfigure = fake_reconfigure,
     .release = fake_release,
     .destroy = fake_destroy,
 };

@@ -100,6 +100,26 @@ static char *read_all(const char *path) {
     return buf;
 }
 
+/* The differences a reload merge reported, one "key|from|to|applied" line each. */
+struct changes {
+    char text[4096];
+    int n;
+};
+
+static void note_change(void *arg, const struct bd_config_change *c) {
+    struct changes *ch = arg;
+    size_t used = strlen(ch->text);
+    snprintf(ch->text + used, sizeof(ch->text) - used, "%s|%s|%s|%s\n", c->key, c->from, c->to,
+             c->applied ? "applied" : "restart");
+    ch->n++;
+}
+
+static int merge(const struct bd_config *cur, const struct bd_config *next, struct bd_config *out,
+                 struct changes *ch, struct bd_err *err) {
+    memset(ch, 0, sizeof(*ch));
+    return bd_config_reload_merge(cur, next, out, note_change, ch, err);
+}
+
 static char *dump_to_string(const struct bd_config *cfg) {
     char *text = NULL;
     size_t len = 0;
@@ -174,7 +194,10 @@ Test(config, dump_reads_back_to_the_same_config) {
     char *second = dump_to_string(&b);
     cr_assert_str_eq(first, second);
     cr_assert_eq(memcmp(&a.listeners, &b.listeners, sizeof(a.listeners)), 0);
-    cr_assert_eq(bd_config_reload_check(&a, &b, &err), 0, "%s", err.msg);
+    struct bd_config merged;
+    struct changes ch;
+    cr_assert_eq(merge(&a, &b, &merged, &ch, &err), 0, "%s", err.msg);
+    cr_assert_eq(ch.n, 0, "a reload of the dump would change:\n%s", ch.text);
     free(first);
     free(second);
 }
@@ -190,7 +213,10 @@ Test(config, dump_shows_writer_id_only_when_set) {
     write_file(dump_path, dump);
     cr_assert_eq(bd_config_load(&b, dump_path, &err), 0, "%s", err.msg);
     cr_assert_str_eq(b.writer_id, "");
-    cr_assert_eq(bd_config_reload_check(&a, &b, &err), 0, "%s", err.msg);
+    struct bd_config merged;
+    struct changes ch;
+    cr_assert_eq(merge(&a, &b, &merged, &ch, &err), 0, "%s", err.msg);
+    cr_assert_eq(ch.n, 0, "%s", ch.text);
     free(dump);
 
     expect_ok("writer_id: gw-7\n" LISTENER, &a);
@@ -788,25 +814,144 @@ Test(config, no_err_is_fine) {
     cr_assert_eq(bd_config_load(&cfg, cfg_path, NULL), -EINVAL);
 }
 
-Test(config, reload_check) {
-    struct bd_config cur, next;
+/* The keys the schema marks reloadable take the file's values; the others are reported and keep
+ * the running ones. */
+Test(config, reload_merge_applies_reloadable_keys_and_names_the_others) {
+    struct bd_config cur, next, out;
     struct bd_err err = {0};
+    struct changes ch;
     expect_ok(LISTENER "flush:\n  interval: 1s\n", &cur);
-
-    expect_ok(LISTENER "flush:\n  interval: 2s\nlog:\n  level: debug\n"
-                       "mongodb:\n  write_concern: majority\n",
+    expect_ok(LISTENER "flush:\n  interval: 2s\n  max_updates: 50\nlog:\n  level: debug\n"
+                       "buckets:\n  max_late: 2h\n  retention: 720h\n  span: 15m\n"
+                       "mongodb:\n  database: other\n  write_concern: \"1\"\n"
+                       "  uri: \"mongodb://user:secret@db:27017/\"\n"
+                       "limits:\n  max_sensors: 10\n  memory: 1MiB\n",
               &next);
-    cr_assert_eq(bd_config_reload_check(&cur, &next, &err), 0, "%s", err.msg);
+    cr_assert_eq(merge(&cur, &next, &out, &ch, &err), 0, "%s", err.msg);
+    /* A URI may hold a password: its change is named, its value never shown. */
+    cr_assert_str_eq(ch.text, "mongodb.uri|(not shown)|(changed)|restart\n"
+                              "mongodb.database|telemetry|other|restart\n"
+                              "mongodb.write_concern|majority|1|applied\n"
+                              "buckets.span|1h|15m|restart\n"
+                              "buckets.max_late|24h|2h|applied\n"
+                              "buckets.retention|0|720h|applied\n"
+                              "flush.interval|1s|2s|applied\n"
+                              "flush.max_updates|1000|50|applied\n"
+                              "log.level|info|debug|applied\n"
+                              "limits.max_sensors|100000|10|applied\n"
+                              "limits.memory|64MiB|1MiB|restart\n");
+    cr_assert_eq(out.flush.interval_ms, 2000);
+    cr_assert_eq(out.flush.max_updates, 50);
+    cr_assert_eq(out.log.level, BD_LOG_DEBUG);
+    cr_assert_eq(out.buckets.max_late_ms, 2 * 3600000);
+    cr_assert_eq(out.buckets.retention_ms, UINT64_C(720) * 3600000);
+    cr_assert_str_eq(out.mongodb.write_concern, "1");
+    cr_assert_eq(out.limits.max_sensors, 10);
+    /* Kept until a restart. */
+    cr_assert_str_eq(out.mongodb.database, "telemetry");
+    cr_assert_eq(out.buckets.span_ms, 3600000);
+    cr_assert_eq(out.limits.memory, UINT64_C(64) << 20);
+}
 
-    expect_ok(LISTENER "mongodb:\n  database: other\n", &next);
-    cr_assert_eq(bd_config_reload_check(&cur, &next, &err), -EINVAL);
-    cr_assert_not_null(strstr(err.msg, "mongodb.database: cannot change on reload"), "%s", err.msg);
+/* Listeners are matched by proto and address: new ones are added, missing ones removed, and a
+ * kept one keeps its running values (its other keys need a restart). */
+Test(config, reload_merge_adds_and_removes_listeners) {
+    struct bd_config cur, next, out;
+    struct bd_err err = {0};
+    struct changes ch;
+    expect_ok("listeners:\n"
+              "  - {proto: udp, bind: \"127.0.0.1:8089\"}\n"
+              "  - {proto: tcp, bind: \"127.0.0.1:8094\", format: influx}\n"
+              "  - {proto: tcp, bind: \"127.0.0.1:2003\", format: graphite}\n",
+              &cur);
+    expect_ok("listeners:\n"
+              "  - {proto: tcp, bind: \"127.0.0.1:08094\", format: graphite}\n"
+              "  - {proto: udp, bind: \"127.0.0.1:9000\"}\n"
+              "  - {proto: tcp, bind: \"127.0.0.1:2003\", format: graphite}\n"
+              "  - {proto: tcp, bind: \"127.0.0.1:8089\"}\n",
+              &next);
+    cr_assert_eq(merge(&cur, &next, &out, &ch, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(ch.text, "listeners[0].format|influx|graphite|restart\n"
+                              "listeners||udp 127.0.0.1:9000|applied\n"
+                              "listeners||tcp 127.0.0.1:8089|applied\n"
+                              "listeners|udp 127.0.0.1:8089||applied\n");
+    cr_assert_eq(out.n_listeners, 4);
+    /* The file's order; the kept tcp listener as it runs (influx, its bind as first written). */
+    cr_assert_eq(out.listeners[0].proto, BD_PROTO_TCP);
+    cr_assert_eq(out.listeners[0].format, BD_FORMAT_INFLUX);
+    cr_assert_str_eq(out.listeners[0].bind, "127.0.0.1:8094");
+    cr_assert_eq(out.listeners[1].proto, BD_PROTO_UDP);
+    cr_assert_eq(port_of(&out.listeners[1].addr), 9000);
+    cr_assert_eq(port_of(&out.listeners[2].addr), 2003);
+    cr_assert_eq(out.listeners[3].proto, BD_PROTO_TCP);
+    cr_assert_eq(port_of(&out.listeners[3].addr), 8089);
+}
 
-    expect_ok("listeners:\n  - proto: udp\n    bind: \"127.0.0.1:9999\"\n", &next);
-    cr_assert_eq(bd_config_reload_check(&cur, &next, &err), -EINVAL);
-    cr_assert_not_null(strstr(err.msg, "listeners[0].bind"), "%s", err.msg);
+/* A writer_id the file does not set keeps the id the daemon runs with (from spool.dir). */
+Test(config, reload_merge_keeps_the_running_writer_id) {
+    struct bd_config cur, next, out;
+    struct bd_err err = {0};
+    struct changes ch;
+    expect_ok(LISTENER, &cur);
+    snprintf(cur.writer_id, sizeof(cur.writer_id), "w-0123456789abcdef");
+    expect_ok(LISTENER, &next);
+    cr_assert_eq(merge(&cur, &next, &out, &ch, &err), 0, "%s", err.msg);
+    cr_assert_eq(ch.n, 0, "%s", ch.text);
+    cr_assert_str_eq(out.writer_id, "w-0123456789abcdef");
+    expect_ok("writer_id: gw-2\n" LISTENER, &next);
+    cr_assert_eq(merge(&cur, &next, &out, &ch, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(ch.text, "writer_id|w-0123456789abcdef|gw-2|restart\n");
+    cr_assert_str_eq(out.writer_id, "w-0123456789abcdef");
+}
 
-    expect_ok(LISTENER "  - proto: tcp\n    bind: \"127.0.0.1:1\"\n", &next);
-    cr_assert_eq(bd_config_reload_check(&cur, &next, &err), -EINVAL);
-    cr_assert_not_null(strstr(err.msg, "number of listeners"), "%s", err.msg);
+/* The rules between keys hold for what would run: here the running span (a restart key) makes
+ * the file's retention too short. Nothing is merged then. */
+Test(config, reload_merge_checks_the_rules_on_what_would_run) {
+    struct bd_config cur, next, out;
+    struct bd_err err = {0};
+    struct changes ch;
+    expect_ok(LISTENER, &cur);
+    expect_ok(LISTENER "buckets:\n  span: 1m\n  max_late: 1h\n  retention: 61m\n", &next);
+    memset(&out, 0xa5, sizeof(out));
+    cr_assert_eq(merge(&cur, &next, &out, &ch, &err), -EINVAL);
+    cr_assert_not_null(strstr(err.msg, "buckets.retention: must be 0 (off) or at least "
+                                       "buckets.max_late + buckets.span (2h)"),
+                       "%s", err.msg);
+    cr_assert_eq(out.flush.interval_ms, UINT64_C(0xa5a5a5a5a5a5a5a5));
+}
+
+/* ---- Retention ------------------------------------------------------------------------------- */
+
+Test(config, retention_is_off_by_default_and_takes_whole_seconds) {
+    struct bd_config cfg;
+    expect_ok(LISTENER, &cfg);
+    cr_assert_eq(cfg.buckets.retention_ms, 0);
+    cr_assert_eq(cfg.summaries.retention_ms, 0);
+    expect_ok(LISTENER "buckets:\n  retention: 720h\nsummaries:\n  retention: 8760h\n", &cfg);
+    cr_assert_eq(cfg.buckets.retention_ms, UINT64_C(720) * 3600000);
+    cr_assert_eq(cfg.summaries.retention_ms, UINT64_C(8760) * 3600000);
+    expect_fail(LISTENER "buckets:\n  retention: 90001500ms\n", "5:14", "buckets.retention",
+                "must be whole seconds");
+    expect_fail(LISTENER "buckets:\n  retention: 438001h\n", "5:14", "buckets.retention",
+                "out of range (0 to 438000h)");
+}
+
+Test(config, retention_must_outlast_the_window_a_bucket_takes_readings_in) {
+    struct bd_config cfg;
+    expect_fail(LISTENER "buckets:\n  retention: 24h\n", "5:14", "buckets.retention",
+                "at least buckets.max_late + buckets.span (25h)");
+    expect_ok(LISTENER "buckets:\n  retention: 25h\n", &cfg);
+    /* Reported where retention is given, also when max_late comes later. */
+    expect_fail(LISTENER "buckets:\n  retention: 25h\n  max_late: 48h\n", "5:14",
+                "buckets.retention", "(49h)");
+}
+
+Test(config, summaries_may_outlive_their_pages_but_not_expire_before_them) {
+    struct bd_config cfg;
+    expect_fail(LISTENER "summaries:\n  retention: 720h\n", "5:14", "summaries.retention",
+                "at least buckets.retention (which must then be set)");
+    expect_fail(LISTENER "buckets:\n  retention: 720h\nsummaries:\n  retention: 719h\n", "7:14",
+                "summaries.retention", "may outlive its pages");
+    expect_ok(LISTENER "buckets:\n  retention: 720h\nsummaries:\n  retention: 720h\n", &cfg);
+    expect_ok(LISTENER "buckets:\n  retention: 720h\n", &cfg);
 }

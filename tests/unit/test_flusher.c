@@ -1355,3 +1355,152 @@ Test(flusher, spooled_batches_replayed_later_refresh_their_summaries) {
     cr_assert_eq(summary_of(0, start_ms)->count, 5);
     cr_assert_eq(summary_of(1, start_ms)->count, 5);
 }
+
+/* ---- reload (bd_flusher_reconfigure) --------------------------------------------------------- */
+
+static _Atomic uint64_t g_reconfigured_gen;
+static atomic_int g_reconfigured_calls;
+
+static void reconfigured_cb(void *arg, uint64_t gen) {
+    (void)arg;
+    atomic_store(&g_reconfigured_gen, gen);
+    atomic_fetch_add(&g_reconfigured_calls, 1);
+}
+
+static void watch_reconfigured(void) {
+    atomic_store(&g_reconfigured_gen, 0);
+    atomic_store(&g_reconfigured_calls, 0);
+    bd_flusher_set_reconfigured(flusher, reconfigured_cb, NULL);
+}
+
+/* flush.max_updates sizes the arrays a bulk is built in: a reload above the value at start
+ * grows them (ASan would see a write past them), one below keeps them. */
+Test(flusher, a_reload_is_adopted_at_the_next_step_and_sizes_the_bulks) {
+    stop();
+    cfg.flush.max_updates = 2;
+    start();
+    watch_reconfigured();
+    struct bd_config next = cfg;
+    next.flush.max_updates = 5;
+    snprintf(next.mongodb.write_concern, sizeof(next.mongodb.write_concern), "1");
+    next.buckets.retention_ms = UINT64_C(720) * HOUR_MS;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 7), 0);
+    cr_assert_eq(atomic_load(&g_reconfigured_calls), 0, "taken at a step, not before");
+    send_sensors(7, 2);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(atomic_load(&g_reconfigured_calls), 1);
+    cr_assert_eq(atomic_load(&g_reconfigured_gen), 7);
+    cr_assert_eq(fs.reconfigures, 1, "the store got its part");
+    cr_assert_str_eq(fs.write_concern, "1");
+    cr_assert_eq(fs.retention_ms, UINT64_C(720) * HOUR_MS);
+    cr_assert_eq(fs.bulks, 2);
+    cr_assert_eq(fs.bulk_sizes[0], 5);
+    cr_assert_eq(fs.bulk_sizes[1], 2);
+    assert_stored(7, 2);
+
+    next.flush.max_updates = 3;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 8), 0);
+    send_more(7, 1, 2);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(atomic_load(&g_reconfigured_gen), 8);
+    cr_assert_eq(fs.bulks, 5);
+    cr_assert_eq(fs.bulk_sizes[2], 3);
+    cr_assert_eq(fs.bulk_sizes[3], 3);
+    cr_assert_eq(fs.bulk_sizes[4], 1);
+    assert_stored(7, 3);
+    cr_assert_eq(STAT(readings_flushed), 21);
+}
+
+/* A hand-over the flusher has not taken yet is replaced by the next: the newest wins. */
+Test(flusher, a_second_reload_before_the_step_replaces_the_first) {
+    watch_reconfigured();
+    struct bd_config next = cfg;
+    next.flush.max_updates = 3;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 1), 0);
+    next.flush.max_updates = 4;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 2), 0);
+    send_sensors(5, 1);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(atomic_load(&g_reconfigured_calls), 1);
+    cr_assert_eq(atomic_load(&g_reconfigured_gen), 2);
+    cr_assert_eq(fs.bulk_sizes[0], 4);
+    cr_assert_eq(fs.bulk_sizes[1], 1);
+}
+
+/* A shorter interval counts from the reload, not from the last write under the old one. */
+Test(flusher, a_shorter_flush_interval_counts_from_the_reload) {
+    stop();
+    cfg.flush.interval_ms = 3600000;
+    start();
+    bd_flusher_step(flusher, mono, now_ms, false); /* nothing yet: the next write is in 1 h */
+    send_sensors(2, 3);
+    publish();
+    bd_flusher_step(flusher, mono + 1000 * MS, now_ms + 1000, false);
+    cr_assert_eq(fs.bulks, 0, "the hour is not over");
+    struct bd_config next = cfg;
+    next.flush.interval_ms = 100;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 1), 0);
+    bd_flusher_step(flusher, mono + 2000 * MS, now_ms + 2000, false);
+    cr_assert_eq(fs.bulks, 0, "100 ms from the reload, not yet");
+    bd_flusher_step(flusher, mono + 2100 * MS, now_ms + 2100, false);
+    cr_assert_eq(fs.bulks, 1);
+    assert_stored(2, 3);
+}
+
+Test(flusher, a_reload_turns_summaries_on_and_off) {
+    stop();
+    cfg.summaries.interval_ms = 0;
+    start();
+    struct bd_config next = cfg;
+    next.summaries.interval_ms = 10000;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 1), 0);
+    send_sensors(2, 3);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_flushed), 6);
+    cr_assert_eq(STAT(summary_buckets_pending), 2, "written buckets are marked from the reload on");
+    mono += 10000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 10000, false);
+    cr_assert_eq(fs.refresh_calls, 1);
+    cr_assert_eq(summary_of(0, now_ms / HOUR_MS * HOUR_MS)->count, 3);
+
+    send_more(1, 1, 3);
+    publish();
+    mono += 1000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 11000, false);
+    cr_assert_eq(STAT(summary_buckets_pending), 1);
+    next.summaries.interval_ms = 0;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 2), 0);
+    mono += 1000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 12000, false);
+    cr_assert_eq(STAT(summary_buckets_pending), 0);
+    cr_assert_eq(STAT(summary_buckets_skipped), 1, "the bucket left unrefreshed is counted");
+    mono += 60000 * MS;
+    bd_flusher_step(flusher, mono, now_ms + 72000, false);
+    cr_assert_eq(fs.refresh_calls, 1, "no refresh once off");
+}
+
+/* The thread: a reload from another thread wakes it, and the flusher runs the new interval. */
+Test(flusher, the_flusher_thread_adopts_a_reload_handed_over_by_another_thread) {
+    stop();
+    cfg.flush.interval_ms = 3600000;
+    start();
+    now_ms = bd_now_ns() / MS;
+    watch_reconfigured();
+    struct bd_err err = {0};
+    cr_assert_eq(bd_flusher_start(flusher, &err), 0, "%s", err.msg);
+    send_sensors(3, 4);
+    publish();
+    struct bd_config next = cfg;
+    next.flush.interval_ms = 20;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 3), 0);
+    int64_t deadline = bd_mono_ns() + 20 * BD_NS_PER_S;
+    while (STAT(readings_flushed) < 12 && bd_mono_ns() < deadline) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_eq(atomic_load(&g_reconfigured_gen), 3);
+    cr_assert_eq(STAT(readings_flushed), 12, "written within the new interval, not the hour");
+    bd_flusher_stop(flusher, bd_mono_ns() + 20 * BD_NS_PER_S);
+    assert_stored(3, 4);
+}

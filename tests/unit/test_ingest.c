@@ -1073,3 +1073,170 @@ Test(ingest, udp_stop_counts_what_its_read_out_leaves) {
     cr_expect_eq(drain_in_order(f, &next), read);
     fx_finish(f);
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Reload: the listener set (bd_ingest_set_listeners)                                       */
+
+/* A copy of the running configuration with only the listeners keep[0..n) of f->cfg. */
+static struct bd_config listeners_of(const struct fx *f, const uint32_t *keep, uint32_t n) {
+    struct bd_config next = f->cfg;
+    next.n_listeners = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        next.listeners[next.n_listeners++] = f->cfg.listeners[keep[i]];
+    }
+    return next;
+}
+
+static void add_spec(struct bd_config *next, enum bd_proto proto, const char *bind) {
+    struct bd_listener_config *l = &next->listeners[next->n_listeners++];
+    *l = (struct bd_listener_config){.proto = proto,
+                                     .format = BD_FORMAT_INFLUX,
+                                     .precision = BD_PREC_NS,
+                                     .rcvbuf = 256 * 1024,
+                                     .max_connections = 16};
+    snprintf(l->bind, sizeof(l->bind), "%s", bind);
+    cr_assert_eq(bd_parse_hostport(bind, &l->addr), 0);
+}
+
+static bool udp_port_refused(int port) {
+    /* A connected UDP socket hears the ICMP "port unreachable" of a closed port. */
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    (void)send(fd, "x v=1\n", 6, 0);
+    char b[8];
+    struct timeval tv = {.tv_sec = 2};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ssize_t n = recv(fd, b, sizeof(b), 0);
+    bool refused = n < 0 && errno == ECONNREFUSED;
+    close(fd);
+    return refused;
+}
+
+/*
+ * A removed UDP listener first reads out what its socket holds (sent before the reload), then
+ * closes; an added one takes a free slot and reads at once; a kept one is not touched.
+ */
+Test(ingest, a_reload_adds_and_removes_udp_listeners) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int removed = bd_ingest_listener_port(f->in, 0);
+    int tcp = bd_ingest_listener_port(f->in, 1);
+    udp_send_str(removed, "m,l=a v=1\nm,l=a v=2\n"); /* queued: the loop does not run */
+
+    uint32_t keep[] = {1};
+    struct bd_config next = listeners_of(f, keep, 1);
+    add_spec(&next, BD_PROTO_UDP, "127.0.0.2:0");
+    cr_assert_eq(bd_ingest_set_listeners(f->in, &next), 0);
+    cr_expect_eq(STAT(f, readings_accepted), 2, "read out at its removal");
+    cr_assert_eq(next.n_listeners, 2);
+    cr_expect_eq(next.listeners[0].proto, BD_PROTO_TCP);
+    cr_expect_eq(next.listeners[1].proto, BD_PROTO_UDP);
+    cr_expect_eq(bd_ingest_listener_port(f->in, 0), -EINVAL, "closed");
+    cr_expect_eq(bd_ingest_listener_port(f->in, 1), tcp, "kept as it was");
+    /* Slot 0 is still closing: the new listener took the next free one. */
+    int added = bd_ingest_listener_port(f->in, 2);
+    cr_assert_gt(added, 0);
+
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)added)};
+    cr_assert_eq(inet_pton(AF_INET, "127.0.0.2", &a.sin_addr), 1);
+    cr_assert_eq(sendto(fd, "m,l=c v=3\n", 10, 0, (struct sockaddr *)&a, sizeof(a)), 10);
+    close(fd);
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 3);
+    cr_expect(udp_port_refused(removed), "the removed port is closed");
+    fx_finish(f);
+}
+
+/*
+ * A removed TCP listener takes no new connection, but the open ones are read to their end:
+ * nothing a sender sent is lost. Its slot (and idle sweep) goes once the last one closed.
+ */
+Test(ingest, a_removed_tcp_listener_keeps_its_connections_until_they_close) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    uint32_t li = fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    f->cfg.listeners[li].idle_timeout_ms = 60000; /* a sweep timer that must close too */
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 1);
+    int fd = tcp_connect(port);
+    RUN_UNTIL(f, STAT(f, tcp_connections) == 1);
+    tcp_send_str(f, fd, "m,c=1 v=1\n");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1);
+
+    uint32_t keep[] = {0};
+    struct bd_config next = listeners_of(f, keep, 1);
+    cr_assert_eq(bd_ingest_set_listeners(f->in, &next), 0);
+    cr_assert_eq(next.n_listeners, 1);
+    int other = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_expect_neq(connect(other, (struct sockaddr *)&a, sizeof(a)), 0, "no longer listening");
+    close(other);
+
+    tcp_send_str(f, fd, "m,c=1 v=2\nm,c=1 v=3");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 2);
+    cr_expect_eq(bd_ingest_connections(f->in), 1);
+    shutdown(fd, SHUT_WR);
+    RUN_UNTIL(f, bd_ingest_connections(f->in) == 0);
+    cr_expect_eq(STAT(f, readings_accepted), 3, "the unterminated last line at EOF too");
+    close(fd);
+
+    /* The slot is free again once its handles have closed (the sweep's close callback runs at
+     * the end of a loop turn): a new listener takes it. */
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    add_spec(&next, BD_PROTO_TCP, "127.0.0.1:0");
+    cr_assert_eq(bd_ingest_set_listeners(f->in, &next), 0);
+    cr_expect_gt(bd_ingest_listener_port(f->in, 1), 0, "slot 1 reused");
+    fx_finish(f);
+}
+
+/* A listener that cannot bind is logged and left out; the others go on. */
+Test(ingest, a_listener_a_reload_cannot_open_is_left_out) {
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+    int taken = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(taken, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(listen(taken, 1), 0);
+    socklen_t alen = sizeof(a);
+    cr_assert_eq(getsockname(taken, (struct sockaddr *)&a, &alen), 0);
+    char bind_text[32];
+    snprintf(bind_text, sizeof(bind_text), "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+
+    uint32_t keep[] = {0};
+    struct bd_config next = listeners_of(f, keep, 1);
+    add_spec(&next, BD_PROTO_TCP, bind_text);
+    cr_assert_eq(bd_ingest_set_listeners(f->in, &next), -1);
+    cr_assert_eq(next.n_listeners, 1, "left out of what runs");
+    cr_expect_eq(next.listeners[0].proto, BD_PROTO_UDP);
+    udp_send_str(port, "m v=1\n");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1);
+    close(taken);
+    fx_finish(f);
+}
+
+/* The kernel's drop counters follow a UDP listener a reload adds to a daemon that had none. */
+Test(ingest, an_added_udp_listener_has_its_kernel_drops_read) {
+    if (!proc_readable()) {
+        cr_skip_test("/proc/net is not readable here");
+    }
+    struct fx *f = fx_new();
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    uint32_t keep[] = {0};
+    struct bd_config next = listeners_of(f, keep, 1);
+    add_spec(&next, BD_PROTO_UDP, "127.0.0.1:0");
+    next.listeners[1].rcvbuf = 1024;
+    cr_assert_eq(bd_ingest_set_listeners(f->in, &next), 0);
+    send_burst(bd_ingest_listener_port(f->in, 1));
+    bd_ingest_stop(f->in, NULL, NULL);
+    cr_expect_gt(STAT(f, udp_socket_drops), 0);
+    fx_finish(f);
+}

@@ -368,6 +368,51 @@ Test(sensor, sensor_limit) {
     cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_limit), 1);
 }
 
+/* A reload's limits: max_sensors within the queues' capacity (the next power of two of the
+ * start value), max_fields up to the start value; the time window freely. */
+Test(sensor, a_reload_changes_the_limits_and_the_time_window) {
+    uint32_t sensors_room, fields_room;
+    bd_sensor_table_limits_room(table, &sensors_room, &fields_room);
+    cr_assert_eq(sensors_room, 4, "the queues hold next_pow2(4) sensors");
+    cr_assert_eq(fields_room, 8);
+
+    struct bd_config next = cfg;
+    next.limits.max_sensors = 2;
+    next.limits.max_fields = 1;
+    next.buckets.max_late_ms = 7200 * 1000;
+    next.buckets.max_future_ms = 0;
+    bd_sensor_table_set_limits(table, &next);
+    char keys[3][8];
+    for (int i = 0; i < 3; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "s%d", i);
+        point(keys[i], keys[i], true, NOW - INT64_C(7000) * BD_NS_PER_S);
+        add_float("v", 1);
+        bd_sensor_table_accept(table, &pt, NOW);
+    }
+    cr_assert_eq(bd_sensor_table_count(table), 2);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_limit), 1);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_too_old), 0, "within the longer max_late");
+    point("s0", "s0", true, NOW + BD_NS_PER_S);
+    add_float("v", 1);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_too_new), 1, "max_future 0");
+    point("s0", "s0", true, NOW);
+    add_float("v", 1);
+    add_float("w", 2);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_too_many_fields), 1, "max_fields 1");
+
+    /* Raised again: the sensors known stay, and a new one fits. */
+    next.limits.max_sensors = 4;
+    next.limits.max_fields = 8;
+    bd_sensor_table_set_limits(table, &next);
+    point("s2", "s2", true, NOW);
+    add_float("v", 1);
+    add_float("w", 2);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(bd_sensor_table_count(table), 3);
+}
+
 Test(sensor, dirty_again_after_the_consumer_cleared_it) {
     point("m", "m", true, NOW);
     add_float("v", 1);

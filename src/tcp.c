@@ -1,0 +1,446 @@
+/*
+ * TCP listeners and their connections: newline framing in a per-connection buffer, backpressure
+ * by pausing a connection's reads, refusals past max_connections, and the idle sweep. Ingest
+ * thread only (src/ingest_int.h).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include "ingest_int.h"
+
+/*
+ * Room beyond max_line in a connection buffer. A pending partial line never exceeds max_line
+ * (longer ones close the connection), so after compaction at least this much is free and every
+ * read gets a useful buffer. It is also the threshold below which the tail is compacted.
+ */
+#define CONN_SLACK 4096
+
+/* A refused connection needs a handle of its own only until its close callback runs. */
+struct rejected {
+    uv_tcp_t tcp;
+    struct bd_ingest *in;
+};
+
+static void conn_close(struct conn *c);
+
+static void on_conn_closed(uv_handle_t *h) {
+    struct conn *c = h->data;
+    struct bd_ingest *in = c->l->in;
+    free(c);
+    ingest_handle_closed(in);
+}
+
+static void on_rejected_closed(uv_handle_t *h) {
+    struct rejected *r = h->data;
+    struct bd_ingest *in = r->in;
+    free(r);
+    ingest_handle_closed(in);
+}
+
+static void conn_pause(struct conn *c) {
+    if (!c->paused) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->paused = true;
+        c->l->n_paused++;
+        bd_sensor_table_request_drain(c->l->in->table);
+    }
+}
+
+static void conn_unpause(struct conn *c) {
+    if (c->paused) {
+        c->paused = false;
+        c->l->n_paused--;
+    }
+}
+
+/*
+ * Consume the complete lines in the buffer. Returns 0 when only a partial line (if any) is left,
+ * 1 when it stopped early because the sensor table is congested (the rest waits in the buffer),
+ * or -E2BIG when a line exceeds max_line and the connection must go.
+ *
+ * Congestion is checked after every line, not once per read: one 64 KiB read holds hundreds of
+ * lines, enough to overrun a ring, and TCP promises backpressure rather than drops.
+ */
+static int conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
+    struct listener *l = c->l;
+    struct bd_ingest *in = l->in;
+    const struct sockaddr *peer = (const struct sockaddr *)&c->peer;
+
+    /* The complete lines are those up to the last '\n': one batch for the parser. */
+    const char *last = memrchr(c->buf + c->scan, '\n', c->len - c->scan);
+    if (last != NULL) {
+        size_t first = c->start;
+        size_t end = (size_t)(last - c->buf) + 1;
+        bd_parse_begin(&l->parser, c->buf + first, end - first);
+        for (;;) {
+            int rc = ingest_next_line_of_batch(l, peer, now_ns);
+            if (rc == BD_PARSE_END) {
+                break;
+            }
+            c->start = c->scan = first + bd_parse_offset(&l->parser);
+            if (rc < 0) {
+                return -E2BIG;
+            }
+            if (backpressure && bd_sensor_table_congested(in->table)) {
+                return 1;
+            }
+        }
+        c->start = end;
+    }
+    c->scan = c->len;
+    size_t pending = c->len - c->start;
+    if (pending > in->max_line) {
+        /* No newline yet and already too long: the line can only get longer. */
+        BD_STAT_ADD(in->stats, lines, 1);
+        BD_STAT_ADD(in->stats, drop_line_too_long, 1);
+        ingest_sample_bad_line(l, peer, ingest_too_long_reason(l), c->buf + c->start, pending);
+        return -E2BIG;
+    }
+    if (pending == 0) {
+        /* Rewinding an empty buffer is free; moving a partial line waits until room runs out. */
+        c->start = c->scan = c->len = 0;
+    }
+    return 0;
+}
+
+/* conn_drain_lines, as one batch of the sensor table's hand-off (see sensor.h). */
+static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
+    int rc = conn_drain_lines(c, now_ns, backpressure);
+    bd_sensor_table_publish(c->l->in->table);
+    return rc;
+}
+
+/* Bytes the kernel holds for this connection that were never read (for the stop log). */
+static uint64_t unread_in_kernel(struct conn *c) {
+    uv_os_fd_t fd;
+    int n = 0;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, FIONREAD, &n) == 0 && n > 0) {
+        return (uint64_t)n;
+    }
+    return 0;
+}
+
+/*
+ * A connection that will not be read again (EOF or stopping): consume its buffered lines under
+ * backpressure. Returns 1 if it must wait for ring space (left open, paused), else 0 after
+ * closing it. At EOF the unterminated last line is a reading; at a stop it is a torn line and
+ * counted, with what the kernel still held, in tcp_unread_at_stop.
+ */
+static int conn_finish(struct conn *c, int64_t now_ns) {
+    struct listener *l = c->l;
+    int rc = conn_drain(c, now_ns, true);
+    if (rc > 0) {
+        return 1;
+    }
+    if (rc == 0 && c->len > c->start) {
+        if (c->eof) {
+            (void)ingest_handle_line(l, c->buf + c->start, c->len - c->start,
+                                     (const struct sockaddr *)&c->peer, now_ns);
+            bd_sensor_table_publish(l->in->table);
+        } else {
+            BD_STAT_ADD(l->in->stats, tcp_unread_at_stop, c->len - c->start);
+        }
+    }
+    if (!c->eof) {
+        BD_STAT_ADD(l->in->stats, tcp_unread_at_stop, unread_in_kernel(c));
+    }
+    conn_close(c);
+    return 0;
+}
+
+static void on_conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    struct conn *c = h->data;
+    (void)suggested;
+    if (c->cap - c->len < CONN_SLACK && c->start > 0) {
+        size_t pending = c->len - c->start;
+        memmove(c->buf, c->buf + c->start, pending);
+        c->scan -= c->start;
+        c->len = pending;
+        c->start = 0;
+    }
+    /* conn_drain keeps a partial line at or below max_line, so the slack is always free. */
+    BD_ASSERT(c->len < c->cap);
+    *buf = uv_buf_init(c->buf + c->len, (unsigned)(c->cap - c->len));
+}
+
+static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    struct conn *c = s->data;
+    struct listener *l = c->l;
+    struct bd_ingest *in = l->in;
+    (void)buf; /* always c->buf + c->len, handed out by on_conn_alloc */
+
+    if (nread == 0) {
+        return; /* EAGAIN */
+    }
+    if (nread < 0) {
+        if (nread == UV_EOF) {
+            /* Whatever is buffered is still owed to the rings, under the same backpressure:
+             * a congested connection waits (paused) until bd_ingest_resume() finishes it. */
+            c->eof = true;
+            if (conn_finish(c, bd_now_ns()) > 0) {
+                conn_pause(c);
+            }
+            return;
+        } else {
+            char who[PEER_LEN];
+            ingest_format_addr((const struct sockaddr *)&c->peer, who, sizeof(who));
+            bd_debug("%s: connection from %s: %s", l->name, who, uv_strerror((int)nread));
+        }
+        conn_close(c);
+        return;
+    }
+
+    c->len += (size_t)nread;
+    c->last_active_ms = uv_now(in->loop);
+    BD_STAT_ADD(in->stats, tcp_bytes, (uint64_t)nread);
+
+    int rc = conn_drain(c, bd_now_ns(), true);
+    if (rc < 0) {
+        conn_close(c);
+    } else if (rc > 0) {
+        conn_pause(c);
+    }
+}
+
+static void conn_close(struct conn *c) {
+    struct listener *l = c->l;
+    conn_unpause(c);
+    if (c->prev != NULL) {
+        c->prev->next = c->next;
+    } else {
+        l->conns = c->next;
+    }
+    if (c->next != NULL) {
+        c->next->prev = c->prev;
+    }
+    c->prev = c->next = NULL;
+    l->n_conns--;
+    /* uv_close closes the descriptor right away; only the memory waits for the callback. */
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+    if (l->conns == NULL) {
+        ingest_listener_conns_gone(l);
+    }
+}
+
+static void reject(struct listener *l, uv_stream_t *server) {
+    struct bd_ingest *in = l->in;
+    struct rejected *r = malloc(sizeof(*r));
+    if (r == NULL) {
+        bd_error("%s: out of memory refusing a connection", l->name);
+        return;
+    }
+    r->in = in;
+    uv_tcp_init(in->loop, &r->tcp); /* without an address family it cannot fail */
+    r->tcp.data = r;
+    in->open_handles++;
+    /*
+     * Accepting and closing at once, instead of leaving the connection in the backlog, tells
+     * the client straight away and keeps the backlog free for connections we will take.
+     */
+    char who[PEER_LEN] = "?";
+    if (uv_accept(server, (uv_stream_t *)&r->tcp) == 0) {
+        struct sockaddr_storage peer;
+        int plen = sizeof(peer);
+        if (uv_tcp_getpeername(&r->tcp, (struct sockaddr *)&peer, &plen) == 0) {
+            ingest_format_addr((const struct sockaddr *)&peer, who, sizeof(who));
+        }
+    }
+    BD_STAT_ADD(in->stats, tcp_rejected, 1);
+    if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
+        bd_warn("%s: refusing connection from %s: max_connections (%u) reached", l->name, who,
+                l->cfg.max_connections);
+    }
+    uv_close((uv_handle_t *)&r->tcp, on_rejected_closed);
+}
+
+static void on_tcp_connection(uv_stream_t *server, int status) {
+    struct listener *l = server->data;
+    struct bd_ingest *in = l->in;
+    struct conn *c = NULL;
+    int rc = 0;
+
+    if (status < 0) {
+        if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
+            bd_warn("%s: accept failed: %s", l->name, uv_strerror(status));
+        }
+        return;
+    }
+    if (in->stopping || l->n_conns >= l->cfg.max_connections) {
+        reject(l, server);
+        return;
+    }
+    size_t cap = in->max_line + CONN_SLACK;
+    c = malloc(sizeof(*c) + cap);
+    if (c == NULL) {
+        reject(l, server);
+        return;
+    }
+    memset(c, 0, sizeof(*c));
+    c->l = l;
+    c->cap = cap;
+    uv_tcp_init(in->loop, &c->tcp); /* without an address family it cannot fail */
+    c->tcp.data = c;
+    in->open_handles++;
+
+    /* Linked first so that conn_close() below undoes exactly one thing on any failure. */
+    c->next = l->conns;
+    if (l->conns != NULL) {
+        l->conns->prev = c;
+    }
+    l->conns = c;
+    l->n_conns++;
+
+    rc = uv_accept(server, (uv_stream_t *)&c->tcp);
+    if (rc < 0) {
+        goto out;
+    }
+    int plen = sizeof(c->peer);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &plen) < 0) {
+        c->peer.ss_family = AF_UNSPEC;
+    }
+    c->last_active_ms = uv_now(in->loop);
+    rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
+    if (rc < 0) {
+        goto out;
+    }
+    BD_STAT_ADD(in->stats, tcp_connections, 1);
+    if (bd_log_get_level() >= BD_LOG_DEBUG) {
+        char who[PEER_LEN];
+        ingest_format_addr((const struct sockaddr *)&c->peer, who, sizeof(who));
+        bd_debug("%s: connection from %s (%u open)", l->name, who, l->n_conns);
+    }
+out:
+    if (rc < 0) {
+        if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
+            bd_warn("%s: cannot take a connection: %s", l->name, uv_strerror(rc));
+        }
+        conn_close(c);
+    }
+}
+
+static void on_sweep(uv_timer_t *t) {
+    struct listener *l = t->data;
+    uint64_t now = uv_now(l->in->loop);
+    struct conn *next = NULL;
+    for (struct conn *c = l->conns; c != NULL; c = next) {
+        next = c->next;
+        /* A paused connection is silent because we stopped reading, not because it is idle. */
+        if (!c->paused && now - c->last_active_ms >= l->cfg.idle_timeout_ms) {
+            BD_STAT_ADD(l->in->stats, tcp_idle_closed, 1);
+            if (bd_log_get_level() >= BD_LOG_DEBUG) {
+                char who[PEER_LEN];
+                ingest_format_addr((const struct sockaddr *)&c->peer, who, sizeof(who));
+                bd_debug("%s: closing idle connection from %s", l->name, who);
+            }
+            conn_close(c);
+        }
+    }
+}
+
+int ingest_tcp_open(struct listener *l, struct bd_err *err) {
+    struct bd_ingest *in = l->in;
+    const struct sockaddr *sa = (const struct sockaddr *)&l->cfg.addr;
+    int rc = 0;
+
+    rc = uv_tcp_init_ex(in->loop, &l->h.tcp, sa->sa_family);
+    if (rc < 0) {
+        bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));
+        goto out;
+    }
+    l->h.handle.data = l;
+    l->h_open = true;
+    in->open_handles++;
+
+    /* libuv defers EADDRINUSE from bind to listen, so both report the same way. */
+    rc = uv_tcp_bind(&l->h.tcp, sa, 0);
+    if (rc == 0) {
+        rc = uv_listen((uv_stream_t *)&l->h.tcp, SOMAXCONN, on_tcp_connection);
+    }
+    if (rc < 0) {
+        bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));
+        goto out;
+    }
+
+    if (l->cfg.idle_timeout_ms > 0) {
+        uint64_t every = BD_MIN(BD_MAX(l->cfg.idle_timeout_ms / 4, (uint64_t)1), (uint64_t)1000);
+        uv_timer_init(in->loop, &l->sweep);
+        l->sweep.data = l;
+        l->sweep_open = true;
+        in->open_handles++;
+        /* Unreferenced: an idle sweep alone must not keep the loop running. */
+        uv_unref((uv_handle_t *)&l->sweep);
+        rc = uv_timer_start(&l->sweep, on_sweep, every, every);
+        if (rc < 0) {
+            bd_err_set(err, rc, "%s: idle timer: %s", l->name, uv_strerror(rc));
+            goto out;
+        }
+    }
+out:
+    return rc;
+}
+
+void ingest_tcp_stop_conns(struct listener *l) {
+    int64_t now_ns = l->conns != NULL ? bd_now_ns() : 0;
+    struct conn *next = NULL;
+    for (struct conn *c = l->conns; c != NULL; c = next) {
+        next = c->next;
+        /* Complete lines already received are owed to the rings; a connection that has to
+         * wait for ring space stays open, not read, until resume or abort finishes it. */
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        if (conn_finish(c, now_ns) > 0) {
+            conn_pause(c);
+        }
+    }
+}
+
+void ingest_tcp_abort_conns(struct listener *l) {
+    while (l->conns != NULL) {
+        struct conn *c = l->conns;
+        BD_STAT_ADD(l->in->stats, tcp_unread_at_stop, (c->len - c->start) + unread_in_kernel(c));
+        conn_close(c);
+    }
+}
+
+bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns) {
+    struct bd_ingest *in = l->in;
+    struct conn *next = NULL;
+    for (struct conn *c = l->conns; c != NULL && l->n_paused > 0; c = next) {
+        next = c->next;
+        if (!c->paused) {
+            continue;
+        }
+        if (bd_sensor_table_congested(in->table)) {
+            return false;
+        }
+        if (*now_ns == 0) {
+            *now_ns = bd_now_ns();
+        }
+        if (c->eof || in->stopping) {
+            /* Never read again: finish the buffer, then close. */
+            if (conn_finish(c, *now_ns) > 0) {
+                return false;
+            }
+            continue;
+        }
+        /* Lines left in the buffer when the connection paused go first, in order. */
+        int rc = conn_drain(c, *now_ns, true);
+        if (rc < 0) {
+            conn_close(c);
+            continue;
+        }
+        if (rc > 0) {
+            return false;
+        }
+        conn_unpause(c);
+        c->last_active_ms = uv_now(in->loop);
+        rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
+        if (rc < 0) {
+            bd_warn("%s: cannot resume reading: %s", l->name, uv_strerror(rc));
+            conn_close(c);
+        }
+    }
+    return true;
+}
