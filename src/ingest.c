@@ -453,3 +453,18 @@ int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx) {
     }
     return -EAFNOSUPPORT;
 }
+
+uint32_t bd_ingest_n_listeners(const struct bd_ingest *in) {
+    return in->n_listeners;
+}
+
+int bd_ingest_listener_info(const struct bd_ingest *in, uint32_t idx,
+                            struct bd_ingest_listener_info *out) {
+    if (idx >= in->n_listeners) {
+        return -EINVAL;
+    }
+    const struct listener *l = &in->listeners[idx];
+    *out = (struct bd_ingest_listener_info){l->cfg.proto, l->cfg.format, l->cfg.bind,
+                                            l->cfg.proto == BD_PROTO_TCP ? l->n_conns : 0};
+    return 0;
+}
