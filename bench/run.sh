@@ -9,7 +9,7 @@
 #               no peers, a 30 s outage) that finishes in a few minutes; its report is not saved
 #   --build DIR Release build directory (default build-bench/ in the repository)
 #   --only LIST comma-separated subset:
-#               parser,udp,tcp,memory,latency,standin,peers,slowdb,replay
+#               parser,udp,tcp,memory,latency,standin,peers,slowdb,replay,metrics
 #   --outage S  how long MongoDB is away before the replay row (default 600, --quick 30)
 #   --no-netns  stay in the host network namespace
 #

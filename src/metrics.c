@@ -3,7 +3,7 @@
  * and the routes of the HTTP server (http.c) that serve them on the ingest thread's loop.
  *
  * A scrape reads atomics and a few loop-thread fields and formats about 20 KB of text: tens of
- * microseconds whatever the number of sensors, since no series is per sensor.
+ * microseconds whatever the number of sensors, since no series is per sensor (bench row 11a).
  */
 #include "bucketd/metrics.h"
 
