@@ -64,7 +64,7 @@ struct bd_metrics_view {
 /* The exposition text of view into out (Content-Type text/plain; version=0.0.4). */
 void bd_metrics_render(const struct bd_metrics_view *view, struct bd_http_response *out);
 
-/* Health: true when healthy; else each reason is appended to reasons (NUL-separated, "; "). */
+/* The health verdict: healthy, or one sentence per reason (at most the three above). */
 struct bd_health {
     bool healthy;
     uint32_t n_reasons;

@@ -2,7 +2,7 @@
  * /metrics and /healthz rendering (src/metrics.c) over hand-made views, and the HTTP server's
  * response bodies (src/http.c): every counter of stats.h exactly once with HELP and TYPE and
  * its value, the drop reasons as labels, histogram buckets cumulative with _count the +Inf
- * bucket, label and HELP escaping, and each reason of the health verdict.
+ * bucket, label value escaping, and each reason of the health verdict.
  */
 #include <criterion/criterion.h>
 #include <inttypes.h>
