@@ -402,7 +402,8 @@ class Bucketd(object):
     """One bucketd with a generated config; start() waits for 'ready', stop() returns stats."""
 
     def __init__(self, ctx, name, listeners, sink='blackhole', uri=None, database=None,
-                 flush='1s', memory=None, max_sensors=None, max_delay=None, extra=()):
+                 flush='1s', memory=None, max_sensors=None, max_delay=None, extra=(),
+                 metrics_port=None):
         self.ctx = ctx
         self.name = name
         self.listeners = listeners  # [(proto, port, format)]
@@ -425,7 +426,9 @@ class Bucketd(object):
         if max_delay is not None:
             lines.append('  max_delay: %s' % max_delay)
         lines += ['spool:', '  dir: %s' % yaml_str(self.spool_dir),
-                  'metrics:', '  bind: ""', 'log:', '  level: info']
+                  'metrics:', '  bind: "%s"' % (
+                      '127.0.0.1:%d' % metrics_port if metrics_port else ''),
+                  'log:', '  level: info']
         limits = []
         if memory:
             limits.append('  memory: %s' % memory)
@@ -755,6 +758,30 @@ def met_le(value, limit):
     if value <= limit:
         return 'yes'
     return 'no (%s of the limit)' % pct(value / limit)
+
+
+def http_get_timed(port, path, timeout=10.0):
+    """One GET on a new connection, as a scraper does (bucketd closes after each response):
+    (seconds from connect to the last byte, status, body)."""
+    t0 = time.perf_counter()
+    with socket.create_connection(('127.0.0.1', port), timeout=timeout) as s:
+        s.sendall(b'GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n' % path.encode())
+        chunks = []
+        while True:
+            c = s.recv(262144)
+            if not c:
+                break
+            chunks.append(c)
+    dt = time.perf_counter() - t0
+    data = b''.join(chunks)
+    head, _, body = data.partition(b'\r\n\r\n')
+    m = re.match(rb'HTTP/1\.1 (\d+) ', head)
+    return dt, int(m.group(1)) if m else None, body
+
+
+def metric_value(text, name):
+    m = re.search(r'^%s (\S+)$' % re.escape(name), text, re.M)
+    return float(m.group(1)) if m else None
 
 
 class Row(object):
@@ -2418,19 +2445,143 @@ class Suite(object):
             'returns' % (max_late_h, hours, hours))
 
     # -- driver ---------------------------------------------------------------------------
+    # -- 11. /metrics -----------------------------------------------------------------------
+    def fig_metrics(self):
+        self.have_sim()
+        self.metrics_scrape()
+        self.metrics_ingest()
+
+    def metrics_scrape(self):
+        """13a: scrape time with 100 k sensors tracked."""
+        sensors = 10000 if self.quick else 100000
+        n = 50 if self.quick else 200
+        port, mport = free_port('tcp'), free_port('tcp')
+        figure = '13a. /metrics scrape time, %s sensors tracked (median of %d scrapes)' % (
+            si(sensors), n)
+        per = 12
+        d = Bucketd(self, 'metrics-scrape', [('tcp', port, 'influx')], metrics_port=mport).start()
+        try:
+            # The simulator picks a sensor at random for every reading: 12 per sensor leave
+            # about e^-12 of them (one in 160,000) without one.
+            per = 12
+            run_sim(self, Load(sensors, self.fields).args(port, proto='tcp',
+                                                           count=sensors * per),
+                    max(120, sensors / 1000.0))
+            wait_tcp_drained(port, timeout=max(30.0, sensors / 5000.0))
+            deadline = time.monotonic() + 30
+            last = None
+            while True:  # the socket is read; the last lines may still be on their way
+                _, status, body = http_get_timed(mport, '/metrics')
+                tracked = metric_value(body.decode(), 'bucketd_sensors')
+                if status != 200 or tracked == last or time.monotonic() > deadline:
+                    break
+                last = tracked
+                time.sleep(0.5)
+            if status != 200 or tracked is None or tracked < 0.999 * sensors:
+                raise BenchError('/metrics answered %s with bucketd_sensors %s (want %d)' % (
+                    status, tracked, sensors))
+            size = len(body)
+            scrape, base = [], []
+            for _ in range(n):  # alternate, so that drift affects both alike
+                scrape.append(http_get_timed(mport, '/metrics')[0])
+                base.append(http_get_timed(mport, '/nope')[0])
+        finally:
+            d.stop()
+        med, p99 = statistics.median(scrape), sorted(scrape)[int(0.99 * (n - 1))]
+        bmed = statistics.median(base)
+        self.rows.append(Row(figure, '%.2f ms (p99 %.2f ms; %d bytes)' % (
+            med * 1e3, p99 * 1e3, size), '404 on the same server %.2f ms' % (bmed * 1e3),
+            '%.1fx' % (med / bmed), '<= 5 ms', met_le(med, 0.005)))
+        self.note('13a: %d readings of %s sensors sent over TCP first (bucketd_sensors %d); each '
+                  'scrape is a new connection, GET, read to the close, timed by the client '
+                  '(Python, same machine): /metrics median %.3f ms, p99 %.3f ms, max %.3f ms; a '
+                  '404 (no rendering: the connection and HTTP cost alone) median %.3f ms' % (
+                      sensors * per, si(sensors), tracked, med * 1e3, p99 * 1e3,
+                      max(scrape) * 1e3, bmed * 1e3))
+
+    def metrics_ingest_run(self, scrape_every):
+        """One flat-out TCP run (as row 3) with a scrape every scrape_every s (0: none);
+        returns (accepted readings/s, scrapes)."""
+        import threading
+        conns = 3
+        dur = 1.5 if self.quick else 5.0
+        port, mport = free_port('tcp'), free_port('tcp')
+        # A name (and directory) of its own per run: start() looks for "ready" in the log
+        # file, which a previous daemon of the same name would still hold.
+        self.metrics_runs = getattr(self, 'metrics_runs', 0) + 1
+        d = Bucketd(self, 'metrics-ingest-%d' % self.metrics_runs, [('tcp', port, 'influx')],
+                    metrics_port=mport).start()
+        scrapes = []
+        stop = threading.Event()
+
+        def scraper():
+            while not stop.wait(scrape_every):
+                dt, status, _ = http_get_timed(mport, '/metrics')
+                scrapes.append((dt, status))
+        t = threading.Thread(target=scraper, daemon=True) if scrape_every else None
+        try:
+            load = Load(self.udp_sensors, self.fields, extra=['--connections', str(conns)])
+            t0 = time.monotonic()
+            if t is not None:
+                t.start()
+            res = run_sim(self, load.args(port, proto='tcp', duration=dur), dur + 60)
+            drained = wait_tcp_drained(port)
+            t1 = time.monotonic()
+        finally:
+            stop.set()
+            if t is not None:
+                t.join(10)
+            st = d.stop()
+        accepted = st.get('readings_accepted', 0)
+        if accepted != res['readings'] or daemon_drops(st) or not drained:
+            raise BenchError('accepted %d of %d, drops %s' % (accepted, res['readings'],
+                                                               daemon_drops(st)))
+        if any(status != 200 for _, status in scrapes):
+            raise BenchError('a scrape failed: %s' % scrapes)
+        return accepted / (t1 - t0), scrapes
+
+    def metrics_ingest(self):
+        """13b: ingest rate with one scrape a second against none, runs alternated."""
+        rounds = 2 if self.quick else 4
+        figure = ('13b. TCP -> blackhole flat out, one /metrics scrape a second vs none '
+                  '(lines/s, median of %d runs each)' % rounds)
+        none, every = [], []
+        scrapes = []
+        for _ in range(rounds):
+            none.append(self.metrics_ingest_run(0)[0])
+            r, sc = self.metrics_ingest_run(1.0)
+            every.append(r)
+            scrapes += sc
+        base, with_ = statistics.median(none), statistics.median(every)
+        spread = (max(none) - min(none)) / base
+        diff = (base - with_) / base
+        met = 'yes (%+.1f%%, within the no-scrape runs\' spread of %.1f%%)' % (
+            -diff * 100, spread * 100) if diff <= spread else 'no (%+.1f%%, spread %.1f%%)' % (
+            -diff * 100, spread * 100)
+        self.rows.append(Row(figure, si(with_), si(base), '%.3f' % (with_ / base),
+                             'no difference beyond noise', met))
+        self.note('13b: 3 TCP connections, %d sensors, flat out; runs alternated, each on a '
+                  'fresh daemon: without scrapes %s, with a scrape a second %s lines/s; %d '
+                  'scrapes, median %.2f ms' % (
+                      self.udp_sensors, ', '.join(si(x) for x in none),
+                      ', '.join(si(x) for x in every), len(scrapes),
+                      statistics.median([dt for dt, _ in scrapes]) * 1e3 if scrapes else 0))
+
     def run(self):
         figs = [('parser', self.fig_parser), ('udp', self.fig_udp), ('tcp', self.fig_tcp),
                 ('memory', self.fig_memory), ('latency', self.fig_latency),
                 ('standin', self.fig_into_standin), ('peers', self.fig_peers),
                 ('slowdb', self.fig_slowdb), ('replay', self.fig_replay),
-                ('writecost', self.fig_writecost), ('summaries', self.fig_summaries)]
+                ('writecost', self.fig_writecost), ('summaries', self.fig_summaries),
+                ('metrics', self.fig_metrics)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
                  'standin': '6. into the stand-in', 'peers': '7. peers',
                  'slowdb': '8. UDP into a MongoDB taking 1 s per bulk',
                  'replay': '9. replay after an outage',
                  'writecost': '11. write cost and visibility (1 Hz sensors)',
-                 'summaries': '12. dashboard read cost (summaries)'}
+                 'summaries': '12. dashboard read cost (summaries)',
+                 'metrics': '13. /metrics'}
         disk_done = False
         for key, fn in figs:
             if key == 'writecost' and not disk_done:
@@ -2645,7 +2796,7 @@ def main():
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
-                    'standin,peers,slowdb,replay,writecost,summaries')
+                    'standin,peers,slowdb,replay,writecost,summaries,metrics')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')

@@ -226,6 +226,13 @@ static const struct key_def schema[] = {
      .help = "at spool.max_bytes: drop_oldest, drop_newest, or block (TCP input waits)"},
     {.path = "metrics.bind", .type = T_HOSTPORT, CFG(metrics.bind), .def = "127.0.0.1:9273",
      .flags = KF_EMPTY_OK, .help = "/metrics and /healthz endpoint; \"\" disables"},
+    {.path = "metrics.unhealthy_after", .type = T_DURATION, CFG(metrics.unhealthy_after_ms),
+     .min = MS_PER_S, .max = MS_PER_DAY, .def = "1m",
+     .help = "/healthz answers 503 once MongoDB has been unreachable this long"},
+    {.path = "metrics.spool_high_water", .type = T_UINT, CFG(metrics.spool_high_water), .min = 1,
+     .max = 100, .def = "80",
+     .help = "/healthz answers 503 while the spool holds more than this percent of "
+             "spool.max_bytes"},
     {.path = "log.level", .type = T_LOGLEVEL, CFG(log.level), .def = "info",
      .names = level_names, .flags = KF_RELOAD, .help = "least severe level logged"},
     {.path = "limits.max_sensors", .type = T_UINT, CFG(limits.max_sensors), .min = 1,

@@ -28,6 +28,7 @@
 #include "bucketd/flusher.h"
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
+#include "bucketd/metrics.h"
 #include "bucketd/reload.h"
 #include "bucketd/sensor.h"
 #include "bucketd/stats.h"
@@ -51,6 +52,7 @@ struct daemon {
     struct bd_sensor_table *table;
     struct bd_flusher *flusher;
     struct bd_ingest *ingest;
+    struct bd_metrics *metrics; /* NULL: metrics.bind is "" */
     bool stopping;
     int64_t stop_deadline; /* monotonic ns: the whole stop, loop phase and final flush */
     uv_timer_t stop_timer; /* gives up on TCP connections still draining at the deadline */
@@ -114,6 +116,8 @@ static void begin_stop(struct daemon *d, const char *why) {
     uv_timer_init(&d->loop, &d->stop_timer);
     d->stop_timer.data = d;
     uv_timer_start(&d->stop_timer, on_stop_deadline, d->cfg->flush.stop_timeout_ms, 0);
+    bd_metrics_free(d->metrics);
+    d->metrics = NULL;
     bd_ingest_stop(d->ingest, on_ingest_stopped, d);
 }
 
@@ -201,6 +205,10 @@ int bd_daemon_run(const struct bd_config *cfg) {
         bd_error("%s", err.msg);
         goto out;
     }
+    if (bd_metrics_new(&d->metrics, &d->loop, cfg, &d->stats, d->table, d->ingest, &err) < 0) {
+        bd_error("%s", err.msg);
+        goto out;
+    }
     uv_signal_init(&d->loop, &d->sig_term);
     uv_signal_init(&d->loop, &d->sig_int);
     uv_signal_init(&d->loop, &d->sig_hup);
@@ -250,6 +258,7 @@ int bd_daemon_run(const struct bd_config *cfg) {
     log_stats(&d->stats, d->table);
     exit_code = 0;
 out:
+    bd_metrics_free(d->metrics);
     bd_ingest_free(d->ingest);
     bd_reload_close(d->reload);
     if (loop_open) {

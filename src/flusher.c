@@ -804,6 +804,9 @@ static void settle_chunk(struct bd_flusher *f, uint32_t n, const struct bd_bulk_
 void note_failure(struct bd_flusher *f, enum bd_bulk_cause cause, const char *msg) {
     f->last_cause = cause;
     snprintf(f->last_error, sizeof(f->last_error), "%s", msg);
+    if (cause == BD_CAUSE_UNREACHABLE || cause == BD_CAUSE_CONNECTION) {
+        bd_stats_mongodb_failed(f->stats);
+    }
 }
 
 /*
@@ -860,12 +863,21 @@ static enum bd_bulk_cause send_chunk(struct bd_flusher *f, uint32_t n, int64_t w
                               .n = n,
                               .reply = &reply,
                               .error = &berr};
+    int64_t start_ns = bd_mono_ns();
     bool ok = call_store(f, &call);
     bd_outcome_classify(ok, &reply, &berr, n, f->outcomes, &bulk);
     bson_destroy(&reply);
     if (bulk.cause != BD_CAUSE_UNREACHABLE && bulk.cause != BD_CAUSE_CLIENT) {
         BD_STAT_ADD(f->stats, bulk_writes, 1);
         BD_STAT_ADD(f->stats, updates_sent, n);
+        for (uint32_t i = 0; i < n; i++) {
+            bd_histogram_observe(&f->stats->update_readings, &bd_hist_update_readings,
+                                 f->batch.deltas[f->ops[i]].n_readings);
+        }
+    }
+    if (bulk.cause != BD_CAUSE_CLIENT) {
+        bd_stats_bulk_done(f->stats, start_ns,
+                           bulk.cause == BD_CAUSE_NONE || bulk.cause == BD_CAUSE_SERVER);
     }
     if (bulk.cause == BD_CAUSE_CLIENT && !bulk.partly_executed) {
         /* The driver refused the bulk and sent nothing; it does not say reliably which update

@@ -91,6 +91,7 @@ void flusher_spool_stats(struct bd_flusher *f) {
     atomic_store_explicit(&f->stats->spool_write_errors, st.write_errors, memory_order_relaxed);
     BD_GAUGE_SET(f->stats, spool_bytes, st.bytes);
     BD_GAUGE_SET(f->stats, spool_segments, st.segments);
+    BD_GAUGE_SET(f->stats, spool_readings, st.readings);
 }
 
 /* The sequence number for a batch about to be spooled, without asking MongoDB: possible when

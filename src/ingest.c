@@ -609,3 +609,21 @@ int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg) {
     cfg->n_listeners = n;
     return rc;
 }
+
+uint32_t bd_ingest_n_listeners(const struct bd_ingest *in) {
+    return in->n_listeners;
+}
+
+int bd_ingest_listener_info(const struct bd_ingest *in, uint32_t idx,
+                            struct bd_ingest_listener_info *out) {
+    if (idx >= in->n_listeners) {
+        return -EINVAL;
+    }
+    const struct listener *l = &in->listeners[idx];
+    if (!l->active) {
+        return -ENOENT; /* a free slot, or one a reload removed */
+    }
+    *out = (struct bd_ingest_listener_info){l->cfg.proto, l->cfg.format, l->cfg.bind,
+                                            l->cfg.proto == BD_PROTO_TCP ? l->n_conns : 0};
+    return 0;
+}

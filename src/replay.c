@@ -368,12 +368,21 @@ bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int
         bson_error_t berr = {0};
         struct call c = {
             .st = env->store, .sels = sels, .upds = upds, .n = n, .reply = &reply, .error = &berr};
+        int64_t start_ns = bd_mono_ns();
         env->run(env->run_arg, call_run, &c);
         bd_outcome_classify(c.ok, &reply, &berr, n, outs, bulk);
         bson_destroy(&reply);
         if (bulk->cause != BD_CAUSE_UNREACHABLE && bulk->cause != BD_CAUSE_CLIENT) {
             BD_STAT_ADD(env->stats, bulk_writes, 1);
             BD_STAT_ADD(env->stats, updates_sent, n);
+            for (uint32_t k = 0; k < n; k++) {
+                bd_histogram_observe(&env->stats->update_readings, &bd_hist_update_readings,
+                                     r->u[idx[k]].n_readings);
+            }
+        }
+        if (bulk->cause != BD_CAUSE_CLIENT) {
+            bd_stats_bulk_done(env->stats, start_ns,
+                               bulk->cause == BD_CAUSE_NONE || bulk->cause == BD_CAUSE_SERVER);
         }
         if (bulk->cause == BD_CAUSE_CLIENT && !bulk->partly_executed) {
             /* Refused before sending, without saying which: halve until it is alone. */

@@ -83,7 +83,9 @@ struct bd_config {
     } spool;
 
     struct {
-        char bind[128]; /* default "127.0.0.1:9273"; "" disables */
+        char bind[128];              /* default "127.0.0.1:9273"; "" disables */
+        uint64_t unhealthy_after_ms; /* /healthz: MongoDB unreachable this long; default 1m */
+        uint32_t spool_high_water;   /* /healthz: percent of spool.max_bytes; default 80 */
     } metrics;
 
     struct {

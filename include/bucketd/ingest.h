@@ -76,6 +76,17 @@ uint32_t bd_ingest_connections(const struct bd_ingest *in);
 uint32_t bd_ingest_paused(const struct bd_ingest *in);
 /* Bound port of listener idx (0-based, cfg order), useful with "host:0"; or a negative errno. */
 int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx);
+/* Listeners, for metrics: how many slots, and what the listener in slot idx (0-based) is;
+ * -ENOENT for a slot without a running listener (free, or removed by a reload). */
+struct bd_ingest_listener_info {
+    enum bd_proto proto;
+    enum bd_format format;
+    const char *bind;     /* as configured; valid while the listener exists */
+    uint32_t connections; /* TCP connections open now */
+};
+uint32_t bd_ingest_n_listeners(const struct bd_ingest *in);
+int bd_ingest_listener_info(const struct bd_ingest *in, uint32_t idx,
+                            struct bd_ingest_listener_info *out);
 
 /*
  * Kernel UDP counters. Datagrams the kernel drops never reach us, so only the kernel can count

@@ -7,6 +7,7 @@
 #define BUCKETD_STATS_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -77,15 +78,40 @@
     X(pending_readings, "readings in those batches")                                        \
     X(spool_bytes, "bytes of the spool's segment files")                                    \
     X(spool_segments, "spool segment files")                                                \
+    X(spool_readings, "readings in the spool not yet replayed (of the segments read so far)")  \
     X(summary_buckets_pending, "buckets whose summary document waits for its refresh")      \
     X(oldest_pending_age_ms, "age of the oldest reading accepted and not yet written (ms)")
 /* clang-format on */
+
+/*
+ * Histograms (exported by /metrics, src/metrics.c): fixed upper bounds, ascending, and one
+ * more bucket past the last for +Inf. Counts per bucket are not cumulative here (the exposition
+ * adds them up); sum is in the histogram's unit (microseconds, readings). One writing thread.
+ */
+#define BD_HIST_MAX_BUCKETS 16
+struct bd_histogram {
+    _Atomic uint64_t bucket[BD_HIST_MAX_BUCKETS];
+    _Atomic uint64_t sum;
+};
+struct bd_histogram_def {
+    uint32_t n_bounds; /* buckets: n_bounds + 1 (the last is +Inf) */
+    uint64_t bounds[BD_HIST_MAX_BUCKETS - 1];
+};
+/* Bulk-write latency in microseconds; readings per bucket update sent. */
+extern const struct bd_histogram_def bd_hist_bulk_latency_us;
+extern const struct bd_histogram_def bd_hist_update_readings;
 
 struct bd_stats {
 #define BD_STATS_FIELD(name, help) _Atomic uint64_t name;
     BD_STATS_LIST(BD_STATS_FIELD)
     BD_GAUGES_LIST(BD_STATS_FIELD)
 #undef BD_STATS_FIELD
+    /* Flusher thread (bd_stats_bulk_done, bd_stats_mongodb_failed); 0 = not yet. */
+    struct bd_histogram bulk_latency;     /* every bulk write attempt MongoDB was asked */
+    struct bd_histogram update_readings;  /* every update of a bulk that reached MongoDB */
+    _Atomic int64_t mongodb_ok_mono_ns;   /* last bulk write MongoDB answered */
+    _Atomic int64_t mongodb_ok_wall_ms;   /* the same, wall clock */
+    _Atomic int64_t mongodb_down_mono_ns; /* first failure to reach it since then (0: reachable) */
 };
 
 /*
@@ -100,6 +126,19 @@ struct bd_stats {
                           memory_order_relaxed)
 #define BD_STAT_GET(st, name) atomic_load_explicit(&(st)->name, memory_order_relaxed)
 #define BD_GAUGE_SET(st, name, v) atomic_store_explicit(&(st)->name, (v), memory_order_relaxed)
+
+/* One observation: the writing thread's relaxed add to its bucket and to the sum. */
+void bd_histogram_observe(struct bd_histogram *h, const struct bd_histogram_def *def, uint64_t v);
+
+/*
+ * Flusher thread, after a bulk write attempt (started at start_mono_ns; the clocks are read
+ * here): its latency, and when MongoDB answered it (reached: not unreachable, not refused by the
+ * driver, not a connection lost mid-request) the time of the last successful write and
+ * MongoDB reachable again. Readings per update are observed by the caller.
+ */
+void bd_stats_bulk_done(struct bd_stats *st, int64_t start_mono_ns, bool reached);
+/* Flusher thread: a store call could not reach MongoDB (unreachable, connection lost). */
+void bd_stats_mongodb_failed(struct bd_stats *st);
 
 /* One line "name=value name=value ..." (no newline), counters then gauges, into buf; returns
  * bytes written. */

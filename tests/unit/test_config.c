@@ -257,6 +257,8 @@ Test(config, defaults) {
     cr_assert_str_eq(cfg.spool.dir, "/var/lib/bucketd/spool");
     cr_assert_eq(cfg.spool.max_bytes, UINT64_C(1) << 30);
     cr_assert_str_eq(cfg.metrics.bind, "127.0.0.1:9273");
+    cr_assert_eq(cfg.metrics.unhealthy_after_ms, 60000);
+    cr_assert_eq(cfg.metrics.spool_high_water, 80);
     cr_assert_eq(cfg.log.level, BD_LOG_INFO);
     cr_assert_eq(cfg.limits.max_sensors, 100000);
     cr_assert_eq(cfg.limits.ring_size, 256);
@@ -543,6 +545,10 @@ Test(config, out_of_bounds) {
         {"mongodb:\n  database: \"a.b\"\n", "mongodb.database", "must not contain"},
         {"mongodb:\n  collection: \"a$b\"\n", "mongodb.collection", "must not contain $"},
         {"metrics:\n  bind: \"localhost:9273\"\n", "metrics.bind", "numeric"},
+        {"metrics:\n  unhealthy_after: 500ms\n", "metrics.unhealthy_after", "out of range"},
+        {"metrics:\n  spool_high_water: 0\n", "metrics.spool_high_water",
+         "out of range (1 to 100)"},
+        {"metrics:\n  spool_high_water: 101\n", "metrics.spool_high_water", "out of range"},
         {"writer_id: gw.example.com\n", "writer_id", "letters, digits"},
         {"writer_id: \"\"\n", "writer_id", "must not be empty"},
     };
