@@ -13,6 +13,7 @@ tests/e2e/test_man_pages.py checks the pages against each program's --help and t
 """
 
 import gzip
+import os
 import re
 import subprocess
 import sys
@@ -118,7 +119,8 @@ def main(argv):
         sys.stderr.write(__doc__)
         return 2
     source, readme, version, output = argv[1:]
-    roff = subprocess.run(["scdoc"], input=scd_text(source, readme, version).encode(),
+    scdoc = os.environ.get("SCDOC", "scdoc")
+    roff = subprocess.run([scdoc], input=scd_text(source, readme, version).encode(),
                           stdout=subprocess.PIPE, check=True).stdout
     with open(output, "wb") as f:
         f.write(roff)

@@ -13,18 +13,25 @@
 #     scripts that neither enable nor start the service;
 #   - lintian: no error or warning (overrides in packaging/bucketd.lintian-overrides, each with
 #     its reason; informational tags are printed, not failed);
-#   - installed into a fresh Debian root: mmdebstrap --variant=minbase (plus systemd and man-db,
-#     which systemd-analyze needs) of the machine's release, from the machine's apt sources, in
-#     which tests/packages/check-installed.sh runs dpkg -i, apt-get -f install and the checks
-#     (bucketd --version, --check-config of the shipped config, systemd-analyze verify and
-#     security, the sysctl drop-in, a reinstall keeping an edited conffile, a purge). The arm64
-#     root runs under qemu (the binfmt_misc entry tools/test-aarch64.sh registers).
+#   - installed into a fresh Debian root made by mmdebstrap --variant=apt (the Essential
+#     packages and apt) of the machine's release from the machine's apt sources, in which
+#     tests/packages/check-installed.sh runs dpkg -i, apt-get -f install and its checks: bucketd
+#     --version, --check-config of the shipped config, the tools, the sysctl drop-in and the
+#     postinst's net.core.rmem_max, a reinstall keeping an edited conffile, a purge. The amd64
+#     root also gets systemd and man-db, for the man pages, systemctl is-enabled,
+#     systemd-analyze verify and systemd-analyze security (exposure at most 1.5). The arm64 root
+#     runs under qemu (the binfmt_misc entry tools/test-aarch64.sh registers), in the background
+#     while the rest is checked: it is the slow part (about 90 s of CPU, every package's scripts
+#     emulated), and its unit and man pages are the amd64 package's files.
 #
-# What it needs, installed here when missing (as root): lintian, mmdebstrap, arch-test; the arm64
-# root also needs qemu-user-static with binfmt_misc. Where the packages cannot be built or a
-# root cannot be made (no aarch64 build tree, no network to the apt sources, no root), the step
-# says "SKIPPED" and why and appends the skip to BUCKETD_TEST_SKIP_LOG (stage "packages"),
-# unless BUCKETD_TEST_REQUIRE_ALL=1 (CI), where it fails. A check that fails fails the run.
+#   BD_TEST_PACKAGES_INSTALL_ARM64=0   leave the arm64 root out (reported as a skip)
+#
+# What it needs, installed here when missing (as root): lintian, mmdebstrap, arch-test and
+# dpkg-dev; the arm64 root also needs qemu-user-static with binfmt_misc. Where a package cannot
+# be built or a root cannot be made (no aarch64 build tree, no root, the apt sources out of
+# reach), the step says "SKIPPED" and why and appends the skip to BUCKETD_TEST_SKIP_LOG (stage
+# "packages"), unless BUCKETD_TEST_REQUIRE_ALL=1 (CI), where it fails. A check that fails fails
+# the run. The logs of the roots: build/test-packages-<arch>.log.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -126,7 +133,7 @@ check_deb() { # deb, arch
     rm -rf "$tmp"
     # Installing must neither enable nor start the service (README, "Building and installing").
     local postinst
-    postinst="$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst)"
+    postinst="$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst | grep -v '^[[:space:]]*#')"
     if echo "$postinst" | grep -Eq 'deb-systemd-invoke +(start|restart)|systemctl +(start|enable)'; then
         fail "the postinst starts or enables the service"
     else
@@ -143,65 +150,112 @@ check_deb() { # deb, arch
 
 # --- Install into a fresh root ---------------------------------------------------------------
 
-install_test() { # deb, arch
-    local deb="$1" arch="$2" t0=$SECONDS version
+# Makes the root and runs the checks in it, output in build/test-packages-<arch>.log; the exit
+# status says what happened: 0 passed, 1 a check failed, 2 no root could be made, 3 the apt
+# sources cannot be reached.
+install_test() { # deb, arch, mode (tests/packages/check-installed.sh)
+    local deb="$1" arch="$2" mode="$3" version rc=0 include=""
+    local log="$root/build/test-packages-$arch.log"
     version="$(dpkg-deb -f "$deb" Version)"
-    echo "== package $(basename "$deb"): installed into a fresh $codename $arch root"
-    if [ "$(id -u)" -ne 0 ]; then
-        skip "install-$arch" "making a Debian root needs root"
-        return 0
-    fi
-    if [ -z "$codename" ] || [ ${#sources[@]} -eq 0 ]; then
-        skip "install-$arch" "no Debian release or apt sources on this machine"
-        return 0
-    fi
-    local log="$root/build/test-packages-$arch.log" rc=0
-    mmdebstrap --variant=minbase --arch="$arch" --include=systemd,man-db --quiet \
+    # The smallest root apt works in (mmdebstrap's "apt" variant: the Essential packages and
+    # apt), with mount for the checks' namespaces; systemd-analyze and man need their packages.
+    include="--include=mount"
+    [ "$mode" = full ] && include="--include=mount,systemd,man-db"
+    mmdebstrap --variant=apt --arch="$arch" "$include" --quiet \
         --customize-hook="copy-in $deb $root/tests/packages/check-installed.sh /tmp" \
-        --customize-hook="chroot \"\$1\" bash /tmp/check-installed.sh /tmp/$(basename "$deb") $version" \
+        --customize-hook="chroot \"\$1\" bash /tmp/check-installed.sh /tmp/$(basename "$deb") $version $mode" \
         "$codename" /dev/null "${sources[@]}" >"$log" 2>&1 || rc=$?
-    # The checks' own lines; mmdebstrap's on failure.
-    grep -E '^(--|  ok:|  FAILED:|check-installed:)' "$log" || true
-    if [ "$rc" -ne 0 ]; then
-        if grep -q '^check-installed:' "$log"; then
-            fail "$arch: installed package checks (see $log)"
-        elif grep -qiE 'Temporary failure resolving|Could not resolve|Failed to fetch|failed to download|apt-get update.*failed' "$log"; then
-            tail -5 "$log"
-            skip "install-$arch" "the apt sources cannot be reached from here (see $log)"
-        else
-            tail -20 "$log" >&2
-            fail "$arch: the fresh root could not be made (see $log)"
-        fi
+    if [ "$rc" -eq 0 ]; then
+        return 0
+    elif grep -q '^check-installed:' "$log"; then
+        return 1
+    elif grep -qiE 'Temporary failure resolving|Could not resolve|Failed to fetch|Unable to connect' "$log"; then
+        return 3
     fi
-    echo "  ($arch root: $((SECONDS - t0)) s)"
+    return 2
 }
 
-# --- amd64 ------------------------------------------------------------------------------------
+# Prints what install_test found.
+install_report() { # arch, its exit status, seconds
+    local arch="$1" rc="$2"
+    local log="$root/build/test-packages-$arch.log"
+    echo "== package for $arch: installed into a fresh $codename root ($3 s)"
+    grep -E '^(--|  ok:|  FAILED:|check-installed:)' "$log" || true
+    case "$rc" in
+    0) ;;
+    1) fail "$arch: the installed package's checks (see $log)" ;;
+    3)
+        tail -5 "$log"
+        skip "install-$arch" "the apt sources cannot be reached from here (see $log)"
+        ;;
+    *)
+        tail -20 "$log" >&2
+        fail "$arch: the fresh root could not be made (see $log)"
+        ;;
+    esac
+}
 
+can_make_roots=1
+if [ "$(id -u)" -ne 0 ]; then
+    can_make_roots=0
+    why_no_roots="making a Debian root needs root"
+elif [ -z "$codename" ] || [ ${#sources[@]} -eq 0 ]; then
+    can_make_roots=0
+    why_no_roots="no Debian release or apt sources on this machine"
+fi
+
+# --- Build both, install arm64 in the background, check amd64 meanwhile -----------------------
+
+mkdir -p build
 host_arch="$(dpkg --print-architecture)"
+host_deb=""
+arm_deb=""
 if [ ! -x build/bucketd ]; then
     skip "$host_arch" "no build in build/ (tools/test.sh builds it first)"
 else
-    deb="$(build_deb build "$host_arch")" || { fail "cpack in build/"; deb=""; }
-    if [ -n "$deb" ]; then
-        check_deb "$deb" "$host_arch"
-        install_test "$deb" "$host_arch"
-    fi
+    host_deb="$(build_deb build "$host_arch")" || fail "cpack in build/"
 fi
-
-# --- arm64 (the cross build) --------------------------------------------------------------------
-
 if [ ! -x build-aarch64/bucketd ]; then
     skip arm64 "no aarch64 build in build-aarch64/ (tools/test-aarch64.sh makes it; see its skip)"
 else
-    deb="$(build_deb build-aarch64 arm64)" || { fail "cpack in build-aarch64/"; deb=""; }
-    if [ -n "$deb" ]; then
-        check_deb "$deb" arm64
-        if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
-            skip install-arm64 "no binfmt_misc entry for aarch64 (tools/test-aarch64.sh makes it)"
-        else
-            install_test "$deb" arm64
-        fi
+    arm_deb="$(build_deb build-aarch64 arm64)" || fail "cpack in build-aarch64/"
+fi
+
+# The arm64 root is the slow part (every package's scripts run under qemu): it runs while the
+# rest is checked, and without systemd and man-db, whose checks are the amd64 root's (the same
+# unit and pages).
+arm_pid=""
+if [ -n "$arm_deb" ] && [ "$can_make_roots" = 1 ]; then
+    if [ "${BD_TEST_PACKAGES_INSTALL_ARM64:-1}" = 0 ]; then
+        skip install-arm64 "not run: BD_TEST_PACKAGES_INSTALL_ARM64=0"
+    elif [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+        skip install-arm64 "no binfmt_misc entry for aarch64 (tools/test-aarch64.sh makes it)"
+    else
+        arm_start=$SECONDS
+        install_test "$arm_deb" arm64 programs &
+        arm_pid=$!
+    fi
+fi
+
+if [ -n "$host_deb" ]; then
+    check_deb "$host_deb" "$host_arch"
+    if [ "$can_make_roots" = 1 ]; then
+        t0=$SECONDS
+        rc=0
+        install_test "$host_deb" "$host_arch" full || rc=$?
+        install_report "$host_arch" "$rc" $((SECONDS - t0))
+    else
+        skip "install-$host_arch" "$why_no_roots"
+    fi
+fi
+if [ -n "$arm_deb" ]; then
+    check_deb "$arm_deb" arm64
+    if [ -n "$arm_pid" ]; then
+        rc=0
+        wait "$arm_pid" || rc=$?
+        install_report arm64 "$rc" $((SECONDS - arm_start))
+    elif [ "$can_make_roots" != 1 ]; then
+        skip install-arm64 "$why_no_roots"
     fi
 fi
 
@@ -210,3 +264,4 @@ if [ "$failures" -ne 0 ]; then
     echo "test-packages: $failures check(s) FAILED" >&2
     exit 1
 fi
+echo "test-packages: both packages passed"

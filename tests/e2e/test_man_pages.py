@@ -121,6 +121,9 @@ class ManPageHasEveryConfigKey(unittest.TestCase):
     def test_every_key_in_the_built_page(self):
         # The page the build made (man/ beside the programs); \& is roff's zero-width mark.
         page = os.path.join(os.path.dirname(program("bucketd")), "man", "bucketd.8")
+        self.assertTrue(os.path.exists(page),
+                        "%s was not built (no scdoc at configure time? tools/install-deps.sh "
+                        "installs it)" % page)
         with open(page, encoding="utf-8") as f:
             roff = f.read().replace("\\&", "")
         for key in self.keys():

@@ -1,16 +1,19 @@
 #!/bin/bash
-# Runs inside a fresh Debian root (tools/test-packages.sh makes it with mmdebstrap, minbase plus
-# systemd and man-db, the machine's own architecture or arm64 under qemu), as root: installs the
-# bucketd package as an operator would and checks the result.
+# Runs inside a fresh Debian root (tools/test-packages.sh makes it with mmdebstrap: Essential
+# packages, apt and mount, plus systemd and man-db for the "full" checks; the machine's own
+# architecture, or arm64 under qemu), as root: installs the bucketd package as an operator would
+# and checks the result.
 #
-#   check-installed.sh DEB VERSION
+#   check-installed.sh DEB VERSION [full|programs]
 #
 # dpkg -i (which leaves it unconfigured: its libraries are missing), apt-get -f install (which
 # must install them, not remove bucketd); then bucketd --version and --check-config of the
 # shipped config, the tools, the man pages, the service neither enabled nor started,
 # systemd-analyze verify of the installed unit, its systemd-analyze security exposure (at most
 # 1.5), the sysctl drop-in and what the postinst did to net.core.rmem_max, a reinstall that
-# keeps an edited conffile, and a purge.
+# keeps an edited conffile, and a purge. "programs" (a root without systemd and man-db: the
+# arm64 one, where every package's scripts run under qemu) leaves out the man pages and the
+# unit's checks, which are the same files in every architecture's package.
 #
 # The postinst would raise the machine's own net.core.rmem_max (the chroot shares the kernel):
 # the configuration step runs in its own mount and network namespaces, with a file bound over
@@ -18,6 +21,7 @@
 set -euo pipefail
 deb="$1"
 version="$2"
+mode="${3:-full}"
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8
 failures=0
 ok() { echo "  ok: $*"; }
@@ -32,7 +36,10 @@ else
 fi
 
 echo "-- apt-get -f install"
-apt-get update -q >/dev/null
+# mmdebstrap leaves its package lists in the root while its hooks run; elsewhere, fetch them.
+if ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then
+    apt-get update -q >/dev/null
+fi
 apt-get -f install -y -q --no-install-recommends --download-only >/dev/null
 echo 212992 >/tmp/rmem_max
 # Offline from here: the packages are in apt's cache.
@@ -64,39 +71,43 @@ case "$out" in
 *) fail "bucketd-parse: $out" ;;
 esac
 
-echo "-- man pages"
-for page in bucketd.8 bucketd-parse.1 bucketd-inspect.1 bucketd-sim.1; do
-    path="$(man -w "${page%.*}" "${page##*.}" 2>/dev/null || true)"
-    warnings="$(man --warnings -E UTF-8 -l -Tutf8 -Z "$path" 2>&1 >/dev/null || true)"
-    [ -n "$path" ] && [ -z "$warnings" ] && ok "man ${page%.*}(${page##*.}): $path" ||
-        fail "man ${page%.*}(${page##*.}): '$path' $warnings"
-done
-
-echo "-- the service"
 conffiles="$(dpkg-query -W -f='${Conffiles}' bucketd)"
 case "$conffiles" in
 */etc/bucketd/bucketd.yaml*) ok "conffile: /etc/bucketd/bucketd.yaml" ;;
 *) fail "/etc/bucketd/bucketd.yaml is not a conffile: '$conffiles'" ;;
 esac
-unit=/lib/systemd/system/bucketd.service
-grep -q '^ExecStart=/usr/bin/bucketd ' "$unit" && ! grep -q /usr/local "$unit" &&
-    ok "the unit runs /usr/bin/bucketd" || fail "the unit's paths: $(grep Exec "$unit")"
-enabled="$(systemctl is-enabled bucketd.service 2>/dev/null || true)"
-[ "$enabled" = disabled ] && ok "not enabled (systemctl is-enabled: $enabled)" ||
-    fail "systemctl is-enabled: '$enabled', not disabled"
-if systemd-analyze verify "$unit" >/tmp/verify.log 2>&1 && [ ! -s /tmp/verify.log ]; then
-    ok "systemd-analyze verify: no complaint"
-else
-    cat /tmp/verify.log >&2
-    fail "systemd-analyze verify $unit"
-fi
-systemd-analyze security --offline=true "$unit" >/tmp/security.log 2>&1 || true
-exposure="$(sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p' /tmp/security.log)"
-if [ -n "$exposure" ] && awk -v e="$exposure" 'BEGIN { exit !(e <= 1.5) }'; then
-    ok "systemd-analyze security: exposure $exposure (at most 1.5)"
-else
-    tail -5 /tmp/security.log >&2
-    fail "systemd-analyze security: exposure '$exposure', more than 1.5"
+
+if [ "$mode" = full ]; then
+    echo "-- man pages"
+    for page in bucketd.8 bucketd-parse.1 bucketd-inspect.1 bucketd-sim.1; do
+        path="$(man -w "${page%.*}" "${page##*.}" 2>/dev/null || true)"
+        warnings="$(man --warnings -E UTF-8 -l -Tutf8 -Z "$path" 2>&1 >/dev/null || true)"
+        [ -n "$path" ] && [ -z "$warnings" ] && ok "man ${page%.*}(${page##*.}): $path" ||
+            fail "man ${page%.*}(${page##*.}): '$path' $warnings"
+    done
+
+    echo "-- the service"
+    unit=/lib/systemd/system/bucketd.service
+    grep -q '^ExecStart=/usr/bin/bucketd ' "$unit" && ! grep -q /usr/local "$unit" &&
+        ok "the unit runs /usr/bin/bucketd" || fail "the unit's paths: $(grep Exec "$unit")"
+    enabled="$(systemctl is-enabled bucketd.service 2>/dev/null || true)"
+    [ "$enabled" = disabled ] && ok "not enabled (systemctl is-enabled: $enabled)" ||
+        fail "systemctl is-enabled: '$enabled', not disabled"
+    if systemd-analyze verify "$unit" >/tmp/verify.log 2>&1 && [ ! -s /tmp/verify.log ]; then
+        ok "systemd-analyze verify: no complaint"
+    else
+        cat /tmp/verify.log >&2
+        fail "systemd-analyze verify $unit"
+    fi
+    systemd-analyze security --offline=true "$unit" >/tmp/security.log 2>&1 || true
+    exposure="$(sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p' /tmp/security.log)"
+    if [ -n "$exposure" ] && awk -v e="$exposure" 'BEGIN { exit !(e <= 1.5) }'; then
+        ok "systemd-analyze security: exposure $exposure (at most 1.5)"
+    else
+        tail -5 /tmp/security.log >&2
+        fail "systemd-analyze security: exposure '$exposure', more than 1.5"
+    fi
+
 fi
 
 echo "-- net.core.rmem_max"
