@@ -140,6 +140,19 @@ check_deb() { # deb, arch
         ok "the postinst neither enables nor starts the service"
     fi
     echo "$info" | grep -q 'postinst' || fail "no postinst"
+    # The unit's exposure, from this package's own file (the amd64 root checks it installed).
+    if command -v systemd-analyze >/dev/null; then
+        local exposure
+        exposure="$(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./lib/systemd/system/bucketd.service |
+            { cat >"$tmp.service"; systemd-analyze security --offline=true "$tmp.service" 2>&1 || true; } |
+            sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')"
+        rm -f "$tmp.service"
+        if [ -n "$exposure" ] && awk -v e="$exposure" 'BEGIN { exit !(e <= 1.5) }'; then
+            ok "systemd-analyze security of its unit: exposure $exposure (at most 1.5)"
+        else
+            fail "systemd-analyze security of its unit: exposure '$exposure', more than 1.5"
+        fi
+    fi
     # lintian as root says so on stderr; that line is noise here.
     if lintian --display-info --fail-on error,warning "$deb" 2> >(grep -v 'running with root' >&2); then
         ok "lintian: no error or warning"
@@ -225,6 +238,16 @@ fi
 # rest is checked, and without systemd and man-db, whose checks are the amd64 root's (the same
 # unit and pages).
 arm_pid=""
+# A run that ends early (a skip that fails under BUCKETD_TEST_REQUIRE_ALL) ends the arm64 root's
+# mmdebstrap too, which would otherwise go on into the next stage.
+stop_arm_job() {
+    if [ -n "$arm_pid" ] && kill -0 "$arm_pid" 2>/dev/null; then
+        pkill -TERM -P "$arm_pid" 2>/dev/null || true
+        kill -TERM "$arm_pid" 2>/dev/null || true
+        wait "$arm_pid" 2>/dev/null || true
+    fi
+}
+trap stop_arm_job EXIT
 if [ -n "$arm_deb" ] && [ "$can_make_roots" = 1 ]; then
     if [ "${BD_TEST_PACKAGES_INSTALL_ARM64:-1}" = 0 ]; then
         skip install-arm64 "not run: BD_TEST_PACKAGES_INSTALL_ARM64=0"
