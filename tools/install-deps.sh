@@ -8,6 +8,8 @@ PACKAGES=(
   # build
   build-essential cmake pkg-config
   libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
+  # the man pages (man/*.scd); dpkg-shlibdeps for the Debian package (cpack -G DEB)
+  scdoc dpkg-dev
   # tests; clang-format checks the house format (.clang-format)
   libcriterion-dev clang-format
   # MongoDB test server and the Python end-to-end tests (Debian's python3, not a venv)

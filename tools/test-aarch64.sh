@@ -67,7 +67,8 @@ fi
 arm_pkgs=(libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
           libcriterion-dev)
 sysroot="$root/build-aarch64-sysroot"
-if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ]; then
+if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ] ||
+   [ ! -e "$sysroot/DEBIAN/symbols" ]; then
     if ! dpkg --print-foreign-architectures | grep -qx arm64; then
         $sudo dpkg --add-architecture arm64
         $sudo apt-get update -q || skip "apt-get update failed after adding arm64"
@@ -87,7 +88,17 @@ if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ]; then
         # only on an arm64 machine; the cross compiler links with its own (libc6-dev-arm64-cross).
         case "$(basename "$deb")" in libc6-dev_*) continue ;; esac
         dpkg-deb -x "$deb" "$sysroot"
+        # Their symbols and shlibs files, together in DEBIAN/: dpkg-shlibdeps computes the arm64
+        # package's Depends from them (cmake/packaging.cmake, tools/test-packages.sh).
+        mkdir -p "$sysroot/DEBIAN" "$debs/control"
+        dpkg-deb -e "$deb" "$debs/control/$(basename "$deb" .deb)"
+        for f in symbols shlibs; do
+            if [ -e "$debs/control/$(basename "$deb" .deb)/$f" ]; then
+                cat "$debs/control/$(basename "$deb" .deb)/$f" >>"$sysroot/DEBIAN/$f"
+            fi
+        done
     done
+    touch "$sysroot/DEBIAN/symbols" "$sysroot/DEBIAN/shlibs"
     echo "${arm_pkgs[*]}" >"$sysroot/.packages"
     echo "test-aarch64: $(ls "$debs"/*.deb | wc -l) packages unpacked into $sysroot"
 fi

@@ -2,7 +2,8 @@
 # Set up, check the format, build and run every bucketd test: the whole suite once plain and under
 # AddressSanitizer + UndefinedBehaviorSanitizer, the ring stress test and the end-to-end tests
 # (the daemon's threads) under ThreadSanitizer, the whole suite again on an aarch64 build under
-# qemu (tools/test-aarch64.sh), then each parser's libFuzzer target for 60 seconds. This is the
+# qemu (tools/test-aarch64.sh), the Debian packages of both builds (tools/test-packages.sh), then
+# each parser's libFuzzer target for 60 seconds. Nothing here needs git. This is the
 # command CI runs (.ci/run). Build trees: build/, build-asan/, build-tsan/, build-aarch64/ under
 # the repository root.
 #
@@ -101,11 +102,29 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
   # The same unit, stress and end-to-end tests on an aarch64 build, run under qemu.
   bash tools/test-aarch64.sh
 
+  # The Debian packages, amd64 from build/ and arm64 from build-aarch64/: contents, lintian,
+  # and each installed into a fresh Debian root (tools/test-packages.sh). It runs beside the
+  # fuzzing, which keeps one core busy for its fixed time: its slow part, the arm64 root under
+  # qemu (one core, ~100 s), then adds next to nothing to the run. Its output follows the
+  # fuzzing's.
+  echo "== Debian packages: in the background while the parsers are fuzzed"
+  bash tools/test-packages.sh >build/test-packages.log 2>&1 &
+  packages_pid=$!
+
   # libFuzzer on each parser for 60 s (clang, ASan+UBSan); any finding fails the run.
   echo "== fuzzing the parsers"
-  bash tests/fuzz/run.sh "${BD_FUZZ_SECONDS:-60}"
+  fuzz_rc=0
+  bash tests/fuzz/run.sh "${BD_FUZZ_SECONDS:-60}" || fuzz_rc=$?
+
+  packages_rc=0
+  wait "$packages_pid" || packages_rc=$?
+  echo "== Debian packages (tools/test-packages.sh, build/test-packages.log)"
+  cat build/test-packages.log
+  if [ "$fuzz_rc" -ne 0 ] || [ "$packages_rc" -ne 0 ]; then
+    exit 1
+  fi
 else
-  for stage in asan tsan aarch64 fuzz; do
+  for stage in asan tsan aarch64 packages fuzz; do
     skip_stage "$stage" "not run: BD_TEST_QUICK=1"
   done
 fi
