@@ -8,7 +8,7 @@ PACKAGES=(
   # build
   build-essential cmake pkg-config
   libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
-  # the man pages (man/*.scd); dpkg-shlibdeps for the Debian package (cpack -G DEB)
+  # the man pages (tools/man/*.scd); dpkg-shlibdeps for the Debian package (cpack -G DEB)
   scdoc dpkg-dev
   # tests; clang-format checks the house format (.clang-format)
   libcriterion-dev clang-format

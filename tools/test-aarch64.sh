@@ -89,7 +89,7 @@ if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ] ||
         case "$(basename "$deb")" in libc6-dev_*) continue ;; esac
         dpkg-deb -x "$deb" "$sysroot"
         # Their symbols and shlibs files, together in DEBIAN/: dpkg-shlibdeps computes the arm64
-        # package's Depends from them (cmake/packaging.cmake, tools/test-packages.sh).
+        # package's Depends from them (tools/packaging/packaging.cmake, tools/test-packages.sh).
         mkdir -p "$sysroot/DEBIAN" "$debs/control"
         dpkg-deb -e "$deb" "$debs/control/$(basename "$deb" .deb)"
         for f in symbols shlibs; do

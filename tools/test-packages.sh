@@ -11,7 +11,7 @@
 #     files where Debian wants them (binaries in /usr/bin, the unit in /lib/systemd/system with
 #     /usr/bin paths, the sysctl.d drop-in, the man pages, copyright and changelog), maintainer
 #     scripts that neither enable nor start the service;
-#   - lintian: no error or warning (overrides in packaging/bucketd.lintian-overrides, each with
+#   - lintian: no error or warning (overrides in tools/packaging/bucketd.lintian-overrides, each with
 #     its reason; informational tags are printed, not failed);
 #   - installed into a fresh Debian root made by mmdebstrap --variant=apt (the Essential
 #     packages and apt) of the machine's release from the machine's apt sources, in which

@@ -1,10 +1,10 @@
-"""The man pages (man/*.scd) against the programs and README.md: they must not drift apart.
+"""The man pages (tools/man/*.scd) against the programs and README.md: they must not drift apart.
 
 - every option a program's --help shows is documented in its man page (a definition line,
   "*--option* ..."), and every option the man page documents is in --help;
 - bucketd-inspect's commands (its usage lines) each have a section in bucketd-inspect(1);
 - every key of README.md's configuration table is in bucketd(8): the page's CONFIGURATION
-  section is made from that table (man/build-man.py), and the built page holds every key.
+  section is made from that table (tools/man/build-man.py), and the built page holds every key.
 
 Environment: BUCKETD_BIN, BUCKETD_PARSE_BIN, BUCKETD_SIM_BIN, BUCKETD_INSPECT_BIN (the build's
 programs, set by ctest), BUCKETD_SOURCE_DIR (the repository).
@@ -29,7 +29,7 @@ PROGRAMS = {
 # An option: -x or --long-name, not inside a word (e.g. "non-zero", "w-<id>").
 OPTION_RE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])(?![\w-])")
 
-spec = importlib.util.spec_from_file_location("build_man", os.path.join(REPO, "man",
+spec = importlib.util.spec_from_file_location("build_man", os.path.join(REPO, "tools", "man",
                                                                           "build-man.py"))
 build_man = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(build_man)
@@ -47,7 +47,7 @@ def help_text(name):
 
 
 def man_source(name):
-    with open(os.path.join(REPO, "man", PROGRAMS[name][1] + ".scd"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "tools", "man", PROGRAMS[name][1] + ".scd"), encoding="utf-8") as f:
         return f.read()
 
 
@@ -66,10 +66,10 @@ class ManPagesMatchHelp(unittest.TestCase):
         self.assertIn("--help", help_opts, "%s --help shows no options?" % name)
         man_opts = documented_options(man_source(name))
         self.assertFalse(sorted(help_opts - man_opts),
-                         "options of '%s --help' that man/%s.scd does not document"
+                         "options of '%s --help' that tools/man/%s.scd does not document"
                          % (name, PROGRAMS[name][1]))
         self.assertFalse(sorted(man_opts - help_opts),
-                         "options man/%s.scd documents that '%s --help' does not show"
+                         "options tools/man/%s.scd documents that '%s --help' does not show"
                          % (PROGRAMS[name][1], name))
 
     def test_bucketd(self):
@@ -112,7 +112,7 @@ class ManPageHasEveryConfigKey(unittest.TestCase):
         return keys
 
     def test_every_key_in_the_page_source(self):
-        scd = build_man.scd_text(os.path.join(REPO, "man", "bucketd.8.scd"),
+        scd = build_man.scd_text(os.path.join(REPO, "tools", "man", "bucketd.8.scd"),
                                  os.path.join(REPO, "README.md"), "0")
         plain = scd.replace("\\", "")
         for key in self.keys():

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Builds one man page from its scdoc source (man/NAME.SECTION.scd).
+"""Builds one man page from its scdoc source (tools/man/NAME.SECTION.scd).
 
   build-man.py SOURCE README VERSION OUTPUT    writes OUTPUT (roff) and OUTPUT.gz (gzip -9n)
   build-man.py --scd SOURCE README VERSION     prints the scdoc text after substitution

@@ -30,14 +30,14 @@ if(BD_MAN)
   foreach(page ${BD_MAN_PAGES})
     string(REGEX REPLACE ".*\\.([0-9])$" "\\1" section ${page})
     set(out ${CMAKE_BINARY_DIR}/man/${page})
-    # man/build-man.py: scdoc source -> roff (and .gz); bucketd.8 gets README.md's config table.
+    # tools/man/build-man.py: scdoc source -> roff (and .gz); bucketd.8 gets README.md's config table.
     add_custom_command(
       OUTPUT ${out} ${out}.gz
       COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/man
       COMMAND ${CMAKE_COMMAND} -E env SCDOC=${BD_SCDOC} ${BD_PYTHON3}
-              ${CMAKE_SOURCE_DIR}/man/build-man.py ${CMAKE_SOURCE_DIR}/man/${page}.scd
+              ${CMAKE_SOURCE_DIR}/tools/man/build-man.py ${CMAKE_SOURCE_DIR}/tools/man/${page}.scd
               ${CMAKE_SOURCE_DIR}/README.md ${PROJECT_VERSION} ${out}
-      DEPENDS ${CMAKE_SOURCE_DIR}/man/${page}.scd ${CMAKE_SOURCE_DIR}/man/build-man.py
+      DEPENDS ${CMAKE_SOURCE_DIR}/tools/man/${page}.scd ${CMAKE_SOURCE_DIR}/tools/man/build-man.py
               ${CMAKE_SOURCE_DIR}/README.md
       COMMENT "Man page ${page}"
       VERBATIM)
@@ -70,11 +70,11 @@ install(CODE "
 # default: 212992 bytes). systemd-sysctl reads <prefix>/lib/sysctl.d (/usr/lib/sysctl.d in the
 # package, /usr/local/lib/sysctl.d by default) at boot; the package's postinst applies it at once.
 set(BD_RMEM_MAX 8388608)
-configure_file(${CMAKE_SOURCE_DIR}/packaging/60-bucketd.conf.in
+configure_file(${CMAKE_SOURCE_DIR}/tools/packaging/60-bucketd.conf.in
                ${CMAKE_BINARY_DIR}/install/60-bucketd.conf @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/install/60-bucketd.conf DESTINATION lib/sysctl.d)
 
-install(FILES README.md packaging/copyright DESTINATION share/doc/bucketd)
+install(FILES README.md tools/packaging/copyright DESTINATION share/doc/bucketd)
 
 # --- The Debian package --------------------------------------------------------------------
 
@@ -98,25 +98,27 @@ set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_RELEASE 1)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT) # bucketd_<version>-1_<arch>.deb
-# Depends: dpkg-shlibdeps on the binaries (the libraries' symbols files give the versions).
+# Depends: dpkg-shlibdeps on the binaries (the libraries' symbols files give the versions), and
+# procps for /bin/kill, which the unit's ExecReload runs (systemctl reload sends SIGHUP with it).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "procps")
 set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_COMPRESSION_TYPE xz)
 
 set(BD_DEB_CONTROL ${CMAKE_BINARY_DIR}/debian-control)
 foreach(script postinst prerm postrm)
-  configure_file(${CMAKE_SOURCE_DIR}/packaging/${script}.in ${BD_DEB_CONTROL}/${script} @ONLY)
+  configure_file(${CMAKE_SOURCE_DIR}/tools/packaging/${script}.in ${BD_DEB_CONTROL}/${script} @ONLY)
 endforeach()
-configure_file(${CMAKE_SOURCE_DIR}/packaging/conffiles ${BD_DEB_CONTROL}/conffiles COPYONLY)
+configure_file(${CMAKE_SOURCE_DIR}/tools/packaging/conffiles ${BD_DEB_CONTROL}/conffiles COPYONLY)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${BD_DEB_CONTROL}/conffiles ${BD_DEB_CONTROL}/postinst ${BD_DEB_CONTROL}/prerm
     ${BD_DEB_CONTROL}/postrm)
 
 # Debian's changelog (policy: /usr/share/doc/<package>/changelog.Debian.gz) and the lintian
-# overrides (each justified in packaging/bucketd.lintian-overrides): files of the Debian package
+# overrides (each justified in tools/packaging/bucketd.lintian-overrides): files of the Debian package
 # only, installed when the prefix is /usr. gzip -9n: no name or time stamp in the header.
-configure_file(${CMAKE_SOURCE_DIR}/packaging/changelog.Debian.in
+configure_file(${CMAKE_SOURCE_DIR}/tools/packaging/changelog.Debian.in
                ${CMAKE_BINARY_DIR}/install/changelog.Debian @ONLY)
 find_program(BD_GZIP gzip REQUIRED)
 execute_process(COMMAND ${BD_GZIP} -9nc INPUT_FILE ${CMAKE_BINARY_DIR}/install/changelog.Debian
@@ -128,7 +130,7 @@ install(CODE "
   if(CMAKE_INSTALL_PREFIX STREQUAL \"/usr\")
     file(INSTALL \"${CMAKE_BINARY_DIR}/install/changelog.Debian.gz\"
          DESTINATION /usr/share/doc/bucketd)
-    file(INSTALL \"${CMAKE_SOURCE_DIR}/packaging/bucketd.lintian-overrides\"
+    file(INSTALL \"${CMAKE_SOURCE_DIR}/tools/packaging/bucketd.lintian-overrides\"
          DESTINATION /usr/share/lintian/overrides RENAME bucketd)
   endif()
 ")
