@@ -58,14 +58,14 @@ ok "bucketd $version installed"
 ok "Depends: $(dpkg-query -W -f='${Depends}' bucketd)"
 
 echo "-- programs"
-out="$(bucketd --version)"
+out="$(bucketd --version 2>&1)" || true
 [ "$out" = "bucketd ${version%-*}" ] && ok "bucketd --version: $out" || fail "bucketd --version: '$out'"
 out="$(bucketd -c /etc/bucketd/bucketd.yaml --check-config 2>&1)" &&
     ok "--check-config of the shipped config: $out" || fail "--check-config: $out"
 for tool in bucketd-parse bucketd-sim bucketd-inspect; do
     "$tool" --help >/dev/null && ok "$tool --help" || fail "$tool --help"
 done
-out="$(echo 'weather,site=roof temp=21.5 1736949600000000000' | bucketd-parse)"
+out="$(echo 'weather,site=roof temp=21.5 1736949600000000000' | bucketd-parse 2>&1)" || true
 case "$out" in
 *'"temp"'*'"float":21.5'*) ok "bucketd-parse parses a line" ;;
 *) fail "bucketd-parse: $out" ;;
