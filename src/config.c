@@ -28,6 +28,7 @@
 #include "bucketd/mongo.h"
 #include "bucketd/parse.h"
 #include "bucketd/spool.h"
+#include "bucketd/tls.h"
 
 #define MS_PER_S UINT64_C(1000)
 #define MS_PER_M (60 * MS_PER_S)
@@ -151,6 +152,14 @@ static const struct key_def schema[] = {
     {.path = "listeners[].idle_timeout", .type = T_DURATION, LST(idle_timeout_ms), .min = 0,
      .max = MS_PER_DAY, .def = "5m", .flags = KF_TCP,
      .help = "close connections silent this long; 0 = never"},
+    {.path = "listeners[].tls.cert", .type = T_STRING, LST(tls.cert), .min = 1, .max = 511,
+     .flags = KF_TCP | KF_UNSET_OK,
+     .help = "TLS: PEM certificate chain file (server certificate first); turns TLS on"},
+    {.path = "listeners[].tls.key", .type = T_STRING, LST(tls.key), .min = 1, .max = 511,
+     .flags = KF_TCP | KF_UNSET_OK, .help = "TLS: PEM private key file of the certificate"},
+    {.path = "listeners[].tls.client_ca", .type = T_STRING, LST(tls.client_ca), .min = 1,
+     .max = 511, .flags = KF_TCP | KF_UNSET_OK,
+     .help = "TLS: PEM CA bundle; clients must present a certificate it verifies (mutual TLS)"},
     {.path = "sink", .type = T_ENUM, CFG(sink), .def = "mongodb", .names = sink_names,
      .help = "where bucket updates go; blackhole counts and discards them"},
     {.path = "mongodb.uri", .type = T_STRING, CFG(mongodb.uri), .min = 1,
@@ -1086,6 +1095,38 @@ static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_st
            memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
 }
 
+/*
+ * listeners[].tls: cert and key together, and a context that builds from them, so that a missing
+ * or unreadable file, bad PEM or a key of another certificate fails here and not at start.
+ */
+static int check_tls(struct loader *ld, const struct bd_listener_config *lc, const char *shown,
+                     const bool *set, const yaml_mark_t *mark) {
+    int cert = find_key(LISTENER_PREFIX "tls.cert");
+    int key = find_key(LISTENER_PREFIX "tls.key");
+    int ca = find_key(LISTENER_PREFIX "tls.client_ca");
+    struct bd_tls_ctx *ctx = NULL;
+    struct bd_err terr = {0};
+    const char *bad = NULL;
+    char k[64];
+
+    if (!set[cert] && !set[key] && !set[ca]) {
+        return 0;
+    }
+    if (!set[cert] || !set[key]) {
+        int given = set[cert] ? cert : set[key] ? key : ca;
+        snprintf(k, sizeof(k), "%s.tls", shown);
+        return fail(ld, mark[given], k, "needs both cert and key (%s is missing)",
+                    set[cert] ? "key" : "cert");
+    }
+    if (bd_tls_ctx_new(&ctx, lc, &bad, &terr) < 0) {
+        int at = strcmp(bad, "key") == 0 ? key : strcmp(bad, "client_ca") == 0 ? ca : cert;
+        snprintf(k, sizeof(k), "%s.tls.%s", shown, bad);
+        return fail(ld, mark[at], k, "%s", terr.msg);
+    }
+    bd_tls_ctx_free(ctx);
+    return 0;
+}
+
 static int walk_listener(struct loader *ld, yaml_node_t *item, uint32_t n) {
     struct bd_listener_config *lc = &ld->cfg->listeners[n];
     bool set[N_KEYS] = {false};
@@ -1134,7 +1175,7 @@ static int walk_listener(struct loader *ld, yaml_node_t *item, uint32_t n) {
                         bd_proto_name(lc->proto), other->bind);
         }
     }
-    return 0;
+    return check_tls(ld, lc, shown, set, mark);
 }
 
 static int walk_listeners(struct loader *ld, yaml_node_t *seq) {
@@ -1461,14 +1502,28 @@ int bd_config_dump(const struct bd_config *cfg, FILE *out) {
             fprintf(out, "listeners:\n");
             for (uint32_t n = 0; n < cfg->n_listeners; n++) {
                 const struct bd_listener_config *lc = &cfg->listeners[n];
+                const char *sub = NULL; /* the nested mapping being printed ("tls.cert") */
                 bool first = true;
                 for (size_t j = 0; j < N_KEYS; j++) {
-                    if (!in_listener(&schema[j]) || !listener_key_applies(&schema[j], lc)) {
+                    const struct key_def *lk = &schema[j];
+                    if (!in_listener(lk) || !listener_key_applies(lk, lc) ||
+                        ((lk->flags & KF_UNSET_OK) && *((const char *)lc + lk->off) == '\0')) {
                         continue;
                     }
-                    fprintf(out, "  %s %s: ", first ? "-" : " ",
-                            schema[j].path + sizeof(LISTENER_PREFIX) - 1);
-                    put_value(out, &schema[j], lc);
+                    const char *name = lk->path + sizeof(LISTENER_PREFIX) - 1;
+                    const char *dot = strchr(name, '.');
+                    if (dot == NULL) {
+                        sub = NULL;
+                        fprintf(out, "  %s %s: ", first ? "-" : " ", name);
+                    } else {
+                        size_t len = (size_t)(dot - name);
+                        if (sub == NULL || strncmp(sub, name, len + 1) != 0) {
+                            sub = name;
+                            fprintf(out, "  %s %.*s:\n", first ? "-" : " ", (int)len, name);
+                        }
+                        fprintf(out, "      %s: ", dot + 1);
+                    }
+                    put_value(out, lk, lc);
                     first = false;
                 }
             }

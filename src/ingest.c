@@ -62,6 +62,8 @@ void ingest_listener_release(struct listener *l) {
     l->point = NULL;
     free(l->slab);
     l->slab = NULL;
+    bd_tls_ctx_free(l->tls);
+    l->tls = NULL;
 }
 
 static void destroy(struct bd_ingest *in) {
@@ -594,9 +596,10 @@ int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg) {
     }
     /* Removed first: a listener may take over an address one of them had. */
     for (uint32_t k = 0; k < cfg->n_listeners; k++) {
-        const struct listener *l = find_active(in, &cfg->listeners[k]);
+        struct listener *l = find_active(in, &cfg->listeners[k]);
         struct bd_err err = {0};
         if (l != NULL) {
+            ingest_tls_listener_reload(l); /* certificate rotation */
             now[n++] = l->cfg;
         } else if (add_listener(in, &cfg->listeners[k], &err) < 0) {
             bd_error("reload: %s; the configuration runs without it", err.msg);

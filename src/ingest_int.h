@@ -5,6 +5,8 @@
  *             table, and the public API of include/bucketd/ingest.h;
  *   udp.c     UDP listeners: recvmmsg into the slab, backpressure, the read-out at stop;
  *   tcp.c     TCP listeners and their connections: framing, backpressure, idle sweep;
+ *   tcp_tls.c TLS on TCP connections (listeners[].tls): ciphertext in, plaintext into the
+ *             connection's buffer, handshake bytes out, the handshake deadline;
  *   kstats.c  the kernel's UDP counters from /proc (the parsers of ingest.h and the timer).
  * Everything here runs on the ingest thread, the one that owns the uv loop.
  */
@@ -19,6 +21,7 @@
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
 #include "bucketd/parse.h"
+#include "bucketd/tls.h"
 
 /* At stop, how long a UDP listener may spend reading what its socket buffer still holds. */
 #define UDP_STOP_DRAIN_NS (500 * BD_NS_PER_MS)
@@ -36,6 +39,8 @@ struct conn {
     uint64_t last_active_ms; /* uv_now() of the last read, for the idle sweep */
     bool paused;             /* reading stopped by backpressure */
     bool eof;                /* the peer finished sending; close once the buffer is consumed */
+    struct bd_tls *tls;      /* TLS listener: the session (tcp_tls.c); NULL on plain ones */
+    uint64_t accepted_ms;    /* TLS: uv_now() at accept, for the handshake deadline */
     /*
      * buf[start, len) is received and not yet consumed; buf[start, scan) is known to hold no
      * '\n', so memchr never rescans bytes of a line that arrives in many reads.
@@ -70,6 +75,8 @@ struct listener {
     struct bd_parser parser;
     bool parser_ok;
     struct bd_point *point;
+
+    struct bd_tls_ctx *tls; /* TCP with listeners[].tls: the server context; else NULL */
 
     char *slab;          /* UDP only */
     bool udp_paused;     /* UDP: reading stopped for a congested ring (see udp_maybe_pause) */
@@ -197,6 +204,31 @@ void ingest_tcp_abort_conns(struct listener *l);
 /* Resume or finish the paused connections of l; false when the rings are congested again and
  * bd_ingest_resume() must stop there. *now_ns is read once, when first needed. */
 bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns);
+
+/* For tcp_tls.c: the connection steps of tcp.c (see there). */
+int ingest_conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure);
+int ingest_conn_drain(struct conn *c, int64_t now_ns, bool backpressure);
+int ingest_conn_finish(struct conn *c, int64_t now_ns);
+void ingest_conn_pause(struct conn *c);
+void ingest_conn_close(struct conn *c);
+
+/* ---- tcp_tls.c ---- */
+
+/* A TLS listener's server context (l->tls), when l->cfg has tls; 0 otherwise. */
+int ingest_tls_listener_open(struct listener *l, struct bd_err *err);
+/* A reload kept l: read its certificate and key again; on failure the running context stays. */
+void ingest_tls_listener_reload(struct listener *l);
+/* A connection accepted on a TLS listener: its session. */
+int ingest_tls_conn_start(struct conn *c);
+/* on_conn_read of a TLS connection (nread != 0): ciphertext or the end of the stream. */
+void ingest_tls_on_read(struct conn *c, ssize_t nread);
+/* conn_drain of a TLS connection: the buffered lines, then as much more plaintext as the session
+ * holds, under the same backpressure. -EPROTO when the session failed (counted and logged). */
+int ingest_tls_drain(struct conn *c, int64_t now_ns, bool backpressure);
+/* The handshake deadline of the listener: min(10 s, idle_timeout). */
+uint64_t ingest_tls_handshake_timeout_ms(const struct listener *l);
+/* True (counted and logged) when c is still in its handshake past the deadline: close it. */
+bool ingest_tls_handshake_overdue(struct conn *c, uint64_t now_ms);
 
 /* ---- kstats.c ---- */
 

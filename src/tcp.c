@@ -29,6 +29,7 @@ static void conn_close(struct conn *c);
 static void on_conn_closed(uv_handle_t *h) {
     struct conn *c = h->data;
     struct bd_ingest *in = c->l->in;
+    bd_tls_free(c->tls);
     free(c);
     ingest_handle_closed(in);
 }
@@ -108,7 +109,8 @@ static int conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
 
 /* conn_drain_lines, as one batch of the sensor table's hand-off (see sensor.h). */
 static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
-    int rc = conn_drain_lines(c, now_ns, backpressure);
+    int rc = c->tls != NULL ? ingest_tls_drain(c, now_ns, backpressure)
+                            : conn_drain_lines(c, now_ns, backpressure);
     bd_sensor_table_publish(c->l->in->table);
     return rc;
 }
@@ -174,6 +176,10 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 
     if (nread == 0) {
         return; /* EAGAIN */
+    }
+    if (c->tls != NULL) {
+        ingest_tls_on_read(c, nread);
+        return;
     }
     if (nread < 0) {
         if (nread == UV_EOF) {
@@ -301,6 +307,9 @@ static void on_tcp_connection(uv_stream_t *server, int status) {
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &plen) < 0) {
         c->peer.ss_family = AF_UNSPEC;
     }
+    if (l->tls != NULL && (rc = ingest_tls_conn_start(c)) < 0) {
+        goto out;
+    }
     c->last_active_ms = uv_now(in->loop);
     rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
     if (rc < 0) {
@@ -327,8 +336,13 @@ static void on_sweep(uv_timer_t *t) {
     struct conn *next = NULL;
     for (struct conn *c = l->conns; c != NULL; c = next) {
         next = c->next;
+        if (c->tls != NULL && ingest_tls_handshake_overdue(c, now)) {
+            conn_close(c);
+            continue;
+        }
         /* A paused connection is silent because we stopped reading, not because it is idle. */
-        if (!c->paused && now - c->last_active_ms >= l->cfg.idle_timeout_ms) {
+        if (!c->paused && l->cfg.idle_timeout_ms > 0 &&
+            now - c->last_active_ms >= l->cfg.idle_timeout_ms) {
             BD_STAT_ADD(l->in->stats, tcp_idle_closed, 1);
             if (bd_log_get_level() >= BD_LOG_DEBUG) {
                 char who[PEER_LEN];
@@ -345,6 +359,10 @@ int ingest_tcp_open(struct listener *l, struct bd_err *err) {
     const struct sockaddr *sa = (const struct sockaddr *)&l->cfg.addr;
     int rc = 0;
 
+    rc = ingest_tls_listener_open(l, err);
+    if (rc < 0) {
+        goto out;
+    }
     rc = uv_tcp_init_ex(in->loop, &l->h.tcp, sa->sa_family);
     if (rc < 0) {
         bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));
@@ -364,8 +382,11 @@ int ingest_tcp_open(struct listener *l, struct bd_err *err) {
         goto out;
     }
 
-    if (l->cfg.idle_timeout_ms > 0) {
-        uint64_t every = BD_MIN(BD_MAX(l->cfg.idle_timeout_ms / 4, (uint64_t)1), (uint64_t)1000);
+    /* TLS: the sweep also enforces the handshake deadline (no longer than idle_timeout). */
+    if (l->cfg.idle_timeout_ms > 0 || l->tls != NULL) {
+        uint64_t span =
+            l->tls != NULL ? ingest_tls_handshake_timeout_ms(l) : l->cfg.idle_timeout_ms;
+        uint64_t every = BD_MIN(BD_MAX(span / 4, (uint64_t)1), (uint64_t)1000);
         uv_timer_init(in->loop, &l->sweep);
         l->sweep.data = l;
         l->sweep_open = true;
@@ -399,7 +420,9 @@ void ingest_tcp_stop_conns(struct listener *l) {
 void ingest_tcp_abort_conns(struct listener *l) {
     while (l->conns != NULL) {
         struct conn *c = l->conns;
-        BD_STAT_ADD(l->in->stats, tcp_unread_at_stop, (c->len - c->start) + unread_in_kernel(c));
+        BD_STAT_ADD(l->in->stats, tcp_unread_at_stop,
+                    (c->len - c->start) + unread_in_kernel(c) +
+                        (c->tls != NULL ? bd_tls_unread(c->tls) : 0));
         conn_close(c);
     }
 }
@@ -443,4 +466,25 @@ bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns) {
         }
     }
     return true;
+}
+
+/* The connection steps tcp_tls.c builds on (declared in ingest_int.h). */
+int ingest_conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
+    return conn_drain_lines(c, now_ns, backpressure);
+}
+
+int ingest_conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
+    return conn_drain(c, now_ns, backpressure);
+}
+
+int ingest_conn_finish(struct conn *c, int64_t now_ns) {
+    return conn_finish(c, now_ns);
+}
+
+void ingest_conn_pause(struct conn *c) {
+    conn_pause(c);
+}
+
+void ingest_conn_close(struct conn *c) {
+    conn_close(c);
 }

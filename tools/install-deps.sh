@@ -8,6 +8,8 @@ PACKAGES=(
   # build
   build-essential cmake pkg-config
   libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
+  # TLS on TCP listeners; the openssl CLI makes the end-to-end tests' certificates
+  libssl-dev openssl
   # the man pages (tools/man/*.scd); dpkg-shlibdeps for the Debian package (cpack -G DEB)
   scdoc dpkg-dev
   # tests; clang-format checks the house format (.clang-format)

@@ -31,6 +31,12 @@ struct bd_listener_config {
     uint64_t rcvbuf;             /* udp: SO_RCVBUF request in bytes, default 8 MiB */
     uint32_t max_connections;    /* tcp: default 1024 */
     uint64_t idle_timeout_ms;    /* tcp: default 5 min; 0 = never */
+    /* tcp: TLS when cert is set (src/tls.c); "" = not set. Validated when loaded. */
+    struct {
+        char cert[512];      /* PEM certificate chain */
+        char key[512];       /* PEM private key */
+        char client_ca[512]; /* PEM CA bundle: clients must present a certificate it verifies */
+    } tls;
 };
 
 struct bd_config {

@@ -30,6 +30,10 @@
     X(tcp_bytes, "TCP payload bytes received")                                            \
     X(tcp_idle_closed, "TCP connections closed by the idle timeout")                       \
     X(tcp_unread_at_stop, "TCP bytes never processed because the daemon stopped")            \
+    X(tls_handshakes, "TLS handshakes completed on TCP listeners with tls")                 \
+    X(tls_handshake_failures, "TLS connections closed: handshake failed (plain text, bad or missing client certificate, protocol error)") \
+    X(tls_handshake_timeouts, "TLS connections closed: handshake not finished in time")       \
+    X(tls_errors, "TLS connections closed: the session failed after its handshake")        \
     X(lines, "non-empty, non-comment input lines")                                        \
     X(readings_accepted, "readings accepted into a sensor queue")                           \
     X(drop_line_too_long, "lines dropped: longer than limits.max_line")                    \
