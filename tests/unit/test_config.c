@@ -15,6 +15,8 @@
 #include "bucketd/config.h"
 #include "bucketd/mongo.h"
 #include "bucketd/log.h"
+#include "bucketd/tls.h"
+#include "tls_certs.h"
 
 #define SHIPPED BD_SOURCE_DIR "/config/bucketd.yaml"
 
@@ -960,4 +962,112 @@ Test(config, summaries_may_outlive_their_pages_but_not_expire_before_them) {
                 "summaries.retention", "may outlive its pages");
     expect_ok(LISTENER "buckets:\n  retention: 720h\nsummaries:\n  retention: 720h\n", &cfg);
     expect_ok(LISTENER "buckets:\n  retention: 720h\n", &cfg);
+}
+
+/* ---- listeners[].tls ------------------------------------------------------------------------- */
+
+/* ca, server (signed by ca) and other (self-signed) certificates and keys in tmpdir. */
+static void write_tls_files(void) {
+    struct test_cert ca = test_cert_make("test ca", NULL);
+    struct test_cert server = test_cert_make("localhost", &ca);
+    struct test_cert other = test_cert_make("other", NULL);
+    test_cert_write(&ca, tmpdir, "ca");
+    test_cert_write(&server, tmpdir, "server");
+    test_cert_write(&other, tmpdir, "other");
+    test_cert_free(&ca);
+    test_cert_free(&server);
+    test_cert_free(&other);
+}
+
+static void remove_tls_files(void) {
+    const char *names[] = {"ca.pem",     "ca.key",    "server.pem",
+                           "server.key", "other.pem", "other.key"};
+    char p[400];
+    for (size_t i = 0; i < BD_ARRAY_LEN(names); i++) {
+        snprintf(p, sizeof(p), "%s/%s", tmpdir, names[i]);
+        unlink(p);
+    }
+}
+
+/* A tcp listener with a tls mapping of the given lines (each "      key: file", file in tmpdir). */
+static void tls_yaml(char *out, size_t cap, const char *proto, const char *cert, const char *key,
+                     const char *client_ca) {
+    int n = snprintf(out, cap,
+                     "listeners:\n  - proto: %s\n    bind: \"127.0.0.1:8094\"\n    tls:\n", proto);
+    if (cert != NULL) {
+        n += snprintf(out + n, cap - (size_t)n, "      cert: \"%s/%s\"\n", tmpdir, cert);
+    }
+    if (key != NULL) {
+        n += snprintf(out + n, cap - (size_t)n, "      key: \"%s/%s\"\n", tmpdir, key);
+    }
+    if (client_ca != NULL) {
+        snprintf(out + n, cap - (size_t)n, "      client_ca: \"%s/%s\"\n", tmpdir, client_ca);
+    }
+}
+
+Test(config, tls_keys_load_and_the_dump_reads_back) {
+    struct bd_config a, b;
+    struct bd_err err = {0};
+    char yaml[2048], want[600];
+    write_tls_files();
+    tls_yaml(yaml, sizeof(yaml), "tcp", "server.pem", "server.key", "ca.pem");
+    strcat(yaml, "  - proto: tcp\n    bind: \"127.0.0.1:8095\"\n");
+    expect_ok(yaml, &a);
+    snprintf(want, sizeof(want), "%s/server.pem", tmpdir);
+    cr_assert_str_eq(a.listeners[0].tls.cert, want);
+    snprintf(want, sizeof(want), "%s/server.key", tmpdir);
+    cr_assert_str_eq(a.listeners[0].tls.key, want);
+    snprintf(want, sizeof(want), "%s/ca.pem", tmpdir);
+    cr_assert_str_eq(a.listeners[0].tls.client_ca, want);
+    cr_assert(bd_tls_enabled(&a.listeners[0]));
+    cr_assert_not(bd_tls_enabled(&a.listeners[1]));
+
+    char *first = dump_to_string(&a);
+    snprintf(want, sizeof(want), "    tls:\n      cert: \"%s/server.pem\"\n", tmpdir);
+    cr_assert_not_null(strstr(first, want), "dump lacks\n%s--- dump:\n%s", want, first);
+    write_file(dump_path, first);
+    cr_assert_eq(bd_config_load(&b, dump_path, &err), 0, "%s\n--- dump:\n%s", err.msg, first);
+    char *second = dump_to_string(&b);
+    cr_assert_str_eq(first, second);
+    cr_assert_eq(memcmp(&a.listeners, &b.listeners, sizeof(a.listeners)), 0);
+
+    /* Another file on a kept listener needs a restart; the same files are no change. */
+    struct bd_config merged;
+    struct changes ch;
+    cr_assert_eq(merge(&a, &b, &merged, &ch, &err), 0, "%s", err.msg);
+    cr_assert_eq(ch.n, 0, "%s", ch.text);
+    snprintf(b.listeners[0].tls.client_ca, sizeof(b.listeners[0].tls.client_ca), "%s/other.pem",
+             tmpdir);
+    cr_assert_eq(merge(&a, &b, &merged, &ch, &err), 0, "%s", err.msg);
+    snprintf(want, sizeof(want), "listeners[0].tls.client_ca|%s/ca.pem|%s/other.pem|restart\n",
+             tmpdir, tmpdir);
+    cr_assert_str_eq(ch.text, want);
+    cr_assert_str_eq(merged.listeners[0].tls.client_ca, a.listeners[0].tls.client_ca);
+    free(first);
+    free(second);
+    remove_tls_files();
+}
+
+Test(config, tls_errors_name_file_position_key_and_cause) {
+    char yaml[2048];
+    write_tls_files();
+    tls_yaml(yaml, sizeof(yaml), "tcp", "server.pem", "other.key", NULL);
+    expect_fail(yaml, "6:12", "listeners[0].tls.key", "does not match the certificate");
+    tls_yaml(yaml, sizeof(yaml), "tcp", "missing.pem", "server.key", NULL);
+    expect_fail(yaml, "5:13", "listeners[0].tls.cert", "No such file or directory");
+    tls_yaml(yaml, sizeof(yaml), "tcp", "server.key", "server.key", NULL);
+    expect_fail(yaml, "5:13", "listeners[0].tls.cert", "not a PEM certificate");
+    tls_yaml(yaml, sizeof(yaml), "tcp", "server.pem", "server.key", "server.key");
+    expect_fail(yaml, "7:18", "listeners[0].tls.client_ca", "no PEM CA certificate");
+    tls_yaml(yaml, sizeof(yaml), "tcp", "server.pem", NULL, NULL);
+    expect_fail(yaml, "5:13", "listeners[0].tls", "needs both cert and key (key is missing)");
+    tls_yaml(yaml, sizeof(yaml), "tcp", NULL, NULL, "ca.pem");
+    expect_fail(yaml, "5:18", "listeners[0].tls", "needs both cert and key (cert is missing)");
+    tls_yaml(yaml, sizeof(yaml), "udp", "server.pem", "server.key", NULL);
+    expect_fail(yaml, "5:13", "listeners[0].tls.cert", "only valid on tcp listeners");
+    expect_fail("listeners:\n  - proto: tcp\n    bind: \"127.0.0.1:1\"\n    tls: yes\n", "4:10",
+                "listeners[0].tls", "expected a mapping with keys: cert, key, client_ca");
+    expect_fail("listeners:\n  - proto: tcp\n    bind: \"127.0.0.1:1\"\n    tls:\n      crt: x\n",
+                "5:7", "listeners[0].tls.crt", "did you mean \"cert\"?");
+    remove_tls_files();
 }
