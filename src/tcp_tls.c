@@ -157,7 +157,12 @@ int ingest_tls_drain(struct conn *c, int64_t now_ns, bool backpressure) {
             return 0;
         }
         if (n == BD_TLS_CLOSED) {
-            c->eof = true; /* close_notify: the end of the stream, as a TCP EOF */
+            /* close_notify: the end of the stream, as a TCP EOF; answered with ours. */
+            if (!c->eof) {
+                c->eof = true;
+                bd_tls_shutdown(c->tls);
+                send_output(c);
+            }
             return 0;
         }
         report_failure(c);
