@@ -403,7 +403,7 @@ class Bucketd(object):
 
     def __init__(self, ctx, name, listeners, sink='blackhole', uri=None, database=None,
                  flush='1s', memory=None, max_sensors=None, max_delay=None, extra=(),
-                 metrics_port=None):
+                 metrics_port=None, tls=None):
         self.ctx = ctx
         self.name = name
         self.listeners = listeners  # [(proto, port, format)]
@@ -418,6 +418,9 @@ class Bucketd(object):
         for proto, port, fmt in listeners:
             lines += ['  - proto: %s' % proto, '    bind: "127.0.0.1:%d"' % port,
                       '    format: %s' % fmt]
+            if tls and proto == 'tcp':  # (cert, key) files
+                lines += ['    tls:', '      cert: %s' % yaml_str(tls[0]),
+                          '      key: %s' % yaml_str(tls[1])]
         lines.append('sink: %s' % sink)
         if sink == 'mongodb':
             lines += ['mongodb:', '  uri: %s' % yaml_str(uri), '  database: %s' % database,
@@ -2567,13 +2570,106 @@ class Suite(object):
                       ', '.join(si(x) for x in every), len(scrapes),
                       statistics.median([dt for dt, _ in scrapes]) * 1e3 if scrapes else 0))
 
+    # -- 14. TLS ----------------------------------------------------------------------------
+    def tls_files(self):
+        d = os.path.join(self.work, 'tls-certs')
+        cert, key = os.path.join(d, 'server.pem'), os.path.join(d, 'server.key')
+        if not os.path.exists(cert):
+            os.makedirs(d, exist_ok=True)
+            subprocess.run(['openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt',
+                            'ec_paramgen_curve:P-256', '-nodes', '-keyout', key, '-out', cert,
+                            '-days', '2', '-subj', '/CN=localhost',
+                            '-addext', 'subjectAltName=IP:127.0.0.1'],
+                           check=True, capture_output=True, timeout=60)
+        return cert, key
+
+    def tls_run(self, tls, data, lines_per_buf, conns, dur):
+        """One fresh daemon, conns senders flat out for dur s: (lines/s, protocol, cipher)."""
+        import ssl
+        import threading
+        self.tls_runs = getattr(self, 'tls_runs', 0) + 1
+        port = free_port('tcp')
+        files = self.tls_files() if tls else None
+        d = Bucketd(self, 'tls-%d' % self.tls_runs, [('tcp', port, 'influx')], tls=files).start()
+        sent = [0] * conns
+        errors = []
+        session = {}
+        ctx = None
+        if tls:
+            ctx = ssl.create_default_context(cafile=files[0])
+
+        def sender(i):
+            try:
+                s = socket.create_connection(('127.0.0.1', port), timeout=60)
+                if ctx is not None:
+                    s = ctx.wrap_socket(s, server_hostname='localhost')
+                    session['version'], session['cipher'] = s.version(), s.cipher()[0]
+                end = time.monotonic() + dur
+                n = 0
+                while time.monotonic() < end:
+                    s.sendall(data)
+                    n += 1
+                sent[i] = n * lines_per_buf
+                if ctx is not None:
+                    s = s.unwrap()
+                s.close()
+            except (OSError, ssl.SSLError) as e:
+                errors.append(repr(e))
+
+        try:
+            threads = [threading.Thread(target=sender, args=(i,)) for i in range(conns)]
+            t0 = time.monotonic()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(dur + 120)
+            drained = wait_tcp_drained(port)
+            t1 = time.monotonic()
+        finally:
+            st = d.stop()
+        accepted = st.get('readings_accepted', 0)
+        if errors or accepted != sum(sent) or daemon_drops(st) or not drained:
+            raise BenchError('%s: accepted %d of %d, drops %s, sender errors %s' % (
+                'TLS' if tls else 'plain', accepted, sum(sent), daemon_drops(st), errors))
+        if tls and st.get('tls_handshakes', 0) != conns:
+            raise BenchError('TLS: %s handshakes for %d connections' % (
+                st.get('tls_handshakes'), conns))
+        return accepted / (t1 - t0), session.get('version'), session.get('cipher')
+
+    def fig_tls(self):
+        """14: TLS ingest rate against plain TCP, same sender, runs alternated."""
+        conns, rounds = 3, (2 if self.quick else 4)
+        dur = 1.5 if self.quick else 5.0
+        # Row 3's kind of lines (1000 sensors, 3 fields, about 60 bytes, arrival time), from a
+        # sender both runs share: Python's sendall of one prepared buffer of a few MiB, so the sender
+        # costs the same on both sides apart from the encryption TLS adds to it.
+        lines = [b'bench,sensor=s%04d f0=%d.%02d,f1=%d.%02d,f2=%di\n' % (
+            i % 1000, i % 97, i % 100, i % 89, i % 61, i) for i in range(60000)]
+        data = b''.join(lines)
+        plain, tls = [], []
+        version = cipher = None
+        for _ in range(rounds):
+            plain.append(self.tls_run(False, data, len(lines), conns, dur)[0])
+            r, version, cipher = self.tls_run(True, data, len(lines), conns, dur)
+            tls.append(r)
+        base, got = statistics.median(plain), statistics.median(tls)
+        self.rows.append(Row(
+            '14. TLS vs plain TCP -> blackhole, flat out, %d connections (lines/s, median of %d '
+            'runs each) [1000 sensors, 3 fields, influx, %s %s]' % (
+                conns, rounds, version, cipher), si(got), si(base), '%.3f' % (got / base), '', ''))
+        self.note('14: %d connections for %g s each run, %d lines of %.0f bytes per %s buffer '
+                  'sent whole (Python sendall; ssl for TLS, P-256 certificate); runs '
+                  'alternated, each on a fresh daemon; plain %s, TLS %s lines/s' % (
+                      conns, dur, len(lines), len(data) / len(lines), mib(len(data)),
+                      ', '.join(si(x) for x in plain), ', '.join(si(x) for x in tls)))
+
     def run(self):
         figs = [('parser', self.fig_parser), ('udp', self.fig_udp), ('tcp', self.fig_tcp),
                 ('memory', self.fig_memory), ('latency', self.fig_latency),
                 ('standin', self.fig_into_standin), ('peers', self.fig_peers),
                 ('slowdb', self.fig_slowdb), ('replay', self.fig_replay),
                 ('writecost', self.fig_writecost), ('summaries', self.fig_summaries),
-                ('metrics', self.fig_metrics)]
+                ('metrics', self.fig_metrics), ('tls', self.fig_tls)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
                  'standin': '6. into the stand-in', 'peers': '7. peers',
@@ -2581,7 +2677,7 @@ class Suite(object):
                  'replay': '9. replay after an outage',
                  'writecost': '11. write cost and visibility (1 Hz sensors)',
                  'summaries': '12. dashboard read cost (summaries)',
-                 'metrics': '13. /metrics'}
+                 'metrics': '13. /metrics', 'tls': '14. TLS vs plain TCP'}
         disk_done = False
         for key, fn in figs:
             if key == 'writecost' and not disk_done:
@@ -2796,7 +2892,7 @@ def main():
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
-                    'standin,peers,slowdb,replay,writecost,summaries,metrics')
+                    'standin,peers,slowdb,replay,writecost,summaries,metrics,tls')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')
