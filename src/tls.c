@@ -102,6 +102,8 @@ int bd_tls_ctx_new(struct bd_tls_ctx **out, const struct bd_listener_config *lc,
     SSL_CTX_set_options(ctx->ssl, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION |
                                       SSL_OP_NO_TICKET | SSL_OP_CIPHER_SERVER_PREFERENCE);
     SSL_CTX_set_session_cache_mode(ctx->ssl, SSL_SESS_CACHE_OFF);
+    /* An idle connection (most of them, between readings) gives its record buffers back. */
+    SSL_CTX_set_mode(ctx->ssl, SSL_MODE_RELEASE_BUFFERS);
     SSL_CTX_set_num_tickets(ctx->ssl, 0);
     /* TLS 1.2: forward secrecy and AEAD only (1.3's suites are all that already). */
     if (SSL_CTX_set_cipher_list(ctx->ssl, "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM") != 1) {
