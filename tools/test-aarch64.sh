@@ -65,7 +65,7 @@ fi
 # Their dependencies come along, the arm64 C library included; any already installed is not
 # downloaded, and qemu then finds it where dpkg put it (QEMU_LD_PREFIX falls back to /).
 arm_pkgs=(libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsystemd-dev
-          libcriterion-dev)
+          libssl-dev libcriterion-dev)
 sysroot="$root/build-aarch64-sysroot"
 if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ] ||
    [ ! -e "$sysroot/DEBIAN/symbols" ]; then

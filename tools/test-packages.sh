@@ -100,7 +100,8 @@ check_deb() { # deb, arch
     [ "$field" = "$arch" ] && ok "Architecture: $arch" || fail "Architecture: '$field', not $arch"
     field="$(dpkg-deb -f "$deb" Depends)"
     local lib missing_libs=""
-    for lib in libc6 libmongoc-1.0-0 libbson-1.0-0 libuv1 libyaml-0-2 libxxhash0 libsystemd0; do
+    for lib in libc6 libmongoc-1.0-0 libbson-1.0-0 libuv1 libyaml-0-2 libxxhash0 libsystemd0 \
+        libssl3; do
         echo "$field" | grep -qE "(^|, )$lib( |,|$)" || missing_libs+=" $lib"
     done
     [ -z "$missing_libs" ] && ok "Depends: $field" || fail "Depends '$field' lacks$missing_libs"
