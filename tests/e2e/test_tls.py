@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -205,18 +206,47 @@ class TestTLS(TLSCase):
             self.assertEqual(sorted(got.get("tls_test,src=s%d" % s, [])), want)
 
     def test_handshake_deadline(self):
-        # idle_timeout 1s makes the handshake deadline 1s; a client that never says hello.
+        # idle_timeout 1s makes the handshake deadline 1s. A client that never says hello, and
+        # one that keeps the connection busy with a hello that never ends (a byte every 0.1 s,
+        # so the idle timeout alone would never close it): both are closed and counted.
         d, client, db = self.start(listener={"idle_timeout": "1s"})
         silent = socket.create_connection(d.addr("tls"), timeout=DEADLINE)
         try:
             self.wait_metric(d, "tls_handshake_timeouts", 1)
-            silent.settimeout(DEADLINE)
             self.assertEqual(silent.recv(1), b"")  # closed by the daemon
         finally:
             silent.close()
+
+        closed = threading.Event()
+        trickle = socket.create_connection(d.addr("tls"), timeout=DEADLINE)
+
+        def drip():
+            # A TLS handshake record header announcing 16 KiB, then its body a byte at a time.
+            data = b"\x16\x03\x01\x40\x00" + b"\x00" * 16384
+            try:
+                for i in range(len(data)):
+                    if closed.wait(0.1):
+                        return
+                    trickle.sendall(data[i:i + 1])
+            except OSError:
+                pass  # reset by the daemon
+
+        t = threading.Thread(target=drip)
+        t.start()
+        try:
+            self.wait_metric(d, "tls_handshake_timeouts", 2)
+            try:
+                self.assertEqual(trickle.recv(1), b"")
+            except ConnectionResetError:
+                pass  # closed with the drip's bytes unread: a reset instead of a FIN
+        finally:
+            closed.set()
+            t.join()
+            trickle.close()
         stats = d.stop()
-        self.assertStat(stats, "tls_handshake_timeouts", 1, d)
+        self.assertStat(stats, "tls_handshake_timeouts", 2, d)
         self.assertStat(stats, "tls_handshakes", 0, d)
+        self.assertStat(stats, "tcp_idle_closed", 0, d)
 
     def peer_cn(self, d):
         raw = socket.create_connection(d.addr("tls"), timeout=DEADLINE)
