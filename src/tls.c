@@ -258,7 +258,15 @@ ssize_t bd_tls_read(struct bd_tls *t, char *buf, size_t cap) {
     }
     t->failed = true;
     if (e == SSL_ERROR_SSL) {
+        int why = ERR_GET_REASON(ERR_peek_error());
         last_error(t->reason, sizeof(t->reason));
+        /* What OpenSSL makes of a line of text where a TLS record header belongs. */
+        if (why == SSL_R_WRONG_VERSION_NUMBER || why == SSL_R_HTTP_REQUEST ||
+            why == SSL_R_HTTPS_PROXY_REQUEST) {
+            size_t used = strlen(t->reason);
+            snprintf(t->reason + used, sizeof(t->reason) - used,
+                     " (not TLS: a plain-text client?)");
+        }
         long v = SSL_get_verify_result(t->ssl);
         if (v != X509_V_OK) {
             size_t used = strlen(t->reason);

@@ -165,7 +165,8 @@ class TestTLS(TLSCase):
         self.assertStat(stats, "readings_accepted", n, d)
         self.assertEqual(self.seqs(client, db, "plain"), [])
         self.assertEqual(self.seqs(client, db, "secure"), list(range(n)))
-        warned = [l for l in d.log_lines(max_priority=4) if "TLS handshake with 127.0.0.1:" in l]
+        warned = [l for l in d.log_lines(max_priority=4) if "TLS handshake with 127.0.0.1:" in l
+                  and "plain-text client" in l]
         self.assertEqual(len(warned), 1, d.log())
 
     def test_mutual_tls(self):
