@@ -249,6 +249,24 @@ class TestTLS(TLSCase):
         self.assertStat(stats, "tls_handshakes", 0, d)
         self.assertStat(stats, "tcp_idle_closed", 0, d)
 
+    def test_stop_with_a_tls_connection_open(self):
+        # A stop finishes what an open TLS connection delivered: its complete lines are stored,
+        # the torn last line is counted in tcp_unread_at_stop, as on a plain connection.
+        d, client, db = self.start()
+        n = 2000
+        torn = b"tls_test,src=open seq=99999"
+        raw = socket.create_connection(d.addr("tls"), timeout=DEADLINE)
+        s = self.client_context().wrap_socket(raw, server_hostname="localhost")
+        try:
+            s.sendall(lines_for("open", n) + torn)
+            self.wait_metric(d, "readings_accepted", n)
+            stats = d.stop()
+        finally:
+            s.close()
+        self.assertStat(stats, "tcp_unread_at_stop", len(torn), d)
+        self.assertStat(stats, "readings_accepted", n, d)
+        self.assertEqual(self.seqs(client, db, "open"), list(range(n)))
+
     def peer_cn(self, d):
         raw = socket.create_connection(d.addr("tls"), timeout=DEADLINE)
         with self.client_context().wrap_socket(raw, server_hostname="localhost") as s:
