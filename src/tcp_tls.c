@@ -84,6 +84,20 @@ static void report_failure(struct conn *c) {
     }
 }
 
+/* What the listener now serves, and a warning when its certificate has expired. */
+static void log_certificate(const struct listener *l, const char *when) {
+    char until[64];
+    bool expired = bd_tls_ctx_expiry(l->tls, until, sizeof(until));
+    bd_info("%s%s: TLS with certificate %s (valid until %s)%s%s", when, l->name, l->cfg.tls.cert,
+            until, l->cfg.tls.client_ca[0] != '\0' ? ", client certificates verified against " : "",
+            l->cfg.tls.client_ca);
+    if (expired) {
+        bd_warn("%s%s: the certificate in %s expired on %s: clients that check it will refuse "
+                "the connection",
+                when, l->name, l->cfg.tls.cert, until);
+    }
+}
+
 int ingest_tls_listener_open(struct listener *l, struct bd_err *err) {
     struct bd_err terr = {0};
     const char *key = NULL;
@@ -94,9 +108,7 @@ int ingest_tls_listener_open(struct listener *l, struct bd_err *err) {
     if (rc < 0) {
         return bd_err_set(err, rc, "%s: tls.%s: %s", l->name, key, terr.msg);
     }
-    bd_info("%s: TLS with certificate %s%s%s", l->name, l->cfg.tls.cert,
-            l->cfg.tls.client_ca[0] != '\0' ? ", client certificates verified against " : "",
-            l->cfg.tls.client_ca);
+    log_certificate(l, "");
     return 0;
 }
 
@@ -115,7 +127,8 @@ void ingest_tls_listener_reload(struct listener *l) {
     /* Open sessions hold their own reference to the context they started with. */
     bd_tls_ctx_free(l->tls);
     l->tls = next;
-    bd_info("reload: %s: TLS certificate and key read again from %s", l->name, l->cfg.tls.cert);
+    bd_info("reload: %s: TLS certificate and key read again", l->name);
+    log_certificate(l, "reload: ");
 }
 
 int ingest_tls_conn_start(struct conn *c) {

@@ -15,9 +15,11 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* OpenSSL's reason for a failed connection, kept for the log. */
 #define REASON_LEN 160
@@ -173,6 +175,18 @@ out:
     bd_tls_ctx_free(ctx);
     ERR_clear_error();
     return rc;
+}
+
+bool bd_tls_ctx_expiry(const struct bd_tls_ctx *ctx, char *buf, size_t cap) {
+    X509 *cert = SSL_CTX_get0_certificate(ctx->ssl);
+    const ASN1_TIME *end = cert != NULL ? X509_get0_notAfter(cert) : NULL;
+    struct tm tm;
+    if (end == NULL || ASN1_TIME_to_tm(end, &tm) != 1) {
+        snprintf(buf, cap, "unknown");
+        return false;
+    }
+    strftime(buf, cap, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    return X509_cmp_current_time(end) < 0;
 }
 
 void bd_tls_ctx_free(struct bd_tls_ctx *ctx) {

@@ -39,6 +39,8 @@ bool bd_tls_enabled(const struct bd_listener_config *lc);
  */
 int bd_tls_ctx_new(struct bd_tls_ctx **out, const struct bd_listener_config *lc, const char **key,
                    struct bd_err *err);
+/* The certificate's notAfter as "2026-11-26 00:00:00 UTC" into buf; true if it is past. */
+bool bd_tls_ctx_expiry(const struct bd_tls_ctx *ctx, char *buf, size_t cap);
 /* Drop this reference (connections made from it keep theirs). NULL is a no-op. */
 void bd_tls_ctx_free(struct bd_tls_ctx *ctx);
 

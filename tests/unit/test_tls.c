@@ -33,6 +33,11 @@ static void setup(void) {
     struct test_cert server = test_cert_make("localhost", &ca);
     struct test_cert client = test_cert_make("client", &ca);
     struct test_cert stranger = test_cert_make("stranger", &other);
+    struct test_cert expired = test_cert_make("localhost", &ca);
+    X509_gmtime_adj(X509_getm_notAfter(expired.cert), -60);
+    cr_assert_gt(X509_sign(expired.cert, ca.key, EVP_sha256()), 0);
+    test_cert_write(&expired, dir, "expired");
+    test_cert_free(&expired);
     test_cert_write(&ca, dir, "ca");
     test_cert_write(&server, dir, "server");
     test_cert_write(&client, dir, "client");
@@ -51,8 +56,9 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    const char *names[] = {"ca.pem",     "ca.key",       "server.pem",   "server.key", "client.pem",
-                           "client.key", "stranger.pem", "stranger.key", "junk.pem"};
+    const char *names[] = {"ca.pem",     "ca.key",      "server.pem",   "server.key",
+                           "client.pem", "client.key",  "stranger.pem", "stranger.key",
+                           "junk.pem",   "expired.pem", "expired.key"};
     char p[300];
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         path_of(p, sizeof(p), names[i]);
@@ -110,6 +116,22 @@ Test(tls, context_errors_name_the_key_and_the_cause) {
     bd_tls_ctx_free(server_ctx(NULL));
     bd_tls_ctx_free(server_ctx("ca.pem"));
     bd_tls_ctx_free(NULL);
+}
+
+Test(tls, the_certificate_expiry_is_reported) {
+    struct bd_listener_config lc;
+    struct bd_tls_ctx *ctx = server_ctx(NULL);
+    struct bd_err err = {0};
+    const char *key = NULL;
+    char until[64];
+    cr_assert_not(bd_tls_ctx_expiry(ctx, until, sizeof(until)));
+    cr_assert_not_null(strstr(until, " UTC"), "%s", until);
+    bd_tls_ctx_free(ctx);
+    /* An expired certificate still loads (clients decide), but says so. */
+    listener(&lc, "expired.pem", "expired.key", NULL);
+    cr_assert_eq(bd_tls_ctx_new(&ctx, &lc, &key, &err), 0, "%s", err.msg);
+    cr_assert(bd_tls_ctx_expiry(ctx, until, sizeof(until)));
+    bd_tls_ctx_free(ctx);
 }
 
 /* An OpenSSL client over memory BIOs, trusting ca.pem, with an optional certificate. */
