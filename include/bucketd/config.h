@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <sys/socket.h>
 
+#include "bucketd/allow.h"
 #include "bucketd/common.h"
 
 #define BD_MAX_LISTENERS 16
@@ -27,10 +28,13 @@ struct bd_listener_config {
     char bind[128];               /* as written: "host:port" or "[v6]:port" */
     struct sockaddr_storage addr; /* resolved from bind (numeric hosts only) */
     enum bd_format format;
-    enum bd_precision precision; /* default ns */
-    uint64_t rcvbuf;             /* udp: SO_RCVBUF request in bytes, default 8 MiB */
-    uint32_t max_connections;    /* tcp: default 1024 */
-    uint64_t idle_timeout_ms;    /* tcp: default 5 min; 0 = never */
+    enum bd_precision precision;     /* default ns */
+    uint64_t rcvbuf;                 /* udp: SO_RCVBUF request in bytes, default 8 MiB */
+    uint32_t max_connections;        /* tcp: default 1024 */
+    uint64_t idle_timeout_ms;        /* tcp: default 5 min; 0 = never */
+    uint32_t max_connections_per_ip; /* tcp: per IPv4 address or IPv6 /64; default
+                                        64; 0 (not from a file) = max_connections */
+    struct bd_allow allow;           /* senders allowed; empty (absent) = everyone */
 };
 
 struct bd_config {

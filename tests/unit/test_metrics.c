@@ -139,8 +139,8 @@ Test(metrics, families_are_well_formed) {
     struct bd_metrics_view v;
     view_init(&v);
     v.n_listeners = 2;
-    v.listeners[0] = (struct bd_metrics_listener){"udp", "0.0.0.0:8089", "influx", false, 0};
-    v.listeners[1] = (struct bd_metrics_listener){"tcp", "[::1]:8094", "graphite", true, 3};
+    v.listeners[0] = (struct bd_metrics_listener){"udp", "0.0.0.0:8089", "influx", false, 0, 2, 0};
+    v.listeners[1] = (struct bd_metrics_listener){"tcp", "[::1]:8094", "graphite", true, 3, 0, 5};
     struct bd_http_counters http = {.connections = 7, .rejected = 1};
     http.responses[0] = 6;
     v.http = &http;
@@ -253,7 +253,7 @@ Test(metrics, label_values_are_escaped) {
     struct bd_metrics_view v;
     view_init(&v);
     v.n_listeners = 1;
-    v.listeners[0] = (struct bd_metrics_listener){"udp", "x\"y\\z\n", "influx", false, 0};
+    v.listeners[0] = (struct bd_metrics_listener){"udp", "x\"y\\z\n", "influx", false, 0, 0, 0};
     char *text = render(&v);
     cr_assert_eq(
         count_lines(
