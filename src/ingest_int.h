@@ -47,7 +47,8 @@ struct conn {
      * with cap 0 while there is nothing in it.
      */
     size_t start, scan, len, cap;
-    size_t peak; /* most bytes held at once since the last sweep */
+    size_t peak;    /* most bytes held at once since the last sweep */
+    bool peak_read; /* something was read since the last sweep */
     char *buf;
 };
 

@@ -29,6 +29,9 @@
  * largest buffer within a few reads and stays there, so bulk ingest reads as before.
  */
 #define CONN_BUF_MIN 4096
+/* What the sweep leaves a connection that holds a few bytes of a line and sends nothing: a
+ * thousand of them then cost a quarter of a MiB. The next read grows it to CONN_BUF_MIN. */
+#define CONN_BUF_IDLE 256
 
 /* Descriptors beyond the TCP connections: listeners, MongoDB, spool, metrics, the loop. */
 #define NOFILE_RESERVE 256
@@ -204,8 +207,8 @@ static void on_conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
         conn_compact(c);
     }
     size_t want = c->cap;
-    if (c->cap == 0) {
-        want = CONN_BUF_MIN;
+    if (c->cap < CONN_BUF_MIN) {
+        want = BD_MAX((size_t)CONN_BUF_MIN, c->cap * 2);
     } else if (c->cap < max && (c->filled || c->cap - c->len < c->cap / 2)) {
         want = BD_MIN(c->cap * 2, max);
     }
@@ -223,13 +226,16 @@ static void on_conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 
 /*
  * The sweep's half of the buffer policy: a buffer larger than twice what the connection held
- * since the last sweep shrinks to that (at least CONN_BUF_MIN), and one that held nothing is
- * freed. A paused or finished connection keeps its buffer: it holds lines owed to the rings.
+ * since the last sweep shrinks to that (at least CONN_BUF_MIN, or CONN_BUF_IDLE when nothing
+ * was read since the last sweep), and one that held nothing is freed. A paused or finished
+ * connection keeps its buffer: it holds lines owed to the rings.
  */
 static void conn_trim(struct conn *c) {
     size_t pending = c->len - c->start;
     size_t held = BD_MAX(c->peak, pending);
+    bool read = c->peak_read;
     c->peak = pending;
+    c->peak_read = false;
     if (c->buf == NULL || c->paused || c->eof) {
         return;
     }
@@ -239,7 +245,7 @@ static void conn_trim(struct conn *c) {
         c->cap = c->start = c->scan = c->len = 0;
         return;
     }
-    size_t want = CONN_BUF_MIN;
+    size_t want = read ? CONN_BUF_MIN : CONN_BUF_IDLE;
     while (want < 2 * held) {
         want *= 2;
     }
@@ -278,6 +284,7 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     c->filled = (size_t)nread == c->cap - c->len;
     c->len += (size_t)nread;
     c->peak = BD_MAX(c->peak, c->len - c->start);
+    c->peak_read = true;
     BD_STAT_ADD(in->stats, tcp_bytes, (uint64_t)nread);
 
     int rc = conn_drain(c, bd_now_ns(), true);
