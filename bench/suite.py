@@ -2869,7 +2869,7 @@ def main():
     ap.add_argument('--work', required=True)
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--out', default='')
-    ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
+    ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,idleconns,'
                     'standin,peers,slowdb,replay,writecost,summaries,metrics')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')

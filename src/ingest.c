@@ -606,11 +606,11 @@ int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg) {
     }
     /* Removed first: a listener may take over an address one of them had. */
     for (uint32_t k = 0; k < cfg->n_listeners; k++) {
-        const struct listener *l = find_active(in, &cfg->listeners[k]);
+        struct listener *l = find_active(in, &cfg->listeners[k]);
         struct bd_err err = {0};
         if (l != NULL) {
             /* allow applies to a kept listener at once (bd_config_reload_merge merged it). */
-            ((struct listener *)l)->cfg.allow = cfg->listeners[k].allow;
+            l->cfg.allow = cfg->listeners[k].allow;
             now[n++] = l->cfg;
         } else if (add_listener(in, &cfg->listeners[k], &err) < 0) {
             bd_error("reload: %s; the configuration runs without it", err.msg);

@@ -175,6 +175,17 @@ Test(metrics, families_are_well_formed) {
     cr_assert_eq(
         count_lines(text, "bucketd_listener_connections{proto=\"tcp\",bind=\"[::1]:8094\"} 3"), 1);
     cr_assert_eq(count_prefix(text, "bucketd_listener_connections{proto=\"udp\""), 0);
+    /* Refusals per listener: not-allowed senders on both kinds, per-address limit on TCP. */
+    cr_assert_eq(count_lines(text, "bucketd_listener_drop_not_allowed_total{proto=\"udp\","
+                                   "bind=\"0.0.0.0:8089\"} 2"),
+                 1);
+    cr_assert_eq(count_lines(text, "bucketd_listener_drop_not_allowed_total{proto=\"tcp\","
+                                   "bind=\"[::1]:8094\"} 0"),
+                 1);
+    cr_assert_eq(count_lines(text, "bucketd_listener_tcp_rejected_per_ip_total{proto=\"tcp\","
+                                   "bind=\"[::1]:8094\"} 5"),
+                 1);
+    cr_assert_eq(count_prefix(text, "bucketd_listener_tcp_rejected_per_ip_total{proto=\"udp\""), 0);
     cr_assert_eq(count_lines(text, "bucketd_http_responses_total{code=\"200\"} 6"), 1);
     cr_assert_eq(count_lines(text, "bucketd_http_connections_rejected_total 1"), 1);
     free(text);
