@@ -149,8 +149,8 @@ typedef void (*bd_config_change_cb)(void *arg, const struct bd_config_change *c)
  * For SIGHUP: *out = cur with every key the schema marks reloadable taken from next. The
  * listener set is next's: listeners are matched by proto and address, those only in next are
  * added, those only in cur removed, and a kept one keeps its running values except allow, which
- * is applied (its other keys need a restart). A key next leaves unset (writer_id) keeps its running value. cb (may be NULL)
- * is called for every difference, applied or not. -EINVAL, with out untouched, if the result
+ * is applied (its other keys need a restart). A key next leaves unset (writer_id) keeps its
+ * running value. cb (may be NULL) is called for every difference, applied or not. -EINVAL, with out untouched, if the result
  * breaks a rule between keys (possible when a key that needs a restart keeps its value).
  */
 int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *next,
