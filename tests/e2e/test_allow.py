@@ -20,6 +20,9 @@
                                     1,024 connections (16 source addresses) holding a partial
                                     line each: the daemon's data segment grows by far less than
                                     1,024 x limits.max_line
+  test_daemon_raises_its_open_files_limit
+                                    started with a soft RLIMIT_NOFILE of 512, the daemon raises
+                                    it to the hard limit (logged) and holds 600 connections
 
 No assertion depends on how fast anything runs: waits poll /metrics or the database with
 generous deadlines. Expected values come from what the test sent.
@@ -386,6 +389,40 @@ class AllowTest(bdtest.E2ECase):
         stats = d.stop()
         self.assertEqual(stats["tcp_connections"], n_conns, stats)
         self.assertEqual(stats["tcp_rejected"] + stats.get("tcp_rejected_per_ip", 0), 0, stats)
+
+    # -----------------------------------------------------------------------------------------
+    def test_daemon_raises_its_open_files_limit(self):
+        """Started with a soft RLIMIT_NOFILE below what max_connections needs, the daemon
+        raises it to the hard limit, says so, and then holds more connections than the soft
+        limit it was started with would have allowed."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        n_conns = 600
+        low = 512
+        if hard != resource.RLIM_INFINITY and hard < n_conns + 1024 + 256:
+            self.fail("RLIMIT_NOFILE hard limit %d is too low for this test" % hard)
+        raise_nofile(n_conns + 256)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        try:
+            d = self.start(listeners=[{"name": "tcp", "proto": "tcp"}])
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, n_conns + 256), hard))
+        self.assertTrue(any("open files limit raised from %d to" % low in l
+                            for l in d.log_lines(max_priority=6)), d.log())
+        self.assertFalse([l for l in d.log_lines() if "cannot be honoured" in l])
+        tcp = d.addr("tcp")
+        labels = listener_labels(d, "tcp")
+        conns = []
+        try:
+            for i in range(n_conns):
+                # Ten sources, 60 each: within the default max_connections_per_ip (64).
+                conns.append(connect_from("127.0.0.%d" % (1 + i % 10), tcp))
+            self.wait_metric(d, "bucketd_listener_connections", n_conns, labels,
+                             "more connections than the soft limit it started with")
+        finally:
+            for s in conns:
+                s.close()
+        stats = d.stop()
+        self.assertEqual(stats["tcp_connections"], n_conns, stats)
 
 
 if __name__ == "__main__":
