@@ -360,7 +360,7 @@ def proc_status(pid):
     with open('/proc/%d/status' % pid) as f:
         for line in f:
             k, _, v = line.partition(':')
-            if k in ('VmHWM', 'VmRSS', 'VmPeak', 'VmSize'):
+            if k in ('VmHWM', 'VmRSS', 'VmPeak', 'VmSize', 'VmData'):
                 out[k] = int(v.split()[0]) * 1024
     return out
 
@@ -1046,6 +1046,79 @@ class Suite(object):
         self.note('TCP: %d connections for %g s: %d lines sent (sender %s/s), %d accepted; rate '
                   '= accepted / (sender start -> daemon socket queues empty, %.2f s)' % (
                       conns, dur, sent, si(res['readings_per_s']), accepted, t1 - t0))
+
+    # -- 14. idle TCP connections holding a partial line -----------------------------------
+    def idle_conns_at(self, n_conns, max_line, partial_len, sources=16):
+        """Memory of a daemon holding n_conns connections, each with a partial line of
+        partial_len bytes, from `sources` loopback addresses (max_connections_per_ip is 64 by
+        default: 16 x 64 = 1,024). Returns (before, after) proc_status dicts."""
+        port = free_port('tcp')
+        d = Bucketd(self, 'idle-%d-%d' % (max_line, partial_len), [('tcp', port, 'influx')],
+                    extra=['limits:', '  max_line: %d' % max_line]).start()
+        socks = []
+        try:
+            # One connection and line first: what a first connection sets up once is in the
+            # baseline.
+            w = socket.create_connection(('127.0.0.1', port))
+            w.sendall(b'warm v=1\n')
+            socks.append(w)
+            time.sleep(0.5)
+            before = proc_status(d.pid)
+            partial = (b'idle,sensor=s0 v=' + b'1' * partial_len)[:partial_len]
+            for i in range(n_conns - 1):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind(('127.0.0.%d' % (2 + i % sources), 0))
+                s.connect(('127.0.0.1', port))
+                s.sendall(partial)
+                socks.append(s)
+            # Every byte read by the daemon (socket queues empty), then a few sweeps.
+            wait_tcp_drained(port)
+            time.sleep(2.5)
+            after = proc_status(d.pid)
+        finally:
+            st = d.stop()
+            for s in socks:
+                s.close()
+        if st.get('tcp_connections') != n_conns:
+            raise BenchError('idle connections: %s of %d accepted (tcp_rejected %s, '
+                             'tcp_rejected_per_ip %s)' % (
+                                 st.get('tcp_connections'), n_conns, st.get('tcp_rejected'),
+                                 st.get('tcp_rejected_per_ip', 'n/a')))
+        return before, after
+
+    def fig_idleconns(self):
+        import resource
+        n_conns = 1024
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < n_conns + 256:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n_conns + 256), hard))
+        for max_line, partial_len in ((64 * 1024, 100), (1024 * 1024, 100), (64 * 1024, 16384)):
+            figure = ('15. %d idle TCP connections, a %d-byte partial line each, '
+                      'limits.max_line %s (memory growth)' % (n_conns, partial_len,
+                                                              mib(max_line)))
+            try:
+                before, after = self.idle_conns_at(n_conns, max_line, partial_len)
+            except (BenchError, OSError) as e:
+                self.rows.append(not_run(figure, e))
+                continue
+            rss = after['VmRSS'] - before['VmRSS']
+            data = after['VmData'] - before['VmData']
+            prealloc = n_conns * (max_line + 4096)
+            self.rows.append(Row(figure, 'VmRSS +%s, VmData +%s (%.1f KiB per connection)' % (
+                mib(rss), mib(data), data / n_conns / 1024.0),
+                'buffers preallocated at max_line + 4 KiB: %s' % mib(prealloc),
+                '%.3f' % (data / prealloc), '', ''))
+            self.note('idle connections, max_line %d, partial lines of %d B: VmRSS %s -> %s, '
+                      'VmData %s -> %s' % (max_line, partial_len, mib(before['VmRSS']),
+                                           mib(after['VmRSS']), mib(before['VmData']),
+                                           mib(after['VmData'])))
+        self.conditions.append(
+            'idle connections: 1,024 connections from 16 loopback source addresses (64 each, '
+            'the default max_connections_per_ip), each sending one partial line and then '
+            'nothing; VmRSS and VmData (/proc/PID/status) read after the socket queues are '
+            'empty and 2.5 s of idle sweeps, minus the reading after one first connection. '
+            'The baseline is what the connections\' buffers would reserve if preallocated at '
+            'max_line + 4 KiB each (address space; resident only where written)')
 
     # -- 4. memory ------------------------------------------------------------------------
     def memory_at(self, sensors, per_sensor=3, max_sensors=None):
@@ -2669,7 +2742,8 @@ class Suite(object):
                 ('standin', self.fig_into_standin), ('peers', self.fig_peers),
                 ('slowdb', self.fig_slowdb), ('replay', self.fig_replay),
                 ('writecost', self.fig_writecost), ('summaries', self.fig_summaries),
-                ('metrics', self.fig_metrics), ('tls', self.fig_tls)]
+                ('metrics', self.fig_metrics), ('tls', self.fig_tls),
+                ('idleconns', self.fig_idleconns)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
                  'standin': '6. into the stand-in', 'peers': '7. peers',
@@ -2677,7 +2751,8 @@ class Suite(object):
                  'replay': '9. replay after an outage',
                  'writecost': '11. write cost and visibility (1 Hz sensors)',
                  'summaries': '12. dashboard read cost (summaries)',
-                 'metrics': '13. /metrics', 'tls': '14. TLS vs plain TCP'}
+                 'metrics': '13. /metrics', 'tls': '14. TLS vs plain TCP',
+                 'idleconns': '15. idle TCP connections (memory)'}
         disk_done = False
         for key, fn in figs:
             if key == 'writecost' and not disk_done:
@@ -2892,7 +2967,7 @@ def main():
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
-                    'standin,peers,slowdb,replay,writecost,summaries,metrics,tls')
+                    'standin,peers,slowdb,replay,writecost,summaries,metrics,tls,idleconns')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')

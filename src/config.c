@@ -47,6 +47,9 @@
 /* A config file is a few KiB; anything this large is a wrong path, not a config. */
 #define MAX_FILE_BYTES (1024 * 1024)
 
+/* A value as text: the longest is an allow list of BD_ALLOW_MAX IPv6 prefixes. */
+#define VALUE_TEXT_LEN (BD_ALLOW_MAX * (BD_CIDR_TEXT_LEN + 4) + 8)
+
 /* Listener keys live under this pseudo-section; their offsets are into the listener struct. */
 #define LISTENER_PREFIX "listeners[]."
 
@@ -59,6 +62,7 @@ enum key_type {
     T_HOSTPORT, /* numeric "host:port" or "[v6]:port" */
     T_LOGLEVEL,
     T_LISTENERS, /* the sequence of listener mappings */
+    T_CIDRS,     /* a list of address prefixes (struct bd_allow) */
 };
 
 enum key_flag {
@@ -149,9 +153,15 @@ static const struct key_def schema[] = {
      .def = "8MiB", .flags = KF_UDP, .help = "SO_RCVBUF request (the kernel caps it)"},
     {.path = "listeners[].max_connections", .type = T_UINT, LST(max_connections), .min = 1,
      .max = 65535, .def = "1024", .flags = KF_TCP, .help = "open connections at most"},
+    {.path = "listeners[].max_connections_per_ip", .type = T_UINT, LST(max_connections_per_ip),
+     .min = 1, .max = 65535, .def = "64", .flags = KF_TCP,
+     .help = "open connections per source (IPv4 address, IPv6 /64) at most; default 64, or "
+             "max_connections if that is smaller"},
+    {.path = "listeners[].allow", .type = T_CIDRS, LST(allow), .flags = KF_RELOAD,
+     .help = "address prefixes that may send (\"10.0.0.0/8\", \"fd00::/8\"); absent: everyone"},
     {.path = "listeners[].idle_timeout", .type = T_DURATION, LST(idle_timeout_ms), .min = 0,
      .max = MS_PER_DAY, .def = "5m", .flags = KF_TCP,
-     .help = "close connections silent this long; 0 = never"},
+     .help = "close connections that complete no line for this long; 0 = never"},
     {.path = "listeners[].tls.cert", .type = T_STRING, LST(tls.cert), .min = 1, .max = 511,
      .flags = KF_TCP | KF_UNSET_OK,
      .help = "TLS: PEM certificate chain file (server certificate first); turns TLS on"},
@@ -717,7 +727,8 @@ static int parse_value(const struct key_def *k, const char *text, struct value *
         }
         break;
     case T_LISTENERS:
-        BD_ASSERT(!"listeners is not a scalar key");
+    case T_CIDRS:
+        BD_ASSERT(!"not a scalar key");
     }
     if (k->check != NULL && (reason = k->check(text, v->num)) != NULL) {
         snprintf(why, why_len, "%s", reason);
@@ -758,7 +769,28 @@ static void store_value(const struct key_def *k, void *base, const char *text,
         memcpy(field, &v->ival, sizeof(int));
         break;
     case T_LISTENERS:
-        BD_ASSERT(!"listeners is not a scalar key");
+    case T_CIDRS:
+        BD_ASSERT(!"not a scalar key");
+    }
+}
+
+/* A flow sequence, ["10.0.0.0/8", "fd00::/8"], that the loader reads back to the same list. */
+static void format_cidrs(const struct bd_allow *a, char *buf, size_t len) {
+    size_t used = 0;
+    char one[BD_CIDR_TEXT_LEN];
+    for (uint32_t i = 0; i <= a->n && used < len; i++) {
+        int w = 0;
+        if (i == a->n) {
+            w = snprintf(buf + used, len - used, "]");
+        } else {
+            bd_cidr_format(&a->e[i], one, sizeof(one));
+            w = snprintf(buf + used, len - used, "%s\"%s\"", i == 0 ? "[" : ", ", one);
+        }
+        used += w > 0 ? (size_t)w : 0;
+    }
+    if (a->n == 0) {
+        /* Not a value a file can give (an empty list is refused): for the reload report. */
+        snprintf(buf, len, "(absent: everyone)");
     }
 }
 
@@ -788,6 +820,9 @@ static void format_value(const struct key_def *k, const void *base, char *buf, s
     case T_LOGLEVEL:
         memcpy(&ival, field, sizeof(ival));
         snprintf(buf, len, "%s", enum_name(k->names, ival));
+        break;
+    case T_CIDRS:
+        format_cidrs((const struct bd_allow *)(const void *)field, buf, len);
         break;
     case T_LISTENERS:
         BD_ASSERT(!"listeners is not a scalar key");
@@ -1000,6 +1035,46 @@ static int apply_leaf(struct loader *ld, const struct key_def *k, yaml_node_t *v
     return 0;
 }
 
+/*
+ * A list of prefixes. An empty list (or "allow:" with every entry commented out) is refused
+ * rather than read as "nobody" or "everybody": either reading would surprise someone.
+ */
+static int apply_cidrs(struct loader *ld, const struct key_def *k, yaml_node_t *vn,
+                       const char *shown, void *base) {
+    struct bd_allow *a = (struct bd_allow *)(void *)((char *)base + k->off);
+    char why[300], item[200];
+    uint32_t i = 0;
+
+    if (vn->type != YAML_SEQUENCE_NODE ||
+        vn->data.sequence.items.start == vn->data.sequence.items.top) {
+        return fail(ld, vn->start_mark, shown,
+                    "expected a non-empty list of address prefixes (e.g. [\"192.168.1.0/24\", "
+                    "\"fd00::/8\"]); leave the key out to accept every sender");
+    }
+    memset(a, 0, sizeof(*a));
+    for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top;
+         it++, i++) {
+        yaml_node_t *en = node_at(ld, *it);
+        snprintf(item, sizeof(item), "%s[%" PRIu32 "]", shown, i);
+        if (i >= BD_ALLOW_MAX) {
+            return fail(ld, en->start_mark, item, "at most %d prefixes are supported",
+                        BD_ALLOW_MAX);
+        }
+        if (en->type != YAML_SCALAR_NODE) {
+            return fail(ld, en->start_mark, item, "expected an address prefix, not %s",
+                        node_kind(en));
+        }
+        if (strlen(scalar(en)) != en->data.scalar.length) {
+            return fail(ld, en->start_mark, item, "contains a NUL character");
+        }
+        if (bd_cidr_parse(scalar(en), &a->e[i], why, sizeof(why)) < 0) {
+            return fail(ld, en->start_mark, item, "%s", why);
+        }
+        a->n = i + 1;
+    }
+    return 0;
+}
+
 static int walk_listeners(struct loader *ld, yaml_node_t *seq);
 
 /*
@@ -1044,6 +1119,8 @@ static int walk_mapping(struct loader *ld, yaml_node_t *map, const char *prefix,
         int idx = plain ? find_key(path) : -1;
         if (idx >= 0 && schema[idx].type == T_LISTENERS) {
             rc = walk_listeners(ld, vn);
+        } else if (idx >= 0 && schema[idx].type == T_CIDRS) {
+            rc = apply_cidrs(ld, &schema[idx], vn, disp, base);
         } else if (idx >= 0) {
             rc = apply_leaf(ld, &schema[idx], vn, disp, base);
         } else if (plain && is_section(path)) {
@@ -1165,6 +1242,15 @@ static int walk_listener(struct loader *ld, yaml_node_t *item, uint32_t n) {
             return fail(ld, mark[i], key, "only valid on %s listeners (this one is %s)",
                         (k->flags & KF_UDP) ? "udp" : "tcp", bd_proto_name(lc->proto));
         }
+    }
+    /* The default (64) gives way to a smaller max_connections; a value given must fit in it. */
+    int per_ip = find_key(LISTENER_PREFIX "max_connections_per_ip");
+    if (!set[per_ip]) {
+        lc->max_connections_per_ip = BD_MIN(lc->max_connections_per_ip, lc->max_connections);
+    } else if (lc->max_connections_per_ip > lc->max_connections) {
+        snprintf(key, sizeof(key), "%s.max_connections_per_ip", shown);
+        return fail(ld, mark[per_ip], key, "must not exceed max_connections (%" PRIu32 ")",
+                    lc->max_connections);
     }
     for (uint32_t j = 0; j < n; j++) {
         const struct bd_listener_config *other = &ld->cfg->listeners[j];
@@ -1465,7 +1551,7 @@ static bool quoted_type(const struct key_def *k) {
 }
 
 static void put_value(FILE *out, const struct key_def *k, const void *base) {
-    char buf[1100];
+    char buf[VALUE_TEXT_LEN];
     format_value(k, base, buf, sizeof(buf));
     if (!quoted_type(k)) {
         fprintf(out, "%s\n", buf);
@@ -1510,6 +1596,9 @@ int bd_config_dump(const struct bd_config *cfg, FILE *out) {
                         ((lk->flags & KF_UNSET_OK) && *((const char *)lc + lk->off) == '\0')) {
                         continue;
                     }
+                    if (lk->type == T_CIDRS && lc->allow.n == 0) {
+                        continue; /* absent: everyone; the dump reads back the same */
+                    }
                     const char *name = lk->path + sizeof(LISTENER_PREFIX) - 1;
                     const char *dot = strchr(name, '.');
                     if (dot == NULL) {
@@ -1552,7 +1641,7 @@ int bd_config_dump(const struct bd_config *cfg, FILE *out) {
 }
 
 static bool key_differs(const struct key_def *k, const void *a, const void *b) {
-    char x[1100], y[1100];
+    char x[VALUE_TEXT_LEN], y[VALUE_TEXT_LEN];
     format_value(k, a, x, sizeof(x));
     format_value(k, b, y, sizeof(y));
     return strcmp(x, y) != 0;
@@ -1580,7 +1669,7 @@ static void report(bd_config_change_cb cb, void *arg, const char *key, const cha
  */
 static void merge_listeners(const struct bd_config *cur, const struct bd_config *next,
                             struct bd_config *out, bd_config_change_cb cb, void *arg) {
-    char key[64], x[1100], y[1100];
+    char key[64], x[VALUE_TEXT_LEN], y[VALUE_TEXT_LEN];
     for (uint32_t n = 0; n < next->n_listeners; n++) {
         const struct bd_listener_config *want = &next->listeners[n];
         const struct bd_listener_config *have = NULL;
@@ -1602,10 +1691,18 @@ static void merge_listeners(const struct bd_config *cur, const struct bd_config 
                          lk->path + sizeof(LISTENER_PREFIX) - 1);
                 format_value(lk, have, x, sizeof(x));
                 format_value(lk, want, y, sizeof(y));
-                report(cb, arg, key, x, y, false);
+                report(cb, arg, key, x, y, (lk->flags & KF_RELOAD) != 0);
             }
         }
         out->listeners[n] = *have;
+        /* A kept listener takes its reloadable keys (allow) from the file. */
+        for (size_t j = 0; j < N_KEYS; j++) {
+            const struct key_def *lk = &schema[j];
+            if (in_listener(lk) && (lk->flags & KF_RELOAD)) {
+                memcpy((char *)&out->listeners[n] + lk->off, (const char *)want + lk->off,
+                       lk->size);
+            }
+        }
     }
     for (uint32_t c = 0; c < cur->n_listeners; c++) {
         bool kept = false;
@@ -1623,7 +1720,7 @@ static void merge_listeners(const struct bd_config *cur, const struct bd_config 
 int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *next,
                            struct bd_config *out, bd_config_change_cb cb, void *arg,
                            struct bd_err *err) {
-    char x[1100], y[1100];
+    char x[VALUE_TEXT_LEN], y[VALUE_TEXT_LEN];
     struct bd_config *merged = malloc(sizeof(*merged));
     if (merged == NULL) {
         return bd_err_set(err, -ENOMEM, "%s: out of memory", next->path);

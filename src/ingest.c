@@ -64,6 +64,7 @@ void ingest_listener_release(struct listener *l) {
     l->slab = NULL;
     bd_tls_ctx_free(l->tls);
     l->tls = NULL;
+    bd_peer_counts_close(&l->peers);
 }
 
 static void destroy(struct bd_ingest *in) {
@@ -229,6 +230,17 @@ static int line_result(struct listener *l, int rc, const char *errmsg, struct bd
     /* Every refusal (time window, field limits, ring full) is counted by the table itself. */
     (void)bd_sensor_table_accept(in->table, l->point, now_ns);
     return 0;
+}
+
+void ingest_not_allowed(struct listener *l, const struct sockaddr *peer) {
+    BD_STAT_ADD(l->in->stats, drop_not_allowed, 1);
+    l->n_not_allowed++;
+    if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
+        char who[PEER_LEN];
+        ingest_format_addr(peer, who, sizeof(who));
+        bd_warn("%s: %s from %s dropped: not in allow", l->name,
+                l->cfg.proto == BD_PROTO_UDP ? "datagram" : "connection", who);
+    }
 }
 
 /* One line without its '\n', on its own (a TCP stream's unterminated last line). */
@@ -600,6 +612,8 @@ int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg) {
         struct bd_err err = {0};
         if (l != NULL) {
             ingest_tls_listener_reload(l); /* certificate rotation */
+            /* allow applies to a kept listener at once (bd_config_reload_merge merged it). */
+            l->cfg.allow = cfg->listeners[k].allow;
             now[n++] = l->cfg;
         } else if (add_listener(in, &cfg->listeners[k], &err) < 0) {
             bd_error("reload: %s; the configuration runs without it", err.msg);
@@ -626,7 +640,9 @@ int bd_ingest_listener_info(const struct bd_ingest *in, uint32_t idx,
     if (!l->active) {
         return -ENOENT; /* a free slot, or one a reload removed */
     }
-    *out = (struct bd_ingest_listener_info){l->cfg.proto, l->cfg.format, l->cfg.bind,
-                                            l->cfg.proto == BD_PROTO_TCP ? l->n_conns : 0};
+    *out = (struct bd_ingest_listener_info){
+        l->cfg.proto,     l->cfg.format,
+        l->cfg.bind,      l->cfg.proto == BD_PROTO_TCP ? l->n_conns : 0,
+        l->n_not_allowed, l->n_rejected_per_ip};
     return 0;
 }

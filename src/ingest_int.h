@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <uv.h>
 
+#include "bucketd/allow.h"
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
 #include "bucketd/parse.h"
@@ -36,17 +37,24 @@ struct conn {
     struct listener *l;
     struct conn *prev, *next; /* l->conns; unlinked once closing */
     struct sockaddr_storage peer;
-    uint64_t last_active_ms; /* uv_now() of the last read, for the idle sweep */
+    struct bd_addr128 peer_key; /* what l->peers counts it under, when peer_counted */
+    bool peer_counted;
+    uint64_t last_active_ms; /* uv_now() when it last completed a line, for the idle sweep */
     bool paused;             /* reading stopped by backpressure */
     bool eof;                /* the peer finished sending; close once the buffer is consumed */
     struct bd_tls *tls;      /* TLS listener: the session (tcp_tls.c); NULL on plain ones */
     uint64_t accepted_ms;    /* TLS: uv_now() at accept, for the handshake deadline */
+    bool filled;             /* the last read filled the room it was given: grow (tcp.c) */
     /*
      * buf[start, len) is received and not yet consumed; buf[start, scan) is known to hold no
-     * '\n', so memchr never rescans bytes of a line that arrives in many reads.
+     * '\n', so memchr never rescans bytes of a line that arrives in many reads. buf grows on
+     * demand up to max_line + CONN_SLACK and is given back by the idle sweep (tcp.c); NULL
+     * with cap 0 while there is nothing in it.
      */
     size_t start, scan, len, cap;
-    char buf[];
+    size_t peak;    /* most bytes held at once since the last sweep */
+    bool peak_read; /* something was read since the last sweep */
+    char *buf;
 };
 
 struct listener {
@@ -95,6 +103,10 @@ struct listener {
     struct conn *conns;
     uint32_t n_conns;
     uint32_t n_paused;
+    struct bd_peer_counts peers; /* TCP: open connections per source (max_connections_per_ip) */
+
+    uint64_t n_not_allowed;     /* datagrams or connections refused by cfg.allow */
+    uint64_t n_rejected_per_ip; /* TCP connections refused by max_connections_per_ip */
 
     struct bd_ratelimit rl_lines;  /* samples of bad lines */
     uint64_t rl_lines_reported;    /* rl_lines.suppressed already mentioned in a sample */
@@ -173,6 +185,9 @@ int64_t ingest_loop_now_ns(const struct listener *l);
 void ingest_sample_bad_line(struct listener *l, const struct sockaddr *peer, const char *reason,
                             const char *line, size_t len);
 const char *ingest_too_long_reason(const struct listener *l);
+/* A datagram or connection from a sender outside l->cfg.allow: counted and logged (rate
+ * limited) with its address. */
+void ingest_not_allowed(struct listener *l, const struct sockaddr *peer);
 /* One line without its '\n', on its own (a TCP stream's unterminated last line): 0, or -E2BIG
  * when it exceeds max_line. */
 int ingest_handle_line(struct listener *l, const char *line, size_t len,
@@ -206,6 +221,10 @@ void ingest_tcp_abort_conns(struct listener *l);
 bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns);
 
 /* For tcp_tls.c: the connection steps of tcp.c (see there). */
+/* Room at the end of the connection's buffer for more plaintext: compacted, and grown (up to
+ * max_line + slack) when less than the slack is free; false when there is none at all (out of
+ * memory). */
+bool ingest_conn_room(struct conn *c);
 int ingest_conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure);
 int ingest_conn_drain(struct conn *c, int64_t now_ns, bool backpressure);
 int ingest_conn_finish(struct conn *c, int64_t now_ns);

@@ -316,6 +316,23 @@ void bd_metrics_render(const struct bd_metrics_view *v, struct bd_http_response 
                             v->listeners[i].connections);
         }
     }
+    append_help(out, PREFIX "listener_drop_not_allowed_total",
+                "UDP datagrams or TCP connections dropped, per listener: sender not in its allow",
+                "counter");
+    for (uint32_t i = 0; i < v->n_listeners; i++) {
+        listener_sample(out, PREFIX "listener_drop_not_allowed_total", &v->listeners[i], false,
+                        v->listeners[i].drop_not_allowed);
+    }
+    append_help(out, PREFIX "listener_tcp_rejected_per_ip_total",
+                "TCP connections refused, per listener: the sender already held "
+                "max_connections_per_ip",
+                "counter");
+    for (uint32_t i = 0; i < v->n_listeners; i++) {
+        if (v->listeners[i].tcp) {
+            listener_sample(out, PREFIX "listener_tcp_rejected_per_ip_total", &v->listeners[i],
+                            false, v->listeners[i].tcp_rejected_per_ip);
+        }
+    }
 
     /* The HTTP server itself. */
     if (v->http != NULL) {
@@ -381,7 +398,9 @@ void bd_metrics_view_now(const struct bd_metrics *m, struct bd_metrics_view *v) 
                                              .bind = info.bind,
                                              .format = bd_format_name(info.format),
                                              .tcp = info.proto == BD_PROTO_TCP,
-                                             .connections = info.connections};
+                                             .connections = info.connections,
+                                             .drop_not_allowed = info.drop_not_allowed,
+                                             .tcp_rejected_per_ip = info.tcp_rejected_per_ip};
         }
     }
     if (m->http != NULL) {

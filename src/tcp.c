@@ -1,12 +1,15 @@
 /*
- * TCP listeners and their connections: newline framing in a per-connection buffer, backpressure
- * by pausing a connection's reads, refusals past max_connections, and the idle sweep. Ingest
- * thread only (src/ingest_int.h).
+ * TCP listeners and their connections: who may connect (allow, max_connections,
+ * max_connections_per_ip, all decided at accept, before a byte is read), newline framing in a
+ * per-connection buffer that grows on demand, backpressure by pausing a connection's reads,
+ * and the sweep that closes idle connections and gives back buffer memory. Ingest thread only
+ * (src/ingest_int.h).
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "ingest_int.h"
@@ -17,6 +20,21 @@
  * read gets a useful buffer. It is also the threshold below which the tail is compacted.
  */
 #define CONN_SLACK 4096
+
+/*
+ * A connection's first buffer. It doubles while reads fill it or a partial line takes half of
+ * it, up to max_line + CONN_SLACK, and the sweep shrinks it back to what the connection has
+ * held lately (freeing it when nothing came): the memory an open connection costs follows
+ * what its sender sends, not limits.max_line. A sender that keeps reads full reaches the
+ * largest buffer within a few reads and stays there, so bulk ingest reads as before.
+ */
+#define CONN_BUF_MIN 4096
+/* What the sweep leaves a connection that holds a few bytes of a line and sends nothing: a
+ * thousand of them then cost a quarter of a MiB. The next read grows it to CONN_BUF_MIN. */
+#define CONN_BUF_IDLE 256
+
+/* Descriptors beyond the TCP connections: listeners, MongoDB, spool, metrics, the loop. */
+#define NOFILE_RESERVE 256
 
 /* A refused connection needs a handle of its own only until its close callback runs. */
 struct rejected {
@@ -30,6 +48,7 @@ static void on_conn_closed(uv_handle_t *h) {
     struct conn *c = h->data;
     struct bd_ingest *in = c->l->in;
     bd_tls_free(c->tls);
+    free(c->buf);
     free(c);
     ingest_handle_closed(in);
 }
@@ -70,9 +89,14 @@ static int conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
     struct bd_ingest *in = l->in;
     const struct sockaddr *peer = (const struct sockaddr *)&c->peer;
 
+    if (c->buf == NULL) {
+        return 0; /* nothing received since the sweep gave the buffer back */
+    }
     /* The complete lines are those up to the last '\n': one batch for the parser. */
     const char *last = memrchr(c->buf + c->scan, '\n', c->len - c->scan);
     if (last != NULL) {
+        /* Only a complete line shows the sender is alive: trickled bytes do not. */
+        c->last_active_ms = uv_now(in->loop);
         size_t first = c->start;
         size_t end = (size_t)(last - c->buf) + 1;
         bd_parse_begin(&l->parser, c->buf + first, end - first);
@@ -153,19 +177,83 @@ static int conn_finish(struct conn *c, int64_t now_ns) {
     return 0;
 }
 
-static void on_conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-    struct conn *c = h->data;
-    (void)suggested;
-    if (c->cap - c->len < CONN_SLACK && c->start > 0) {
+/* Move the pending bytes to the front of the buffer. */
+static void conn_compact(struct conn *c) {
+    if (c->start > 0) {
         size_t pending = c->len - c->start;
         memmove(c->buf, c->buf + c->start, pending);
         c->scan -= c->start;
         c->len = pending;
         c->start = 0;
     }
-    /* conn_drain keeps a partial line at or below max_line, so the slack is always free. */
+}
+
+/* The buffer at cap bytes (compacted first); false, buffer unchanged, when out of memory. */
+static bool conn_resize(struct conn *c, size_t cap) {
+    conn_compact(c);
+    BD_ASSERT(cap > c->len);
+    char *b = realloc(c->buf, cap);
+    if (b == NULL) {
+        return false;
+    }
+    c->buf = b;
+    c->cap = cap;
+    return true;
+}
+
+static void on_conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    struct conn *c = h->data;
+    size_t max = c->l->in->max_line + CONN_SLACK;
+    (void)suggested;
+    if (c->start > 0 && c->cap - c->len < BD_MIN((size_t)CONN_SLACK, c->cap / 2)) {
+        conn_compact(c);
+    }
+    size_t want = c->cap;
+    if (c->cap < CONN_BUF_MIN) {
+        want = BD_MAX((size_t)CONN_BUF_MIN, c->cap * 2);
+    } else if (c->cap < max && (c->filled || c->cap - c->len < c->cap / 2)) {
+        want = BD_MIN(c->cap * 2, max);
+    }
+    c->filled = false;
+    if (want != c->cap && !conn_resize(c, want) && c->len == c->cap) {
+        /* No room at all (out of memory): libuv reports UV_ENOBUFS and on_conn_read closes. */
+        *buf = uv_buf_init(NULL, 0);
+        return;
+    }
+    /* conn_drain keeps a partial line at or below max_line, so the slack of the largest
+     * buffer is always free, and a smaller one grew above while less than half was free. */
     BD_ASSERT(c->len < c->cap);
     *buf = uv_buf_init(c->buf + c->len, (unsigned)(c->cap - c->len));
+}
+
+/*
+ * The sweep's half of the buffer policy: a buffer larger than twice what the connection held
+ * since the last sweep shrinks to that (at least CONN_BUF_MIN, or CONN_BUF_IDLE when nothing
+ * was read since the last sweep), and one that held nothing is freed. A paused or finished
+ * connection keeps its buffer: it holds lines owed to the rings.
+ */
+static void conn_trim(struct conn *c) {
+    size_t pending = c->len - c->start;
+    size_t held = BD_MAX(c->peak, pending);
+    bool read = c->peak_read;
+    c->peak = pending;
+    c->peak_read = false;
+    if (c->buf == NULL || c->paused || c->eof) {
+        return;
+    }
+    if (held == 0) {
+        free(c->buf);
+        c->buf = NULL;
+        c->cap = c->start = c->scan = c->len = 0;
+        return;
+    }
+    size_t want = read ? CONN_BUF_MIN : CONN_BUF_IDLE;
+    while (want < 2 * held) {
+        want *= 2;
+    }
+    if (want < c->cap) {
+        (void)conn_resize(c, want); /* a failed shrink keeps the larger buffer */
+    }
 }
 
 static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
@@ -199,8 +287,10 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         return;
     }
 
+    c->filled = (size_t)nread == c->cap - c->len;
     c->len += (size_t)nread;
-    c->last_active_ms = uv_now(in->loop);
+    c->peak = BD_MAX(c->peak, c->len - c->start);
+    c->peak_read = true;
     BD_STAT_ADD(in->stats, tcp_bytes, (uint64_t)nread);
 
     int rc = conn_drain(c, bd_now_ns(), true);
@@ -214,6 +304,10 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 static void conn_close(struct conn *c) {
     struct listener *l = c->l;
     conn_unpause(c);
+    if (c->peer_counted) {
+        bd_peer_counts_remove(&l->peers, &c->peer_key);
+        c->peer_counted = false;
+    }
     if (c->prev != NULL) {
         c->prev->next = c->next;
     } else {
@@ -262,6 +356,40 @@ static void reject(struct listener *l, uv_stream_t *server) {
     uv_close((uv_handle_t *)&r->tcp, on_rejected_closed);
 }
 
+/*
+ * Whether the accepted connection c may stay: its sender is in the allow list and holds fewer
+ * than max_connections_per_ip connections (then counted as one more). Refusals are counted and
+ * logged, rate limited, with the sender's address.
+ */
+static bool admit(struct listener *l, struct conn *c) {
+    const struct sockaddr *peer = (const struct sockaddr *)&c->peer;
+    if (l->cfg.allow.n > 0 && !bd_allow_match(&l->cfg.allow, peer)) {
+        ingest_not_allowed(l, peer);
+        return false;
+    }
+    if (!bd_peer_key(peer, &c->peer_key)) {
+        return true; /* no address to count by (not seen on TCP/IP sockets) */
+    }
+    /* 0 (a config built without the loader): max_connections is the only limit. */
+    uint32_t per_ip =
+        l->cfg.max_connections_per_ip > 0 ? l->cfg.max_connections_per_ip : l->cfg.max_connections;
+    if (bd_peer_counts_get(&l->peers, &c->peer_key) >= per_ip ||
+        bd_peer_counts_add(&l->peers, &c->peer_key) == 0) {
+        BD_STAT_ADD(l->in->stats, tcp_rejected_per_ip, 1);
+        l->n_rejected_per_ip++;
+        if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
+            char who[PEER_LEN];
+            ingest_format_addr(peer, who, sizeof(who));
+            bd_warn("%s: refusing connection from %s: it holds max_connections_per_ip (%u)%s",
+                    l->name, who, per_ip,
+                    peer->sa_family == AF_INET6 && c->peer_key.lo == 0 ? " in its /64" : "");
+        }
+        return false;
+    }
+    c->peer_counted = true;
+    return true;
+}
+
 static void on_tcp_connection(uv_stream_t *server, int status) {
     struct listener *l = server->data;
     struct bd_ingest *in = l->in;
@@ -278,15 +406,12 @@ static void on_tcp_connection(uv_stream_t *server, int status) {
         reject(l, server);
         return;
     }
-    size_t cap = in->max_line + CONN_SLACK;
-    c = malloc(sizeof(*c) + cap);
+    c = calloc(1, sizeof(*c));
     if (c == NULL) {
         reject(l, server);
         return;
     }
-    memset(c, 0, sizeof(*c));
     c->l = l;
-    c->cap = cap;
     uv_tcp_init(in->loop, &c->tcp); /* without an address family it cannot fail */
     c->tcp.data = c;
     in->open_handles++;
@@ -305,7 +430,11 @@ static void on_tcp_connection(uv_stream_t *server, int status) {
     }
     int plen = sizeof(c->peer);
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &plen) < 0) {
-        c->peer.ss_family = AF_UNSPEC;
+        c->peer.ss_family = AF_UNSPEC; /* matches no allow list */
+    }
+    if (!admit(l, c)) {
+        conn_close(c); /* before anything is read */
+        return;
     }
     if (l->tls != NULL && (rc = ingest_tls_conn_start(c)) < 0) {
         goto out;
@@ -340,8 +469,9 @@ static void on_sweep(uv_timer_t *t) {
             conn_close(c);
             continue;
         }
+        conn_trim(c);
         /* A paused connection is silent because we stopped reading, not because it is idle. */
-        if (!c->paused && l->cfg.idle_timeout_ms > 0 &&
+        if (l->cfg.idle_timeout_ms > 0 && !c->paused &&
             now - c->last_active_ms >= l->cfg.idle_timeout_ms) {
             BD_STAT_ADD(l->in->stats, tcp_idle_closed, 1);
             if (bd_log_get_level() >= BD_LOG_DEBUG) {
@@ -351,6 +481,42 @@ static void on_sweep(uv_timer_t *t) {
             }
             conn_close(c);
         }
+    }
+}
+
+/*
+ * Every TCP connection is a descriptor. Raise the soft RLIMIT_NOFILE to the hard limit when the
+ * listeners' max_connections need more than it allows, and warn when even the hard limit (the
+ * unit's LimitNOFILE=) is short: accept would fail with EMFILE before max_connections.
+ */
+static void check_nofile(struct listener *l) {
+    struct bd_ingest *in = l->in;
+    struct rlimit rl;
+    rlim_t need = NOFILE_RESERVE;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        const struct listener *o = &in->listeners[i];
+        if (o->in_use && o->cfg.proto == BD_PROTO_TCP) {
+            need += o->cfg.max_connections;
+        }
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need) {
+        return;
+    }
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            bd_info("%s: open files limit raised from %llu to %llu", l->name,
+                    (unsigned long long)was, (unsigned long long)rl.rlim_cur);
+        } else {
+            rl.rlim_cur = was;
+        }
+    }
+    if (rl.rlim_cur < need) {
+        bd_warn("%s: max_connections cannot be honoured: the TCP listeners' max_connections and "
+                "%d other descriptors need %llu open files, RLIMIT_NOFILE allows %llu (raise "
+                "LimitNOFILE= in the unit)",
+                l->name, NOFILE_RESERVE, (unsigned long long)need, (unsigned long long)rl.rlim_cur);
     }
 }
 
@@ -382,10 +548,20 @@ int ingest_tcp_open(struct listener *l, struct bd_err *err) {
         goto out;
     }
 
-    /* TLS: the sweep also enforces the handshake deadline (no longer than idle_timeout). */
-    if (l->cfg.idle_timeout_ms > 0 || l->tls != NULL) {
-        uint64_t span =
-            l->tls != NULL ? ingest_tls_handshake_timeout_ms(l) : l->cfg.idle_timeout_ms;
+    /* The descriptors the connections need: raise the soft limit, or say it is short. */
+    check_nofile(l);
+    rc = bd_peer_counts_init(&l->peers, l->cfg.max_connections, (uint64_t)bd_mono_ns());
+    if (rc < 0) {
+        bd_err_set(err, rc, "%s: out of memory", l->name);
+        goto out;
+    }
+
+    /* Always swept: idle connections close (idle_timeout), buffers shrink (conn_trim), and
+     * with TLS the handshake deadline (no longer than idle_timeout). */
+    {
+        uint64_t span = l->tls != NULL               ? ingest_tls_handshake_timeout_ms(l)
+                        : l->cfg.idle_timeout_ms > 0 ? l->cfg.idle_timeout_ms
+                                                     : 4000;
         uint64_t every = BD_MIN(BD_MAX(span / 4, (uint64_t)1), (uint64_t)1000);
         uv_timer_init(in->loop, &l->sweep);
         l->sweep.data = l;
@@ -469,6 +645,19 @@ bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns) {
 }
 
 /* The connection steps tcp_tls.c builds on (declared in ingest_int.h). */
+bool ingest_conn_room(struct conn *c) {
+    conn_compact(c);
+    size_t max = c->l->in->max_line + CONN_SLACK;
+    if (c->cap - c->len >= CONN_SLACK || c->cap >= max) {
+        return c->len < c->cap;
+    }
+    size_t want = BD_MAX((size_t)CONN_BUF_MIN, c->cap);
+    while (want - c->len < CONN_SLACK && want < max) {
+        want = BD_MIN(want * 2, max);
+    }
+    return conn_resize(c, want) || c->len < c->cap;
+}
+
 int ingest_conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
     return conn_drain_lines(c, now_ns, backpressure);
 }

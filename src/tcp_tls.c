@@ -143,13 +143,11 @@ int ingest_tls_drain(struct conn *c, int64_t now_ns, bool backpressure) {
         if (rc != 0) {
             return rc;
         }
-        /* Only a partial line (at most max_line) is left: move it to the front for room. */
-        if (c->start > 0) {
-            size_t pending = c->len - c->start;
-            memmove(c->buf, c->buf + c->start, pending);
-            c->scan -= c->start;
-            c->len = pending;
-            c->start = 0;
+        /* Only a partial line (at most max_line) is left: room after it, the buffer grown
+         * if need be (buffers grow on demand, tcp.c). */
+        if (!ingest_conn_room(c)) {
+            bd_warn("%s: out of memory for TLS input; closing a connection", l->name);
+            return -ENOMEM;
         }
         bool was = bd_tls_established(c->tls);
         ssize_t n = bd_tls_read(c->tls, c->buf + c->len, c->cap - c->len);
@@ -204,7 +202,7 @@ void ingest_tls_on_read(struct conn *c, ssize_t nread) {
         return;
     }
 
-    c->last_active_ms = uv_now(in->loop);
+    /* Not last_active_ms: only a complete line shows the sender is alive (tcp.c). */
     BD_STAT_ADD(in->stats, tcp_bytes, (uint64_t)nread);
     /* The ciphertext sits at the free end of the buffer (on_conn_alloc); the session copies it
      * out, and the plaintext takes its place. */

@@ -113,6 +113,10 @@ static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
     }
     BD_STAT_ADD(in->stats, udp_datagrams, 1);
     BD_STAT_ADD(in->stats, udp_bytes, (uint64_t)nread);
+    if (l->cfg.allow.n > 0 && !bd_allow_match(&l->cfg.allow, addr)) {
+        ingest_not_allowed(l, addr); /* before the parser sees a byte of it */
+        return;
+    }
     if (flags & UV_UDP_PARTIAL) {
         /* The kernel cut the datagram to fit the slot; its last line would be a lie. */
         BD_STAT_ADD(in->stats, udp_truncated, 1);

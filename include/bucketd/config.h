@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <sys/socket.h>
 
+#include "bucketd/allow.h"
 #include "bucketd/common.h"
 
 #define BD_MAX_LISTENERS 16
@@ -27,10 +28,13 @@ struct bd_listener_config {
     char bind[128];               /* as written: "host:port" or "[v6]:port" */
     struct sockaddr_storage addr; /* resolved from bind (numeric hosts only) */
     enum bd_format format;
-    enum bd_precision precision; /* default ns */
-    uint64_t rcvbuf;             /* udp: SO_RCVBUF request in bytes, default 8 MiB */
-    uint32_t max_connections;    /* tcp: default 1024 */
-    uint64_t idle_timeout_ms;    /* tcp: default 5 min; 0 = never */
+    enum bd_precision precision;     /* default ns */
+    uint64_t rcvbuf;                 /* udp: SO_RCVBUF request in bytes, default 8 MiB */
+    uint32_t max_connections;        /* tcp: default 1024 */
+    uint64_t idle_timeout_ms;        /* tcp: default 5 min; 0 = never */
+    uint32_t max_connections_per_ip; /* tcp: per IPv4 address or IPv6 /64; default
+                                        64; 0 (not from a file) = max_connections */
+    struct bd_allow allow;           /* senders allowed; empty (absent) = everyone */
     /* tcp: TLS when cert is set (src/tls.c); "" = not set. Validated when loaded. */
     struct {
         char cert[512];      /* PEM certificate chain */
@@ -150,9 +154,9 @@ typedef void (*bd_config_change_cb)(void *arg, const struct bd_config_change *c)
 /*
  * For SIGHUP: *out = cur with every key the schema marks reloadable taken from next. The
  * listener set is next's: listeners are matched by proto and address, those only in next are
- * added, those only in cur removed, and a kept one keeps its running values (its other keys
- * need a restart). A key next leaves unset (writer_id) keeps its running value. cb (may be NULL)
- * is called for every difference, applied or not. -EINVAL, with out untouched, if the result
+ * added, those only in cur removed, and a kept one keeps its running values except allow, which
+ * is applied (its other keys need a restart). A key next leaves unset (writer_id) keeps its
+ * running value. cb (may be NULL) is called for every difference, applied or not. -EINVAL, with out untouched, if the result
  * breaks a rule between keys (possible when a key that needs a restart keeps its value).
  */
 int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *next,

@@ -81,8 +81,10 @@ int bd_ingest_listener_port(struct bd_ingest *in, uint32_t idx);
 struct bd_ingest_listener_info {
     enum bd_proto proto;
     enum bd_format format;
-    const char *bind;     /* as configured; valid while the listener exists */
-    uint32_t connections; /* TCP connections open now */
+    const char *bind;             /* as configured; valid while the listener exists */
+    uint32_t connections;         /* TCP connections open now */
+    uint64_t drop_not_allowed;    /* datagrams or connections refused by its allow list */
+    uint64_t tcp_rejected_per_ip; /* TCP connections refused by max_connections_per_ip */
 };
 uint32_t bd_ingest_n_listeners(const struct bd_ingest *in);
 int bd_ingest_listener_info(const struct bd_ingest *in, uint32_t idx,

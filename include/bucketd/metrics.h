@@ -40,7 +40,9 @@ struct bd_metrics_listener {
     const char *bind;   /* as configured */
     const char *format; /* "influx", "graphite" */
     bool tcp;
-    uint32_t connections; /* tcp: open now */
+    uint32_t connections;         /* tcp: open now */
+    uint64_t drop_not_allowed;    /* datagrams or connections refused by its allow list */
+    uint64_t tcp_rejected_per_ip; /* tcp: connections refused by max_connections_per_ip */
 };
 
 /* Everything one scrape reads. */

@@ -27,6 +27,8 @@
     X(udp_unread_at_stop, "UDP datagrams still queued past the read-out at a stop (or a listener's removal), discarded") \
     X(tcp_connections, "TCP connections accepted")                                        \
     X(tcp_rejected, "TCP connections refused (max_connections)")                           \
+    X(tcp_rejected_per_ip, "TCP connections refused (max_connections_per_ip)")             \
+    X(drop_not_allowed, "UDP datagrams and TCP connections dropped: sender not in allow")  \
     X(tcp_bytes, "TCP payload bytes received")                                            \
     X(tcp_idle_closed, "TCP connections closed by the idle timeout")                       \
     X(tcp_unread_at_stop, "TCP bytes never processed because the daemon stopped")            \

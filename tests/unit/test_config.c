@@ -143,7 +143,7 @@ Test(config, shipped_file_loads) {
     cr_assert_str_eq(cfg.path, SHIPPED);
     cr_assert_eq(cfg.n_listeners, 3);
     cr_assert_eq(cfg.listeners[0].proto, BD_PROTO_UDP);
-    cr_assert_str_eq(cfg.listeners[0].bind, "0.0.0.0:8089");
+    cr_assert_str_eq(cfg.listeners[0].bind, "192.168.1.10:8089");
     cr_assert_eq(cfg.listeners[0].addr.ss_family, AF_INET);
     cr_assert_eq(port_of(&cfg.listeners[0].addr), 8089);
     cr_assert_eq(cfg.listeners[0].format, BD_FORMAT_INFLUX);
@@ -154,6 +154,9 @@ Test(config, shipped_file_loads) {
     cr_assert_eq(cfg.listeners[2].proto, BD_PROTO_TCP);
     cr_assert_eq(port_of(&cfg.listeners[2].addr), 2003);
     cr_assert_eq(cfg.listeners[2].format, BD_FORMAT_GRAPHITE);
+    /* The example binds a LAN address and limits each sender (max_connections_per_ip). */
+    cr_assert_eq(cfg.listeners[1].max_connections_per_ip, 64);
+    cr_assert_eq(cfg.listeners[0].allow.n, 0);
 
     cr_assert_eq(cfg.sink, BD_SINK_MONGODB);
     cr_assert_str_eq(cfg.mongodb.uri, "mongodb://127.0.0.1:27017/");
@@ -1070,4 +1073,110 @@ Test(config, tls_errors_name_file_position_key_and_cause) {
     expect_fail("listeners:\n  - proto: tcp\n    bind: \"127.0.0.1:1\"\n    tls:\n      crt: x\n",
                 "5:7", "listeners[0].tls.crt", "did you mean \"cert\"?");
     remove_tls_files();
+}
+
+/* ---- listeners[].allow and max_connections_per_ip ---- */
+
+#define TCP_LISTENER "listeners:\n  - proto: tcp\n    bind: \"127.0.0.1:8094\"\n"
+
+Test(config, allow_reads_a_list_of_prefixes) {
+    struct bd_config cfg;
+    char text[BD_CIDR_TEXT_LEN];
+    expect_ok(LISTENER "    allow: [\"10.0.0.0/8\", \"192.168.1.7\", \"fd00::/8\", \"::1\"]\n",
+              &cfg);
+    const struct bd_allow *a = &cfg.listeners[0].allow;
+    cr_assert_eq(a->n, 4);
+    bd_cidr_format(&a->e[1], text, sizeof(text));
+    cr_assert_str_eq(text, "192.168.1.7/32");
+    bd_cidr_format(&a->e[3], text, sizeof(text));
+    cr_assert_str_eq(text, "::1/128");
+    /* Block style, unquoted, on a tcp listener too. */
+    expect_ok(TCP_LISTENER "    allow:\n      - 127.0.0.1/32\n      - 0.0.0.0/0\n", &cfg);
+    cr_assert_eq(cfg.listeners[0].allow.n, 2);
+    /* Absent: everyone. */
+    expect_ok(LISTENER, &cfg);
+    cr_assert_eq(cfg.listeners[0].allow.n, 0);
+}
+
+Test(config, allow_errors_name_the_entry) {
+    expect_fail(LISTENER "    allow: [\"10.0.0.0/8\", \"10.0.0.1/8\"]\n", "4:27",
+                "listeners[0].allow[1]",
+                "host bits set beyond the prefix (did you mean 10.0.0.0/8?)");
+    expect_fail(LISTENER "    allow:\n      - 10.0.0.0/33\n", "5:9", "listeners[0].allow[0]",
+                "the prefix length must be a number from 0 to 32");
+    expect_fail(LISTENER "    allow: [gateway.lan]\n", "4:13", "listeners[0].allow[0]",
+                "not an IPv4 or IPv6 address");
+    expect_fail(LISTENER "    allow: [[\"10.0.0.0/8\"]]\n", "4:13", "listeners[0].allow[0]",
+                "expected an address prefix, not a list");
+    /* A single prefix must still be a list: a scalar is most likely a forgotten dash. */
+    expect_fail(LISTENER "    allow: 10.0.0.0/8\n", "4:12", "listeners[0].allow",
+                "expected a non-empty list of address prefixes");
+    /* Empty, or every entry commented out: neither "nobody" nor "everybody" is assumed. */
+    expect_fail(LISTENER "    allow: []\n", "4:12", "listeners[0].allow",
+                "leave the key out to accept every sender");
+    expect_fail(LISTENER "    allow:\n    #  - 10.0.0.0/8\n", NULL, "listeners[0].allow",
+                "expected a non-empty list");
+}
+
+Test(config, allow_at_most_32_prefixes) {
+    char yaml[4096];
+    int used = snprintf(yaml, sizeof(yaml), "%s    allow: [", LISTENER);
+    for (int i = 0; i < 33; i++) {
+        used += snprintf(yaml + used, sizeof(yaml) - (size_t)used, "%s\"10.%d.0.0/16\"",
+                         i > 0 ? ", " : "", i);
+    }
+    snprintf(yaml + used, sizeof(yaml) - (size_t)used, "]\n");
+    expect_fail(yaml, NULL, "listeners[0].allow[32]", "at most 32 prefixes");
+}
+
+Test(config, max_connections_per_ip_default_bounds_and_rule) {
+    struct bd_config cfg;
+    expect_ok(TCP_LISTENER, &cfg);
+    cr_assert_eq(cfg.listeners[0].max_connections_per_ip, 64);
+    /* The default gives way to a smaller max_connections instead of breaking old files. */
+    expect_ok(TCP_LISTENER "    max_connections: 10\n", &cfg);
+    cr_assert_eq(cfg.listeners[0].max_connections_per_ip, 10);
+    expect_ok(TCP_LISTENER "    max_connections: 10\n    max_connections_per_ip: 10\n", &cfg);
+    cr_assert_eq(cfg.listeners[0].max_connections_per_ip, 10);
+    expect_fail(TCP_LISTENER "    max_connections: 10\n    max_connections_per_ip: 11\n", "5:29",
+                "listeners[0].max_connections_per_ip", "must not exceed max_connections (10)");
+    expect_fail(TCP_LISTENER "    max_connections_per_ip: 0\n", "4:29",
+                "listeners[0].max_connections_per_ip", "out of range (1 to 65535)");
+    expect_fail(LISTENER "    max_connections_per_ip: 4\n", "4:29",
+                "listeners[0].max_connections_per_ip", "only valid on tcp listeners");
+}
+
+Test(config, dump_of_allow_reads_back) {
+    struct bd_config a, b;
+    struct bd_err err = {0};
+    expect_ok(TCP_LISTENER "    allow: [\"10.0.0.0/8\", \"::ffff:192.168.0.0/112\", "
+                           "\"2001:db8::/32\"]\n    max_connections_per_ip: 3\n",
+              &a);
+    char *first = dump_to_string(&a);
+    cr_assert_not_null(strstr(first, "allow: [\"10.0.0.0/8\", \"192.168.0.0/16\", "
+                                     "\"2001:db8::/32\"]\n"),
+                       "%s", first);
+    write_file(dump_path, first);
+    cr_assert_eq(bd_config_load(&b, dump_path, &err), 0, "%s\n--- dump:\n%s", err.msg, first);
+    cr_assert_eq(memcmp(&a.listeners, &b.listeners, sizeof(a.listeners)), 0);
+    free(first);
+}
+
+/* allow is a security setting operators change live: a kept listener applies it on SIGHUP. */
+Test(config, reload_merge_applies_allow_of_a_kept_listener) {
+    struct bd_config cur, next, out;
+    struct bd_err err = {0};
+    struct changes ch;
+    expect_ok(TCP_LISTENER, &cur);
+    expect_ok(TCP_LISTENER "    allow: [\"10.0.0.0/8\"]\n    max_connections_per_ip: 5\n", &next);
+    cr_assert_eq(merge(&cur, &next, &out, &ch, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(ch.text, "listeners[0].max_connections_per_ip|64|5|restart\n"
+                              "listeners[0].allow|(absent: everyone)|[\"10.0.0.0/8\"]|applied\n");
+    cr_assert_eq(out.listeners[0].allow.n, 1);
+    cr_assert_eq(out.listeners[0].max_connections_per_ip, 64);
+    /* And back to everyone. */
+    expect_ok(TCP_LISTENER, &next);
+    cr_assert_eq(merge(&out, &next, &cur, &ch, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(ch.text, "listeners[0].allow|[\"10.0.0.0/8\"]|(absent: everyone)|applied\n");
+    cr_assert_eq(cur.listeners[0].allow.n, 0);
 }

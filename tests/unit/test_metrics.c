@@ -139,8 +139,8 @@ Test(metrics, families_are_well_formed) {
     struct bd_metrics_view v;
     view_init(&v);
     v.n_listeners = 2;
-    v.listeners[0] = (struct bd_metrics_listener){"udp", "0.0.0.0:8089", "influx", false, 0};
-    v.listeners[1] = (struct bd_metrics_listener){"tcp", "[::1]:8094", "graphite", true, 3};
+    v.listeners[0] = (struct bd_metrics_listener){"udp", "0.0.0.0:8089", "influx", false, 0, 2, 0};
+    v.listeners[1] = (struct bd_metrics_listener){"tcp", "[::1]:8094", "graphite", true, 3, 0, 5};
     struct bd_http_counters http = {.connections = 7, .rejected = 1};
     http.responses[0] = 6;
     v.http = &http;
@@ -175,6 +175,17 @@ Test(metrics, families_are_well_formed) {
     cr_assert_eq(
         count_lines(text, "bucketd_listener_connections{proto=\"tcp\",bind=\"[::1]:8094\"} 3"), 1);
     cr_assert_eq(count_prefix(text, "bucketd_listener_connections{proto=\"udp\""), 0);
+    /* Refusals per listener: not-allowed senders on both kinds, per-address limit on TCP. */
+    cr_assert_eq(count_lines(text, "bucketd_listener_drop_not_allowed_total{proto=\"udp\","
+                                   "bind=\"0.0.0.0:8089\"} 2"),
+                 1);
+    cr_assert_eq(count_lines(text, "bucketd_listener_drop_not_allowed_total{proto=\"tcp\","
+                                   "bind=\"[::1]:8094\"} 0"),
+                 1);
+    cr_assert_eq(count_lines(text, "bucketd_listener_tcp_rejected_per_ip_total{proto=\"tcp\","
+                                   "bind=\"[::1]:8094\"} 5"),
+                 1);
+    cr_assert_eq(count_prefix(text, "bucketd_listener_tcp_rejected_per_ip_total{proto=\"udp\""), 0);
     cr_assert_eq(count_lines(text, "bucketd_http_responses_total{code=\"200\"} 6"), 1);
     cr_assert_eq(count_lines(text, "bucketd_http_connections_rejected_total 1"), 1);
     free(text);
@@ -253,7 +264,7 @@ Test(metrics, label_values_are_escaped) {
     struct bd_metrics_view v;
     view_init(&v);
     v.n_listeners = 1;
-    v.listeners[0] = (struct bd_metrics_listener){"udp", "x\"y\\z\n", "influx", false, 0};
+    v.listeners[0] = (struct bd_metrics_listener){"udp", "x\"y\\z\n", "influx", false, 0, 0, 0};
     char *text = render(&v);
     cr_assert_eq(
         count_lines(

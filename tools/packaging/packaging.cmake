@@ -75,6 +75,11 @@ configure_file(${CMAKE_SOURCE_DIR}/tools/packaging/60-bucketd.conf.in
 install(FILES ${CMAKE_BINARY_DIR}/install/60-bucketd.conf DESTINATION lib/sysctl.d)
 
 install(FILES README.md tools/packaging/copyright DESTINATION share/doc/bucketd)
+# The IPAddressAllow=/IPAddressDeny= drop-in, as an example to copy to
+# /etc/systemd/system/bucketd.service.d/ (never installed where systemd would read it: the
+# prefixes are the operator's).
+install(FILES systemd/bucketd-allow.conf.example
+        DESTINATION share/doc/bucketd/examples/bucketd.service.d RENAME allow.conf)
 
 # --- The Debian package --------------------------------------------------------------------
 
