@@ -1,0 +1,111 @@
+/*
+ * Escaping of untrusted text for logs and tool output (see include/bucketd/escape.h for what is
+ * escaped and how). Stateless; any thread; allocates nothing.
+ */
+#include "bucketd/escape.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char hex[] = "0123456789abcdef";
+
+/*
+ * Characters that are valid UTF-8 but must not reach a terminal or a log viewer raw: C1
+ * controls (U+009B is CSI, U+0085 a line break to some viewers), and the characters that
+ * reorder text or are invisible, with which a crafted id can look like another one or hide a
+ * part of the line.
+ */
+static bool invisible(uint32_t cp) {
+    return (cp >= 0x80 && cp <= 0x9f) || cp == 0xad || cp == 0x61c || cp == 0x180e ||
+           (cp >= 0x200b && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202e) ||
+           (cp >= 0x2060 && cp <= 0x2064) || (cp >= 0x2066 && cp <= 0x206f) || cp == 0xfeff ||
+           (cp >= 0xfff9 && cp <= 0xfffb) || (cp >= 0xe0000 && cp <= 0xe007f);
+}
+
+/*
+ * Length of the valid UTF-8 character at p (at most n bytes available) and its code point;
+ * 0 if the bytes there are not one (a stray continuation byte, a truncated sequence, an overlong
+ * form, a surrogate, beyond U+10FFFF).
+ */
+static size_t utf8_char(const unsigned char *p, size_t n, uint32_t *cp) {
+    size_t len;
+    uint32_t min;
+    uint32_t c = p[0];
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2, min = 0x80, c &= 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3, min = 0x800, c &= 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4, min = 0x10000, c &= 0x07;
+    } else {
+        return 0;
+    }
+    if (n < len) {
+        return 0;
+    }
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80) {
+            return 0;
+        }
+        c = (c << 6) | (p[i] & 0x3f);
+    }
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) {
+        return 0;
+    }
+    *cp = c;
+    return len;
+}
+
+size_t bd_escape(char *out, size_t cap, const char *in, size_t len, unsigned flags) {
+    const unsigned char *p = (const unsigned char *)in;
+    size_t i = 0, o = 0;
+    if (cap == 0) {
+        return 0;
+    }
+    while (i < len) {
+        char esc[12];
+        size_t used = 1, elen = 0;
+        const char *src = NULL;
+        uint32_t cp = 0;
+        unsigned char ch = p[i];
+
+        if (ch >= 0x80) {
+            used = utf8_char(p + i, len - i, &cp);
+            if (used == 0) {
+                used = 1;
+                elen = (size_t)snprintf(esc, sizeof(esc), "\\x%c%c", hex[ch >> 4], hex[ch & 0xf]);
+                src = esc;
+            } else if (invisible(cp)) {
+                elen = (size_t)snprintf(esc, sizeof(esc), cp > 0xffff ? "\\U%08x" : "\\u%04x",
+                                        (unsigned)cp);
+                src = esc;
+            } else {
+                src = (const char *)p + i;
+                elen = used;
+            }
+        } else if (ch < 0x20 || ch == 0x7f ||
+                   (!(flags & BD_ESC_KEEP_QUOTES) && (ch == '"' || ch == '\\'))) {
+            elen = (size_t)snprintf(esc, sizeof(esc), "\\x%c%c", hex[ch >> 4], hex[ch & 0xf]);
+            src = esc;
+        } else {
+            src = (const char *)p + i;
+            elen = 1;
+        }
+        /* Whole or not at all, and room left for the NUL. */
+        if (o + elen >= cap) {
+            break;
+        }
+        memcpy(out + o, src, elen);
+        o += elen;
+        i += used;
+    }
+    out[o] = '\0';
+    return i;
+}
+
+const char *bd_escape_str(char *out, size_t cap, const char *in) {
+    bd_escape(out, cap, in, strlen(in), 0);
+    return out;
+}
