@@ -109,3 +109,41 @@ const char *bd_escape_str(char *out, size_t cap, const char *in) {
     bd_escape(out, cap, in, strlen(in), 0);
     return out;
 }
+
+size_t bd_escape_json(char *out, size_t cap, const char *in, size_t len) {
+    const unsigned char *p = (const unsigned char *)in;
+    size_t i = 0, o = 0;
+    if (cap == 0) {
+        return 0;
+    }
+    while (i < len) {
+        char esc[16];
+        size_t used = 1, elen = 1;
+        const char *src = (const char *)p + i;
+        uint32_t cp = 0;
+        if (p[i] >= 0x80 && (used = utf8_char(p + i, len - i, &cp)) != 0 && invisible(cp)) {
+            if (cp > 0xffff) {
+                /* JSON spells a character beyond the BMP as a UTF-16 surrogate pair. */
+                uint32_t v = cp - 0x10000;
+                elen = (size_t)snprintf(esc, sizeof(esc), "\\u%04x\\u%04x",
+                                        (unsigned)(0xd800 + (v >> 10)),
+                                        (unsigned)(0xdc00 + (v & 0x3ff)));
+            } else {
+                elen = (size_t)snprintf(esc, sizeof(esc), "\\u%04x", (unsigned)cp);
+            }
+            src = esc;
+        } else if (used == 0) {
+            used = 1; /* not UTF-8: left for the JSON reader to refuse */
+        } else {
+            elen = used;
+        }
+        if (o + elen >= cap) {
+            break;
+        }
+        memcpy(out + o, src, elen);
+        o += elen;
+        i += used;
+    }
+    out[o] = '\0';
+    return i;
+}

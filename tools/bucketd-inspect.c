@@ -38,6 +38,7 @@
 #include "bucketd/common.h"
 #include "bucketd/config.h"
 #include "bucketd/deadletter.h"
+#include "bucketd/escape.h"
 #include "bucketd/mongo.h"
 #include "bucketd/names.h"
 #include "bucketd/summaries.h"
@@ -127,6 +128,35 @@ static const char usage[] =
     "\n"
     "Exit status: 0 fine, 1 verify found problems, or dead-letter found unreadable lines or\n"
     "records refused again, 2 bad usage, bad config or MongoDB unreachable.\n";
+
+/*
+ * Text from the documents (ids, names, values in messages) was sent by anyone who could reach
+ * the daemon: printed through bd_escape, so that it cannot move the cursor, recolour the
+ * terminal, start a new line or reverse the text around it.
+ */
+static void put_safe(const char *s) {
+    char buf[BD_ESCAPE_CAP(1024)];
+    size_t len = strlen(s);
+    while (len > 0) {
+        size_t used = bd_escape(buf, sizeof(buf), s, BD_MIN(len, (size_t)1024), BD_ESC_KEEP_QUOTES);
+        fputs(buf, stdout);
+        s += used;
+        len -= used;
+    }
+}
+
+/* JSON as libbson writes it, with the characters JSON allows raw but a terminal acts on
+ * (C1 controls, bidi overrides) written as \u escapes: the same JSON value, safe to print. */
+static void put_json(const char *s) {
+    char buf[BD_ESCAPE_CAP(1024)];
+    size_t len = strlen(s);
+    while (len > 0) {
+        size_t used = bd_escape_json(buf, sizeof(buf), s, BD_MIN(len, (size_t)1024));
+        fputs(buf, stdout);
+        s += used;
+        len -= used;
+    }
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Numbers, times and type names                                                            */
@@ -972,7 +1002,11 @@ static void table_cell(const struct table *t, const size_t *order, const struct 
         if (col < 3) {
             snprintf(buf, cap, "%s", fixed[col]);
         } else {
-            snprintf(buf, cap, "%s.%s", t->names[order[(col - 3) / 3]], stat[(col - 3) % 3]);
+            /* The name came from the network; ".min" (4 bytes and the NUL) always fits. */
+            const char *raw = t->names[order[(col - 3) / 3]];
+            bd_escape(buf, cap - 5, raw, strlen(raw), BD_ESC_KEEP_QUOTES);
+            size_t n = strlen(buf);
+            snprintf(buf + n, cap - n, ".%s", stat[(col - 3) % 3]);
         }
         return;
     }
@@ -1117,7 +1151,7 @@ static int cmd_buckets(struct conn *c, const struct options *o, const struct set
             rc = bd_err_set(err, -EINVAL, "a document could not be printed as JSON");
             goto out;
         }
-        fputs(json, stdout);
+        put_json(json);
         putchar('\n');
         bson_free(json);
     }
@@ -1202,8 +1236,11 @@ struct verifier {
 };
 
 static void vsay(const char *id, const char *tag, const char *fmt, va_list ap) {
-    printf("%s: %s", id, tag);
-    vprintf(fmt, ap);
+    char msg[4096];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    put_safe(id);
+    printf(": %s", tag);
+    put_safe(msg);
     putchar('\n');
 }
 
@@ -1888,7 +1925,8 @@ static int check_document(struct verifier *v, const bson_t *doc) {
         }
         for (int k = 0; k < N_RKINDS; k++) {
             if (v->rk_count[k] > LIST_PER_KIND) {
-                printf("%s: %" PRIu64 " more %s (not listed)\n", id, v->rk_count[k] - LIST_PER_KIND,
+                put_safe(id);
+                printf(": %" PRIu64 " more %s (not listed)\n", v->rk_count[k] - LIST_PER_KIND,
                        rkind_what[k]);
             }
         }
@@ -2173,18 +2211,26 @@ static int dl_parse(const char *line, size_t len, struct dl_record *r, char *why
     return 0;
 }
 
-/* Messages are printed on one line. */
+/* Messages are printed on one line (line breaks and tabs as spaces), escaped. */
 static void print_one_line(const char *s) {
-    for (; *s != '\0'; s++) {
-        putchar(*s == '\n' || *s == '\r' || *s == '\t' ? ' ' : *s);
+    char *line = strdup(s);
+    if (line == NULL) {
+        fputs("(out of memory)", stdout);
+        return;
     }
+    for (char *c = line; *c != '\0'; c++) {
+        *c = *c == '\n' || *c == '\r' || *c == '\t' ? ' ' : *c;
+    }
+    put_safe(line);
+    free(line);
 }
 
 static void dl_print(const struct dl_record *r) {
     char t[64];
     fmt_time(r->time_ms, t, sizeof(t));
-    printf("%s  %s  %s  %" PRId64 " readings  code %" PRId64 ": ", t, r->id, r->bucket_id,
-           r->n_readings, r->code);
+    printf("%s  %s  ", t, r->id);
+    put_safe(r->bucket_id);
+    printf("  %" PRId64 " readings  code %" PRId64 ": ", r->n_readings, r->code);
     print_one_line(r->message);
     putchar('\n');
 }
@@ -2361,7 +2407,9 @@ static int replay_one(struct conn *c, const struct options *o, const struct sett
     bool dry = o->given[OPT_DRY_RUN];
 
     bson_init(&reply);
-    printf("%s %s: ", r->id, r->bucket_id);
+    printf("%s ", r->id);
+    put_safe(r->bucket_id);
+    printf(": ");
     if (replay_rewrite(r, rp->now_ms, &filter, &update, why, sizeof(why)) < 0) {
         printf("cannot be replayed (%s)\n", why);
         t->refused++;

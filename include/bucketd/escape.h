@@ -35,6 +35,14 @@ size_t bd_escape(char *out, size_t cap, const char *in, size_t len, unsigned fla
 /* bd_escape of a NUL-terminated string; returns out, for use as a printf argument. */
 const char *bd_escape_str(char *out, size_t cap, const char *in);
 
+/*
+ * For JSON text (valid JSON in, the same JSON value out): the characters above that JSON
+ * allows raw in a string (C1 controls, bidi and invisible formatting characters) become \uXXXX
+ * escapes, so that JSON printed to a terminal is as safe as escaped text; everything else is
+ * copied. Same contract as bd_escape for cap, truncation and the return value.
+ */
+size_t bd_escape_json(char *out, size_t cap, const char *in, size_t len);
+
 /* Room for the escape of n input bytes without truncation: "\xNN" is the worst case, 4 per
  * byte ("\u009b" is 3 per byte of its character, "\U000e0041" 2.5). */
 #define BD_ESCAPE_CAP(n) ((n)*4 + 1)
