@@ -37,6 +37,7 @@
 #include "bucketd/bucket.h"
 #include "bucketd/common.h"
 #include "bucketd/config.h"
+#include "bucketd/creds.h"
 #include "bucketd/deadletter.h"
 #include "bucketd/escape.h"
 #include "bucketd/mongo.h"
@@ -70,7 +71,12 @@ static const char usage[] =
     "                        .write_concern, .wtimeout, buckets.max_readings, buckets.span\n"
     "                        and spool.dir\n"
     "      --uri URI         default mongodb://127.0.0.1:27017/ (bucketd's timeouts apply\n"
-    "                        unless the URI sets its own)\n"
+    "                        unless the URI sets its own); any local user can read the\n"
+    "                        command line: give a URI with a password by --uri-file\n"
+    "      --uri-file FILE   a file holding the URI (whitespace around it ignored)\n"
+    "                        The URI used: --uri, else --uri-file, else the environment\n"
+    "                        variable BUCKETD_MONGODB_URI, else the config file's\n"
+    "                        (mongodb.uri, uri_file, password_file), else the default\n"
     "      --database NAME   default telemetry\n"
     "      --collection NAME default buckets\n"
     "      --summary-collection NAME\n"
@@ -432,6 +438,7 @@ static const char *const command_names[] = {
 enum opt_id {
     OPT_CONFIG,
     OPT_URI,
+    OPT_URI_FILE,
     OPT_DATABASE,
     OPT_COLLECTION,
     OPT_SUMMARY_COLLECTION,
@@ -466,6 +473,7 @@ static const struct opt_def {
 } opt_defs[N_OPTS] = {
     [OPT_CONFIG] = {"--config", "-c", true, FOR_ANY},
     [OPT_URI] = {"--uri", NULL, true, FOR_ANY},
+    [OPT_URI_FILE] = {"--uri-file", NULL, true, FOR_ANY},
     [OPT_DATABASE] = {"--database", NULL, true, FOR_ANY},
     [OPT_COLLECTION] = {"--collection", NULL, true, FOR_ANY},
     [OPT_SUMMARY_COLLECTION] = {"--summary-collection", NULL, true, FOR_ANY},
@@ -496,6 +504,7 @@ struct options {
 /* What the command runs with, after the config file and the options are merged. */
 struct settings {
     const char *uri;
+    char uri_buf[BD_CONFIG_URI_MAX]; /* read from --uri-file */
     const char *database;
     const char *collection;
     char summary_collection[BD_SUMMARY_COLLECTION_MAX];
@@ -643,7 +652,25 @@ static int resolve_settings(const struct options *o, struct bd_config *cfg, stru
     } else {
         bd_config_defaults(cfg);
     }
-    s->uri = o->given[OPT_URI] ? o->value[OPT_URI] : cfg->mongodb.uri;
+    /* Precedence: --uri, --uri-file, $BUCKETD_MONGODB_URI, the config file, the default. */
+    const char *env = getenv("BUCKETD_MONGODB_URI");
+    if (o->given[OPT_URI] && o->given[OPT_URI_FILE]) {
+        return bd_err_set(err, -EINVAL, "--uri and --uri-file exclude each other");
+    }
+    if (o->given[OPT_URI]) {
+        s->uri = o->value[OPT_URI];
+    } else if (o->given[OPT_URI_FILE]) {
+        int rc = bd_creds_read("--uri-file", o->value[OPT_URI_FILE], s->uri_buf, sizeof(s->uri_buf),
+                               err);
+        if (rc < 0) {
+            return rc;
+        }
+        s->uri = s->uri_buf;
+    } else if (env != NULL && env[0] != '\0') {
+        s->uri = env;
+    } else {
+        s->uri = cfg->mongodb.uri;
+    }
     s->database = o->given[OPT_DATABASE] ? o->value[OPT_DATABASE] : cfg->mongodb.database;
     s->collection = o->given[OPT_COLLECTION] ? o->value[OPT_COLLECTION] : cfg->mongodb.collection;
     if (o->given[OPT_SUMMARY_COLLECTION]) {
