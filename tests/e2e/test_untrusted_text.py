@@ -122,6 +122,24 @@ class UntrustedText(bdtest.E2ECase):
         values = sorted(r[field] for doc in docs if doc["page"] == 0 for r in doc["readings"])
         self.assertEqual(values, list(range(n)))
 
+    def test_bucketd_parse_json_escapes_them_and_keeps_the_values(self):
+        """bucketd-parse's JSON (a contract: JSON objects, DESIGN.md section 5) writes the C1 and
+        bidi characters as \\u escapes: the same strings once parsed, no raw sequence."""
+        parse = os.path.join(os.path.dirname(INSPECT), "bucketd-parse")
+        if not os.access(parse, os.X_OK):
+            self.fail("bucketd-parse not found at %s" % parse)
+        tag, field = "t\u0085\u2066", "f\u00e9\u202e"
+        line = "%s,%s=\u6771 %s=1 1\n" % (HOSTILE, tag, field)
+        p = subprocess.run([parse], input=line.encode(), capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertNoRaw(p.stdout, "bucketd-parse's output")
+        self.assertIn(b"\\u009b", p.stdout)
+        pt = json.loads(p.stdout.decode())
+        self.assertEqual(pt["name"], HOSTILE)
+        self.assertEqual(pt["tags"], [{"key": tag, "value": "\u6771"}])
+        self.assertEqual(pt["fields"][0]["key"], field)
+        self.assertIn("\u6771".encode(), p.stdout)  # ordinary text stays as it is
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -82,11 +82,15 @@ getent passwd bucketd >/dev/null && getent group bucketd >/dev/null &&
 perm="$(stat -c '%U:%G %a' /etc/bucketd/bucketd.yaml)"
 [ "$perm" = "root:bucketd 640" ] && ok "/etc/bucketd/bucketd.yaml is $perm" ||
     fail "/etc/bucketd/bucketd.yaml is '$perm', not root:bucketd 640"
-out="$(setpriv --reuid=bucketd --regid=bucketd --clear-groups --init-groups \
+out="$(setpriv --reuid=bucketd --regid=bucketd --clear-groups \
     bucketd -c /etc/bucketd/bucketd.yaml --check-config 2>&1)" &&
     ok "user bucketd can read it: $out" || fail "user bucketd cannot check the config: $out"
-out="$(setpriv --reuid=nobody --regid=nogroup --clear-groups cat /etc/bucketd/bucketd.yaml 2>&1)" &&
-    fail "user nobody can read /etc/bucketd/bucketd.yaml" || ok "user nobody cannot read it"
+out="$(setpriv --reuid=nobody --regid=nogroup --clear-groups cat /etc/bucketd/bucketd.yaml 2>&1 ||
+    true)"
+case "$out" in
+*"Permission denied"*) ok "user nobody cannot read it" ;;
+*) fail "user nobody reading /etc/bucketd/bucketd.yaml: '${out:0:200}'" ;;
+esac
 
 if [ "$mode" = full ]; then
     echo "-- man pages"
