@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bucketd/common.h"
+
 static const char hex[] = "0123456789abcdef";
 
 /*
@@ -58,6 +60,20 @@ static size_t utf8_char(const unsigned char *p, size_t n, uint32_t *cp) {
     return len;
 }
 
+/* "\\xNN", "\\uNNNN" or "\\UNNNNNNNN" into e; returns its length. */
+static size_t hex_escape(char *e, char kind, uint32_t v, int digits) {
+    e[0] = '\\';
+    e[1] = kind;
+    for (int d = 0; d < digits; d++) {
+        e[2 + d] = hex[(v >> (4 * (digits - 1 - d))) & 0xf];
+    }
+    return (size_t)digits + 2;
+}
+
+static bool plain(unsigned char ch, unsigned flags) {
+    return ch >= 0x20 && ch < 0x7f && ((flags & BD_ESC_KEEP_QUOTES) || (ch != '"' && ch != '\\'));
+}
+
 size_t bd_escape(char *out, size_t cap, const char *in, size_t len, unsigned flags) {
     const unsigned char *p = (const unsigned char *)in;
     size_t i = 0, o = 0;
@@ -65,33 +81,36 @@ size_t bd_escape(char *out, size_t cap, const char *in, size_t len, unsigned fla
         return 0;
     }
     while (i < len) {
+        /* The common case: a run of printable ASCII, copied at once. */
+        size_t run = 0;
+        while (i + run < len && plain(p[i + run], flags)) {
+            run++;
+        }
+        if (run > 0) {
+            size_t n = BD_MIN(run, cap - 1 - o);
+            memcpy(out + o, p + i, n);
+            o += n;
+            i += n;
+            if (n < run) {
+                break;
+            }
+            continue;
+        }
         char esc[12];
-        size_t used = 1, elen = 0;
-        const char *src = NULL;
+        size_t used = 1, elen;
+        const char *src = esc;
         uint32_t cp = 0;
         unsigned char ch = p[i];
-
-        if (ch >= 0x80) {
-            used = utf8_char(p + i, len - i, &cp);
-            if (used == 0) {
-                used = 1;
-                elen = (size_t)snprintf(esc, sizeof(esc), "\\x%c%c", hex[ch >> 4], hex[ch & 0xf]);
-                src = esc;
-            } else if (invisible(cp)) {
-                elen = (size_t)snprintf(esc, sizeof(esc), cp > 0xffff ? "\\U%08x" : "\\u%04x",
-                                        (unsigned)cp);
-                src = esc;
-            } else {
-                src = (const char *)p + i;
-                elen = used;
-            }
-        } else if (ch < 0x20 || ch == 0x7f ||
-                   (!(flags & BD_ESC_KEEP_QUOTES) && (ch == '"' || ch == '\\'))) {
-            elen = (size_t)snprintf(esc, sizeof(esc), "\\x%c%c", hex[ch >> 4], hex[ch & 0xf]);
-            src = esc;
+        if (ch < 0x80) {
+            elen = hex_escape(esc, 'x', ch, 2);
+        } else if ((used = utf8_char(p + i, len - i, &cp)) == 0) {
+            used = 1;
+            elen = hex_escape(esc, 'x', ch, 2);
+        } else if (invisible(cp)) {
+            elen = cp > 0xffff ? hex_escape(esc, 'U', cp, 8) : hex_escape(esc, 'u', cp, 4);
         } else {
             src = (const char *)p + i;
-            elen = 1;
+            elen = used;
         }
         /* Whole or not at all, and room left for the NUL. */
         if (o + elen >= cap) {
