@@ -1288,7 +1288,7 @@ static int resolve_credentials(struct loader *ld, yaml_mark_t top) {
         }
         if (bd_creds_path(cfg->mongodb.uri_file, ld->path, cfg->mongodb.uri_file_path,
                           sizeof(cfg->mongodb.uri_file_path), &e) < 0 ||
-            bd_creds_read("mongodb.uri_file", path, text, BD_CREDS_MAX_FILE + 1, &e) < 0) {
+            bd_creds_read(NULL, path, text, BD_CREDS_MAX_FILE + 1, &e) < 0) {
             rc = fail(ld, uf_mark, "mongodb.uri_file", "%s", e.msg);
             goto out;
         }
@@ -1309,7 +1309,7 @@ static int resolve_credentials(struct loader *ld, yaml_mark_t top) {
         const char *from = cfg->mongodb.uri_file[0] != '\0' ? "mongodb.uri_file" : "mongodb.uri";
         if (bd_creds_path(cfg->mongodb.password_file, ld->path, cfg->mongodb.password_file_path,
                           sizeof(cfg->mongodb.password_file_path), &e) < 0 ||
-            bd_creds_read("mongodb.password_file", path, pw, BD_CREDS_MAX_FILE + 1, &e) < 0) {
+            bd_creds_read(NULL, path, pw, BD_CREDS_MAX_FILE + 1, &e) < 0) {
             rc = fail(ld, pf_mark, "mongodb.password_file", "%s", e.msg);
             goto out;
         }

@@ -40,12 +40,15 @@ static bool space(char c) {
 }
 
 int bd_creds_read(const char *what, const char *path, char *out, size_t cap, struct bd_err *err) {
+    /* "--uri-file /p: ..." from a tool; "/p: ..." where the caller names the key itself. */
+    const char *sep = what != NULL ? " " : "";
+    what = what != NULL ? what : "";
     char buf[BD_CREDS_MAX_FILE + 1];
     size_t len = 0;
     int rc = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
-        return bd_err_set(err, -errno, "%s %s: %s", what, path, strerror(errno));
+        return bd_err_set(err, -errno, "%s%s%s: %s", what, sep, path, strerror(errno));
     }
     for (;;) {
         ssize_t n = read(fd, buf + len, sizeof(buf) - len);
@@ -53,7 +56,7 @@ int bd_creds_read(const char *what, const char *path, char *out, size_t cap, str
             continue;
         }
         if (n < 0) {
-            rc = bd_err_set(err, -errno, "%s %s: %s", what, path, strerror(errno));
+            rc = bd_err_set(err, -errno, "%s%s%s: %s", what, sep, path, strerror(errno));
             goto out;
         }
         if (n == 0) {
@@ -61,13 +64,13 @@ int bd_creds_read(const char *what, const char *path, char *out, size_t cap, str
         }
         len += (size_t)n;
         if (len == sizeof(buf)) {
-            rc = bd_err_set(err, -EFBIG, "%s %s: larger than %d bytes", what, path,
+            rc = bd_err_set(err, -EFBIG, "%s%s%s: larger than %d bytes", what, sep, path,
                             BD_CREDS_MAX_FILE);
             goto out;
         }
     }
     if (memchr(buf, '\0', len) != NULL) {
-        rc = bd_err_set(err, -EINVAL, "%s %s: holds a NUL byte", what, path);
+        rc = bd_err_set(err, -EINVAL, "%s%s%s: holds a NUL byte", what, sep, path);
         goto out;
     }
     size_t start = 0;
@@ -78,11 +81,11 @@ int bd_creds_read(const char *what, const char *path, char *out, size_t cap, str
         len--;
     }
     if (len == start) {
-        rc = bd_err_set(err, -EINVAL, "%s %s: empty", what, path);
+        rc = bd_err_set(err, -EINVAL, "%s%s%s: empty", what, sep, path);
         goto out;
     }
     if (len - start >= cap) {
-        rc = bd_err_set(err, -EFBIG, "%s %s: longer than %zu bytes", what, path, cap - 1);
+        rc = bd_err_set(err, -EFBIG, "%s%s%s: longer than %zu bytes", what, sep, path, cap - 1);
         goto out;
     }
     memcpy(out, buf + start, len - start);

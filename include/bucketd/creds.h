@@ -25,8 +25,9 @@ int bd_creds_path(const char *name, const char *config_path, char *out, size_t c
 
 /*
  * Read a credentials file into out (NUL-terminated), without the whitespace around it (an
- * editor's trailing newline). Errors name what (e.g. "mongodb.password_file") and the path:
- * unreadable, empty, larger than BD_CREDS_MAX_FILE or cap, or holding a NUL.
+ * editor's trailing newline). Errors name what (e.g. "--uri-file"; NULL: nothing, the caller
+ * names it) and the path: unreadable, empty, larger than BD_CREDS_MAX_FILE or cap, or holding
+ * a NUL.
  */
 int bd_creds_read(const char *what, const char *path, char *out, size_t cap, struct bd_err *err);
 

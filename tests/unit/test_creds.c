@@ -65,6 +65,8 @@ Test(creds, read_trims_and_refuses) {
     cr_assert(strstr(err.msg, "empty") != NULL, "%s", err.msg);
     cr_assert_lt(bd_creds_read("k", "/nonexistent/x", out, sizeof(out), &err), 0);
     cr_assert(strstr(err.msg, "k /nonexistent/x: No such file") != NULL, "%s", err.msg);
+    cr_assert_lt(bd_creds_read(NULL, "/nonexistent/x", out, sizeof(out), &err), 0);
+    cr_assert_str_eq(err.msg, "/nonexistent/x: No such file or directory");
     char big[5000];
     memset(big, 'a', sizeof(big) - 1);
     big[sizeof(big) - 1] = '\0';
@@ -240,7 +242,7 @@ Test(creds, config_uri_file_and_reload_of_a_changed_file) {
     /* The file's path is found in $CREDENTIALS_DIRECTORY first. */
     setenv("CREDENTIALS_DIRECTORY", "/nonexistent-creds", 1);
     cr_assert_lt(bd_config_load(&next, path, &err), 0);
-    cr_assert(strstr(err.msg, "mongodb.uri_file: mongodb.uri_file "
+    cr_assert(strstr(err.msg, "mongodb.uri_file: "
                               "/nonexistent-creds/mongodb-uri: No such file") != NULL,
               "%s", err.msg);
     unsetenv("CREDENTIALS_DIRECTORY");
