@@ -24,6 +24,14 @@ static void usage(FILE *out) {
             "  -h, --help          print this help and exit\n");
 }
 
+static void print_warning(void *arg, const char *msg) {
+    fprintf(stderr, "bucketd: warning: %s\n", msg);
+}
+
+static void log_warning(void *arg, const char *msg) {
+    bd_warn("%s", msg);
+}
+
 int main(int argc, char **argv) {
     const char *path = NULL;
     int check_only = 0;
@@ -67,9 +75,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (check_only) {
+        bd_config_warnings(&cfg, print_warning, NULL);
         printf("%s: configuration is valid\n", path);
         return 0;
     }
     bd_log_set_level((enum bd_log_level)cfg.log.level);
+    bd_config_warnings(&cfg, log_warning, NULL);
     return bd_daemon_run(&cfg);
 }

@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "bucketd/creds.h"
 #include "bucketd/log.h"
 #include "bucketd/mongo.h"
 #include "bucketd/parse.h"
@@ -172,10 +173,18 @@ static const struct key_def schema[] = {
      .help = "TLS: PEM CA bundle; clients must present a certificate it verifies (mutual TLS)"},
     {.path = "sink", .type = T_ENUM, CFG(sink), .def = "mongodb", .names = sink_names,
      .help = "where bucket updates go; blackhole counts and discards them"},
-    {.path = "mongodb.uri", .type = T_STRING, CFG(mongodb.uri), .min = 1,
-     .max = sizeof(((struct bd_config *)0)->mongodb.uri) - 1,
+    {.path = "mongodb.uri", .type = T_STRING, CFG(mongodb.uri_given), .min = 1,
+     .max = sizeof(((struct bd_config *)0)->mongodb.uri_given) - 1,
      .def = "mongodb://127.0.0.1:27017/", .check = check_uri, .flags = KF_SECRET,
      .help = "connection string"},
+    {.path = "mongodb.uri_file", .type = T_STRING, CFG(mongodb.uri_file), .min = 0,
+     .max = sizeof(((struct bd_config *)0)->mongodb.uri_file) - 1, .def = "",
+     .help = "file holding the whole connection string, instead of mongodb.uri; a relative "
+             "name is looked up in $CREDENTIALS_DIRECTORY when set, else beside this file"},
+    {.path = "mongodb.password_file", .type = T_STRING, CFG(mongodb.password_file), .min = 0,
+     .max = sizeof(((struct bd_config *)0)->mongodb.password_file) - 1, .def = "",
+     .help = "file holding only the password of the user the URI names (the URI then holds "
+             "no password); looked up as mongodb.uri_file"},
     {.path = "mongodb.database", .type = T_STRING, CFG(mongodb.database), .min = 1, .max = 63,
      .def = "telemetry", .check = check_db_name, .help = "database name"},
     {.path = "mongodb.collection", .type = T_STRING, CFG(mongodb.collection), .min = 1,
@@ -860,6 +869,7 @@ void bd_config_defaults(struct bd_config *cfg) {
             apply_default(k, cfg, k->def);
         }
     }
+    snprintf(cfg->mongodb.uri, sizeof(cfg->mongodb.uri), "%s", cfg->mongodb.uri_given);
 }
 
 /* ---- Schema lookups -------------------------------------------------------------------------- */
@@ -1370,6 +1380,90 @@ static int validate(struct loader *ld, yaml_mark_t top) {
     return fail(ld, mark_of(ld, rf.key, where), rf.key, "%s", rf.why);
 }
 
+/*
+ * The URI the daemon connects with (cfg->mongodb.uri): mongodb.uri or the content of
+ * mongodb.uri_file, with the password of mongodb.password_file put into it. At most one
+ * place holds the password. Files are read now, so --check-config and a reload see a missing
+ * or unreadable one.
+ */
+static int resolve_credentials(struct loader *ld, yaml_mark_t top) {
+    struct bd_config *cfg = ld->cfg;
+    char *text = NULL, *pw = NULL;
+    struct bd_err e = {0};
+    int rc = 0;
+    bool uri_set = ld->set[find_key("mongodb.uri")];
+    yaml_mark_t uf_mark = mark_of(ld, "mongodb.uri_file", top);
+    yaml_mark_t pf_mark = mark_of(ld, "mongodb.password_file", top);
+
+    cfg->mongodb.uri_file_path[0] = cfg->mongodb.password_file_path[0] = '\0';
+    snprintf(cfg->mongodb.uri, sizeof(cfg->mongodb.uri), "%s", cfg->mongodb.uri_given);
+    if (cfg->mongodb.uri_file[0] == '\0' && cfg->mongodb.password_file[0] == '\0') {
+        return 0;
+    }
+    text = malloc(BD_CREDS_MAX_FILE + 1);
+    pw = malloc(BD_CREDS_MAX_FILE + 1);
+    if (text == NULL || pw == NULL) {
+        rc = bd_err_set(ld->err, -ENOMEM, "%s: out of memory", ld->path);
+        goto out;
+    }
+    if (cfg->mongodb.uri_file[0] != '\0') {
+        const char *path = cfg->mongodb.uri_file_path;
+        if (uri_set) {
+            rc = fail(ld, uf_mark, "mongodb.uri_file",
+                      "give mongodb.uri or mongodb.uri_file, not both");
+            goto out;
+        }
+        if (bd_creds_path(cfg->mongodb.uri_file, ld->path, cfg->mongodb.uri_file_path,
+                          sizeof(cfg->mongodb.uri_file_path), &e) < 0 ||
+            bd_creds_read(NULL, path, text, BD_CREDS_MAX_FILE + 1, &e) < 0) {
+            rc = fail(ld, uf_mark, "mongodb.uri_file", "%s", e.msg);
+            goto out;
+        }
+        const char *why = check_uri(text, 0);
+        if (why != NULL) {
+            rc = fail(ld, uf_mark, "mongodb.uri_file", "%s: %s", path, why);
+            goto out;
+        }
+        if (strlen(text) >= sizeof(cfg->mongodb.uri)) {
+            rc = fail(ld, uf_mark, "mongodb.uri_file", "%s: longer than %zu bytes", path,
+                      sizeof(cfg->mongodb.uri) - 1);
+            goto out;
+        }
+        snprintf(cfg->mongodb.uri, sizeof(cfg->mongodb.uri), "%s", text);
+    }
+    if (cfg->mongodb.password_file[0] != '\0') {
+        const char *path = cfg->mongodb.password_file_path;
+        const char *from = cfg->mongodb.uri_file[0] != '\0' ? "mongodb.uri_file" : "mongodb.uri";
+        if (bd_creds_path(cfg->mongodb.password_file, ld->path, cfg->mongodb.password_file_path,
+                          sizeof(cfg->mongodb.password_file_path), &e) < 0 ||
+            bd_creds_read(NULL, path, pw, BD_CREDS_MAX_FILE + 1, &e) < 0) {
+            rc = fail(ld, pf_mark, "mongodb.password_file", "%s", e.msg);
+            goto out;
+        }
+        if (bd_uri_add_password(cfg->mongodb.uri, pw, text, BD_CREDS_MAX_FILE + 1, &e) < 0) {
+            rc = fail(ld, pf_mark, "mongodb.password_file", "%s (%s)", e.msg, from);
+            goto out;
+        }
+        const char *why = check_uri(text, 0);
+        if (why != NULL) {
+            rc = fail(ld, pf_mark, "mongodb.password_file", "%s with this password: %s", from, why);
+            goto out;
+        }
+        snprintf(cfg->mongodb.uri, sizeof(cfg->mongodb.uri), "%s", text);
+    }
+out:
+    /* Both buffers held secrets. */
+    if (text != NULL) {
+        explicit_bzero(text, BD_CREDS_MAX_FILE + 1);
+    }
+    if (pw != NULL) {
+        explicit_bzero(pw, BD_CREDS_MAX_FILE + 1);
+    }
+    free(text);
+    free(pw);
+    return rc;
+}
+
 static int yaml_failure(struct loader *ld, const yaml_parser_t *parser) {
     if (parser->error == YAML_MEMORY_ERROR) {
         return bd_err_set(ld->err, -ENOMEM, "%s: out of memory parsing YAML", ld->path);
@@ -1523,6 +1617,10 @@ int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err) 
         goto out;
     }
 
+    rc = resolve_credentials(ld, top);
+    if (rc < 0) {
+        goto out;
+    }
     rc = validate(ld, top);
     if (rc < 0) {
         goto out;
@@ -1539,6 +1637,9 @@ out:
         yaml_parser_delete(&parser);
     }
     free(ld);
+    if (next != NULL) {
+        explicit_bzero(next->mongodb.uri, sizeof(next->mongodb.uri));
+    }
     free(next);
     free(text);
     return rc;
@@ -1553,6 +1654,12 @@ static bool quoted_type(const struct key_def *k) {
 static void put_value(FILE *out, const struct key_def *k, const void *base) {
     char buf[VALUE_TEXT_LEN];
     format_value(k, base, buf, sizeof(buf));
+    if (k->flags & KF_SECRET) {
+        char plain[sizeof(buf)];
+        snprintf(plain, sizeof(plain), "%s", buf);
+        bd_uri_redact(plain, buf, sizeof(buf));
+        explicit_bzero(plain, sizeof(plain));
+    }
     if (!quoted_type(k)) {
         fprintf(out, "%s\n", buf);
         return;
@@ -1621,6 +1728,10 @@ int bd_config_dump(const struct bd_config *cfg, FILE *out) {
         }
         if ((k->flags & KF_UNSET_OK) && *(const char *)((const char *)cfg + k->off) == '\0') {
             continue; /* not set: left out, so that the dump reads back to "not set" */
+        }
+        if (k->off == offsetof(struct bd_config, mongodb.uri_given) &&
+            cfg->mongodb.uri_file[0] != '\0') {
+            continue; /* replaced by mongodb.uri_file; both would not read back */
         }
         const char *dot = strchr(k->path, '.');
         if (dot == NULL) {
@@ -1755,6 +1866,17 @@ int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *
             memcpy((char *)merged + k->off, (const char *)next + k->off, k->size);
         }
     }
+    /* The files' contents are no key of the file: a change there shows only in the result. */
+    if (strcmp(cur->mongodb.uri, next->mongodb.uri) != 0 &&
+        !key_differs(&schema[find_key("mongodb.uri")], cur, next) &&
+        !key_differs(&schema[find_key("mongodb.uri_file")], cur, next) &&
+        !key_differs(&schema[find_key("mongodb.password_file")], cur, next)) {
+        report(cb, arg,
+               next->mongodb.password_file[0] != '\0' && next->mongodb.uri_file[0] == '\0'
+                   ? "mongodb.password_file (its content)"
+                   : "mongodb.uri_file (its content)",
+               "(not shown)", "(changed)", false);
+    }
     struct rule_failure rf;
     int rc = 0;
     if (broken_rule(merged, &rf)) {
@@ -1768,4 +1890,40 @@ int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *
     }
     free(merged);
     return rc;
+}
+
+void bd_config_warnings(const struct bd_config *cfg, bd_config_warn_cb cb, void *arg) {
+    char why[160], msg[1400];
+    const char *files[3] = {NULL, NULL, NULL};
+    const char *keys[3] = {NULL, NULL, NULL};
+    size_t n = 0;
+    if (bd_uri_has_password(cfg->mongodb.uri_given) && cfg->mongodb.uri_file[0] == '\0') {
+        files[n] = cfg->path;
+        keys[n++] = "the configuration file (mongodb.uri)";
+    }
+    if (cfg->mongodb.uri_file[0] != '\0' && cfg->mongodb.password_file[0] == '\0' &&
+        bd_uri_has_password(cfg->mongodb.uri)) {
+        files[n] = cfg->mongodb.uri_file_path;
+        keys[n++] = "mongodb.uri_file";
+    }
+    if (cfg->mongodb.password_file[0] != '\0') {
+        files[n] = cfg->mongodb.password_file_path;
+        keys[n++] = "mongodb.password_file";
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (bd_creds_exposed(files[i], why, sizeof(why))) {
+            snprintf(msg, sizeof(msg),
+                     "%s: %s holds the MongoDB password and is %s: let only root and the "
+                     "daemon read it (mode 0640 with group bucketd, or 0600 owned by the "
+                     "daemon's user)%s",
+                     files[i], keys[i], why,
+                     files[i] == cfg->path ? ", or move the password to mongodb.password_file "
+                                             "or a systemd credential (README: Credentials)"
+                                           : "");
+            cb(arg, msg);
+        }
+    }
+    bd_mongo_uri_warnings(cfg->mongodb.uri,
+                          cfg->mongodb.uri_file[0] != '\0' ? "mongodb.uri_file" : "mongodb.uri", cb,
+                          arg);
 }

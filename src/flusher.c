@@ -63,6 +63,7 @@
 #include "bucketd/batch.h"
 #include "bucketd/bucket.h"
 #include "bucketd/deadletter.h"
+#include "bucketd/escape.h"
 #include "bucketd/io.h"
 #include "bucketd/log.h"
 #include "bucketd/outcome.h"
@@ -612,8 +613,9 @@ static void quarantine(struct bd_flusher *f, uint32_t di, int64_t code, const ch
                        const bson_t *selector, const bson_t *update, int64_t wall_ms,
                        bool conflict) {
     struct bd_delta *d = &f->batch.deltas[di];
-    char id[BD_BUCKET_ID_MAX];
+    char id[BD_BUCKET_ID_MAX], shown[BD_ESCAPE_CAP(BD_BUCKET_ID_MAX)];
     bd_bucket_id(id, sizeof(id), d->sensor->id, d->start_ms, d->page);
+    bd_escape_str(shown, sizeof(shown), id); /* the id holds the sensor id, sent by anyone */
     f->batch.meta[di].done = true;
     BD_STAT_ADD(f->stats, updates_quarantined, 1);
     BD_STAT_ADD(f->stats, readings_quarantined, d->n_readings);
@@ -624,13 +626,13 @@ static void quarantine(struct bd_flusher *f, uint32_t di, int64_t code, const ch
             bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, "
                      "which this daemon never sent: another daemon is using writer_id %s; "
                      "give each daemon its own (%u readings not written)",
-                     id, f->batch_seq, f->cfg->writer_id, f->cfg->writer_id, d->n_readings);
+                     shown, f->batch_seq, f->cfg->writer_id, f->cfg->writer_id, d->n_readings);
         }
     } else if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
         bd_error("MongoDB rejected the update of bucket %s for good (%u readings quarantined%s): "
                  "code %" PRId64 ": %s",
-                 id, d->n_readings, f->dead != NULL ? ", kept in the dead-letter file" : "", code,
-                 why);
+                 shown, d->n_readings, f->dead != NULL ? ", kept in the dead-letter file" : "",
+                 code, why);
     }
     if (f->dead != NULL && selector != NULL && update != NULL) {
         struct bd_err err = {0};
@@ -647,7 +649,7 @@ static void quarantine(struct bd_flusher *f, uint32_t di, int64_t code, const ch
                                            .update = update};
         if (bd_deadletter_append(f->dead, &rec, &err) < 0 &&
             bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
-            bd_error("cannot keep the quarantined update of bucket %s in %s: %s", id,
+            bd_error("cannot keep the quarantined update of bucket %s in %s: %s", shown,
                      bd_deadletter_path(f->dead), err.msg);
         }
     }

@@ -12,8 +12,10 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bucketd/alloc.h"
+#include "bucketd/escape.h"
 
 int flusher_summaries_open(struct bd_flusher *f, struct bd_err *err) {
     if (f->store == NULL || f->cfg->summaries.interval_ms == 0 ||
@@ -48,9 +50,11 @@ void flusher_summaries_mark(struct bd_flusher *f, const char *sensor_id, int64_t
     if (f->sums != NULL && bd_summaries_mark(f->sums, sensor_id, start_ms) < 0) {
         BD_STAT_ADD(f->stats, summary_buckets_skipped, 1);
         if (bd_ratelimit_ok(&f->sums_log, bd_mono_ns())) {
+            char shown[BD_ESCAPE_CAP(256)];
+            bd_escape(shown, sizeof(shown), sensor_id, strlen(sensor_id), 0);
             bd_error("out of memory: the summary document of a bucket of %s will not be "
                      "refreshed until the bucket is written again",
-                     sensor_id);
+                     shown);
         }
     }
 }

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "bucketd/escape.h"
 #include "bucketd/log.h"
 #include "bucketd/parse.h"
 #include "ingest_int.h"
@@ -132,25 +133,10 @@ void ingest_format_addr(const struct sockaddr *sa, char *out, size_t cap) {
 
 /*
  * Quote at most SAMPLE_QUOTE bytes of untrusted input so a sample can never forge log lines,
- * carry terminal escapes or break the quoting: everything outside printable ASCII, and the
- * quote and backslash themselves, are written as \xNN.
+ * carry terminal escapes or break the quoting (bd_escape; the quote and backslash too).
  */
 static void sanitise(const char *line, size_t len, char *out, size_t cap) {
-    static const char hex[] = "0123456789abcdef";
-    size_t n = BD_MIN(len, (size_t)SAMPLE_QUOTE);
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 5 < cap; i++) {
-        unsigned char ch = (unsigned char)line[i];
-        if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
-            out[o++] = (char)ch;
-        } else {
-            out[o++] = '\\';
-            out[o++] = 'x';
-            out[o++] = hex[ch >> 4];
-            out[o++] = hex[ch & 0xf];
-        }
-    }
-    out[o] = '\0';
+    bd_escape(out, cap, line, BD_MIN(len, (size_t)SAMPLE_QUOTE), 0);
 }
 
 int64_t ingest_loop_now_ns(const struct listener *l) {

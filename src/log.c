@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bucketd/escape.h"
+
 static _Atomic int log_level = BD_LOG_INFO;
 
 void bd_log_set_level(enum bd_log_level level) {
@@ -49,8 +51,15 @@ void bd_log(enum bd_log_level level, const char *fmt, ...) {
     if (n < 0) {
         return;
     }
+    /*
+     * Call sites escape the untrusted text they log (bd_escape); this second pass catches what
+     * one forgot, or text relayed from elsewhere (the driver, the server's error messages), so
+     * that no log line can carry a line break, a terminal escape or a bidi override.
+     */
+    char safe[BD_ESCAPE_CAP(sizeof(line))];
+    bd_escape(safe, sizeof(safe), line, strlen(line), BD_ESC_KEEP_QUOTES);
     /* One write per line so lines from two threads never interleave. */
-    fprintf(stderr, "<%d>%s\n", (int)level, line);
+    fprintf(stderr, "<%d>%s\n", (int)level, safe);
 }
 
 int bd_ratelimit_ok(struct bd_ratelimit *rl, int64_t now_mono_ns) {

@@ -13,6 +13,7 @@
 
 #include "bucketd/alloc.h"
 #include "bucketd/bucket.h"
+#include "bucketd/escape.h"
 #include "bucketd/log.h"
 #include "bucketd/summaries.h"
 
@@ -218,14 +219,15 @@ static void settle_applied(struct bd_replay *r, const struct bd_replay_env *env,
 static void quarantine(struct bd_replay *r, const struct bd_replay_env *env, uint32_t i,
                        int64_t code, const char *why, int64_t wall_ms) {
     struct upd *u = &r->u[i];
-    char id[BD_BUCKET_ID_MAX];
+    char id[BD_BUCKET_ID_MAX], shown[BD_ESCAPE_CAP(BD_BUCKET_ID_MAX)];
     bd_bucket_id(id, sizeof(id), u->sensor_id, u->start_ms, u->page);
+    bd_escape_str(shown, sizeof(shown), id); /* the id holds the sensor id, sent by anyone */
     u->done = true;
     BD_STAT_ADD(env->stats, updates_quarantined, 1);
     BD_STAT_ADD(env->stats, readings_quarantined, u->n_readings);
     bd_error("MongoDB rejected the spooled update of bucket %s for good (%u readings "
              "quarantined%s): code %" PRId64 ": %s",
-             id, u->n_readings, env->dead != NULL ? ", kept in the dead-letter file" : "", code,
+             shown, u->n_readings, env->dead != NULL ? ", kept in the dead-letter file" : "", code,
              why);
     if (env->dead != NULL) {
         struct bd_err err = {0};
@@ -241,7 +243,7 @@ static void quarantine(struct bd_replay *r, const struct bd_replay_env *env, uin
                                            .filter = &r->filters[i],
                                            .update = &r->updates[i]};
         if (bd_deadletter_append(env->dead, &rec, &err) < 0) {
-            bd_error("cannot keep the quarantined update of bucket %s in %s: %s", id,
+            bd_error("cannot keep the quarantined update of bucket %s in %s: %s", shown,
                      bd_deadletter_path(env->dead), err.msg);
         }
     }

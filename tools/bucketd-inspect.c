@@ -37,7 +37,9 @@
 #include "bucketd/bucket.h"
 #include "bucketd/common.h"
 #include "bucketd/config.h"
+#include "bucketd/creds.h"
 #include "bucketd/deadletter.h"
+#include "bucketd/escape.h"
 #include "bucketd/mongo.h"
 #include "bucketd/names.h"
 #include "bucketd/summaries.h"
@@ -65,11 +67,17 @@ static const char usage[] =
     "Reads the bucket documents bucketd stores in MongoDB, and the updates MongoDB refused.\n"
     "\n"
     "CONNECTION (explicit options override the file; defaults as the daemon's):\n"
-    "  -c, --config FILE     bucketd's YAML config: mongodb.uri, .database, .collection,\n"
+    "  -c, --config FILE     bucketd's YAML config: mongodb.uri (or .uri_file,\n"
+    "                        .password_file), .database, .collection,\n"
     "                        .write_concern, .wtimeout, buckets.max_readings, buckets.span\n"
     "                        and spool.dir\n"
     "      --uri URI         default mongodb://127.0.0.1:27017/ (bucketd's timeouts apply\n"
-    "                        unless the URI sets its own)\n"
+    "                        unless the URI sets its own); any local user can read the\n"
+    "                        command line: give a URI with a password by --uri-file\n"
+    "      --uri-file FILE   a file holding the URI (whitespace around it ignored)\n"
+    "                        The URI used: --uri, else --uri-file, else the environment\n"
+    "                        variable BUCKETD_MONGODB_URI, else the config file's\n"
+    "                        (mongodb.uri, uri_file, password_file), else the default\n"
     "      --database NAME   default telemetry\n"
     "      --collection NAME default buckets\n"
     "      --summary-collection NAME\n"
@@ -127,6 +135,35 @@ static const char usage[] =
     "\n"
     "Exit status: 0 fine, 1 verify found problems, or dead-letter found unreadable lines or\n"
     "records refused again, 2 bad usage, bad config or MongoDB unreachable.\n";
+
+/*
+ * Text from the documents (ids, names, values in messages) was sent by anyone who could reach
+ * the daemon: printed through bd_escape, so that it cannot move the cursor, recolour the
+ * terminal, start a new line or reverse the text around it.
+ */
+static void put_safe(const char *s) {
+    char buf[BD_ESCAPE_CAP(1024)];
+    size_t len = strlen(s);
+    while (len > 0) {
+        size_t used = bd_escape(buf, sizeof(buf), s, BD_MIN(len, (size_t)1024), BD_ESC_KEEP_QUOTES);
+        fputs(buf, stdout);
+        s += used;
+        len -= used;
+    }
+}
+
+/* JSON as libbson writes it, with the characters JSON allows raw but a terminal acts on
+ * (C1 controls, bidi overrides) written as \u escapes: the same JSON value, safe to print. */
+static void put_json(const char *s) {
+    char buf[BD_ESCAPE_CAP(1024)];
+    size_t len = strlen(s);
+    while (len > 0) {
+        size_t used = bd_escape_json(buf, sizeof(buf), s, BD_MIN(len, (size_t)1024));
+        fputs(buf, stdout);
+        s += used;
+        len -= used;
+    }
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Numbers, times and type names                                                            */
@@ -402,6 +439,7 @@ static const char *const command_names[] = {
 enum opt_id {
     OPT_CONFIG,
     OPT_URI,
+    OPT_URI_FILE,
     OPT_DATABASE,
     OPT_COLLECTION,
     OPT_SUMMARY_COLLECTION,
@@ -436,6 +474,7 @@ static const struct opt_def {
 } opt_defs[N_OPTS] = {
     [OPT_CONFIG] = {"--config", "-c", true, FOR_ANY},
     [OPT_URI] = {"--uri", NULL, true, FOR_ANY},
+    [OPT_URI_FILE] = {"--uri-file", NULL, true, FOR_ANY},
     [OPT_DATABASE] = {"--database", NULL, true, FOR_ANY},
     [OPT_COLLECTION] = {"--collection", NULL, true, FOR_ANY},
     [OPT_SUMMARY_COLLECTION] = {"--summary-collection", NULL, true, FOR_ANY},
@@ -466,6 +505,7 @@ struct options {
 /* What the command runs with, after the config file and the options are merged. */
 struct settings {
     const char *uri;
+    char uri_buf[BD_CONFIG_URI_MAX]; /* read from --uri-file */
     const char *database;
     const char *collection;
     char summary_collection[BD_SUMMARY_COLLECTION_MAX];
@@ -613,7 +653,25 @@ static int resolve_settings(const struct options *o, struct bd_config *cfg, stru
     } else {
         bd_config_defaults(cfg);
     }
-    s->uri = o->given[OPT_URI] ? o->value[OPT_URI] : cfg->mongodb.uri;
+    /* Precedence: --uri, --uri-file, $BUCKETD_MONGODB_URI, the config file, the default. */
+    const char *env = getenv("BUCKETD_MONGODB_URI");
+    if (o->given[OPT_URI] && o->given[OPT_URI_FILE]) {
+        return bd_err_set(err, -EINVAL, "--uri and --uri-file exclude each other");
+    }
+    if (o->given[OPT_URI]) {
+        s->uri = o->value[OPT_URI];
+    } else if (o->given[OPT_URI_FILE]) {
+        int rc = bd_creds_read("--uri-file", o->value[OPT_URI_FILE], s->uri_buf, sizeof(s->uri_buf),
+                               err);
+        if (rc < 0) {
+            return rc;
+        }
+        s->uri = s->uri_buf;
+    } else if (env != NULL && env[0] != '\0') {
+        s->uri = env;
+    } else {
+        s->uri = cfg->mongodb.uri;
+    }
     s->database = o->given[OPT_DATABASE] ? o->value[OPT_DATABASE] : cfg->mongodb.database;
     s->collection = o->given[OPT_COLLECTION] ? o->value[OPT_COLLECTION] : cfg->mongodb.collection;
     if (o->given[OPT_SUMMARY_COLLECTION]) {
@@ -972,7 +1030,11 @@ static void table_cell(const struct table *t, const size_t *order, const struct 
         if (col < 3) {
             snprintf(buf, cap, "%s", fixed[col]);
         } else {
-            snprintf(buf, cap, "%s.%s", t->names[order[(col - 3) / 3]], stat[(col - 3) % 3]);
+            /* The name came from the network; ".min" (4 bytes and the NUL) always fits. */
+            const char *raw = t->names[order[(col - 3) / 3]];
+            bd_escape(buf, cap - 5, raw, strlen(raw), BD_ESC_KEEP_QUOTES);
+            size_t n = strlen(buf);
+            snprintf(buf + n, cap - n, ".%s", stat[(col - 3) % 3]);
         }
         return;
     }
@@ -1117,7 +1179,7 @@ static int cmd_buckets(struct conn *c, const struct options *o, const struct set
             rc = bd_err_set(err, -EINVAL, "a document could not be printed as JSON");
             goto out;
         }
-        fputs(json, stdout);
+        put_json(json);
         putchar('\n');
         bson_free(json);
     }
@@ -1202,8 +1264,11 @@ struct verifier {
 };
 
 static void vsay(const char *id, const char *tag, const char *fmt, va_list ap) {
-    printf("%s: %s", id, tag);
-    vprintf(fmt, ap);
+    char msg[4096];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    put_safe(id);
+    printf(": %s", tag);
+    put_safe(msg);
     putchar('\n');
 }
 
@@ -1888,7 +1953,8 @@ static int check_document(struct verifier *v, const bson_t *doc) {
         }
         for (int k = 0; k < N_RKINDS; k++) {
             if (v->rk_count[k] > LIST_PER_KIND) {
-                printf("%s: %" PRIu64 " more %s (not listed)\n", id, v->rk_count[k] - LIST_PER_KIND,
+                put_safe(id);
+                printf(": %" PRIu64 " more %s (not listed)\n", v->rk_count[k] - LIST_PER_KIND,
                        rkind_what[k]);
             }
         }
@@ -2173,18 +2239,26 @@ static int dl_parse(const char *line, size_t len, struct dl_record *r, char *why
     return 0;
 }
 
-/* Messages are printed on one line. */
+/* Messages are printed on one line (line breaks and tabs as spaces), escaped. */
 static void print_one_line(const char *s) {
-    for (; *s != '\0'; s++) {
-        putchar(*s == '\n' || *s == '\r' || *s == '\t' ? ' ' : *s);
+    char *line = strdup(s);
+    if (line == NULL) {
+        fputs("(out of memory)", stdout);
+        return;
     }
+    for (char *c = line; *c != '\0'; c++) {
+        *c = *c == '\n' || *c == '\r' || *c == '\t' ? ' ' : *c;
+    }
+    put_safe(line);
+    free(line);
 }
 
 static void dl_print(const struct dl_record *r) {
     char t[64];
     fmt_time(r->time_ms, t, sizeof(t));
-    printf("%s  %s  %s  %" PRId64 " readings  code %" PRId64 ": ", t, r->id, r->bucket_id,
-           r->n_readings, r->code);
+    printf("%s  %s  ", t, r->id);
+    put_safe(r->bucket_id);
+    printf("  %" PRId64 " readings  code %" PRId64 ": ", r->n_readings, r->code);
     print_one_line(r->message);
     putchar('\n');
 }
@@ -2361,7 +2435,9 @@ static int replay_one(struct conn *c, const struct options *o, const struct sett
     bool dry = o->given[OPT_DRY_RUN];
 
     bson_init(&reply);
-    printf("%s %s: ", r->id, r->bucket_id);
+    printf("%s ", r->id);
+    put_safe(r->bucket_id);
+    printf(": ");
     if (replay_rewrite(r, rp->now_ms, &filter, &update, why, sizeof(why)) < 0) {
         printf("cannot be replayed (%s)\n", why);
         t->refused++;

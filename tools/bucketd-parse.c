@@ -25,6 +25,7 @@
 
 #include "bucketd/common.h"
 #include "bucketd/config.h"
+#include "bucketd/escape.h"
 #include "bucketd/parse.h"
 
 /* Longest line (or entry, when a string spans lines) accepted; longer ones get an error. */
@@ -58,13 +59,30 @@ static const char usage[] =
 
 /*
  * A JSON string. Everything printed comes from the parser, which hands out valid UTF-8 only
- * (and static ASCII messages), so bytes past ASCII pass through as they are.
+ * (and static ASCII messages). Characters past ASCII pass through as they are, except those a
+ * terminal acts on or that hide or reorder text (C1 controls, bidi controls: bd_escape_json),
+ * written as \u escapes: the same JSON string, safe to read on a terminal.
  */
 static void put_json_string(const char *str, size_t len) {
     const unsigned char *s = (const unsigned char *)str;
+    char buf[BD_ESCAPE_CAP(256)];
     putchar('"');
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = 0; i < len;) {
         unsigned char c = s[i];
+        if (c >= 0x80) {
+            size_t run = 1;
+            while (i + run < len && s[i + run] >= 0x80 && run < 256) {
+                run++;
+            }
+            /* A cut inside a character would leave its bytes unrecognised: end before it. */
+            while (i + run < len && (s[i + run] & 0xc0) == 0x80 && run > 1) {
+                run--;
+            }
+            size_t used = bd_escape_json(buf, sizeof(buf), str + i, run);
+            fputs(buf, stdout);
+            i += used > 0 ? used : run;
+            continue;
+        }
         if (c == '"' || c == '\\') {
             putchar('\\');
             putchar(c);
@@ -73,6 +91,7 @@ static void put_json_string(const char *str, size_t len) {
         } else {
             putchar(c);
         }
+        i++;
     }
     putchar('"');
 }

@@ -17,6 +17,8 @@
 #include "bucketd/common.h"
 
 #define BD_MAX_LISTENERS 16
+/* A URI with a percent-encoded password from mongodb.password_file (up to 3 bytes per byte). */
+#define BD_CONFIG_URI_MAX 8192
 
 enum bd_proto { BD_PROTO_UDP = 0, BD_PROTO_TCP };
 enum bd_format { BD_FORMAT_INFLUX = 0, BD_FORMAT_GRAPHITE };
@@ -54,7 +56,18 @@ struct bd_config {
     enum bd_sink sink;
 
     struct {
-        char uri[1024];
+        /*
+         * The URI the daemon connects with: mongodb.uri, or what mongodb.uri_file holds, with
+         * the password of mongodb.password_file percent-encoded into it. Holds the password:
+         * never log it (bd_uri_redact). Not a key of the file; uri_given is.
+         */
+        char uri[BD_CONFIG_URI_MAX];
+        char uri_given[1024];     /* mongodb.uri as the file writes it (or the default) */
+        char uri_file[1024];      /* mongodb.uri_file as written; "" = not used */
+        char password_file[1024]; /* mongodb.password_file as written; "" = not used */
+        /* Where those two were read from (bd_creds_path), for messages and the mode check. */
+        char uri_file_path[1024];
+        char password_file_path[1024];
         char database[128];
         char collection[128];
         char write_concern[64]; /* "1", "majority" or a number >= 1; "0" is refused */
@@ -135,8 +148,18 @@ void bd_config_defaults(struct bd_config *cfg);
 int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err);
 
 /*
- * Print the effective config as YAML that bd_config_load reads back to the same values.
- * Returns 0 or -EIO if writing failed.
+ * What a loaded configuration should be warned about, without failing it (--check-config
+ * prints these, the daemon logs them at start): a file holding the MongoDB password readable by
+ * more than the daemon (bd_creds_exposed), and URI options that weaken TLS or send credentials
+ * in clear (bd_mongo_uri_warnings). cb is called once per warning, with a whole sentence.
+ */
+typedef void (*bd_config_warn_cb)(void *arg, const char *msg);
+void bd_config_warnings(const struct bd_config *cfg, bd_config_warn_cb cb, void *arg);
+
+/*
+ * Print the effective config as YAML that bd_config_load reads back to the same values, except
+ * that a password in mongodb.uri is shown as "*****" (and mongodb.uri is left out when
+ * mongodb.uri_file replaces it). Returns 0 or -EIO if writing failed.
  */
 int bd_config_dump(const struct bd_config *cfg, FILE *out);
 

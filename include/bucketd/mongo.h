@@ -16,9 +16,20 @@
  */
 mongoc_uri_t *bd_mongo_uri_new(const char *uri, struct bd_err *err);
 
-/* The same checks without keeping the result, for config validation: syntax, options, and
- * that TLS files named in it (tlsCAFile, tlsCertificateKeyFile, tlsCRLFile) are readable. */
+/* The same checks without keeping the result, for config validation: syntax, options (an
+ * option the driver does not know is refused: it would ignore it), and that TLS files named in
+ * it (tlsCAFile, tlsCertificateKeyFile, tlsCRLFile) are readable. Messages never hold the
+ * password. */
 int bd_mongo_uri_check(const char *uri, struct bd_err *err);
+
+/*
+ * Settings that work but weaken the connection, one sentence each, starting with what (e.g.
+ * "mongodb.uri"): tlsInsecure, tlsAllowInvalidCertificates, tlsAllowInvalidHostnames (and
+ * their ssl* aliases), and credentials (any authMechanism) sent without TLS to a host that is
+ * not loopback.
+ */
+typedef void (*bd_mongo_warn_cb)(void *arg, const char *msg);
+void bd_mongo_uri_warnings(const char *uri, const char *what, bd_mongo_warn_cb cb, void *arg);
 
 /*
  * "1", "majority" or N >= 1; "0" and anything else is -EINVAL. wtimeout_ms > 0 bounds how long

@@ -76,6 +76,21 @@ case "$conffiles" in
 */etc/bucketd/bucketd.yaml*) ok "conffile: /etc/bucketd/bucketd.yaml" ;;
 *) fail "/etc/bucketd/bucketd.yaml is not a conffile: '$conffiles'" ;;
 esac
+# It may hold the MongoDB password: the service's group reads it, other users do not.
+getent passwd bucketd >/dev/null && getent group bucketd >/dev/null &&
+    ok "system user and group bucketd" || fail "no system user or group bucketd"
+perm="$(stat -c '%U:%G %a' /etc/bucketd/bucketd.yaml)"
+[ "$perm" = "root:bucketd 640" ] && ok "/etc/bucketd/bucketd.yaml is $perm" ||
+    fail "/etc/bucketd/bucketd.yaml is '$perm', not root:bucketd 640"
+out="$(setpriv --reuid=bucketd --regid=bucketd --clear-groups \
+    bucketd -c /etc/bucketd/bucketd.yaml --check-config 2>&1)" &&
+    ok "user bucketd can read it: $out" || fail "user bucketd cannot check the config: $out"
+out="$(setpriv --reuid=nobody --regid=nogroup --clear-groups cat /etc/bucketd/bucketd.yaml 2>&1 ||
+    true)"
+case "$out" in
+*"Permission denied"*) ok "user nobody cannot read it" ;;
+*) fail "user nobody reading /etc/bucketd/bucketd.yaml: '${out:0:200}'" ;;
+esac
 
 if [ "$mode" = full ]; then
     echo "-- man pages"
@@ -129,6 +144,8 @@ echo "# edited by the operator" >>/etc/bucketd/bucketd.yaml
 dpkg -i "$deb" >/tmp/dpkg-re.log 2>&1 || { cat /tmp/dpkg-re.log >&2; fail "dpkg -i again"; }
 tail -1 /etc/bucketd/bucketd.yaml | grep -q 'edited by the operator' &&
     ok "the edited /etc/bucketd/bucketd.yaml is kept" || fail "the edited conffile was replaced"
+perm="$(stat -c '%U:%G %a' /etc/bucketd/bucketd.yaml)"
+[ "$perm" = "root:bucketd 640" ] && ok "and stays $perm" || fail "after reinstalling: '$perm'"
 dpkg --purge bucketd >/tmp/purge.log 2>&1 || { cat /tmp/purge.log >&2; fail "dpkg --purge"; }
 [ ! -e /etc/bucketd/bucketd.yaml ] && [ ! -e /usr/bin/bucketd ] && ok "purged" ||
     fail "files left after the purge"

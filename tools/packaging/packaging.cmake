@@ -74,6 +74,21 @@ configure_file(${CMAKE_SOURCE_DIR}/tools/packaging/60-bucketd.conf.in
                ${CMAKE_BINARY_DIR}/install/60-bucketd.conf @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/install/60-bucketd.conf DESTINATION lib/sysctl.d)
 
+# The service's user and group (systemd-sysusers reads <prefix>/lib/sysusers.d; under /usr/local
+# too). A `cmake --install` as root creates them at once, so that the config can be given to
+# group bucketd (CMakeLists.txt); the package's postinst does the same.
+install(FILES tools/packaging/bucketd.sysusers DESTINATION lib/sysusers.d RENAME bucketd.conf)
+install(CODE "
+  if(\"\$ENV{DESTDIR}\" STREQUAL \"\")
+    find_program(_bd_sysusers systemd-sysusers)
+    if(_bd_sysusers)
+      execute_process(COMMAND \${_bd_sysusers}
+                              \"\${CMAKE_INSTALL_PREFIX}/lib/sysusers.d/bucketd.conf\"
+                      RESULT_VARIABLE _bd_rc ERROR_QUIET)
+    endif()
+  endif()
+")
+
 install(FILES README.md tools/packaging/copyright DESTINATION share/doc/bucketd)
 # The IPAddressAllow=/IPAddressDeny= drop-in, as an example to copy to
 # /etc/systemd/system/bucketd.service.d/ (never installed where systemd would read it: the
