@@ -250,6 +250,7 @@ void bd_flusher_free(struct bd_flusher *f) {
     bd_deadletter_close(f->dead);
     flusher_spool_close(f);
     flusher_summaries_close(f, "the stop");
+    flusher_evict_close(f);
     if (f->table != NULL) {
         bd_sensor_table_foreach(f->table, release_sensor_state, NULL);
     }
@@ -289,7 +290,7 @@ static void log_oom(struct bd_flusher *f, const char *what) {
 /* ---- draining ---------------------------------------------------------------------------- */
 
 /* An allocation failure interrupted this sensor's drain: it is drained first next time. */
-static void requeue(struct bd_flusher *f, struct bd_sensor *s) {
+void requeue(struct bd_flusher *f, struct bd_sensor *s) {
     if (!s->flusher_requeued) {
         s->flusher_requeued = true;
         s->flusher_next = f->requeued;
@@ -412,6 +413,7 @@ fail:
  * listeners read again.
  */
 void flusher_drain(struct bd_flusher *f, int64_t wall_ms) {
+    flusher_evict_step(f);
     bool stalled = over_budget(f);
     if (!stalled) {
         struct bd_sensor *list = f->requeued, *s;

@@ -39,6 +39,7 @@ static void configure(void) {
     snprintf(cfg.writer_id, sizeof(cfg.writer_id), "t1");
     cfg.limits.max_sensors = 64;
     cfg.limits.memory = UINT64_C(256) << 20;
+    cfg.limits.max_name = 64 * 1024; /* the longest names bucketd can be configured for */
     cfg.limits.max_fields = 64;
     cfg.flush.max_delay_ms = 0; /* every page written when its batch is; holding has its tests */
     snprintf(dir, sizeof(dir), "/tmp/bd-flusher-XXXXXX");
