@@ -490,6 +490,62 @@ Test(flusher, a_forgotten_bucket_is_learned_again_and_keeps_its_page_cap) {
     cr_assert_eq(b0_pages, 2);
 }
 
+/*
+ * An idle sensor is evicted only once its readings are written; the flusher then releases it.
+ * The same series sending again into the same bucket is a new sensor: the bucket's pages are
+ * read back first, so its page cap holds across the eviction.
+ */
+Test(flusher, an_evicted_sensor_is_written_first_and_its_bucket_read_back_later) {
+    stop();
+    cfg.buckets.max_readings = 5;
+    cfg.limits.sensor_idle_ms = 60000;
+    start();
+    uint64_t empty = bd_sensor_table_memory(table);
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 3; j++) {
+        accept1("ev", j, t0 + j * 1000);
+    }
+    /* Silent long enough, but not yet written: not evicted. */
+    bd_sensor_table_sweep(table, (now_ms + 60000) * MS);
+    cr_assert_eq(STAT(sensors_evicted), 0);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "ev"), 3);
+    cr_assert_gt(run(10), 0); /* the producer seals its idle segment, the flusher gives it back */
+    now_ms += 61000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 0);
+    cr_assert_gt(run(10), 0); /* the flusher releases it */
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(bd_sensor_table_memory(table), empty, "freed");
+
+    uint64_t lookups = STAT(page_lookups);
+    for (int j = 0; j < 4; j++) {
+        accept1("ev", 10 + j, t0 + 10000 + j * 1000);
+    }
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "ev"), 7);
+    cr_assert_gt(STAT(page_lookups), lookups, "the bucket's pages were read back");
+    cr_assert_leq(fake_max_count(&fs), 5, "a page holds at most max_readings readings");
+    cr_assert_eq(STAT(readings_flushed), 7);
+}
+
+/* Evicted sensors the flusher still holds at a stop are released with it (no leak, no
+ * assertion), their readings written. */
+Test(flusher, a_stop_releases_evicted_sensors_still_held) {
+    stop();
+    cfg.limits.sensor_idle_ms = 1000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    accept1("a", 1, t0);
+    cr_assert_gt(run(10), 0);
+    cr_assert_gt(run(10), 0);
+    now_ms += 5000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 1);
+    /* No step: the flusher never took it. stop() frees both. */
+}
+
 /* The same readings for every round of the allocation sweep: three sensors, two buckets. */
 static void sweep_readings(int64_t t0) {
     static const char *const fields[] = {"a", "b", "c"};

@@ -697,3 +697,168 @@ Test(sensor, pack_key_matches_a_byte_copy) {
         }
     }
 }
+
+/* ---- Names, sensor memory and eviction ---------------------------------------------------- */
+
+static void table_with(uint32_t max_name, uint64_t sensor_memory, uint64_t idle_ms) {
+    bd_sensor_table_free(table);
+    cfg.limits.max_name = max_name;
+    cfg.limits.sensor_memory = sensor_memory;
+    cfg.limits.sensor_idle_ms = idle_ms;
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+}
+
+Test(sensor, names_longer_than_max_name_are_refused_and_counted) {
+    table_with(32, 0, 0);
+    char id[64], key[64];
+    memset(id, 'i', 33);
+    id[33] = '\0';
+    point(id, "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_name_too_long), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 0);
+    id[32] = '\0'; /* exactly max_name: fine */
+    point(id, "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    memset(key, 'k', 33);
+    key[33] = '\0';
+    point(id, "m", true, NOW);
+    add_float(key, 2);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_name_too_long), 2);
+    cr_assert_eq(BD_STAT_GET(&stats, readings_accepted), 1);
+}
+
+Test(sensor, sensor_memory_bounds_new_sensors_and_new_field_names) {
+    table_with(0, 0, 0);
+    uint64_t empty = bd_sensor_table_memory(table);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    uint64_t one = bd_sensor_table_memory(table) - empty;
+    cr_assert_gt(one, 200, "a sensor costs its struct, names and index slots: %" PRIu64, one);
+    cr_assert_lt(one, 1024, "a short-named sensor costs %" PRIu64 " bytes", one);
+
+    /* Room for the empty table, that sensor and a bit: the next sensor is refused. */
+    table_with(0, empty + one + one / 2, 0);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    point("m,s=1", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_memory), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 1);
+    /* The known sensor keeps going, and a long new field name of it is refused too. */
+    char key[600];
+    memset(key, 'f', sizeof(key) - 1);
+    key[sizeof(key) - 1] = '\0';
+    point("m,s=0", "m", true, NOW);
+    add_float(key, 2);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_memory), 2);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 3);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+}
+
+/* The flusher's part, played by the test: drain s, hand its idle segment back. */
+static void drain_and_hand_back(struct bd_sensor *s) {
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n, cells;
+    while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
+        bd_sensor_consume(s, cells);
+    }
+    bd_sensor_table_publish(table); /* the producer seals its idle segment, queues s again */
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    cr_assert_eq(bd_sensor_peek_reading(s, &ts, vals, &n), 0); /* gives the sealed one back */
+}
+
+Test(sensor, an_idle_sensor_is_evicted_released_and_freed_then_starts_again) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    table_with(0, 0, 60000);
+    uint64_t empty = bd_sensor_table_memory(table);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(s);
+
+    /* Readings still queued: never evicted, however long it has been. */
+    bd_sensor_table_sweep(table, NOW + 10 * idle_ns);
+    cr_assert_eq(bd_sensor_table_count(table), 1);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 0);
+
+    drain_and_hand_back(s);
+    cr_assert_eq(bd_pool_in_use(bd_sensor_table_pool(table)), 0);
+    /* Another sensor, silent only half of limits.sensor_idle at the next sweep, stays. */
+    const int64_t t1 = NOW + 12 * idle_ns;
+    point("m,s=1", "m", true, t1);
+    add_float("v", 2);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, t1), 0);
+    struct bd_sensor *s1 = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(s1);
+    drain_and_hand_back(s1);
+    bd_sensor_table_sweep(table, t1 + idle_ns / 2);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 1, "m,s=1 is not idle long enough");
+    cr_assert_eq(bd_sensor_table_next_evicted(table), s);
+    cr_assert_null(bd_sensor_table_next_evicted(table));
+    cr_assert_gt(bd_sensor_table_memory(table), empty, "held until the flusher releases it");
+
+    /* A reading of the same series now starts a new sensor. */
+    point("m,s=0", "m", true, t1 + idle_ns);
+    add_float("v", 3);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, t1 + idle_ns), 0);
+    cr_assert_eq(bd_sensor_table_count(table), 2);
+
+    uint64_t before = bd_sensor_table_memory(table);
+    bd_sensor_table_release(table, s);
+    bd_sensor_table_sweep(table, t1 + idle_ns); /* frees at once, whatever the time */
+    cr_assert_lt(bd_sensor_table_memory(table), before);
+    /* Everything drained and evicted: the table is back to its empty size (index grown or not,
+     * the memory of the sensors is all given back). */
+    struct bd_sensor *a;
+    while ((a = bd_sensor_table_next_dirty(table)) != NULL) {
+        drain_and_hand_back(a);
+    }
+    bd_sensor_table_sweep(table, NOW + 30 * idle_ns);
+    cr_assert_eq(bd_sensor_table_count(table), 0);
+    while ((a = bd_sensor_table_next_evicted(table)) != NULL) {
+        bd_sensor_table_release(table, a);
+    }
+    bd_sensor_table_sweep(table, NOW + 30 * idle_ns);
+    cr_assert_eq(bd_sensor_table_memory(table), empty);
+}
+
+Test(sensor, past_half_the_pool_new_sensors_wait_and_known_ones_go_on) {
+    table_with(0, 0, 0);
+    const struct bd_pool *pool = bd_sensor_table_pool(table);
+    /* One sensor fills half the pool (8 segments of 30 readings). */
+    for (int i = 0; i < 8 * 30 + 1; i++) {
+        point("m,s=0", "m", true, NOW);
+        add_float("v", i);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "reading %d", i);
+    }
+    cr_assert_eq(bd_pool_in_use(pool), 9);
+    point("m,s=new", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), -EAGAIN);
+    cr_assert_eq(bd_sensor_table_count(table), 1, "not created");
+    /* The known sensor goes on in its segment; it is past its share (2 of 16 segments), so
+     * once that is full its next reading waits too. */
+    int rc = 0, n = 0;
+    do {
+        point("m,s=0", "m", true, NOW);
+        add_float("v", 1000 + n);
+        rc = bd_sensor_table_accept(table, &pt, NOW);
+        n++;
+    } while (rc == 0 && n < 100);
+    cr_assert_eq(rc, -EAGAIN);
+    cr_assert_eq(n, 30, "the rest of its ninth segment (29 readings), then the wait");
+    cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0, "waiting is not dropping");
+}
