@@ -601,6 +601,59 @@ Test(ingest, free_without_stop_and_free_null) {
     free(f);
 }
 
+/*
+ * Fairness: a sensor sending faster than it is drained pauses only the connection feeding it.
+ * Another connection's sensor, already flowing, keeps being read meanwhile.
+ */
+Test(ingest, tcp_a_busy_sensor_pauses_only_its_own_connection) {
+    struct fx *f = fx_new();
+    /* 16 segments of 30 readings; past half (8) a sensor may hold 2. */
+    f->cfg.limits.memory = 32 * 1024;
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+    int legit = tcp_connect(port), hostile = tcp_connect(port);
+    tcp_send_str(f, legit, "legit v=0i\n");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1);
+
+    static char buf[600 * 24];
+    size_t len = 0;
+    for (int i = 0; i < 600; i++) {
+        len += (size_t)sprintf(buf + len, "hostile v=%di\n", i);
+    }
+    tcp_send(f, hostile, buf, len);
+    RUN_UNTIL(f, bd_ingest_paused(f->in) == 1);
+    /* Up to half the pool with the legit sensor's segment (9), past its share after that. */
+    cr_expect_eq(STAT(f, readings_accepted), 1 + 8 * 30);
+    cr_expect_eq(STAT(f, tcp_sensor_pauses), 1);
+    cr_expect_not(bd_sensor_table_congested(f->table), "the pool itself is not congested");
+
+    len = 0;
+    for (int i = 1; i <= 50; i++) {
+        len += (size_t)sprintf(buf + len, "legit v=%di\n", i);
+    }
+    tcp_send(f, legit, buf, len);
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1 + 8 * 30 + 50);
+    cr_expect_eq(bd_ingest_paused(f->in), 1, "still only the hostile connection");
+
+    /* Drained, the hostile connection resumes where it stopped: nothing lost or repeated. */
+    int64_t deadline = bd_mono_ns() + WAIT_NS;
+    while (STAT(f, readings_accepted) < 1 + 600 + 50) {
+        cr_assert(bd_mono_ns() < deadline, "stuck at %" PRIu64,
+                  (uint64_t)STAT(f, readings_accepted));
+        consume_all(f);
+        bd_ingest_resume(f->in);
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        sleep_us(200);
+    }
+    cr_expect_eq(STAT(f, lines), 1 + 600 + 50, "each line counted once");
+    cr_expect_eq(STAT(f, drop_buffer_full), 0);
+    cr_expect_eq(STAT(f, drop_sensor_busy), 0, "TCP waits, it does not drop");
+    close(legit);
+    close(hostile);
+    fx_finish(f);
+}
+
 Test(ingest, stop_takes_lines_buffered_by_a_paused_connection) {
     struct fx *f = fx_new();
     f->cfg.limits.memory = 32 * 1024; /* 16 segments, congested past 12 */
