@@ -403,7 +403,7 @@ class Bucketd(object):
 
     def __init__(self, ctx, name, listeners, sink='blackhole', uri=None, database=None,
                  flush='1s', memory=None, max_sensors=None, max_delay=None, extra=(),
-                 metrics_port=None):
+                 metrics_port=None, sensor_memory=None):
         self.ctx = ctx
         self.name = name
         self.listeners = listeners  # [(proto, port, format)]
@@ -434,6 +434,8 @@ class Bucketd(object):
             limits.append('  memory: %s' % memory)
         if max_sensors:
             limits.append('  max_sensors: %d' % max_sensors)
+        if sensor_memory:
+            limits.append('  sensor_memory: %s' % sensor_memory)
         if limits:
             lines += ['limits:'] + limits
         lines += list(extra)  # further sections, e.g. ['buckets:', '  max_late: 72h']
@@ -1047,8 +1049,11 @@ class Suite(object):
     # -- 4. memory ------------------------------------------------------------------------
     def memory_at(self, sensors, per_sensor=3, max_sensors=None):
         port = free_port('tcp')
+        # Past 100 k sensors, limits.sensor_memory (64 MiB, room for about 100 k short-named
+        # sensors) is raised with max_sensors.
         d = Bucketd(self, 'mem-%d' % sensors, [('tcp', port, 'influx')],
-                    max_sensors=max_sensors).start()
+                    max_sensors=max_sensors,
+                    sensor_memory='1GiB' if max_sensors and max_sensors > 100000 else None).start()
         t0 = time.monotonic()
         try:
             idle = proc_status(d.pid)
@@ -1100,7 +1105,8 @@ class Suite(object):
         self.conditions.append(
             'memory: blackhole sink, default limits (limits.memory 64MiB: a 32 MiB buffer pool '
             'reserved at start, resident only where used; max_sensors 100000, raised to '
-            '1000000 for the 1 M row), 3 readings per sensor over TCP, VmHWM read 1.5 s after '
+            '1000000 for the 1 M row, with sensor_memory 1GiB), 3 readings per sensor over '
+            'TCP, VmHWM read 1.5 s after '
             'the last reading; the pool high-water mark is the daemon\'s own, logged at stop')
 
     # -- 5/6. into the stand-in ------------------------------------------------------------
@@ -2567,13 +2573,105 @@ class Suite(object):
                       ', '.join(si(x) for x in every), len(scrapes),
                       statistics.median([dt for dt, _ in scrapes]) * 1e3 if scrapes else 0))
 
+    # -- 14. hostile senders -----------------------------------------------------------------
+    def fig_hostile(self):
+        self.have_sim()
+        self.hostile_fairness()
+        self.hostile_flood()
+
+    def hostile_legit_run(self, name, with_hostile):
+        """14a: legitimate TCP lines (10 sensors) into the stand-in, alone or beside one hostile
+        32-field sensor sending flat out on its own connection; returns (lines/s, stats)."""
+        count = 200000 if self.quick else 1000000
+        port, hport = free_port('tcp'), free_port('tcp')
+        standin = self.get_standin()
+        # Two listeners, so that the legitimate connection's socket queue can be watched alone.
+        d = Bucketd(self, name, [('tcp', port, 'influx'), ('tcp', hport, 'influx')],
+                    sink='mongodb', uri=standin.uri,
+                    database='hostile_%s' % name.replace('-', '_'), flush='200ms',
+                    max_delay='0s', memory='16MiB').start()
+        hostile = None
+        try:
+            if with_hostile:
+                hostile = start_sim(self, Load(1, 32, seed=7).args(hport, proto='tcp',
+                                                                   duration=900),
+                                    name='bucketd-sim hostile')
+                time.sleep(2.0)  # the hostile sensor is flowing first (the scenario)
+            t0 = time.monotonic()
+            res = run_sim(self, Load(10, 3, seed=3).args(port, proto='tcp', count=count), 600)
+            if not wait_tcp_drained(port, timeout=300):
+                raise BenchError('the legitimate connection was not read to the end')
+            t1 = time.monotonic()
+        finally:
+            if hostile is not None:
+                hostile.terminate()
+                try:
+                    hostile.wait(10)
+                except subprocess.TimeoutExpired:
+                    hostile.kill()
+            st = d.stop(timeout=300)
+        return res['readings'] / (t1 - t0), st
+
+    def hostile_fairness(self):
+        figure = ('14a. legitimate TCP lines beside one hostile 32-field sensor, as a ratio of '
+                  'the same lines alone (into the stand-in, limits.memory 16MiB)')
+        try:
+            alone, st0 = self.hostile_legit_run('legit-alone', False)
+            beside, st1 = self.hostile_legit_run('legit-beside', True)
+        except BenchError as e:
+            self.rows.append(not_run(figure, e, '>= 0.5'))
+            return
+        ratio = beside / alone
+        self.rows.append(Row(figure, '%s lines/s' % si(beside), '%s lines/s alone' % si(alone),
+                             '%.2f' % ratio, '>= 0.5', met_ge(ratio, 0.5)))
+        self.note('14a: the legitimate sender is bucketd-sim --proto tcp, 10 sensors, 3 fields, '
+                  '%d lines flat out, timed from its start until the daemon has read its socket '
+                  'to the end; the hostile one bucketd-sim, 1 sensor, 32 fields, flat out on its '
+                  'own connection (another listener) from 2 s before. Beside '
+                  'it the daemon paused the hostile connection %d times (tcp_sensor_pauses) and '
+                  'accepted %d of its readings; pool congestion (every connection waiting) '
+                  'alone: %d flushes for memory, beside: %d' % (
+                      200000 if self.quick else 1000000, st1.get('tcp_sensor_pauses', 0),
+                      st1.get('readings_accepted', 0) - st0.get('readings_accepted', 0),
+                      st0.get('flushes_for_memory', 0), st1.get('flushes_for_memory', 0)))
+
+    def hostile_flood(self):
+        names = 200000 if self.quick else 1000000
+        figure = ('14b. flood of %s new sensor names over UDP, default limits (peak RSS, VmHWM, '
+                  'against limits.memory + limits.sensor_memory + idle)' % si(names))
+        port = free_port('udp')
+        d = Bucketd(self, 'flood', [('udp', port, 'influx')]).start()
+        try:
+            idle = proc_status(d.pid)
+            res = run_sim(self, Load(names, 1, per_datagram=50, max_datagram=65000).args(
+                port, proto='udp', count=names), 600)
+            wait_rx_drained(port)
+            time.sleep(1.5)
+            peak = proc_status(d.pid)
+        except BenchError as e:
+            d.stop()
+            self.rows.append(not_run(figure, e))
+            return
+        st = d.stop(timeout=300)
+        budget = 64 * MIB + 64 * MIB + idle['VmHWM']
+        hwm = peak['VmHWM']
+        self.rows.append(Row(figure, mib(hwm), 'budget %s' % mib(budget),
+                             '%.2f' % (hwm / budget), '<= budget', met_le(hwm, budget)))
+        self.note('14b: bucketd-sim sent %d readings of %d distinct sensors (50 a datagram, '
+                  'blackhole sink): accepted %d, drop_sensor_limit %d, drop_sensor_memory %d, '
+                  'drop_sensor_busy %d, kernel drops %d; idle VmHWM %s' % (
+                      res['readings'], names, st.get('readings_accepted', 0),
+                      st.get('drop_sensor_limit', 0), st.get('drop_sensor_memory', 0),
+                      st.get('drop_sensor_busy', 0), st.get('udp_socket_drops', 0),
+                      mib(idle['VmHWM'])))
+
     def run(self):
         figs = [('parser', self.fig_parser), ('udp', self.fig_udp), ('tcp', self.fig_tcp),
                 ('memory', self.fig_memory), ('latency', self.fig_latency),
                 ('standin', self.fig_into_standin), ('peers', self.fig_peers),
                 ('slowdb', self.fig_slowdb), ('replay', self.fig_replay),
                 ('writecost', self.fig_writecost), ('summaries', self.fig_summaries),
-                ('metrics', self.fig_metrics)]
+                ('metrics', self.fig_metrics), ('hostile', self.fig_hostile)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
                  'standin': '6. into the stand-in', 'peers': '7. peers',
@@ -2581,7 +2679,7 @@ class Suite(object):
                  'replay': '9. replay after an outage',
                  'writecost': '11. write cost and visibility (1 Hz sensors)',
                  'summaries': '12. dashboard read cost (summaries)',
-                 'metrics': '13. /metrics'}
+                 'metrics': '13. /metrics', 'hostile': '14. hostile senders'}
         disk_done = False
         for key, fn in figs:
             if key == 'writecost' and not disk_done:
@@ -2796,7 +2894,7 @@ def main():
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
-                    'standin,peers,slowdb,replay,writecost,summaries,metrics')
+                    'standin,peers,slowdb,replay,writecost,summaries,metrics,hostile')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')
