@@ -310,6 +310,23 @@ bool over_budget(const struct bd_flusher *f) {
 }
 
 /*
+ * Fairness: while other sensors wait to be drained, one sensor's readings take at most
+ * 1/BD_SENSOR_SHARE_DIV of the batches' memory in the fill batch; the rest waits in its queue
+ * (whose share of the pool then pauses its TCP connection, sensor.h) and goes into the next
+ * batch. Without it a sensor sending faster than MongoDB takes it fills every batch, and the
+ * others wait behind it. Alone, a sensor takes what it needs.
+ */
+static bool over_fill_share(struct bd_flusher *f, struct bd_sensor *s, uint64_t grew) {
+    if (s->flusher_fill_id != f->fill_id) {
+        s->flusher_fill_id = f->fill_id;
+        s->flusher_fill_bytes = 0;
+    }
+    s->flusher_fill_bytes += grew;
+    return s->flusher_fill_bytes >= f->budget / BD_SENSOR_SHARE_DIV &&
+           bd_sensor_table_has_dirty(f->table);
+}
+
+/*
  * Move one sensor's readings into the fill batch. A reading is added whole or not at all: its
  * page is decided on a copy of the bucket's slot, committed only once the reading is in its
  * delta and consumed from the queue. On an allocation failure, or when the batches reach their
@@ -393,9 +410,10 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
         slot->batch = f->fill_id;
         bd_sensor_consume(s, cells);
         /* What the batch holds for it: buffer growth, and a new delta's own struct. */
-        f->fill_bytes += bd_delta_bytes(&f->fill.deltas[di]) - held;
+        uint64_t grew = bd_delta_bytes(&f->fill.deltas[di]) - held;
+        f->fill_bytes += grew;
         moved++;
-        if (over_budget(f)) {
+        if (over_budget(f) || over_fill_share(f, s, grew)) {
             requeue(f, s); /* the rest waits in the queue */
             return moved;
         }

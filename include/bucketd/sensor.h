@@ -108,6 +108,9 @@ struct bd_sensor {
      * is released only once none does. */
     uint32_t flusher_refs;
     struct bd_sensor *evicted_next; /* the flusher's list of evicted sensors not yet released */
+    /* Bytes of this sensor's readings in the flusher's fill batch (fill_id), for its share. */
+    uint64_t flusher_fill_bytes;
+    uint64_t flusher_fill_id;
 
     /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
      * sensor, so their cache miss overlaps the first line's instead of following it. */

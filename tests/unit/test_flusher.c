@@ -546,6 +546,51 @@ Test(flusher, a_stop_releases_evicted_sensors_still_held) {
     /* No step: the flusher never took it. stop() frees both. */
 }
 
+/*
+ * Fairness: a sensor with far more readings than the others takes at most an eighth of the
+ * batches' memory in one batch while others wait; the others' readings go into that batch, its
+ * rest into the next ones.
+ */
+Test(flusher, one_sensor_takes_at_most_its_share_of_a_batch_while_others_wait) {
+    stop();
+    cfg.limits.memory = 1 << 20; /* batches 512 KiB, a sensor's share of one 64 KiB */
+    cfg.limits.max_fields = 8;
+    start();
+    static const char *const fields[] = {"a", "b", "c", "d"};
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 2000; j++) {
+        accept_fields("busy", fields, 4, j, t0 + j);
+    }
+    for (int j = 0; j < 10; j++) {
+        accept1("quiet", j, t0 + j);
+    }
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, true); /* one batch */
+    cr_assert_eq(fake_stored(&fs, "quiet"), 10, "the quiet sensor did not wait");
+    int64_t first = fake_stored(&fs, "busy");
+    cr_assert_gt(first, 0);
+    cr_assert_lt(first, 2000, "the busy sensor took only its share of the first batch");
+    cr_assert_gt(run(50), 0);
+    cr_assert_eq(fake_stored(&fs, "busy"), 2000);
+    cr_assert_eq(STAT(readings_flushed), 2010);
+}
+
+/* Alone, a sensor takes what it needs: its share applies only while others wait. */
+Test(flusher, a_sensor_alone_is_not_held_to_a_share) {
+    stop();
+    cfg.limits.memory = 1 << 20;
+    cfg.limits.max_fields = 8;
+    start();
+    static const char *const fields[] = {"a", "b", "c", "d"};
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 2000; j++) {
+        accept_fields("busy", fields, 4, j, t0 + j);
+    }
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, true);
+    cr_assert_eq(fake_stored(&fs, "busy"), 2000);
+}
+
 /* The same readings for every round of the allocation sweep: three sensors, two buckets. */
 static void sweep_readings(int64_t t0) {
     static const char *const fields[] = {"a", "b", "c"};
