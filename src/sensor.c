@@ -96,8 +96,8 @@ _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field");
 
 /* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume.
- * Past the low mark (half) a sensor gets no segment beyond its share, and no new sensor is
- * created: see bd_sensor_table_accept. */
+ * Past the low mark (half) a sensor gets no segment beyond its share; at the high mark no new
+ * sensor is created: see bd_sensor_table_accept. */
 #define POOL_WAKE_EIGHTHS 2
 #define POOL_HIGH_EIGHTHS 6
 #define POOL_LOW_EIGHTHS 4
@@ -879,8 +879,10 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
     uint64_t hash = XXH3_64bits(pt->series_key.ptr, pt->series_key.len);
     struct bd_sensor *s = lookup(t, &pt->series_key, hash);
     if (s == NULL) {
-        /* Past half of the pool, the room left is for the sensors already flowing. */
-        if (bd_pool_in_use(&t->pool) > t->low_segs) {
+        /* At three quarters of the pool, the room left is for the sensors already flowing.
+         * One sensor alone reaches at most half and its share (five eighths), so it never
+         * keeps new sensors out; new sensors alone never congest the pool. */
+        if (bd_pool_in_use(&t->pool) >= t->high_segs) {
             return -EAGAIN;
         }
         s = sensor_create(t, pt, hash);

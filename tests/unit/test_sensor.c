@@ -835,30 +835,38 @@ Test(sensor, an_idle_sensor_is_evicted_released_and_freed_then_starts_again) {
     cr_assert_eq(bd_sensor_table_memory(table), empty);
 }
 
-Test(sensor, past_half_the_pool_new_sensors_wait_and_known_ones_go_on) {
+Test(sensor, past_three_quarters_new_sensors_wait_and_known_ones_go_on) {
+    cfg.limits.max_sensors = 16;
     table_with(0, 0, 0);
     const struct bd_pool *pool = bd_sensor_table_pool(table);
-    /* One sensor fills half the pool (8 segments of 30 readings). */
-    for (int i = 0; i < 8 * 30 + 1; i++) {
+    char key[16];
+    /* One sensor alone stops at half the pool and its share: 9 of 16 segments. */
+    int n = 0;
+    do {
         point("m,s=0", "m", true, NOW);
-        add_float("v", i);
-        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "reading %d", i);
-    }
+        add_float("v", n++);
+    } while (bd_sensor_table_accept(table, &pt, NOW) == 0 && n < 1000);
+    cr_assert_eq(n - 1, 9 * 30);
     cr_assert_eq(bd_pool_in_use(pool), 9);
+    /* That leaves room for new sensors: two more, two segments each, pass 12 (three
+     * quarters), the last reading of each filling its second segment but one cell pair. */
+    for (int k = 1; k <= 2; k++) {
+        snprintf(key, sizeof(key), "m,s=%d", k);
+        for (int i = 0; i < 59; i++) {
+            point(key, "m", true, NOW);
+            add_float("v", i);
+            cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %d reading %d", k, i);
+        }
+    }
+    cr_assert_eq(bd_pool_in_use(pool), 13);
     point("m,s=new", "m", true, NOW);
     add_float("v", 1);
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), -EAGAIN);
-    cr_assert_eq(bd_sensor_table_count(table), 1, "not created");
-    /* The known sensor goes on in its segment; it is past its share (2 of 16 segments), so
-     * once that is full its next reading waits too. */
-    int rc = 0, n = 0;
-    do {
-        point("m,s=0", "m", true, NOW);
-        add_float("v", 1000 + n);
-        rc = bd_sensor_table_accept(table, &pt, NOW);
-        n++;
-    } while (rc == 0 && n < 100);
-    cr_assert_eq(rc, -EAGAIN);
-    cr_assert_eq(n, 30, "the rest of its ninth segment (29 readings), then the wait");
+    cr_assert_eq(bd_sensor_table_count(table), 3, "not created");
+    /* A known sensor goes on in its segment; at its share, its next segment waits. */
+    point("m,s=1", "m", true, NOW);
+    add_float("v", 59);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), -EAGAIN);
     cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0, "waiting is not dropping");
 }
