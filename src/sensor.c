@@ -96,8 +96,7 @@ _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field");
 
 /* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume.
- * Past the low mark (half) a sensor gets no segment beyond its share; at the high mark no new
- * sensor is created: see bd_sensor_table_accept. */
+ * At the high mark no new sensor is created: see bd_sensor_table_accept. */
 #define POOL_WAKE_EIGHTHS 2
 #define POOL_HIGH_EIGHTHS 6
 #define POOL_LOW_EIGHTHS 4
@@ -161,14 +160,15 @@ struct bd_sensor_table {
     bool congested; /* ingest thread only: see bd_sensor_table_congested */
 
     struct bd_ratelimit limit_log;
-    uint32_t max_name;   /* bytes; 0: no limit */
-    uint64_t max_memory; /* limits.sensor_memory; 0: no limit */
-    uint64_t memory;     /* charged to the sensors that exist (or await freeing) */
-    uint32_t idle;       /* limits.sensor_idle in units of 2^30 ns; 0: never evict */
-    uint32_t share_segs; /* a sensor's share of the pool past the low mark */
-    uint32_t sweep_at;   /* next index slot the sweep looks at */
-    bool sweep_all;      /* a refusal happened: the next sweep covers the whole index */
-    int64_t swept_ns;    /* when the last sweep looked at the index */
+    uint32_t max_name;     /* bytes; 0: no limit */
+    uint64_t max_memory;   /* limits.sensor_memory; 0: no limit */
+    uint64_t memory;       /* charged to the sensors that exist (or await freeing) */
+    uint32_t idle;         /* limits.sensor_idle in units of 2^30 ns; 0: never evict */
+    uint32_t share_segs;   /* the most segments one sensor's queue may hold */
+    bool share_wake_armed; /* a sensor at its share wakes the flusher (once per segment taken) */
+    uint32_t sweep_at;     /* next index slot the sweep looks at */
+    bool sweep_all;        /* a refusal happened: the next sweep covers the whole index */
+    int64_t swept_ns;      /* when the last sweep looked at the index */
     /* Eviction queues (see Eviction at the top). */
     struct bd_ring evict;
     struct bd_ring dead;
@@ -803,15 +803,20 @@ static struct bd_seg *new_segment(struct bd_sensor_table *t) {
     return seg;
 }
 
-/* Past half of the pool, the share of it one sensor's queue may hold (see accept). Read once per
- * segment, never per reading. */
-static bool over_share(const struct bd_sensor_table *t, const struct bd_sensor *s) {
-    if (bd_pool_in_use(&t->pool) <= t->low_segs) {
-        return false;
-    }
+/* Whether the sensor's queue holds its share of the pool (see accept). Judged once per segment,
+ * never per reading. The first refusal since a segment was last taken wakes the flusher: a
+ * sensor at its share is drained now rather than at the next interval. */
+static bool over_share(struct bd_sensor_table *t, const struct bd_sensor *s) {
     /* Relaxed: a stale value only delays the verdict to the next segment. */
     uint32_t held = s->segs_taken - atomic_load_explicit(&s->segs_given, memory_order_relaxed);
-    return held >= t->share_segs;
+    if (held < t->share_segs) {
+        return false;
+    }
+    if (t->share_wake_armed) {
+        t->share_wake_armed = false;
+        bd_sensor_table_request_drain(t);
+    }
+    return true;
 }
 
 /* Copy a record of n cells into the sensor's queue: 0, -ENOBUFS if the pool has no room, or
@@ -829,6 +834,7 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
             return -ENOBUFS;
         }
         s->segs_taken++;
+        t->share_wake_armed = true;
         memcpy(fresh->cells, cells, (size_t)n * sizeof(*cells));
         atomic_store_explicit(&fresh->published, n, memory_order_relaxed);
         /* Pairs with the acquire loads of next and first in read_segment(): the cells and
@@ -880,8 +886,8 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
     struct bd_sensor *s = lookup(t, &pt->series_key, hash);
     if (s == NULL) {
         /* At three quarters of the pool, the room left is for the sensors already flowing.
-         * One sensor alone reaches at most half and its share (five eighths), so it never
-         * keeps new sensors out; new sensors alone never congest the pool. */
+         * One sensor alone holds at most its share (an eighth), so it never keeps new sensors
+         * out; new sensors alone never congest the pool. */
         if (bd_pool_in_use(&t->pool) >= t->high_segs) {
             return -EAGAIN;
         }

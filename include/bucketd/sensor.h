@@ -168,16 +168,16 @@ const struct bd_pool *bd_sensor_table_pool(const struct bd_sensor_table *t);
  * names (limits.max_name) and field keys, finds or creates the sensor and pushes the reading
  * into its queue. Returns 0 when accepted, else a negative errno; every drop is already counted
  * in the stats by reason, except -EAGAIN: the sensor is busy and nothing was counted. Busy means
- * the buffer pool is past half full and this sensor's queue already holds its share of it
- * (BD_SENSOR_SHARE_DIV: one sensor sending faster than it is written cannot take the room of the
- * others), or the sensor is new and the pool three quarters full (a flood of new names cannot
- * take the room of the sensors already flowing). The caller decides: a TCP connection stops reading until bd_ingest_resume, UDP counts
+ * this sensor's queue already holds its share of the buffer pool (BD_SENSOR_SHARE_DIV: one
+ * sensor sending faster than it is written cannot take the room of the others), or the sensor
+ * is new and the pool three quarters full (a flood of new names cannot take the room of the
+ * sensors already flowing). The caller decides: a TCP connection stops reading until bd_ingest_resume, UDP counts
  * the reading in drop_sensor_busy.
  */
 int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns);
 
-/* A sensor's share of the buffer pool once it is past half full: 1/BD_SENSOR_SHARE_DIV of its
- * segments (at least 2). */
+/* A sensor's share of the buffer pool: 1/BD_SENSOR_SHARE_DIV of its segments (at least 2); and
+ * of the flusher's batches while other sensors wait to be drained. */
 #define BD_SENSOR_SHARE_DIV 8
 
 /*

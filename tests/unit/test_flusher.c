@@ -549,46 +549,52 @@ Test(flusher, a_stop_releases_evicted_sensors_still_held) {
 /*
  * Fairness: a sensor with far more readings than the others takes at most an eighth of the
  * batches' memory in one batch while others wait; the others' readings go into that batch, its
- * rest into the next ones.
+ * rest into the next ones. Its readings come in six loads (its queue holds at most an eighth
+ * of the pool), drained into the fill batch one after another before the batch is written.
  */
-Test(flusher, one_sensor_takes_at_most_its_share_of_a_batch_while_others_wait) {
-    stop();
-    cfg.limits.memory = 1 << 20; /* batches 512 KiB, a sensor's share of one 64 KiB */
-    cfg.limits.max_fields = 8;
-    start();
-    static const char *const fields[] = {"a", "b", "c", "d"};
+static void busy_loads(int loads, int per_load, bool quiet) {
+    static const char *const fields[] = {"a", "b", "c", "d", "e", "f", "g", "h"};
     int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
-    for (int j = 0; j < 2000; j++) {
-        accept_fields("busy", fields, 4, j, t0 + j);
+    bd_flusher_step(flusher, mono, now_ms, false); /* nothing yet: the next write is due later */
+    for (int k = 0; k < loads; k++) {
+        for (int j = 0; j < per_load; j++) {
+            accept_fields("busy", fields, 8, j, t0 + k * per_load + j);
+        }
+        if (quiet) {
+            accept1("quiet", k, t0 + k); /* queued behind it: waiting while it is drained */
+        }
+        publish();
+        bd_flusher_step(flusher, mono, now_ms, false); /* drained, not yet due */
     }
-    for (int j = 0; j < 10; j++) {
-        accept1("quiet", j, t0 + j);
-    }
-    publish();
-    bd_flusher_step(flusher, mono, now_ms, true); /* one batch */
-    cr_assert_eq(fake_stored(&fs, "quiet"), 10, "the quiet sensor did not wait");
-    int64_t first = fake_stored(&fs, "busy");
-    cr_assert_gt(first, 0);
-    cr_assert_lt(first, 2000, "the busy sensor took only its share of the first batch");
-    cr_assert_gt(run(50), 0);
-    cr_assert_eq(fake_stored(&fs, "busy"), 2000);
-    cr_assert_eq(STAT(readings_flushed), 2010);
 }
 
-/* Alone, a sensor takes what it needs: its share applies only while others wait. */
-Test(flusher, a_sensor_alone_is_not_held_to_a_share) {
+Test(flusher, one_sensor_takes_at_most_its_share_of_a_batch_while_others_wait) {
     stop();
-    cfg.limits.memory = 1 << 20;
+    cfg.limits.memory = 4 << 20; /* batches 2 MiB, a sensor's share of one 256 KiB */
     cfg.limits.max_fields = 8;
     start();
-    static const char *const fields[] = {"a", "b", "c", "d"};
-    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
-    for (int j = 0; j < 2000; j++) {
-        accept_fields("busy", fields, 4, j, t0 + j);
-    }
+    busy_loads(6, 300, true);
+    accept1("quiet", 6, now_ms / HOUR_MS * HOUR_MS + 6); /* waiting when the batch is written */
     publish();
+    bd_flusher_step(flusher, mono, now_ms, true); /* one batch */
+    cr_assert_eq(fake_stored(&fs, "quiet"), 7, "the quiet sensor did not wait");
+    int64_t first = fake_stored(&fs, "busy");
+    cr_assert_gt(first, 0);
+    cr_assert_lt(first, 6 * 300, "the busy sensor took only its share of the first batch");
+    cr_assert_gt(run(50), 0);
+    cr_assert_eq(fake_stored(&fs, "busy"), 6 * 300);
+    cr_assert_eq(STAT(readings_flushed), 6 * 300 + 7);
+}
+
+/* Alone, a sensor takes what it needs: its share of a batch applies only while others wait. */
+Test(flusher, a_sensor_alone_is_not_held_to_a_share) {
+    stop();
+    cfg.limits.memory = 4 << 20;
+    cfg.limits.max_fields = 8;
+    start();
+    busy_loads(6, 300, false);
     bd_flusher_step(flusher, mono, now_ms, true);
-    cr_assert_eq(fake_stored(&fs, "busy"), 2000);
+    cr_assert_eq(fake_stored(&fs, "busy"), 6 * 300);
 }
 
 /* The same readings for every round of the allocation sweep: three sensors, two buckets. */

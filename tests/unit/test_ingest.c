@@ -607,7 +607,7 @@ Test(ingest, free_without_stop_and_free_null) {
  */
 Test(ingest, tcp_a_busy_sensor_pauses_only_its_own_connection) {
     struct fx *f = fx_new();
-    /* 16 segments of 30 readings; past half (8) a sensor may hold 2. */
+    /* 16 segments of 30 readings; a sensor's queue may hold 2. */
     f->cfg.limits.memory = 32 * 1024;
     fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
     fx_start(f);
@@ -623,8 +623,8 @@ Test(ingest, tcp_a_busy_sensor_pauses_only_its_own_connection) {
     }
     tcp_send(f, hostile, buf, len);
     RUN_UNTIL(f, bd_ingest_paused(f->in) == 1);
-    /* Up to half the pool with the legit sensor's segment (9), past its share after that. */
-    cr_expect_eq(STAT(f, readings_accepted), 1 + 8 * 30);
+    /* Its share of the pool: 2 segments of 30. */
+    cr_expect_eq(STAT(f, readings_accepted), 1 + 2 * 30);
     cr_expect_eq(STAT(f, tcp_sensor_pauses), 1);
     cr_expect_not(bd_sensor_table_congested(f->table), "the pool itself is not congested");
 
@@ -633,7 +633,7 @@ Test(ingest, tcp_a_busy_sensor_pauses_only_its_own_connection) {
         len += (size_t)sprintf(buf + len, "legit v=%di\n", i);
     }
     tcp_send(f, legit, buf, len);
-    RUN_UNTIL(f, STAT(f, readings_accepted) == 1 + 8 * 30 + 50);
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1 + 2 * 30 + 50);
     cr_expect_eq(bd_ingest_paused(f->in), 1, "still only the hostile connection");
 
     /* Drained, the hostile connection resumes where it stopped: nothing lost or repeated. */

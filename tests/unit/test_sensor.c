@@ -268,8 +268,8 @@ Test(sensor, full_pool_counts_drops_and_wakes_the_flusher) {
     cr_assert_eq(pool->n_segs, 16);
     cr_assert_eq(pool->seg_cells, 60);
     /* 2 cells per reading: 30 a segment, 480 in the pool. Nine sensors in turn, 100 readings
-     * each: all nine start before the pool is half full; past half each may hold its share of
-     * 2 segments, so seven fill two segments and the pool runs out for the last two. */
+     * each: all nine start with a segment; each may hold its share of 2, so seven fill two
+     * segments and the pool runs out for the last two. */
     int accepted = 0, busy = 0;
     char key[16];
     for (int i = 0; i < 900; i++) {
@@ -285,7 +285,8 @@ Test(sensor, full_pool_counts_drops_and_wakes_the_flusher) {
     cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 2 * 70, "the two left without a segment");
     cr_assert_eq(bd_pool_in_use(pool), 16);
     cr_assert_eq(bd_pool_high_water(pool), 16);
-    cr_assert_eq(wakes, 2, "one wake at a quarter, one when congested");
+    cr_assert_eq(wakes, 3,
+                 "at a quarter, when congested, and when a sensor first reached its share");
     cr_assert(bd_sensor_table_congested(table));
 
     int drained = 0;
@@ -840,17 +841,17 @@ Test(sensor, past_three_quarters_new_sensors_wait_and_known_ones_go_on) {
     table_with(0, 0, 0);
     const struct bd_pool *pool = bd_sensor_table_pool(table);
     char key[16];
-    /* One sensor alone stops at half the pool and its share: 9 of 16 segments. */
+    /* One sensor alone stops at its share: 2 of 16 segments. */
     int n = 0;
     do {
         point("m,s=0", "m", true, NOW);
         add_float("v", n++);
     } while (bd_sensor_table_accept(table, &pt, NOW) == 0 && n < 1000);
-    cr_assert_eq(n - 1, 9 * 30);
-    cr_assert_eq(bd_pool_in_use(pool), 9);
-    /* That leaves room for new sensors: two more, two segments each, pass 12 (three
-     * quarters), the last reading of each filling its second segment but one cell pair. */
-    for (int k = 1; k <= 2; k++) {
+    cr_assert_eq(n - 1, 2 * 30);
+    cr_assert_eq(bd_pool_in_use(pool), 2);
+    /* Five more, two segments each, reach 12 (three quarters); the last reading of each leaves
+     * one cell pair of its second segment free. */
+    for (int k = 1; k <= 5; k++) {
         snprintf(key, sizeof(key), "m,s=%d", k);
         for (int i = 0; i < 59; i++) {
             point(key, "m", true, NOW);
@@ -858,11 +859,11 @@ Test(sensor, past_three_quarters_new_sensors_wait_and_known_ones_go_on) {
             cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %d reading %d", k, i);
         }
     }
-    cr_assert_eq(bd_pool_in_use(pool), 13);
+    cr_assert_eq(bd_pool_in_use(pool), 12);
     point("m,s=new", "m", true, NOW);
     add_float("v", 1);
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), -EAGAIN);
-    cr_assert_eq(bd_sensor_table_count(table), 3, "not created");
+    cr_assert_eq(bd_sensor_table_count(table), 6, "not created");
     /* A known sensor goes on in its segment; at its share, its next segment waits. */
     point("m,s=1", "m", true, NOW);
     add_float("v", 59);
