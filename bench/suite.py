@@ -36,6 +36,11 @@ import time
 
 PYTHON = '/usr/bin/python3'
 MIB = 1024 * 1024
+HOSTILE_RATE = int(os.environ.get('BENCH_HOSTILE_RATE', '13000'))
+# 16a's legitimate lines per round: the 20,000 of the measurement that found the problem (they
+# fit in their share of the buffers: the figure is about waiting, not about MongoDB's speed).
+LEGIT_LINES = 20000
+LEGIT_ROUNDS = 5
 
 
 def log(msg):
@@ -403,7 +408,7 @@ class Bucketd(object):
 
     def __init__(self, ctx, name, listeners, sink='blackhole', uri=None, database=None,
                  flush='1s', memory=None, max_sensors=None, max_delay=None, extra=(),
-                 metrics_port=None, tls=None):
+                 metrics_port=None, tls=None, sensor_memory=None):
         self.ctx = ctx
         self.name = name
         self.listeners = listeners  # [(proto, port, format)]
@@ -437,6 +442,8 @@ class Bucketd(object):
             limits.append('  memory: %s' % memory)
         if max_sensors:
             limits.append('  max_sensors: %d' % max_sensors)
+        if sensor_memory:
+            limits.append('  sensor_memory: %s' % sensor_memory)
         if limits:
             lines += ['limits:'] + limits
         lines += list(extra)  # further sections, e.g. ['buckets:', '  max_late: 72h']
@@ -1123,8 +1130,11 @@ class Suite(object):
     # -- 4. memory ------------------------------------------------------------------------
     def memory_at(self, sensors, per_sensor=3, max_sensors=None):
         port = free_port('tcp')
+        # Past 100 k sensors, limits.sensor_memory (64 MiB, room for about 100 k short-named
+        # sensors) is raised with max_sensors.
         d = Bucketd(self, 'mem-%d' % sensors, [('tcp', port, 'influx')],
-                    max_sensors=max_sensors).start()
+                    max_sensors=max_sensors,
+                    sensor_memory='1GiB' if max_sensors and max_sensors > 100000 else None).start()
         t0 = time.monotonic()
         try:
             idle = proc_status(d.pid)
@@ -1176,7 +1186,8 @@ class Suite(object):
         self.conditions.append(
             'memory: blackhole sink, default limits (limits.memory 64MiB: a 32 MiB buffer pool '
             'reserved at start, resident only where used; max_sensors 100000, raised to '
-            '1000000 for the 1 M row), 3 readings per sensor over TCP, VmHWM read 1.5 s after '
+            '1000000 for the 1 M row, with sensor_memory 1GiB), 3 readings per sensor over '
+            'TCP, VmHWM read 1.5 s after '
             'the last reading; the pool high-water mark is the daemon\'s own, logged at stop')
 
     # -- 5/6. into the stand-in ------------------------------------------------------------
@@ -2736,6 +2747,107 @@ class Suite(object):
                       conns, dur, len(lines), len(data) / len(lines), mib(len(data)),
                       ', '.join(si(x) for x in plain), ', '.join(si(x) for x in tls)))
 
+    # -- 16. hostile senders -----------------------------------------------------------------
+    # 16a's hostile sensor: the rate of the one measured when the fairness problem was found
+    # (about 13 k lines/s of 32 fields); 0 sends flat out.
+    def fig_hostile(self):
+        self.have_sim()
+        self.hostile_fairness()
+        self.hostile_flood()
+
+    def hostile_legit_run(self, name, with_hostile):
+        """16a: rounds of LEGIT_LINES legitimate TCP lines (10 sensors) into the stand-in, alone
+        or beside one hostile 32-field sensor sending on its own connection; returns (median
+        lines/s over the rounds, stats)."""
+        port, hport = free_port('tcp'), free_port('tcp')
+        standin = self.get_standin()
+        # Two listeners, so that the legitimate connection's socket queue can be watched alone.
+        d = Bucketd(self, name, [('tcp', port, 'influx'), ('tcp', hport, 'influx')],
+                    sink='mongodb', uri=standin.uri,
+                    database='hostile_%s' % name.replace('-', '_')).start()
+        hostile = None
+        rates = []
+        try:
+            if with_hostile:
+                hostile = start_sim(self, Load(1, 32, seed=7).args(hport, proto='tcp',
+                                                                   rate=HOSTILE_RATE,
+                                                                   duration=900),
+                                    name='bucketd-sim hostile')
+                time.sleep(5.0)  # the hostile sensor is flowing first (the scenario)
+            for r in range(LEGIT_ROUNDS):
+                t0 = time.monotonic()
+                run_sim(self, Load(10, 3, seed=3 + r, extra=['--seq', '--seq-start',
+                                                              str(r * LEGIT_LINES)]).args(
+                    port, proto='tcp', count=LEGIT_LINES), 600)
+                if not wait_tcp_drained(port, timeout=300):
+                    raise BenchError('the legitimate connection was not read to the end')
+                rates.append(LEGIT_LINES / (time.monotonic() - t0))
+                time.sleep(1.0)
+        finally:
+            if hostile is not None:
+                hostile.terminate()
+                try:
+                    hostile.wait(10)
+                except subprocess.TimeoutExpired:
+                    hostile.kill()
+            st = d.stop(timeout=300)
+        return statistics.median(rates), rates, st
+
+    def hostile_fairness(self):
+        figure = ('16a. %s legitimate TCP lines beside one hostile 32-field sensor (%s lines/s), '
+                  'as a ratio of the same lines alone (into the stand-in, default limits; median '
+                  'of %d rounds)' % (si(LEGIT_LINES), si(HOSTILE_RATE) if HOSTILE_RATE else
+                                     'flat out', LEGIT_ROUNDS))
+        try:
+            alone, r0, st0 = self.hostile_legit_run('legit-alone', False)
+            beside, r1, st1 = self.hostile_legit_run('legit-beside', True)
+        except BenchError as e:
+            self.rows.append(not_run(figure, e, '>= 0.5'))
+            return
+        ratio = beside / alone
+        self.rows.append(Row(figure, '%s lines/s' % si(beside), '%s lines/s alone' % si(alone),
+                             '%.2f' % ratio, '>= 0.5', met_ge(ratio, 0.5)))
+        self.note('16a: each round is bucketd-sim --proto tcp, 10 sensors, 3 fields, %d lines '
+                  'flat out on a new connection, timed from its start until the daemon has read '
+                  'its socket to the end (rounds alone: %s; beside: %s lines/s); the hostile '
+                  'sensor is bucketd-sim, 1 sensor, 32 fields, %s on its own connection (another '
+                  'listener) from 5 s before the first round. The daemon paused the hostile '
+                  'connection %d times (tcp_sensor_pauses) and accepted %d of its readings' % (
+                      LEGIT_LINES, ', '.join(si(x) for x in r0), ', '.join(si(x) for x in r1),
+                      '%d lines/s' % HOSTILE_RATE if HOSTILE_RATE else 'flat out',
+                      st1.get('tcp_sensor_pauses', 0),
+                      st1.get('readings_accepted', 0) - st0.get('readings_accepted', 0)))
+
+    def hostile_flood(self):
+        names = 200000 if self.quick else 1000000
+        figure = ('16b. flood of %s new sensor names over UDP, default limits (peak RSS, VmHWM, '
+                  'against limits.memory + limits.sensor_memory + idle)' % si(names))
+        port = free_port('udp')
+        d = Bucketd(self, 'flood', [('udp', port, 'influx')]).start()
+        try:
+            idle = proc_status(d.pid)
+            res = run_sim(self, Load(names, 1, per_datagram=50, max_datagram=65000).args(
+                port, proto='udp', count=names), 600)
+            wait_rx_drained(port)
+            time.sleep(1.5)
+            peak = proc_status(d.pid)
+        except BenchError as e:
+            d.stop()
+            self.rows.append(not_run(figure, e))
+            return
+        st = d.stop(timeout=300)
+        budget = 64 * MIB + 64 * MIB + idle['VmHWM']
+        hwm = peak['VmHWM']
+        self.rows.append(Row(figure, mib(hwm), 'budget %s' % mib(budget),
+                             '%.2f' % (hwm / budget), '<= budget', met_le(hwm, budget)))
+        self.note('16b: bucketd-sim sent %d readings of %d distinct sensors (50 a datagram, '
+                  'blackhole sink): accepted %d, drop_sensor_limit %d, drop_sensor_memory %d, '
+                  'drop_sensor_busy %d, kernel drops %d; idle VmHWM %s' % (
+                      res['readings'], names, st.get('readings_accepted', 0),
+                      st.get('drop_sensor_limit', 0), st.get('drop_sensor_memory', 0),
+                      st.get('drop_sensor_busy', 0), st.get('udp_socket_drops', 0),
+                      mib(idle['VmHWM'])))
+
     def run(self):
         figs = [('parser', self.fig_parser), ('udp', self.fig_udp), ('tcp', self.fig_tcp),
                 ('memory', self.fig_memory), ('latency', self.fig_latency),
@@ -2743,7 +2855,7 @@ class Suite(object):
                 ('slowdb', self.fig_slowdb), ('replay', self.fig_replay),
                 ('writecost', self.fig_writecost), ('summaries', self.fig_summaries),
                 ('metrics', self.fig_metrics), ('tls', self.fig_tls),
-                ('idleconns', self.fig_idleconns)]
+                ('idleconns', self.fig_idleconns), ('hostile', self.fig_hostile)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
                  'standin': '6. into the stand-in', 'peers': '7. peers',
@@ -2752,7 +2864,8 @@ class Suite(object):
                  'writecost': '11. write cost and visibility (1 Hz sensors)',
                  'summaries': '12. dashboard read cost (summaries)',
                  'metrics': '13. /metrics', 'tls': '14. TLS vs plain TCP',
-                 'idleconns': '15. idle TCP connections (memory)'}
+                 'idleconns': '15. idle TCP connections (memory)',
+                 'hostile': '16. hostile senders'}
         disk_done = False
         for key, fn in figs:
             if key == 'writecost' and not disk_done:
@@ -2967,7 +3080,8 @@ def main():
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
-                    'standin,peers,slowdb,replay,writecost,summaries,metrics,tls,idleconns')
+                    'standin,peers,slowdb,replay,writecost,summaries,metrics,tls,idleconns,'
+                    'hostile')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')

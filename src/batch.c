@@ -34,7 +34,17 @@ int bd_batch_init(struct bd_batch *b) {
     return b->slots == NULL ? -ENOMEM : 0;
 }
 
+/* Deltas [from, to) leave the batch: their sensors are referred to once less (sensor.h). */
+static void unref(struct bd_batch *b, uint32_t from, uint32_t to) {
+    for (uint32_t i = from; i < to; i++) {
+        struct bd_sensor *s = b->deltas[i].sensor;
+        BD_ASSERT(s != NULL && s->flusher_refs > 0);
+        s->flusher_refs--;
+    }
+}
+
 void bd_batch_close(struct bd_batch *b) {
+    unref(b, 0, b->n);
     for (uint32_t i = 0; i < b->cap; i++) {
         bd_delta_close(&b->deltas[i]);
     }
@@ -99,6 +109,7 @@ int64_t bd_batch_get(struct bd_batch *b, struct bd_sensor *s, int64_t start_ms, 
     /* Keep the buffers of a delta slot used by an earlier flush. */
     struct bd_delta keep = *d;
     bd_delta_init(d, s, start_ms, page);
+    s->flusher_refs++;
     d->readings = keep.readings;
     d->cap_readings = keep.cap_readings;
     d->values = keep.values;
@@ -118,6 +129,7 @@ void bd_batch_truncate(struct bd_batch *b, uint32_t n) {
     if (n >= b->n) {
         return;
     }
+    unref(b, n, b->n);
     for (uint32_t i = n; i < b->n; i++) {
         bd_delta_reset(&b->deltas[i]);
     }
@@ -137,6 +149,7 @@ uint64_t bd_batch_pending_readings(const struct bd_batch *b) {
 }
 
 void bd_batch_clear(struct bd_batch *b) {
+    unref(b, 0, b->n);
     for (uint32_t i = 0; i < b->n; i++) {
         bd_delta_reset(&b->deltas[i]);
     }

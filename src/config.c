@@ -281,6 +281,18 @@ static const struct key_def schema[] = {
              "the queues' segments)"},
     {.path = "limits.max_line", .type = T_SIZE, CFG(limits.max_line), .min = 256,
      .max = 16 * MIB, .def = "64KiB", .help = "bytes per line"},
+    {.path = "limits.max_name", .type = T_SIZE, CFG(limits.max_name), .min = 16,
+     .max = 64 * KIB, .def = "1KiB", .flags = KF_RELOAD,
+     .help = "bytes of a sensor id (measurement and tags) and of a field key; longer ones are "
+             "refused (drop_name_too_long)"},
+    {.path = "limits.sensor_memory", .type = T_SIZE, CFG(limits.sensor_memory), .min = MIB,
+     .max = 64 * GIB, .def = "64MiB", .flags = KF_RELOAD,
+     .help = "memory for the sensors themselves (ids, names, tags, index, page accounting); "
+             "new sensors past it are refused (drop_sensor_memory)"},
+    {.path = "limits.sensor_idle", .type = T_DURATION, CFG(limits.sensor_idle_ms), .min = 0,
+     .max = 30 * MS_PER_DAY, .def = "1h", .flags = KF_RELOAD,
+     .help = "a sensor silent this long is forgotten (its readings are written first); 0 keeps "
+             "every sensor until the stop"},
 };
 /* clang-format on */
 

@@ -60,6 +60,7 @@ struct daemon {
 
 static void on_drained_async(uv_async_t *h) {
     struct daemon *d = h->data;
+    bd_sensor_table_sweep(d->table, bd_now_ns());
     bd_ingest_resume(d->ingest);
 }
 

@@ -251,6 +251,7 @@ void bd_flusher_free(struct bd_flusher *f) {
     bd_deadletter_close(f->dead);
     flusher_spool_close(f);
     flusher_summaries_close(f, "the stop");
+    flusher_evict_close(f);
     if (f->table != NULL) {
         bd_sensor_table_foreach(f->table, release_sensor_state, NULL);
     }
@@ -290,7 +291,7 @@ static void log_oom(struct bd_flusher *f, const char *what) {
 /* ---- draining ---------------------------------------------------------------------------- */
 
 /* An allocation failure interrupted this sensor's drain: it is drained first next time. */
-static void requeue(struct bd_flusher *f, struct bd_sensor *s) {
+void requeue(struct bd_flusher *f, struct bd_sensor *s) {
     if (!s->flusher_requeued) {
         s->flusher_requeued = true;
         s->flusher_next = f->requeued;
@@ -307,6 +308,23 @@ static uint64_t pinned_from(const struct bd_flusher *f) {
 /* The two batches' readings have reached their half of limits.memory: draining stops. */
 bool over_budget(const struct bd_flusher *f) {
     return f->batch_bytes + f->fill_bytes >= f->budget;
+}
+
+/*
+ * Fairness: while other sensors wait to be drained, one sensor's readings take at most
+ * 1/BD_SENSOR_SHARE_DIV of the batches' memory in the fill batch; the rest waits in its queue
+ * (whose share of the pool then pauses its TCP connection, sensor.h) and goes into the next
+ * batch. Without it a sensor sending faster than MongoDB takes it fills every batch, and the
+ * others wait behind it. Alone, a sensor takes what it needs.
+ */
+static bool over_fill_share(struct bd_flusher *f, struct bd_sensor *s, uint64_t grew) {
+    if (s->flusher_fill_id != f->fill_id) {
+        s->flusher_fill_id = f->fill_id;
+        s->flusher_fill_bytes = 0;
+    }
+    s->flusher_fill_bytes += grew;
+    return s->flusher_fill_bytes >= f->budget / BD_SENSOR_SHARE_DIV &&
+           bd_sensor_table_has_dirty(f->table);
 }
 
 /*
@@ -393,9 +411,10 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
         slot->batch = f->fill_id;
         bd_sensor_consume(s, cells);
         /* What the batch holds for it: buffer growth, and a new delta's own struct. */
-        f->fill_bytes += bd_delta_bytes(&f->fill.deltas[di]) - held;
+        uint64_t grew = bd_delta_bytes(&f->fill.deltas[di]) - held;
+        f->fill_bytes += grew;
         moved++;
-        if (over_budget(f)) {
+        if (over_budget(f) || over_fill_share(f, s, grew)) {
             requeue(f, s); /* the rest waits in the queue */
             return moved;
         }
@@ -413,6 +432,7 @@ fail:
  * listeners read again.
  */
 void flusher_drain(struct bd_flusher *f, int64_t wall_ms) {
+    flusher_evict_step(f);
     bool stalled = over_budget(f);
     if (!stalled) {
         struct bd_sensor *list = f->requeued, *s;

@@ -67,6 +67,7 @@ struct bd_flusher {
     uint64_t batch_id;          /* the batch being written, or the last one; starts at 1 */
     uint64_t fill_id;           /* always batch_id + 1 */
     struct bd_sensor *requeued; /* sensors whose drain an allocation failure interrupted */
+    struct bd_sensor *evicted;  /* evicted sensors not released yet (flusher_evict.c) */
 
     uint64_t queued;      /* readings in the fill batch */
     uint64_t fill_bytes;  /* estimated memory of the fill batch's readings */
@@ -130,6 +131,14 @@ bool over_budget(const struct bd_flusher *f);
 void flusher_run_io(void *arg, bd_io_fn fn, void *fn_arg);
 /* Drain the sensor queues into the fill batch (up to the memory budget). */
 void flusher_drain(struct bd_flusher *f, int64_t wall_ms);
+/* Drain this sensor first at the next drain (it has readings left). */
+void requeue(struct bd_flusher *f, struct bd_sensor *s);
+
+/* flusher_evict.c */
+/* Take the sensors the ingest thread evicted; release those no batch refers to any more. */
+void flusher_evict_step(struct bd_flusher *f);
+/* At free: release every evicted sensor still held (the batches are closed). */
+void flusher_evict_close(struct bd_flusher *f);
 
 /* flusher_spool.c */
 /* The store's prepare (connect, indexes) on the I/O thread, draining meanwhile. */

@@ -188,8 +188,9 @@ const char *ingest_too_long_reason(const struct listener *l) {
 
 /*
  * What the parser made of one line (text, without its '\n'): counted, sampled if bad, and if
- * good handed to the sensor table. Returns 0, or -E2BIG when the line exceeds max_line (TCP
- * closes the connection on it, UDP just moves to the next line).
+ * good handed to the sensor table. Returns 0, -E2BIG when the line exceeds max_line (TCP
+ * closes the connection on it, UDP just moves to the next line), or INGEST_BUSY (TCP only) when
+ * its sensor is busy and the line must be offered again later.
  */
 static int line_result(struct listener *l, int rc, const char *errmsg, struct bd_str line,
                        const struct sockaddr *peer, int64_t now_ns) {
@@ -197,13 +198,14 @@ static int line_result(struct listener *l, int rc, const char *errmsg, struct bd
     if (rc == BD_PARSE_SKIP) {
         return 0;
     }
-    BD_STAT_ADD(in->stats, lines, 1);
     if (rc == BD_PARSE_ETOO_LONG) {
+        BD_STAT_ADD(in->stats, lines, 1);
         BD_STAT_ADD(in->stats, drop_line_too_long, 1);
         ingest_sample_bad_line(l, peer, ingest_too_long_reason(l), line.ptr, line.len);
         return -E2BIG;
     }
     if (rc < 0) {
+        BD_STAT_ADD(in->stats, lines, 1);
         if (rc == BD_PARSE_ETOO_MANY_FIELDS) {
             BD_STAT_ADD(in->stats, drop_too_many_fields, 1);
         } else {
@@ -213,8 +215,16 @@ static int line_result(struct listener *l, int rc, const char *errmsg, struct bd
                                line.len);
         return 0;
     }
-    /* Every refusal (time window, field limits, ring full) is counted by the table itself. */
-    (void)bd_sensor_table_accept(in->table, l->point, now_ns);
+    /* Every refusal (time window, names, limits, pool full) is counted by the table itself,
+     * except a busy sensor's: a TCP line waits for it (counted once it goes through), a UDP
+     * reading is dropped. */
+    if (bd_sensor_table_accept(in->table, l->point, now_ns) == -EAGAIN) {
+        if (l->cfg.proto == BD_PROTO_TCP) {
+            return INGEST_BUSY;
+        }
+        BD_STAT_ADD(in->stats, drop_sensor_busy, 1);
+    }
+    BD_STAT_ADD(in->stats, lines, 1);
     return 0;
 }
 

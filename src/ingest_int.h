@@ -188,12 +188,16 @@ const char *ingest_too_long_reason(const struct listener *l);
 /* A datagram or connection from a sender outside l->cfg.allow: counted and logged (rate
  * limited) with its address. */
 void ingest_not_allowed(struct listener *l, const struct sockaddr *peer);
-/* One line without its '\n', on its own (a TCP stream's unterminated last line): 0, or -E2BIG
- * when it exceeds max_line. */
+/* A TCP line whose sensor is busy (bd_sensor_table_accept: -EAGAIN): nothing of it was taken
+ * or counted; the connection stops reading and offers it again when resumed. */
+#define INGEST_BUSY 1
+
+/* One line without its '\n', on its own (a TCP stream's unterminated last line): 0, -E2BIG
+ * when it exceeds max_line, or INGEST_BUSY. */
 int ingest_handle_line(struct listener *l, const char *line, size_t len,
                        const struct sockaddr *peer, int64_t now_ns);
 /* The next line of the batch begun on the listener's parser (bd_parse_begin): BD_PARSE_END when
- * there is none, else 0 or -E2BIG as for ingest_handle_line(). */
+ * there is none, else 0, -E2BIG or INGEST_BUSY as for ingest_handle_line(). */
 int ingest_next_line_of_batch(struct listener *l, const struct sockaddr *peer, int64_t now_ns);
 /* During a stop: call the stopped callback once no listener has a connection left. */
 void ingest_maybe_stopped(struct bd_ingest *in);

@@ -267,9 +267,15 @@ void bd_metrics_render(const struct bd_metrics_view *v, struct bd_http_response 
              "gauge", (double)load_u64(&st->oldest_pending_age_ms) / 1000.0);
     metric_u64(out, PREFIX "pool_segment_bytes", "bytes of one buffer pool segment", "gauge",
                v->pool_segment_bytes);
-    metric_u64(out, PREFIX "sensors", "sensors tracked (distinct series seen since the start)",
+    metric_u64(out, PREFIX "sensors",
+               "sensors tracked now (series seen, less those evicted after limits.sensor_idle)",
                "gauge", v->sensors);
     metric_u64(out, PREFIX "sensors_max", "limits.max_sensors", "gauge", v->max_sensors);
+    metric_u64(out, PREFIX "sensor_memory_bytes",
+               "memory charged to the sensors (ids, names, tags, index, page accounting)", "gauge",
+               v->sensor_memory);
+    metric_u64(out, PREFIX "sensor_memory_max_bytes", "limits.sensor_memory", "gauge",
+               v->sensor_memory_max);
 
     if (v->mongodb) {
         metric_u64(out, PREFIX "spool_max_bytes", "spool.max_bytes", "gauge", v->spool_max_bytes);
@@ -381,6 +387,8 @@ void bd_metrics_view_now(const struct bd_metrics *m, struct bd_metrics_view *v) 
     v->version = BD_VERSION;
     v->sensors = m->table != NULL ? bd_sensor_table_count(m->table) : 0;
     v->max_sensors = m->cfg->limits.max_sensors;
+    v->sensor_memory = m->table != NULL ? bd_sensor_table_memory(m->table) : 0;
+    v->sensor_memory_max = m->cfg->limits.sensor_memory;
     v->pool_segment_bytes = m->table != NULL ? bd_sensor_table_pool(m->table)->seg_bytes : 0;
     v->mongodb = m->cfg->sink == BD_SINK_MONGODB;
     v->spool_max_bytes = m->cfg->spool.max_bytes;

@@ -5,11 +5,27 @@
  * Threads: the ingest thread owns the hash index, creates sensors, appends field names and is
  * the single producer of every sensor queue, of the dirty queue and the consumer of the reclaim
  * queue. The flusher thread is the single consumer of the first two and the producer of the
- * third. Sensors live until bd_sensor_table_free(), which runs after both threads have stopped.
+ * third, and likewise for the evict queue (ingest -> flusher) and the dead queue (back). A
+ * sensor lives until it is evicted (see Eviction) or the table is freed.
  *
  * Index: open addressing, linear probing, at most half full. A slot holds the full 64-bit hash
  * next to the sensor pointer, so a probe that meets another sensor is rejected without touching
- * it; a hash match is confirmed by length and bytes of the id. Sensors are never removed.
+ * it; a hash match is confirmed by length and bytes of the id. An evicted sensor's slot is
+ * emptied by shifting the rest of its probe run back (no tombstones).
+ *
+ * Memory. Each sensor is one block (struct and id) plus one block for its measurement and tags
+ * and one per field name, so that eviction can give it all back. Their sizes, with the index
+ * slots and an estimate of the flusher's page accounting, are charged to limits.sensor_memory;
+ * a new sensor that would pass it is refused (drop_sensor_memory). Names are bounded by
+ * limits.max_name, so one sensor costs at most a few hundred KiB whatever it sends.
+ *
+ * Eviction. bd_sensor_table_sweep() looks at a part of the index at a time for sensors silent
+ * for limits.sensor_idle whose queue is empty and handed back (no segment: wseg and first NULL;
+ * not dirty, not on the re-check list, not reported idle). Such a sensor is taken out of the
+ * index and pushed on the evict queue; the ingest thread never touches it again. The flusher
+ * writes what it still holds for it, then pushes it on the dead queue, and the next sweep frees
+ * it. Both queues hold each sensor once and at most evict_cap sensors are between eviction and
+ * freeing, so neither fills.
  *
  * Hand-off protocol. The producer pushes a reading (a release store, see the queue protocol) and then looks at
  * the sensor's dirty flag with a plain load (acquire: an ordinary load on x86), which costs no
@@ -65,7 +81,9 @@
 
 #include <bson/bson.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -77,7 +95,8 @@ _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field");
 
-/* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume. */
+/* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume.
+ * At the high mark no new sensor is created: see bd_sensor_table_accept. */
 #define POOL_WAKE_EIGHTHS 2
 #define POOL_HIGH_EIGHTHS 6
 #define POOL_LOW_EIGHTHS 4
@@ -86,6 +105,16 @@ _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field"
 #define RECHECK_MAX 1024
 /* Initial index size: slots, a power of two. */
 #define INITIAL_SLOTS 1024
+/* What the flusher allocates for a sensor's page accounting (struct bd_pages and a slot, and
+ * the allocator's header): charged to the sensor up front. */
+#define FLUSHER_SENSOR_COST 128
+/* An allocation's cost beyond its size (the allocator's header and rounding). */
+#define MALLOC_OVERHEAD 16
+/* Index slots a sweep looks at per call (after a refusal: the whole index), and how often it
+ * looks (after a refusal: sooner). */
+#define SWEEP_SLOTS 65536
+#define SWEEP_EVERY_NS BD_NS_PER_S
+#define SWEEP_SOON_NS (100 * BD_NS_PER_MS)
 
 struct slot {
     uint64_t hash;
@@ -131,46 +160,24 @@ struct bd_sensor_table {
     bool congested; /* ingest thread only: see bd_sensor_table_congested */
 
     struct bd_ratelimit limit_log;
-    struct arena_chunk *arena; /* sensors and their names, ingest thread only */
+    uint32_t max_name;     /* bytes; 0: no limit */
+    uint64_t max_memory;   /* limits.sensor_memory; 0: no limit */
+    uint64_t memory;       /* charged to the sensors that exist (or await freeing) */
+    uint32_t idle;         /* limits.sensor_idle in units of 2^30 ns; 0: never evict */
+    uint32_t share_segs;   /* the most segments one sensor's queue may hold */
+    bool share_wake_armed; /* a sensor at its share wakes the flusher (once per segment taken) */
+    uint32_t sweep_at;     /* next index slot the sweep looks at */
+    bool sweep_all;        /* a refusal happened: the next sweep covers the whole index */
+    int64_t swept_ns;      /* when the last sweep looked at the index */
+    /* Eviction queues (see Eviction at the top). */
+    struct bd_ring evict;
+    struct bd_ring dead;
+    uint32_t evict_cap;  /* sensors evicted and not yet freed, at most */
+    uint32_t n_evicting; /* evicted, not yet freed */
 
     /* Written by the flusher, read by the ingest thread: see bd_sensor_table_set_stalled. */
     atomic_bool consumer_stalled;
 };
-
-/*
- * Sensors and everything they own (names, tags, the field-name array) are carved from chunks of
- * one arena: sensors live until the table is freed, so nothing is given back one by one, and a
- * 100-byte name costs 100 bytes, not a malloc block with its header and rounding. Ingest thread
- * only (sensors are created and names appended there).
- */
-#define ARENA_CHUNK (UINT32_C(256) << 10)
-
-struct arena_chunk {
-    struct arena_chunk *next;
-    size_t used, size;
-    alignas(BD_RING_CACHELINE) unsigned char data[];
-};
-
-/* size bytes aligned to align (a power of two up to BD_RING_CACHELINE), zeroed; NULL: OOM. */
-static void *arena_alloc(struct arena_chunk **head, size_t size, size_t align) {
-    struct arena_chunk *c = *head;
-    size_t at = c == NULL ? 0 : (c->used + align - 1) & ~(align - 1);
-    if (c == NULL || at + size > c->size) {
-        size_t cap = BD_MAX((size_t)ARENA_CHUNK, size + BD_RING_CACHELINE);
-        c = aligned_alloc(BD_RING_CACHELINE, sizeof(*c) + cap);
-        if (c == NULL) {
-            return NULL;
-        }
-        c->next = *head;
-        c->size = cap;
-        c->used = 0;
-        *head = c;
-        at = 0;
-    }
-    c->used = at + size;
-    memset(c->data + at, 0, size);
-    return c->data + at;
-}
 
 /* Zeroed memory aligned for types with alignas(BD_RING_CACHELINE) members. */
 static void *zalloc_aligned(size_t size) {
@@ -190,6 +197,21 @@ static uint32_t next_pow2(uint32_t v) {
     return p;
 }
 
+static void sensor_free(struct bd_sensor_table *t, struct bd_sensor *s);
+
+/* The limits a reload may change (bd_sensor_table_set_limits). */
+static void take_limits(struct bd_sensor_table *t, const struct bd_config *cfg) {
+    t->max_sensors = cfg->limits.max_sensors;
+    t->max_fields = cfg->limits.max_fields;
+    t->max_name = cfg->limits.max_name;
+    t->max_memory = cfg->limits.sensor_memory;
+    /* In units of 2^30 ns, rounded up, at least 1 when set. */
+    uint64_t idle_ns = cfg->limits.sensor_idle_ms * BD_NS_PER_MS;
+    t->idle = idle_ns == 0 ? 0 : (uint32_t)BD_MIN((idle_ns + (1u << 30) - 1) >> 30, UINT32_MAX);
+    t->max_late_ns = (int64_t)cfg->buckets.max_late_ms * BD_NS_PER_MS;
+    t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
+}
+
 int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cfg,
                         struct bd_stats *stats, struct bd_err *err) {
     int rc = 0;
@@ -199,11 +221,8 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
         goto out;
     }
     t->stats = stats;
-    t->max_sensors = cfg->limits.max_sensors;
-    t->max_fields = cfg->limits.max_fields;
+    take_limits(t, cfg);
     t->pool_fields = t->max_fields;
-    t->max_late_ns = (int64_t)cfg->buckets.max_late_ms * BD_NS_PER_MS;
-    t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
     t->limit_log.interval_ns = 10 * BD_NS_PER_S;
     t->limit_log.burst = 1;
     atomic_init(&t->handoff, 0);
@@ -215,14 +234,26 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
         rc = bd_err_set(err, -ENOMEM, "sensor table: out of memory");
         goto out;
     }
-    rc = bd_ring_init(&t->dirty, next_pow2(t->max_sensors));
+    uint32_t cap = next_pow2(t->max_sensors);
+    rc = bd_ring_init(&t->dirty, cap);
     if (rc == 0) {
-        rc = bd_ring_init(&t->reclaim, next_pow2(t->max_sensors));
+        rc = bd_ring_init(&t->reclaim, cap);
+    }
+    /* Evictions in flight are bounded by a quarter of the sensors (at least 64): the flusher
+     * releases them within a flush or two, and a sweep that finds the bound reached leaves the
+     * rest for the next one. */
+    t->evict_cap = BD_MAX(cap / 4, UINT32_C(64));
+    if (rc == 0) {
+        rc = bd_ring_init(&t->evict, t->evict_cap);
+    }
+    if (rc == 0) {
+        rc = bd_ring_init(&t->dead, t->evict_cap);
     }
     if (rc < 0) {
-        bd_err_set(err, rc, "sensor table: cannot allocate the dirty queue");
+        bd_err_set(err, rc, "sensor table: cannot allocate the sensor queues");
         goto out;
     }
+    t->evict_cap = BD_MIN(bd_ring_capacity(&t->evict), bd_ring_capacity(&t->dead));
     rc = bd_pool_init(&t->pool, cfg->limits.memory / 2, 1 + t->max_fields, err);
     if (rc < 0) {
         goto out;
@@ -230,7 +261,9 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     t->wake_segs = t->pool.n_segs / 8 * POOL_WAKE_EIGHTHS;
     t->high_segs = t->pool.n_segs / 8 * POOL_HIGH_EIGHTHS;
     t->low_segs = t->pool.n_segs / 8 * POOL_LOW_EIGHTHS;
+    t->share_segs = BD_MAX(t->pool.n_segs / BD_SENSOR_SHARE_DIV, UINT32_C(2));
     t->wake_armed = true;
+    t->memory = (uint64_t)(t->slot_mask + 1) * sizeof(*t->slots);
     *out = t;
     t = NULL;
 out:
@@ -249,10 +282,18 @@ void bd_sensor_table_set_limits(struct bd_sensor_table *t, const struct bd_confi
     uint32_t sensors_room, fields_room;
     bd_sensor_table_limits_room(t, &sensors_room, &fields_room);
     BD_ASSERT(cfg->limits.max_sensors <= sensors_room && cfg->limits.max_fields <= fields_room);
-    t->max_sensors = cfg->limits.max_sensors;
-    t->max_fields = cfg->limits.max_fields;
-    t->max_late_ns = (int64_t)cfg->buckets.max_late_ms * BD_NS_PER_MS;
-    t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
+    take_limits(t, cfg);
+}
+
+/* An evicted sensor the flusher has not popped still holds its page accounting. */
+static void free_evicted(struct bd_sensor_table *t, struct bd_ring *r) {
+    uint32_t tail;
+    while (bd_ring_available(r, &tail) != 0) {
+        struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(r, tail)->w[0];
+        bd_ring_consume(r, 1);
+        BD_ASSERT(s->flusher_state == NULL); /* the flusher releases its state first */
+        sensor_free(t, s);
+    }
 }
 
 void bd_sensor_table_free(struct bd_sensor_table *t) {
@@ -264,18 +305,22 @@ void bd_sensor_table_free(struct bd_sensor_table *t) {
             struct bd_sensor *s = t->slots[i].s;
             if (s != NULL) {
                 BD_ASSERT(s->flusher_state == NULL); /* the flusher releases its state first */
+                sensor_free(t, s);
             }
         }
     }
-    while (t->arena != NULL) {
-        struct arena_chunk *next = t->arena->next;
-        free(t->arena);
-        t->arena = next;
+    if (t->evict.cells != NULL) {
+        free_evicted(t, &t->evict);
+    }
+    if (t->dead.cells != NULL) {
+        free_evicted(t, &t->dead);
     }
     free(t->slots);
     free(t->recheck);
     bd_ring_close(&t->dirty);
     bd_ring_close(&t->reclaim);
+    bd_ring_close(&t->evict);
+    bd_ring_close(&t->dead);
     bd_pool_close(&t->pool);
     free(t);
 }
@@ -287,6 +332,10 @@ void bd_sensor_table_set_wake(struct bd_sensor_table *t, bd_sensor_wake_cb cb, v
 
 uint32_t bd_sensor_table_count(const struct bd_sensor_table *t) {
     return t->count;
+}
+
+uint64_t bd_sensor_table_memory(const struct bd_sensor_table *t) {
+    return t->memory;
 }
 
 const struct bd_pool *bd_sensor_table_pool(const struct bd_sensor_table *t) {
@@ -302,38 +351,53 @@ void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sen
     }
 }
 
-static char *dup_str(struct bd_sensor_table *t, const struct bd_str *s) {
-    char *p = arena_alloc(&t->arena, s->len + 1, 1);
-    if (p != NULL) {
+/* Everything a sensor owns; its cost leaves the table's account. */
+static void sensor_free(struct bd_sensor_table *t, struct bd_sensor *s) {
+    uint32_t n = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
+    for (uint32_t i = 0; i < n; i++) {
+        free((void *)bd_sensor_field_name(s, i));
+    }
+    free(s->names_more);
+    free(s->tag_keys); /* the block holding the tags and the measurement */
+    BD_ASSERT(t->memory >= s->mem_cost);
+    t->memory -= s->mem_cost;
+    free(s);
+}
+
+/*
+ * The size of a name as its BSON key (names.h) plus, when keep_name is set and it differs, the
+ * name itself after the key's NUL.
+ */
+static size_t key_size(const struct bd_str *s, enum bd_name_kind kind, bool keep_name,
+                       bool *escaped) {
+    size_t klen = bd_name_escaped_len(s->ptr, s->len, kind);
+    *escaped = klen != s->len;
+    return klen + 1 + (*escaped && keep_name ? s->len + 1 : 0);
+}
+
+/* Write what key_size() measured at p; returns the byte after it. */
+static char *put_key(char *p, const struct bd_str *s, enum bd_name_kind kind, bool keep_name) {
+    size_t klen = bd_name_escaped_len(s->ptr, s->len, kind);
+    if (klen == s->len) {
         memcpy(p, s->ptr, s->len);
         p[s->len] = '\0';
+        return p + s->len + 1;
+    }
+    int rc = bd_name_escape(s->ptr, s->len, kind, p, klen + 1);
+    BD_ASSERT(rc == (int)klen);
+    p += klen + 1;
+    if (keep_name) {
+        memcpy(p, s->ptr, s->len);
+        p[s->len] = '\0';
+        p += s->len + 1;
     }
     return p;
 }
 
-/*
- * A name as its BSON key (names.h), NUL-terminated, in the arena. If the key differs from the
- * name, the name follows the key's NUL when keep_name is set, and *escaped is set.
- */
-static char *dup_key(struct bd_sensor_table *t, const struct bd_str *s, enum bd_name_kind kind,
-                     bool keep_name, bool *escaped) {
-    size_t klen = bd_name_escaped_len(s->ptr, s->len, kind);
-    *escaped = klen != s->len;
-    if (!*escaped) {
-        return dup_str(t, s);
-    }
-    size_t size = klen + 1 + (keep_name ? s->len + 1 : 0);
-    char *p = arena_alloc(&t->arena, size, 1);
-    if (p == NULL) {
-        return NULL;
-    }
-    int rc = bd_name_escape(s->ptr, s->len, kind, p, size);
-    BD_ASSERT(rc == (int)klen);
-    if (keep_name) {
-        memcpy(p + klen + 1, s->ptr, s->len);
-        p[klen + 1 + s->len] = '\0';
-    }
-    return p;
+static char *put_str(char *p, const struct bd_str *s) {
+    memcpy(p, s->ptr, s->len);
+    p[s->len] = '\0';
+    return p + s->len + 1;
 }
 
 static void slot_insert(struct slot *slots, uint32_t mask, uint64_t hash, struct bd_sensor *s) {
@@ -343,6 +407,29 @@ static void slot_insert(struct slot *slots, uint32_t mask, uint64_t hash, struct
     }
     slots[i].hash = hash;
     slots[i].s = s;
+}
+
+/* Empty slot i and shift the entries after it in the probe run back, so every entry stays
+ * reachable from its home slot without tombstones. */
+static void slot_remove(struct slot *slots, uint32_t mask, uint32_t i) {
+    uint32_t j = i;
+    for (;;) {
+        slots[i].s = NULL;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (slots[j].s == NULL) {
+                return;
+            }
+            uint32_t home = (uint32_t)slots[j].hash & mask;
+            /* Entry j may move to i unless its home lies cyclically in (i, j]. */
+            bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+            if (!stays) {
+                break;
+            }
+        }
+        slots[i] = slots[j];
+        i = j;
+    }
 }
 
 static int grow_index(struct bd_sensor_table *t) {
@@ -357,22 +444,36 @@ static int grow_index(struct bd_sensor_table *t) {
         }
     }
     free(t->slots);
+    t->memory += (uint64_t)(new_mask - t->slot_mask) * sizeof(*slots);
     t->slots = slots;
     t->slot_mask = new_mask;
+    t->sweep_at = 0;
     return 0;
+}
+
+/* A refusal of a new sensor: counted, logged now and then, and the next sweep looks at every
+ * sensor, so that room comes back as soon as idle ones can go. */
+static void refuse_new(struct bd_sensor_table *t, const char *why) {
+    t->sweep_all = true;
+    if (bd_ratelimit_ok(&t->limit_log, bd_mono_ns())) {
+        bd_warn("%s: readings of new sensors are dropped until idle sensors are evicted "
+                "(limits.sensor_idle)",
+                why);
+    }
 }
 
 /* A new sensor: validated names, linked into the index. NULL on a counted drop. */
 static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct bd_point *pt,
                                        uint64_t hash) {
-    struct bd_sensor *s = NULL;
+    if (t->max_name > 0 && pt->series_key.len > t->max_name) {
+        BD_STAT_ADD(t->stats, drop_name_too_long, 1);
+        return NULL;
+    }
     if (t->count >= t->max_sensors) {
         BD_STAT_ADD(t->stats, drop_sensor_limit, 1);
-        if (bd_ratelimit_ok(&t->limit_log, bd_mono_ns())) {
-            bd_warn("sensor limit reached (limits.max_sensors=%u): readings of new sensors "
-                    "are dropped",
-                    t->max_sensors);
-        }
+        char why[96];
+        snprintf(why, sizeof(why), "sensor limit reached (limits.max_sensors=%u)", t->max_sensors);
+        refuse_new(t, why);
         return NULL;
     }
     /* The id and measurement are BSON strings, tag keys keys (escaped below, so '.' or a
@@ -382,53 +483,75 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         BD_STAT_ADD(t->stats, drop_bad_name, 1);
         return NULL;
     }
+    /* One block for the measurement and the tags: arrays first (pointer-aligned), strings. */
+    size_t meta = (size_t)(pt->n_tags ? pt->n_tags : 1) * 2 * sizeof(char *) + pt->name.len + 1;
     for (uint32_t i = 0; i < pt->n_tags; i++) {
         if (!bd_name_valid(pt->tags[i].key.ptr, pt->tags[i].key.len) ||
             !bson_utf8_validate(pt->tags[i].value.ptr, pt->tags[i].value.len, false)) {
             BD_STAT_ADD(t->stats, drop_bad_name, 1);
             return NULL;
         }
+        bool escaped;
+        meta += key_size(&pt->tags[i].key, BD_NAME_TAG, false, &escaped);
+        meta += pt->tags[i].value.len + 1;
+    }
+    size_t block = offsetof(struct bd_sensor, id_buf) + pt->series_key.len + 1;
+    block = (block + BD_RING_CACHELINE - 1) & ~(size_t)(BD_RING_CACHELINE - 1);
+    /* What it will cost: both blocks, its share of the index (at most half full: two slots),
+     * and the flusher's page accounting. */
+    uint64_t cost =
+        block + meta + 2 * MALLOC_OVERHEAD + 2 * sizeof(struct slot) + FLUSHER_SENSOR_COST;
+    if (t->max_memory > 0 && t->memory + cost > t->max_memory) {
+        BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
+        char why[96];
+        snprintf(why, sizeof(why), "sensor memory full (limits.sensor_memory=%" PRIu64 " bytes)",
+                 t->max_memory);
+        refuse_new(t, why);
+        return NULL;
     }
     /* At most half full, so probe runs stay short and an empty slot always ends them. */
     if ((t->count + 1) * 2 > t->slot_mask + 1 && grow_index(t) < 0) {
         goto oom;
     }
-    s = arena_alloc(&t->arena, offsetof(struct bd_sensor, id_buf) + pt->series_key.len + 1,
-                    BD_RING_CACHELINE);
-    if (s == NULL) {
+    struct bd_sensor *s = aligned_alloc(BD_RING_CACHELINE, block);
+    char *m = malloc(meta);
+    if (s == NULL || m == NULL) {
+        free(s);
+        free(m);
         goto oom;
     }
+    memset(s, 0, offsetof(struct bd_sensor, id_buf));
     memcpy(s->id_buf, pt->series_key.ptr, pt->series_key.len);
     s->id_buf[pt->series_key.len] = '\0';
     s->id = s->id_buf;
     s->id_len = (uint32_t)pt->series_key.len;
-    s->measurement = dup_str(t, &pt->name);
     s->n_tags = pt->n_tags;
-    s->tag_keys = arena_alloc(&t->arena, (pt->n_tags ? pt->n_tags : 1) * sizeof(char *), 8);
-    s->tag_values = arena_alloc(&t->arena, (pt->n_tags ? pt->n_tags : 1) * sizeof(char *), 8);
-    if (s->measurement == NULL || s->tag_keys == NULL || s->tag_values == NULL) {
-        goto oom;
-    }
+    s->tag_keys = (char **)(void *)m;
+    s->tag_values = s->tag_keys + (pt->n_tags ? pt->n_tags : 1);
+    char *p = (char *)(s->tag_values + (pt->n_tags ? pt->n_tags : 1));
+    s->measurement = p;
+    p = put_str(p, &pt->name);
     for (uint32_t i = 0; i < pt->n_tags; i++) {
-        bool escaped;
-        s->tag_keys[i] = dup_key(t, &pt->tags[i].key, BD_NAME_TAG, false, &escaped);
-        s->tag_values[i] = dup_str(t, &pt->tags[i].value);
-        if (s->tag_keys[i] == NULL || s->tag_values[i] == NULL) {
-            goto oom;
-        }
+        s->tag_keys[i] = p;
+        p = put_key(p, &pt->tags[i].key, BD_NAME_TAG, false);
+        s->tag_values[i] = p;
+        p = put_str(p, &pt->tags[i].value);
     }
+    BD_ASSERT((size_t)(p - m) <= meta);
     s->hash = hash;
     s->table = t;
+    s->mem_cost = (uint32_t)cost;
+    t->memory += cost;
     atomic_init(&s->n_fields, 0);
     atomic_init(&s->dirty, 0);
     atomic_init(&s->reclaim, 0);
     atomic_init(&s->first, NULL);
+    atomic_init(&s->segs_given, 0);
     slot_insert(t->slots, t->slot_mask, hash, s);
     t->count++;
     return s;
 oom:
-    /* What the arena gave this sensor stays there, unused: a few bytes, once per failure. */
-    BD_STAT_ADD(t->stats, drop_sensor_limit, 1);
+    BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
     if (bd_ratelimit_ok(&t->limit_log, bd_mono_ns())) {
         bd_error("out of memory creating a sensor: its readings are dropped");
     }
@@ -510,6 +633,10 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
             return (int)i;
         }
     }
+    if (t->max_name > 0 && key->len > t->max_name) {
+        BD_STAT_ADD(t->stats, drop_name_too_long, 1);
+        return -1;
+    }
     if (!bd_name_valid(key->ptr, key->len)) {
         BD_STAT_ADD(t->stats, drop_bad_name, 1);
         return -1;
@@ -518,21 +645,35 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
         BD_STAT_ADD(t->stats, drop_field_limit, 1);
         return -1;
     }
-    if (n == BD_SENSOR_KEY_SLOTS && s->names_more == NULL) {
-        /* Allocated whole and never moved: the flusher may be reading names meanwhile. */
-        s->names_more = arena_alloc(
-            &t->arena, (BD_SENSOR_MAX_FIELDS - BD_SENSOR_KEY_SLOTS) * sizeof(char *), 8);
-        if (s->names_more == NULL) {
-            BD_STAT_ADD(t->stats, drop_field_limit, 1);
-            return -1;
-        }
-    }
     bool escaped;
-    char *name = dup_key(t, key, BD_NAME_FIELD, true, &escaped);
-    if (name == NULL) {
-        BD_STAT_ADD(t->stats, drop_field_limit, 1);
+    size_t size = key_size(key, BD_NAME_FIELD, true, &escaped);
+    size_t more = n == BD_SENSOR_KEY_SLOTS && s->names_more == NULL
+                      ? (BD_SENSOR_MAX_FIELDS - BD_SENSOR_KEY_SLOTS) * sizeof(char *)
+                      : 0;
+    uint64_t cost = size + MALLOC_OVERHEAD + (more > 0 ? more + MALLOC_OVERHEAD : 0);
+    if (t->max_memory > 0 && t->memory + cost > t->max_memory) {
+        BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
+        t->sweep_all = true;
         return -1;
     }
+    if (more > 0) {
+        /* Allocated whole and never moved: the flusher may be reading names meanwhile. */
+        s->names_more = malloc(more);
+        if (s->names_more == NULL) {
+            BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
+            return -1;
+        }
+        s->mem_cost += (uint32_t)(more + MALLOC_OVERHEAD);
+        t->memory += more + MALLOC_OVERHEAD;
+    }
+    char *name = malloc(size);
+    if (name == NULL) {
+        BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
+        return -1;
+    }
+    put_key(name, key, BD_NAME_FIELD, true);
+    s->mem_cost += (uint32_t)(size + MALLOC_OVERHEAD);
+    t->memory += size + MALLOC_OVERHEAD;
     if (escaped) {
         s->field_escaped |= UINT64_C(1) << n;
     }
@@ -662,16 +803,38 @@ static struct bd_seg *new_segment(struct bd_sensor_table *t) {
     return seg;
 }
 
-/* Copy a record of n cells into the sensor's queue; false if the pool has no room. */
-static bool push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_cell *cells,
-                 uint32_t n) {
+/* Whether the sensor's queue holds its share of the pool (see accept). Judged once per segment,
+ * never per reading. The first refusal since a segment was last taken wakes the flusher: a
+ * sensor at its share is drained now rather than at the next interval. */
+static bool over_share(struct bd_sensor_table *t, const struct bd_sensor *s) {
+    /* Relaxed: a stale value only delays the verdict to the next segment. */
+    uint32_t held = s->segs_taken - atomic_load_explicit(&s->segs_given, memory_order_relaxed);
+    if (held < t->share_segs) {
+        return false;
+    }
+    if (t->share_wake_armed) {
+        t->share_wake_armed = false;
+        bd_sensor_table_request_drain(t);
+    }
+    return true;
+}
+
+/* Copy a record of n cells into the sensor's queue: 0, -ENOBUFS if the pool has no room, or
+ * -EAGAIN if the sensor holds its share of a pool past half full. */
+static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_cell *cells,
+                uint32_t n) {
     struct bd_seg *seg = s->wseg;
     uint32_t pos = s->wpos;
     if (seg == NULL || pos + n > t->pool.seg_cells) {
+        if (over_share(t, s)) {
+            return -EAGAIN;
+        }
         struct bd_seg *fresh = new_segment(t);
         if (fresh == NULL) {
-            return false;
+            return -ENOBUFS;
         }
+        s->segs_taken++;
+        t->share_wake_armed = true;
         memcpy(fresh->cells, cells, (size_t)n * sizeof(*cells));
         atomic_store_explicit(&fresh->published, n, memory_order_relaxed);
         /* Pairs with the acquire loads of next and first in read_segment(): the cells and
@@ -683,13 +846,13 @@ static bool push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd
         }
         s->wseg = fresh;
         s->wpos = n;
-        return true;
+        return 0;
     }
     memcpy(&seg->cells[pos], cells, (size_t)n * sizeof(*cells));
     s->wpos = pos + n;
     /* Pairs with the acquire load of published in read_segment(). */
     atomic_store_explicit(&seg->published, pos + n, memory_order_release);
-    return true;
+    return 0;
 }
 
 int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns) {
@@ -722,6 +885,12 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
     uint64_t hash = XXH3_64bits(pt->series_key.ptr, pt->series_key.len);
     struct bd_sensor *s = lookup(t, &pt->series_key, hash);
     if (s == NULL) {
+        /* At three quarters of the pool, the room left is for the sensors already flowing.
+         * One sensor alone holds at most its share (an eighth), so it never keeps new sensors
+         * out; new sensors alone never congest the pool. */
+        if (bd_pool_in_use(&t->pool) >= t->high_segs) {
+            return -EAGAIN;
+        }
         s = sensor_create(t, pt, hash);
         if (s == NULL) {
             return -ENOSPC;
@@ -766,11 +935,16 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
         n++;
     }
 
-    if (!push(t, s, cells, n)) {
+    int rc = push(t, s, cells, n);
+    if (rc == -EAGAIN) {
+        return rc; /* not counted: the caller waits (TCP) or counts it (UDP) */
+    }
+    if (rc < 0) {
         BD_STAT_ADD(t->stats, drop_buffer_full, 1);
         mark_dirty(t, s);
-        return -ENOBUFS;
+        return rc;
     }
+    s->seen = (uint32_t)((uint64_t)now_ns >> 30);
     BD_STAT_ADD(t->stats, readings_accepted, 1);
     mark_dirty(t, s);
     return 0;
@@ -835,6 +1009,15 @@ static void report_idle(struct bd_sensor_table *t, struct bd_sensor *s) {
     }
 }
 
+/* Consumer: a segment of s read to the end and left by the producer goes back to the pool. */
+static void give_back(struct bd_sensor_table *t, struct bd_sensor *s, struct bd_seg *seg) {
+    bd_pool_give(&t->pool, seg);
+    /* Single writer (this thread); the producer reads it relaxed (over_share). */
+    atomic_store_explicit(&s->segs_given,
+                          atomic_load_explicit(&s->segs_given, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
 /* Consumer: the segment holding the next record (*published: its cells readable), or NULL if
  * the queue is empty. Hands back segments read to the end that the producer has left. */
 static struct bd_seg *read_segment(struct bd_sensor *s, uint32_t *published) {
@@ -865,13 +1048,13 @@ static struct bd_seg *read_segment(struct bd_sensor *s, uint32_t *published) {
                 *published = pub;
                 return seg;
             }
-            bd_pool_give(&t->pool, seg);
+            give_back(t, s, seg);
             s->rseg = next;
             s->rpos = 0;
             continue;
         }
         if (pub & BD_SEG_SEALED) {
-            bd_pool_give(&t->pool, seg);
+            give_back(t, s, seg);
             s->rseg = NULL;
             continue;
         }
@@ -915,4 +1098,80 @@ uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_r
     }
     *n_vals = n;
     return n + 1;
+}
+
+/* ---- Eviction (see the top of this file) ---------------------------------------------------- */
+
+/* Whether s may be evicted now: silent long enough, and nothing of its queue left anywhere. */
+static bool evictable(const struct bd_sensor_table *t, const struct bd_sensor *s, uint32_t now) {
+    if (now - s->seen < t->idle || s->recheck || s->wseg != NULL) {
+        return false;
+    }
+    /* Acquire, pairing with the flusher's release clear (next_dirty) and release store of
+     * reclaim: once both read 0 the flusher neither holds it in a queue nor will drain it
+     * unasked; first is NULL once the flusher took the chain (wseg NULL: the chain is sealed). */
+    return atomic_load_explicit(&s->dirty, memory_order_acquire) == 0 &&
+           atomic_load_explicit(&s->reclaim, memory_order_acquire) == 0 &&
+           atomic_load_explicit(&s->first, memory_order_acquire) == NULL;
+}
+
+void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {
+    /* What the flusher released first: their memory is what a refused sensor waits for. */
+    uint32_t tail;
+    while (bd_ring_available(&t->dead, &tail) != 0) {
+        struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->dead, tail)->w[0];
+        bd_ring_consume(&t->dead, 1);
+        sensor_free(t, s);
+        t->n_evicting--;
+    }
+    if (t->idle == 0 || t->count == 0 ||
+        now_ns - t->swept_ns < (t->sweep_all ? SWEEP_SOON_NS : SWEEP_EVERY_NS)) {
+        return;
+    }
+    t->swept_ns = now_ns;
+    const uint32_t now = (uint32_t)((uint64_t)now_ns >> 30);
+    uint32_t todo = t->sweep_all ? t->slot_mask + 1 : BD_MIN(t->slot_mask + 1, SWEEP_SLOTS);
+    t->sweep_all = false;
+    uint32_t evicted = 0;
+    uint32_t i = t->sweep_at & t->slot_mask;
+    while (todo > 0 && t->n_evicting < t->evict_cap) {
+        struct bd_sensor *s = t->slots[i].s;
+        if (s != NULL && evictable(t, s, now)) {
+            /* The entry shifted into slot i (if any) is looked at next, so i stays. */
+            slot_remove(t->slots, t->slot_mask, i);
+            t->count--;
+            t->n_evicting++;
+            struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
+            bool ok = bd_ring_push(&t->evict, &c, 1);
+            BD_ASSERT(ok); /* n_evicting <= evict_cap <= its capacity */
+            evicted++;
+            todo--;
+            continue;
+        }
+        i = (i + 1) & t->slot_mask;
+        todo--;
+    }
+    t->sweep_at = i;
+    if (evicted > 0) {
+        BD_STAT_ADD(t->stats, sensors_evicted, evicted);
+        bd_sensor_table_request_drain(t); /* the flusher releases them */
+    }
+}
+
+struct bd_sensor *bd_sensor_table_next_evicted(struct bd_sensor_table *t) {
+    uint32_t tail;
+    if (bd_ring_available(&t->evict, &tail) == 0) {
+        return NULL;
+    }
+    struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->evict, tail)->w[0];
+    bd_ring_consume(&t->evict, 1);
+    s->flusher_evicted = true;
+    return s;
+}
+
+void bd_sensor_table_release(struct bd_sensor_table *t, struct bd_sensor *s) {
+    BD_ASSERT(s->flusher_evicted && s->flusher_state == NULL && s->flusher_refs == 0);
+    struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
+    bool ok = bd_ring_push(&t->dead, &c, 1);
+    BD_ASSERT(ok); /* at most evict_cap sensors between eviction and freeing */
 }

@@ -76,10 +76,16 @@ static void conn_unpause(struct conn *c) {
     }
 }
 
+/* conn_drain_lines stopped early: the pool is congested (every connection waits) or the
+ * sensor of the next line is busy (only this connection waits). */
+#define DRAIN_CONGESTED 1
+#define DRAIN_BUSY 2
+
 /*
  * Consume the complete lines in the buffer. Returns 0 when only a partial line (if any) is left,
- * 1 when it stopped early because the sensor table is congested (the rest waits in the buffer),
- * or -E2BIG when a line exceeds max_line and the connection must go.
+ * DRAIN_CONGESTED when it stopped early because the sensor table is congested, DRAIN_BUSY when
+ * the next line's sensor is busy (that line and the rest wait in the buffer), or -E2BIG when a
+ * line exceeds max_line and the connection must go.
  *
  * Congestion is checked after every line, not once per read: one 64 KiB read holds hundreds of
  * lines, enough to overrun a ring, and TCP promises backpressure rather than drops.
@@ -105,12 +111,15 @@ static int conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
             if (rc == BD_PARSE_END) {
                 break;
             }
+            if (rc == INGEST_BUSY) {
+                return DRAIN_BUSY; /* c->start stays at the start of this line */
+            }
             c->start = c->scan = first + bd_parse_offset(&l->parser);
             if (rc < 0) {
                 return -E2BIG;
             }
             if (backpressure && bd_sensor_table_congested(in->table)) {
-                return 1;
+                return DRAIN_CONGESTED;
             }
         }
         c->start = end;
@@ -163,9 +172,12 @@ static int conn_finish(struct conn *c, int64_t now_ns) {
     }
     if (rc == 0 && c->len > c->start) {
         if (c->eof) {
-            (void)ingest_handle_line(l, c->buf + c->start, c->len - c->start,
-                                     (const struct sockaddr *)&c->peer, now_ns);
+            rc = ingest_handle_line(l, c->buf + c->start, c->len - c->start,
+                                    (const struct sockaddr *)&c->peer, now_ns);
             bd_sensor_table_publish(l->in->table);
+            if (rc == INGEST_BUSY) {
+                return 1; /* offered again when resumed */
+            }
         } else {
             BD_STAT_ADD(l->in->stats, tcp_unread_at_stop, c->len - c->start);
         }
@@ -297,6 +309,9 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (rc < 0) {
         conn_close(c);
     } else if (rc > 0) {
+        if (rc == DRAIN_BUSY) {
+            BD_STAT_ADD(in->stats, tcp_sensor_pauses, 1);
+        }
         conn_pause(c);
     }
 }
@@ -618,9 +633,12 @@ bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns) {
             *now_ns = bd_now_ns();
         }
         if (c->eof || in->stopping) {
-            /* Never read again: finish the buffer, then close. */
+            /* Never read again: finish the buffer, then close. A busy sensor keeps only this
+             * connection waiting. */
             if (conn_finish(c, *now_ns) > 0) {
-                return false;
+                if (bd_sensor_table_congested(in->table)) {
+                    return false;
+                }
             }
             continue;
         }
@@ -629,6 +647,9 @@ bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns) {
         if (rc < 0) {
             conn_close(c);
             continue;
+        }
+        if (rc == DRAIN_BUSY) {
+            continue; /* its sensor is still busy: the others go on */
         }
         if (rc > 0) {
             return false;

@@ -116,11 +116,14 @@ struct bd_config {
     } log;
 
     struct {
-        uint32_t max_sensors; /* default 100000 */
-        uint64_t memory;      /* buffer pool + pending batches, default 64 MiB */
-        uint32_t ring_size;   /* no longer used; accepted for older configs */
-        uint32_t max_fields;  /* fields per line, default 32 (<= BD_PARSE_MAX_FIELDS) */
-        uint32_t max_line;    /* bytes per line, default 64 KiB */
+        uint32_t max_sensors;    /* default 100000 */
+        uint64_t memory;         /* buffer pool + pending batches, default 64 MiB */
+        uint32_t ring_size;      /* no longer used; accepted for older configs */
+        uint32_t max_fields;     /* fields per line, default 32 (<= BD_PARSE_MAX_FIELDS) */
+        uint32_t max_line;       /* bytes per line, default 64 KiB */
+        uint32_t max_name;       /* bytes of a sensor id or field key, default 1 KiB; 0: none */
+        uint64_t sensor_memory;  /* sensor state, default 64 MiB; 0: unbounded (tests) */
+        uint64_t sensor_idle_ms; /* evict sensors silent this long, default 1h; 0 = never */
     } limits;
 };
 

@@ -50,6 +50,7 @@ struct bd_metrics_view {
     const struct bd_stats *stats;
     const char *version;
     uint32_t sensors, max_sensors;
+    uint64_t sensor_memory, sensor_memory_max; /* bytes: now, limits.sensor_memory */
     uint64_t pool_segment_bytes;
     bool mongodb; /* the sink is MongoDB: its gauges and the spool's are exported */
     uint64_t spool_max_bytes;

@@ -4,10 +4,17 @@
  * flusher.
  *
  * Threads: the ingest thread creates sensors, grows field dictionaries and pushes readings
- * (bd_sensor_table_accept); the flusher thread pops dirty sensors and drains their queues. A
- * sensor is never freed before bd_sensor_table_free(), which runs after both threads stopped,
- * so the flusher may keep sensor pointers. Immutable parts (id, measurement, tags) are written
- * before the sensor is first published through the dirty queue (a release/acquire pair).
+ * (bd_sensor_table_accept); the flusher thread pops dirty sensors and drains their queues.
+ * Immutable parts (id, measurement, tags) are written before the sensor is first published
+ * through the dirty queue (a release/acquire pair).
+ *
+ * Eviction (limits.sensor_idle): the ingest thread takes a sensor that has been idle that long,
+ * whose queue is empty and handed back, out of its index and passes it to the flusher
+ * (bd_sensor_table_next_evicted); a reading of the same series creates a new sensor. The flusher
+ * keeps the evicted sensor as long as a batch it has not settled refers to it, then hands it
+ * back (bd_sensor_table_release) and the ingest thread frees it. So the flusher may keep sensor
+ * pointers until it releases them; everything else is freed by bd_sensor_table_free(), which
+ * runs after both threads stopped.
  */
 #ifndef BUCKETD_SENSOR_H
 #define BUCKETD_SENSOR_H
@@ -64,6 +71,10 @@ struct bd_sensor {
     char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
     char **tag_values;
     uint32_t n_tags;
+    /* Ingest thread only: when the last reading was accepted, in units of 2^30 ns (about a
+     * second) of the wall clock, for eviction. Stored with every reading, in the line the
+     * reading writes anyway. */
+    uint32_t seen;
 
     /* Cold. */
     /* The names as BSON keys (escaped as names.h says), NUL-terminated, through
@@ -76,14 +87,30 @@ struct bd_sensor {
     char **names_more;
     uint64_t field_escaped;
 
+    /* Ingest thread only: pool segments this queue ever took, and the bytes charged to the
+     * table's sensor memory for this sensor (limits.sensor_memory). */
+    uint32_t segs_taken;
+    uint32_t mem_cost;
+    /* Flusher thread writes (once per segment it hands back), the ingest thread reads when the
+     * queue needs a new segment: segs_taken - segs_given is what the queue holds. */
+    _Atomic uint32_t segs_given;
+
     /* Flusher thread only: the consumer's end of the queue, its page accounting, and its link
      * in the flusher's own list of sensors whose drain an allocation failure interrupted
      * (flusher_requeued: on that list). */
     struct bd_seg *rseg;
     uint32_t rpos;
     bool flusher_requeued;
+    bool flusher_evicted; /* handed over by bd_sensor_table_next_evicted */
     void *flusher_state;
     struct bd_sensor *flusher_next;
+    /* Deltas of the flusher's batches that refer to this sensor (batch.c): an evicted sensor
+     * is released only once none does. */
+    uint32_t flusher_refs;
+    struct bd_sensor *evicted_next; /* the flusher's list of evicted sensors not yet released */
+    /* Bytes of this sensor's readings in the flusher's fill batch (fill_id), for its share. */
+    uint64_t flusher_fill_bytes;
+    uint64_t flusher_fill_id;
 
     /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
      * sensor, so their cache miss overlaps the first line's instead of following it. */
@@ -125,8 +152,9 @@ void bd_sensor_table_limits_room(const struct bd_sensor_table *t, uint32_t *max_
                                  uint32_t *max_fields);
 /*
  * Ingest thread (a reload): take cfg's limits.max_sensors and limits.max_fields (within the
- * room above) and the accepted time window (buckets.max_late, buckets.max_future). A lower
- * max_sensors keeps the sensors already known; only new ones are refused.
+ * room above), limits.max_name, limits.sensor_memory, limits.sensor_idle and the accepted time
+ * window (buckets.max_late, buckets.max_future). A lower max_sensors or sensor_memory keeps the
+ * sensors already known; only new ones are refused.
  */
 void bd_sensor_table_set_limits(struct bd_sensor_table *t, const struct bd_config *cfg);
 void bd_sensor_table_set_wake(struct bd_sensor_table *t, bd_sensor_wake_cb cb, void *arg);
@@ -137,10 +165,40 @@ const struct bd_pool *bd_sensor_table_pool(const struct bd_sensor_table *t);
 
 /*
  * Ingest thread: accept one parsed point. Applies the time window, drops string fields, checks
- * field keys, finds or creates the sensor and pushes the reading into its queue. Returns 0 when
- * accepted, else a negative errno; every drop is already counted in the stats by reason.
+ * names (limits.max_name) and field keys, finds or creates the sensor and pushes the reading
+ * into its queue. Returns 0 when accepted, else a negative errno; every drop is already counted
+ * in the stats by reason, except -EAGAIN: the sensor is busy and nothing was counted. Busy means
+ * this sensor's queue already holds its share of the buffer pool (BD_SENSOR_SHARE_DIV: one
+ * sensor sending faster than it is written cannot take the room of the others), or the sensor
+ * is new and the pool three quarters full (a flood of new names cannot take the room of the
+ * sensors already flowing). The caller decides: a TCP connection stops reading until bd_ingest_resume, UDP counts
+ * the reading in drop_sensor_busy.
  */
 int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt, int64_t now_ns);
+
+/* A sensor's share of the buffer pool: 1/BD_SENSOR_SHARE_DIV of its segments (at least 2); and
+ * of the flusher's batches while other sensors wait to be drained. */
+#define BD_SENSOR_SHARE_DIV 8
+
+/*
+ * Ingest thread, about once a second (the daemon calls it at every flusher doorbell): free the
+ * sensors the flusher released, and evict sensors idle for limits.sensor_idle (now_ns: wall
+ * clock). The index is swept a part at a time, so one call stays short with any number of
+ * sensors; a new sensor refused for max_sensors or sensor_memory makes the next call sweep
+ * further. Evicted sensors are counted in sensors_evicted.
+ */
+void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns);
+
+/* Flusher thread: the next sensor the ingest thread evicted, or NULL. Its queue is empty. */
+struct bd_sensor *bd_sensor_table_next_evicted(struct bd_sensor_table *t);
+
+/* Flusher thread: done with an evicted sensor (its flusher state freed, no batch refers to it):
+ * the ingest thread frees it at its next sweep. */
+void bd_sensor_table_release(struct bd_sensor_table *t, struct bd_sensor *s);
+
+/* Ingest thread: bytes of sensor state now (ids, names, tags, index, the flusher's page
+ * accounting estimated), against limits.sensor_memory. */
+uint64_t bd_sensor_table_memory(const struct bd_sensor_table *t);
 
 /*
  * Ingest thread: end of a batch of accepts (a datagram, a TCP read). Readings accepted while

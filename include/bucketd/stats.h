@@ -48,6 +48,11 @@
     X(drop_too_new, "lines dropped: timestamp further ahead than buckets.max_future")      \
     X(drop_buffer_full, "readings dropped: the buffer pool (half of limits.memory) was full") \
     X(drop_sensor_limit, "readings dropped: limits.max_sensors reached")                   \
+    X(drop_sensor_memory, "readings dropped: a new sensor or field name past limits.sensor_memory") \
+    X(drop_name_too_long, "readings dropped: a sensor id or field key longer than limits.max_name") \
+    X(drop_sensor_busy, "UDP readings dropped: their sensor held its share of a buffer pool past half full, or was new then") \
+    X(tcp_sensor_pauses, "times a TCP connection stopped reading for a busy sensor (see drop_sensor_busy)") \
+    X(sensors_evicted, "sensors forgotten after limits.sensor_idle without readings")       \
     X(string_fields_dropped, "string fields dropped (strings are not stored)")              \
     /* loop thread (reload.c) */                                                           \
     X(config_reloads, "SIGHUP reloads that read a valid file (its reloadable keys applied)") \

@@ -225,6 +225,36 @@ def wait_stored(client, database, n, timeout, collection="buckets"):
 # The daemon
 # ---------------------------------------------------------------------------------------------
 
+def proc_status_kib(pid, key):
+    """A "key: N kB" line of /proc/<pid>/status, in KiB (None when the process is gone)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def rss_not_applicable(pid):
+    """Why the daemon's RSS does not measure its own memory here, or None."""
+    try:
+        exe = os.path.basename(os.readlink("/proc/%d/exe" % pid))
+    except OSError:
+        exe = ""
+    if "qemu" in exe:
+        return "the daemon runs under an emulator (%s)" % exe
+    with open(BIN, "rb") as f:
+        image = f.read()
+    for symbol, name in ((b"__asan_init", "AddressSanitizer"),
+                         (b"__tsan_init", "ThreadSanitizer"),
+                         (b"__msan_init", "MemorySanitizer")):
+        if symbol in image:
+            return "%s build (shadow memory, freed memory held in quarantine)" % name
+    return None
+
+
 class DaemonError(AssertionError):
     pass
 

@@ -39,6 +39,7 @@ static void configure(void) {
     snprintf(cfg.writer_id, sizeof(cfg.writer_id), "t1");
     cfg.limits.max_sensors = 64;
     cfg.limits.memory = UINT64_C(256) << 20;
+    cfg.limits.max_name = 64 * 1024; /* the longest names bucketd can be configured for */
     cfg.limits.max_fields = 64;
     cfg.flush.max_delay_ms = 0; /* every page written when its batch is; holding has its tests */
     snprintf(dir, sizeof(dir), "/tmp/bd-flusher-XXXXXX");
@@ -487,6 +488,113 @@ Test(flusher, a_forgotten_bucket_is_learned_again_and_keeps_its_page_cap) {
         b0_pages += fs.docs[i].start_ms == b0;
     }
     cr_assert_eq(b0_pages, 2);
+}
+
+/*
+ * An idle sensor is evicted only once its readings are written; the flusher then releases it.
+ * The same series sending again into the same bucket is a new sensor: the bucket's pages are
+ * read back first, so its page cap holds across the eviction.
+ */
+Test(flusher, an_evicted_sensor_is_written_first_and_its_bucket_read_back_later) {
+    stop();
+    cfg.buckets.max_readings = 5;
+    cfg.limits.sensor_idle_ms = 60000;
+    start();
+    uint64_t empty = bd_sensor_table_memory(table);
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 3; j++) {
+        accept1("ev", j, t0 + j * 1000);
+    }
+    /* Silent long enough, but not yet written: not evicted. */
+    bd_sensor_table_sweep(table, (now_ms + 60000) * MS);
+    cr_assert_eq(STAT(sensors_evicted), 0);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "ev"), 3);
+    cr_assert_gt(run(10), 0); /* the producer seals its idle segment, the flusher gives it back */
+    now_ms += 61000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 0);
+    cr_assert_gt(run(10), 0); /* the flusher releases it */
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(bd_sensor_table_memory(table), empty, "freed");
+
+    uint64_t lookups = STAT(page_lookups);
+    for (int j = 0; j < 4; j++) {
+        accept1("ev", 10 + j, t0 + 10000 + j * 1000);
+    }
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "ev"), 7);
+    cr_assert_gt(STAT(page_lookups), lookups, "the bucket's pages were read back");
+    cr_assert_leq(fake_max_count(&fs), 5, "a page holds at most max_readings readings");
+    cr_assert_eq(STAT(readings_flushed), 7);
+}
+
+/* Evicted sensors the flusher still holds at a stop are released with it (no leak, no
+ * assertion), their readings written. */
+Test(flusher, a_stop_releases_evicted_sensors_still_held) {
+    stop();
+    cfg.limits.sensor_idle_ms = 1000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    accept1("a", 1, t0);
+    cr_assert_gt(run(10), 0);
+    cr_assert_gt(run(10), 0);
+    now_ms += 5000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 1);
+    /* No step: the flusher never took it. stop() frees both. */
+}
+
+/*
+ * Fairness: a sensor with far more readings than the others takes at most an eighth of the
+ * batches' memory in one batch while others wait; the others' readings go into that batch, its
+ * rest into the next ones. Its readings come in six loads (its queue holds at most an eighth
+ * of the pool), drained into the fill batch one after another before the batch is written.
+ */
+static void busy_loads(int loads, int per_load, bool quiet) {
+    static const char *const fields[] = {"a", "b", "c", "d", "e", "f", "g", "h"};
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    bd_flusher_step(flusher, mono, now_ms, false); /* nothing yet: the next write is due later */
+    for (int k = 0; k < loads; k++) {
+        for (int j = 0; j < per_load; j++) {
+            accept_fields("busy", fields, 8, j, t0 + k * per_load + j);
+        }
+        if (quiet) {
+            accept1("quiet", k, t0 + k); /* queued behind it: waiting while it is drained */
+        }
+        publish();
+        bd_flusher_step(flusher, mono, now_ms, false); /* drained, not yet due */
+    }
+}
+
+Test(flusher, one_sensor_takes_at_most_its_share_of_a_batch_while_others_wait) {
+    stop();
+    cfg.limits.memory = 4 << 20; /* batches 2 MiB, a sensor's share of one 256 KiB */
+    cfg.limits.max_fields = 8;
+    start();
+    busy_loads(6, 300, true);
+    accept1("quiet", 6, now_ms / HOUR_MS * HOUR_MS + 6); /* waiting when the batch is written */
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, true); /* one batch */
+    cr_assert_eq(fake_stored(&fs, "quiet"), 7, "the quiet sensor did not wait");
+    int64_t first = fake_stored(&fs, "busy");
+    cr_assert_gt(first, 0);
+    cr_assert_lt(first, 6 * 300, "the busy sensor took only its share of the first batch");
+    cr_assert_gt(run(50), 0);
+    cr_assert_eq(fake_stored(&fs, "busy"), 6 * 300);
+    cr_assert_eq(STAT(readings_flushed), 6 * 300 + 7);
+}
+
+/* Alone, a sensor takes what it needs: its share of a batch applies only while others wait. */
+Test(flusher, a_sensor_alone_is_not_held_to_a_share) {
+    stop();
+    cfg.limits.memory = 4 << 20;
+    cfg.limits.max_fields = 8;
+    start();
+    busy_loads(6, 300, false);
+    bd_flusher_step(flusher, mono, now_ms, true);
+    cr_assert_eq(fake_stored(&fs, "busy"), 6 * 300);
 }
 
 /* The same readings for every round of the allocation sweep: three sensors, two buckets. */

@@ -601,6 +601,59 @@ Test(ingest, free_without_stop_and_free_null) {
     free(f);
 }
 
+/*
+ * Fairness: a sensor sending faster than it is drained pauses only the connection feeding it.
+ * Another connection's sensor, already flowing, keeps being read meanwhile.
+ */
+Test(ingest, tcp_a_busy_sensor_pauses_only_its_own_connection) {
+    struct fx *f = fx_new();
+    /* 16 segments of 30 readings; a sensor's queue may hold 2. */
+    f->cfg.limits.memory = 32 * 1024;
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int port = bd_ingest_listener_port(f->in, 0);
+    int legit = tcp_connect(port), hostile = tcp_connect(port);
+    tcp_send_str(f, legit, "legit v=0i\n");
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1);
+
+    static char buf[600 * 24];
+    size_t len = 0;
+    for (int i = 0; i < 600; i++) {
+        len += (size_t)sprintf(buf + len, "hostile v=%di\n", i);
+    }
+    tcp_send(f, hostile, buf, len);
+    RUN_UNTIL(f, bd_ingest_paused(f->in) == 1);
+    /* Its share of the pool: 2 segments of 30. */
+    cr_expect_eq(STAT(f, readings_accepted), 1 + 2 * 30);
+    cr_expect_eq(STAT(f, tcp_sensor_pauses), 1);
+    cr_expect_not(bd_sensor_table_congested(f->table), "the pool itself is not congested");
+
+    len = 0;
+    for (int i = 1; i <= 50; i++) {
+        len += (size_t)sprintf(buf + len, "legit v=%di\n", i);
+    }
+    tcp_send(f, legit, buf, len);
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 1 + 2 * 30 + 50);
+    cr_expect_eq(bd_ingest_paused(f->in), 1, "still only the hostile connection");
+
+    /* Drained, the hostile connection resumes where it stopped: nothing lost or repeated. */
+    int64_t deadline = bd_mono_ns() + WAIT_NS;
+    while (STAT(f, readings_accepted) < 1 + 600 + 50) {
+        cr_assert(bd_mono_ns() < deadline, "stuck at %" PRIu64,
+                  (uint64_t)STAT(f, readings_accepted));
+        consume_all(f);
+        bd_ingest_resume(f->in);
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        sleep_us(200);
+    }
+    cr_expect_eq(STAT(f, lines), 1 + 600 + 50, "each line counted once");
+    cr_expect_eq(STAT(f, drop_buffer_full), 0);
+    cr_expect_eq(STAT(f, drop_sensor_busy), 0, "TCP waits, it does not drop");
+    close(legit);
+    close(hostile);
+    fx_finish(f);
+}
+
 Test(ingest, stop_takes_lines_buffered_by_a_paused_connection) {
     struct fx *f = fx_new();
     f->cfg.limits.memory = 32 * 1024; /* 16 segments, congested past 12 */
@@ -883,28 +936,45 @@ Test(ingest, no_udp_listener_reads_no_kernel_counters) {
 /* UDP backpressure                                                                         */
 
 #define BP_DATAGRAMS 100
+/* Sensors the datagrams go to, in turn, and readings per datagram: one segment's worth. */
+#define BP_SENSORS 10
+#define BP_LINES 30
+#define BP_READINGS (BP_DATAGRAMS * BP_LINES)
 
-/* BP_DATAGRAMS datagrams of one reading each, each its own sensor (m,k=<k> v=<k>), into the
- * kernel before the loop runs. */
+/* BP_DATAGRAMS datagrams of BP_LINES readings each (m,k=<d % BP_SENSORS> v=<n>, n counting every
+ * reading sent), into the kernel before the loop runs. */
 static int backpressure_setup(struct fx *f) {
     fx_listen(f, BD_PROTO_UDP, "127.0.0.1:0", BD_FORMAT_INFLUX);
-    /* A pool of 64 segments, high-water mark 48; each new sensor takes a segment. Batches of 20
-     * datagrams: after the second the pool holds 40, after the third 60 (past the mark:
-     * pauses). A batch fits in what is left above the mark. */
+    /* A pool of 64 segments of 60 cells, high-water mark 48; each datagram fills a segment of
+     * its sensor. Batches of 20 datagrams: after the second the pool holds 40, after the third
+     * 60 (past the mark: pauses). Ten sensors share the pool evenly, so none reaches its share
+     * of it (8 segments past half full) before the pool is full. */
     f->cfg.limits.memory = 128 * 1024;
     fx_start(f);
     int port = bd_ingest_listener_port(f->in, 0);
     cr_assert(port > 0);
-    for (int k = 0; k < BP_DATAGRAMS; k++) {
-        char line[64];
-        snprintf(line, sizeof(line), "m,k=%d v=%d", k, k);
-        udp_send_str(port, line);
+    int n = 0;
+    for (int d = 0; d < BP_DATAGRAMS; d++) {
+        char buf[BP_LINES * 40];
+        size_t len = 0;
+        for (int i = 0; i < BP_LINES; i++) {
+            len += (size_t)snprintf(buf + len, sizeof(buf) - len, "m,k=%d v=%d\n", d % BP_SENSORS,
+                                    n++);
+        }
+        udp_send_str(port, buf);
     }
     return port;
 }
 
-/* Consumer side, played by the test: drains every dirty queue, checking values arrive in order. */
+/* Consumer side, played by the test: drains every dirty queue, checking each sensor's values
+ * arrive in the order sent. *next counts the readings drained. */
 static uint32_t drain_in_order(struct fx *f, uint64_t *next) {
+    static int64_t last[BP_SENSORS];
+    if (*next == 0) {
+        for (int k = 0; k < BP_SENSORS; k++) {
+            last[k] = -1;
+        }
+    }
     uint32_t n = 0;
     struct bd_sensor *s;
     while ((s = bd_sensor_table_next_dirty(f->table)) != NULL) {
@@ -913,7 +983,10 @@ static uint32_t drain_in_order(struct fx *f, uint64_t *next) {
         uint32_t nv, cells;
         while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
             cr_assert_eq(nv, 1);
-            cr_assert_eq((uint64_t)vals[0].v.f, *next, "reading %" PRIu64 " out of order", *next);
+            int64_t v = (int64_t)vals[0].v.f;
+            int k = (int)(v / BP_LINES % BP_SENSORS);
+            cr_assert_gt(v, last[k], "reading %" PRId64 " of sensor %d out of order", v, k);
+            last[k] = v;
             (*next)++;
             n++;
             bd_sensor_consume(s, cells);
@@ -933,7 +1006,7 @@ Test(ingest, udp_pauses_for_a_congested_pool_instead_of_dropping) {
     uint64_t next = 0;
     uint64_t pauses = 0;
     int64_t deadline = bd_mono_ns() + WAIT_NS;
-    while (STAT(f, readings_accepted) < BP_DATAGRAMS || next < BP_DATAGRAMS) {
+    while (STAT(f, readings_accepted) < BP_READINGS || next < BP_READINGS) {
         cr_assert(bd_mono_ns() < deadline, "stuck: %" PRIu64 " accepted, %" PRIu64 " drained",
                   (uint64_t)STAT(f, readings_accepted), next);
         uv_run(&f->loop, UV_RUN_NOWAIT);
@@ -942,7 +1015,7 @@ Test(ingest, udp_pauses_for_a_congested_pool_instead_of_dropping) {
              * with the last batch): the loop must not read them now. */
             uint64_t accepted = STAT(f, readings_accepted);
             if (pauses == 0) {
-                cr_assert_lt(accepted, BP_DATAGRAMS);
+                cr_assert_lt(accepted, BP_READINGS);
             }
             pauses = STAT(f, udp_pauses);
             uv_run(&f->loop, UV_RUN_NOWAIT);
@@ -959,7 +1032,7 @@ Test(ingest, udp_pauses_for_a_congested_pool_instead_of_dropping) {
         }
         sleep_us(200);
     }
-    cr_expect_eq(next, BP_DATAGRAMS);
+    cr_expect_eq(next, BP_READINGS);
     cr_expect_geq(pauses, 1);
     cr_expect_eq(STAT(f, drop_buffer_full), 0);
     cr_expect_eq(STAT(f, udp_datagrams), BP_DATAGRAMS);
@@ -976,8 +1049,9 @@ Test(ingest, udp_keeps_reading_while_the_flusher_is_stalled) {
     bd_sensor_table_set_stalled(f->table, true);
     RUN_UNTIL(f, STAT(f, udp_datagrams) == BP_DATAGRAMS);
     cr_expect_eq(STAT(f, udp_pauses), 0);
-    cr_expect_eq(STAT(f, readings_accepted), 64);
-    cr_expect_eq(STAT(f, drop_buffer_full), BP_DATAGRAMS - 64);
+    cr_expect_eq(STAT(f, readings_accepted), 64 * BP_LINES);
+    cr_expect_eq(STAT(f, drop_buffer_full), BP_READINGS - 64 * BP_LINES);
+    cr_expect_eq(STAT(f, drop_sensor_busy), 0);
     fx_finish(f);
 }
 
@@ -987,15 +1061,15 @@ Test(ingest, udp_paused_listener_resumes_when_the_flusher_stalls) {
     backpressure_setup(f);
     RUN_UNTIL(f, STAT(f, udp_pauses) == 1);
     uint64_t accepted = STAT(f, readings_accepted);
-    cr_assert_lt(accepted, BP_DATAGRAMS);
+    cr_assert_lt(accepted, BP_READINGS);
     bd_ingest_resume(f->in); /* still congested, flusher not stalled: stays paused */
     uv_run(&f->loop, UV_RUN_NOWAIT);
     cr_expect_eq(STAT(f, readings_accepted), accepted);
     bd_sensor_table_set_stalled(f->table, true);
     bd_ingest_resume(f->in);
     RUN_UNTIL(f, STAT(f, udp_datagrams) == BP_DATAGRAMS);
-    cr_expect_eq(STAT(f, readings_accepted), 64);
-    cr_expect_eq(STAT(f, drop_buffer_full), BP_DATAGRAMS - 64);
+    cr_expect_eq(STAT(f, readings_accepted), 64 * BP_LINES);
+    cr_expect_eq(STAT(f, drop_buffer_full), BP_READINGS - 64 * BP_LINES);
     cr_expect_eq(STAT(f, udp_pauses), 1);
     fx_finish(f);
 }
@@ -1017,7 +1091,7 @@ Test(ingest, udp_pause_wakes_the_flusher) {
     g_wakes = 0;
     bd_sensor_table_set_wake(f->table, count_wake, NULL);
     RUN_UNTIL(f, STAT(f, udp_pauses) == 1);
-    cr_expect_eq(STAT(f, readings_accepted), 60, "three batches of 20 datagrams");
+    cr_expect_eq(STAT(f, readings_accepted), 60 * BP_LINES, "three batches of 20 datagrams");
     cr_expect_eq(g_wakes, 3, "a quarter, congested, paused");
     fx_finish(f);
 }

@@ -259,29 +259,51 @@ static int drain_in_order(struct bd_sensor *s, int *next) {
 }
 
 Test(sensor, full_pool_counts_drops_and_wakes_the_flusher) {
+    bd_sensor_table_free(table);
+    cfg.limits.max_sensors = 16;
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    bd_sensor_table_set_wake(table, on_wake, NULL);
     const struct bd_pool *pool = bd_sensor_table_pool(table);
     cr_assert_eq(pool->n_segs, 16);
     cr_assert_eq(pool->seg_cells, 60);
-    /* 2 cells per reading: 30 a segment, 480 in the pool. */
-    int accepted = 0;
-    for (int i = 0; i < 500; i++) {
-        point("m", "m", true, NOW);
+    /* 2 cells per reading: 30 a segment, 480 in the pool. Nine sensors in turn, 100 readings
+     * each: all nine start with a segment; each may hold its share of 2, so seven fill two
+     * segments and the pool runs out for the last two. */
+    int accepted = 0, busy = 0;
+    char key[16];
+    for (int i = 0; i < 900; i++) {
+        snprintf(key, sizeof(key), "m%d", i % 9);
+        point(key, "m", true, NOW);
         add_float("v", i);
-        accepted += bd_sensor_table_accept(table, &pt, NOW) == 0;
+        int rc = bd_sensor_table_accept(table, &pt, NOW);
+        accepted += rc == 0;
+        busy += rc == -EAGAIN;
     }
     cr_assert_eq(accepted, 480);
-    cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 20);
+    cr_assert_eq(busy, 7 * 40, "the seven sensors at their share");
+    cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 2 * 70, "the two left without a segment");
     cr_assert_eq(bd_pool_in_use(pool), 16);
     cr_assert_eq(bd_pool_high_water(pool), 16);
-    cr_assert_eq(wakes, 2, "one wake at a quarter, one when congested");
+    cr_assert_eq(wakes, 3,
+                 "at a quarter, when congested, and when a sensor first reached its share");
     cr_assert(bd_sensor_table_congested(table));
 
-    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
-    int next = 0;
-    cr_assert_eq(drain_in_order(s, &next), 480);
-    /* Every segment the producer left went back; its own (full) one stays until it moves on. */
-    cr_assert_eq(bd_pool_in_use(pool), 1);
-    cr_assert_not(bd_sensor_table_congested(table), "drained below the low-water mark");
+    int drained = 0;
+    struct bd_sensor *s;
+    while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+        int64_t ts;
+        struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+        uint32_t nv, cells;
+        while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
+            drained++;
+            bd_sensor_consume(s, cells);
+        }
+    }
+    cr_assert_eq(drained, 480);
+    /* Every segment a producer left went back; their own (full) ones stay until they move on. */
+    cr_assert_eq(bd_pool_in_use(pool), 9);
+    cr_assert(bd_sensor_table_congested(table), "9 of 16 segments: not yet down to half");
 }
 
 Test(sensor, an_idle_sensor_gives_its_last_segment_back) {
@@ -428,7 +450,7 @@ Test(sensor, dirty_again_after_the_consumer_cleared_it) {
 Test(sensor, many_sensors_grow_the_index) {
     bd_sensor_table_free(table);
     cfg.limits.max_sensors = 5000;
-    cfg.limits.memory = 16 << 20; /* a segment for every sensor */
+    cfg.limits.memory = 32 << 20; /* a segment for every sensor, under half the pool */
     struct bd_err err;
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
     char key[32];
@@ -675,4 +697,177 @@ Test(sensor, pack_key_matches_a_byte_copy) {
             cr_assert_eq(pack_key(&key), want, "len %zu round %d", len, round);
         }
     }
+}
+
+/* ---- Names, sensor memory and eviction ---------------------------------------------------- */
+
+static void table_with(uint32_t max_name, uint64_t sensor_memory, uint64_t idle_ms) {
+    bd_sensor_table_free(table);
+    cfg.limits.max_name = max_name;
+    cfg.limits.sensor_memory = sensor_memory;
+    cfg.limits.sensor_idle_ms = idle_ms;
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+}
+
+Test(sensor, names_longer_than_max_name_are_refused_and_counted) {
+    table_with(32, 0, 0);
+    char id[64], key[64];
+    memset(id, 'i', 33);
+    id[33] = '\0';
+    point(id, "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_name_too_long), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 0);
+    id[32] = '\0'; /* exactly max_name: fine */
+    point(id, "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    memset(key, 'k', 33);
+    key[33] = '\0';
+    point(id, "m", true, NOW);
+    add_float(key, 2);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_name_too_long), 2);
+    cr_assert_eq(BD_STAT_GET(&stats, readings_accepted), 1);
+}
+
+Test(sensor, sensor_memory_bounds_new_sensors_and_new_field_names) {
+    table_with(0, 0, 0);
+    uint64_t empty = bd_sensor_table_memory(table);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    uint64_t one = bd_sensor_table_memory(table) - empty;
+    cr_assert_gt(one, 200, "a sensor costs its struct, names and index slots: %" PRIu64, one);
+    cr_assert_lt(one, 1024, "a short-named sensor costs %" PRIu64 " bytes", one);
+
+    /* Room for the empty table, that sensor and a bit: the next sensor is refused. */
+    table_with(0, empty + one + one / 2, 0);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    point("m,s=1", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_memory), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 1);
+    /* The known sensor keeps going, and a long new field name of it is refused too. */
+    char key[600];
+    memset(key, 'f', sizeof(key) - 1);
+    key[sizeof(key) - 1] = '\0';
+    point("m,s=0", "m", true, NOW);
+    add_float(key, 2);
+    cr_assert_lt(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_memory), 2);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 3);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+}
+
+/* The flusher's part, played by the test: drain s, hand its idle segment back. */
+static void drain_and_hand_back(struct bd_sensor *s) {
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n, cells;
+    while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
+        bd_sensor_consume(s, cells);
+    }
+    bd_sensor_table_publish(table); /* the producer seals its idle segment, queues s again */
+    cr_assert_eq(bd_sensor_table_next_dirty(table), s);
+    cr_assert_eq(bd_sensor_peek_reading(s, &ts, vals, &n), 0); /* gives the sealed one back */
+}
+
+Test(sensor, an_idle_sensor_is_evicted_released_and_freed_then_starts_again) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    table_with(0, 0, 60000);
+    uint64_t empty = bd_sensor_table_memory(table);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(s);
+
+    /* Readings still queued: never evicted, however long it has been. */
+    bd_sensor_table_sweep(table, NOW + 10 * idle_ns);
+    cr_assert_eq(bd_sensor_table_count(table), 1);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 0);
+
+    drain_and_hand_back(s);
+    cr_assert_eq(bd_pool_in_use(bd_sensor_table_pool(table)), 0);
+    /* Another sensor, silent only half of limits.sensor_idle at the next sweep, stays. */
+    const int64_t t1 = NOW + 12 * idle_ns;
+    point("m,s=1", "m", true, t1);
+    add_float("v", 2);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, t1), 0);
+    struct bd_sensor *s1 = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(s1);
+    drain_and_hand_back(s1);
+    bd_sensor_table_sweep(table, t1 + idle_ns / 2);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 1, "m,s=1 is not idle long enough");
+    cr_assert_eq(bd_sensor_table_next_evicted(table), s);
+    cr_assert_null(bd_sensor_table_next_evicted(table));
+    cr_assert_gt(bd_sensor_table_memory(table), empty, "held until the flusher releases it");
+
+    /* A reading of the same series now starts a new sensor. */
+    point("m,s=0", "m", true, t1 + idle_ns);
+    add_float("v", 3);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, t1 + idle_ns), 0);
+    cr_assert_eq(bd_sensor_table_count(table), 2);
+
+    uint64_t before = bd_sensor_table_memory(table);
+    bd_sensor_table_release(table, s);
+    bd_sensor_table_sweep(table, t1 + idle_ns); /* frees at once, whatever the time */
+    cr_assert_lt(bd_sensor_table_memory(table), before);
+    /* Everything drained and evicted: the table is back to its empty size (index grown or not,
+     * the memory of the sensors is all given back). */
+    struct bd_sensor *a;
+    while ((a = bd_sensor_table_next_dirty(table)) != NULL) {
+        drain_and_hand_back(a);
+    }
+    bd_sensor_table_sweep(table, NOW + 30 * idle_ns);
+    cr_assert_eq(bd_sensor_table_count(table), 0);
+    while ((a = bd_sensor_table_next_evicted(table)) != NULL) {
+        bd_sensor_table_release(table, a);
+    }
+    bd_sensor_table_sweep(table, NOW + 30 * idle_ns);
+    cr_assert_eq(bd_sensor_table_memory(table), empty);
+}
+
+Test(sensor, past_three_quarters_new_sensors_wait_and_known_ones_go_on) {
+    cfg.limits.max_sensors = 16;
+    table_with(0, 0, 0);
+    const struct bd_pool *pool = bd_sensor_table_pool(table);
+    char key[16];
+    /* One sensor alone stops at its share: 2 of 16 segments. */
+    int n = 0;
+    do {
+        point("m,s=0", "m", true, NOW);
+        add_float("v", n++);
+    } while (bd_sensor_table_accept(table, &pt, NOW) == 0 && n < 1000);
+    cr_assert_eq(n - 1, 2 * 30);
+    cr_assert_eq(bd_pool_in_use(pool), 2);
+    /* Five more, two segments each, reach 12 (three quarters); the last reading of each leaves
+     * one cell pair of its second segment free. */
+    for (int k = 1; k <= 5; k++) {
+        snprintf(key, sizeof(key), "m,s=%d", k);
+        for (int i = 0; i < 59; i++) {
+            point(key, "m", true, NOW);
+            add_float("v", i);
+            cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %d reading %d", k, i);
+        }
+    }
+    cr_assert_eq(bd_pool_in_use(pool), 12);
+    point("m,s=new", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), -EAGAIN);
+    cr_assert_eq(bd_sensor_table_count(table), 6, "not created");
+    /* A known sensor goes on in its segment; at its share, its next segment waits. */
+    point("m,s=1", "m", true, NOW);
+    add_float("v", 59);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), -EAGAIN);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0, "waiting is not dropping");
 }
