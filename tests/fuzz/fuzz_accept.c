@@ -695,6 +695,12 @@ static void check_updates(struct run *r) {
     for (size_t i = 0; i < n_pages; i++) {
         struct page_doc *p = &pages[i];
         uint32_t size = page_doc_size(p);
+        if (p->n_readings > 1 && size > r->cfg.buckets.max_bytes) {
+            fprintf(stderr,
+                    "fuzz_accept: page document of %" PRIu32 " readings is %" PRIu32
+                    " bytes (buckets.max_bytes %" PRIu64 ")\n",
+                    p->n_readings, size, r->cfg.buckets.max_bytes);
+        }
         /* A page holds what the configuration allows, unless one reading alone is larger. */
         CHECK(p->n_readings <= r->cfg.buckets.max_readings);
         CHECK(p->n_readings == 1 || size <= r->cfg.buckets.max_bytes);
