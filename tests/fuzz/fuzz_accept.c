@@ -29,6 +29,9 @@
  *     with its value in the type bucket.c documents;
  *   - summary keys unescape to distinct field names the sensor was sent, one per numeric field
  *     of the update's readings (long names sharing a prefix must not collapse into one key);
+ *   - readings lie in their bucket, in time order; meta holds the measurement and tags sent;
+ *   - summaries are true: per sensor, bucket and field, the counts add up to the values sent
+ *     and min/max are the smallest and largest of them;
  *   - once drained, the buffer pool has every segment back, and nothing leaks (LSan).
  *
  * The first byte of an input picks the parser and the flushing; the rest is the lines:
@@ -220,6 +223,104 @@ static void reading_bytes(struct xbuf *out, const char *id, size_t id_len, int64
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Summaries: count, min and max per sensor, bucket and field                               */
+
+/* A number as bucket.c stores and compares it (struct bd_num). */
+struct num {
+    bool is_int;
+    int64_t i;
+    double f;
+};
+
+static double num_double(const struct num *n) {
+    return n->is_int ? (double)n->i : n->f;
+}
+
+/* Written apart from bucket.c: exact for two integers, else as doubles. */
+static bool num_lt(const struct num *a, const struct num *b) {
+    if (a->is_int && b->is_int) {
+        return a->i < b->i;
+    }
+    return num_double(a) < num_double(b);
+}
+
+static bool num_eq(const struct num *a, const struct num *b) {
+    if (a->is_int && b->is_int) {
+        return a->i == b->i;
+    }
+    return num_double(a) == num_double(b);
+}
+
+/* key: sensor id, bucket start (ms) and field name, each length-prefixed. */
+struct agg {
+    struct item key;
+    int64_t count;
+    struct num min, max;
+};
+
+struct aggs {
+    struct agg *v;
+    size_t n, cap;
+};
+
+static void aggs_add(struct aggs *l, const struct xbuf *key, int64_t count, struct num min,
+                     struct num max) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 64;
+        l->v = realloc(l->v, l->cap * sizeof(*l->v));
+        CHECK(l->v != NULL);
+    }
+    unsigned char *copy = malloc(key->len ? key->len : 1);
+    CHECK(copy != NULL);
+    memcpy(copy, key->p, key->len);
+    l->v[l->n++] = (struct agg){{copy, key->len}, count, min, max};
+}
+
+static int agg_cmp(const void *a, const void *b) {
+    return item_cmp(&((const struct agg *)a)->key, &((const struct agg *)b)->key);
+}
+
+/* Sort by key and fold the entries of one key into one. */
+static void aggs_fold(struct aggs *l) {
+    if (l->n > 1) {
+        qsort(l->v, l->n, sizeof(*l->v), agg_cmp);
+    }
+    size_t out = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        if (out > 0 && item_cmp(&l->v[out - 1].key, &l->v[i].key) == 0) {
+            struct agg *a = &l->v[out - 1];
+            a->count += l->v[i].count;
+            if (num_lt(&l->v[i].min, &a->min)) {
+                a->min = l->v[i].min;
+            }
+            if (num_lt(&a->max, &l->v[i].max)) {
+                a->max = l->v[i].max;
+            }
+            free(l->v[i].key.p);
+        } else {
+            l->v[out++] = l->v[i];
+        }
+    }
+    l->n = out;
+}
+
+static void aggs_free(struct aggs *l) {
+    for (size_t i = 0; i < l->n; i++) {
+        free(l->v[i].key.p);
+    }
+    free(l->v);
+    memset(l, 0, sizeof(*l));
+}
+
+static void agg_key(struct xbuf *k, const char *id, size_t id_len, int64_t start_ms,
+                    const void *name, size_t name_len) {
+    k->len = 0;
+    xput_str(k, id, id_len);
+    xput_u64(k, (uint64_t)start_ms);
+    xput_str(k, name, name_len);
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* One run                                                                                  */
 
 /* Built updates: copies kept until the end of the input, where they are checked. */
@@ -238,7 +339,9 @@ struct run {
     /* From the input: what was accepted, and the field names each sensor was sent. */
     uint64_t accepted, refused;
     struct items expect;      /* reading_bytes of every accepted point */
-    struct items field_names; /* id, NUL-free separator (length prefix), name */
+    struct items field_names; /* id (length-prefixed), name */
+    struct items metas;       /* id, measurement, tags: what meta must hold (meta_bytes) */
+    struct aggs expect_sums;  /* per sensor, bucket and numeric field: count, min, max */
 
     struct update *updates;
     size_t n_updates, cap_updates;
@@ -247,7 +350,7 @@ struct run {
 static struct bd_parser parsers[2][2][N_PREC]; /* [graphite][small][precision] */
 static struct bd_point *point;
 static struct run run;
-static struct xbuf scratch, scratch2;
+static struct xbuf scratch, scratch2, scratch3;
 static struct sval *svals;
 
 static void init_once(void) {
@@ -325,6 +428,32 @@ static void expect_point(struct run *r, const struct bd_point *pt) {
     reading_bytes(&scratch, pt->series_key.ptr, pt->series_key.len,
                   bd_floor_div(ts_ns, BD_NS_PER_MS), svals, n);
     items_add(&r->expect, scratch.p, scratch.len);
+
+    /* Summaries: each numeric value counts in its sensor's bucket (of its own timestamp). */
+    int64_t start = bd_bucket_start_ms(ts_ns, r->cfg.buckets.span_ms);
+    for (uint32_t i = 0; i < n; i++) {
+        const struct sval *v = &svals[i];
+        struct num num = {.is_int = v->type == 'i', .i = (int64_t)v->bits};
+        if (v->type == 'b') {
+            continue;
+        }
+        if (v->type == 'd') {
+            memcpy(&num.f, &v->bits, sizeof(num.f));
+        }
+        agg_key(&scratch3, pt->series_key.ptr, pt->series_key.len, start, v->name, v->name_len);
+        aggs_add(&r->expect_sums, &scratch3, 1, num, num);
+    }
+
+    /* meta: the measurement and the tags, as sent. */
+    scratch3.len = 0;
+    xput_str(&scratch3, pt->series_key.ptr, pt->series_key.len);
+    xput_str(&scratch3, pt->name.ptr, pt->name.len);
+    xput_u32(&scratch3, pt->n_tags);
+    for (uint32_t i = 0; i < pt->n_tags; i++) {
+        xput_str(&scratch3, pt->tags[i].key.ptr, pt->tags[i].key.len);
+        xput_str(&scratch3, pt->tags[i].value.ptr, pt->tags[i].value.len);
+    }
+    items_add(&r->metas, scratch3.p, scratch3.len);
 }
 
 /* The flusher's drain_sensor(), without look-ups, allocation failures or a memory budget. */
@@ -421,15 +550,71 @@ static void iter_doc(const bson_iter_t *it, bson_t *out) {
     CHECK(bson_init_static(out, data, len));
 }
 
-/* The name a stored key stands for, into scratch2. */
-static void unescape_key(const char *key, size_t len) {
+/* The name a stored key of a field (or a tag: kind) stands for, into scratch2. */
+static void unescape_kind(const char *key, size_t len, enum bd_name_kind kind) {
     scratch2.len = 0;
     xput(&scratch2, NULL, len + 1);
     int n = bd_name_unescape(key, len, (char *)scratch2.p, len + 1);
     CHECK(n >= 0);
     scratch2.len = (size_t)n;
     /* The key must be what the escape makes of that name, or two keys could mean one name. */
-    CHECK(bd_name_escaped_len((const char *)scratch2.p, scratch2.len, BD_NAME_FIELD) == len);
+    CHECK(bd_name_escaped_len((const char *)scratch2.p, scratch2.len, kind) == len);
+}
+
+static void unescape_key(const char *key, size_t len) {
+    unescape_kind(key, len, BD_NAME_FIELD);
+}
+
+/* A number in an update: an int64 or a double. */
+static struct num iter_num(const bson_iter_t *it) {
+    struct num n = {0};
+    if (BSON_ITER_HOLDS_INT64(it)) {
+        n.is_int = true;
+        n.i = bson_iter_int64(it);
+    } else {
+        CHECK(BSON_ITER_HOLDS_DOUBLE(it));
+        n.f = bson_iter_double(it);
+    }
+    return n;
+}
+
+/* Element `index` of the array under `op` in the document at it: {op: [.., ..]}. */
+static bson_iter_t op_arg(const bson_iter_t *it, const char *op, const char *index) {
+    bson_t doc, arr;
+    bson_iter_t a, out;
+    iter_doc(it, &doc);
+    CHECK(bson_iter_init_find(&a, &doc, op));
+    iter_doc(&a, &arr);
+    CHECK(bson_iter_init_find(&out, &arr, index));
+    return out;
+}
+
+/* The meta of an update ({$literal: {measurement, tags}}) in meta_bytes form. */
+static void meta_of(struct xbuf *out, const char *sensor, uint32_t sensor_len, const bson_t *set) {
+    bson_iter_t it, m;
+    bson_t lit, meta, tags;
+    CHECK(bson_iter_init_find(&it, set, "meta"));
+    iter_doc(&it, &lit);
+    CHECK(bson_iter_init_find(&it, &lit, "$literal"));
+    iter_doc(&it, &meta);
+    CHECK(bson_iter_init(&m, &meta) && bson_iter_next(&m) &&
+          strcmp(bson_iter_key(&m), "measurement") == 0);
+    uint32_t len;
+    const char *measurement = iter_utf8(&m, &len);
+    out->len = 0;
+    xput_str(out, sensor, sensor_len);
+    xput_str(out, measurement, len);
+    CHECK(bson_iter_next(&m) && strcmp(bson_iter_key(&m), "tags") == 0);
+    iter_doc(&m, &tags);
+    CHECK(!bson_iter_next(&m));
+    xput_u32(out, bson_count_keys(&tags));
+    CHECK(bson_iter_init(&it, &tags));
+    while (bson_iter_next(&it)) {
+        unescape_kind(bson_iter_key(&it), bson_iter_key_len(&it), BD_NAME_TAG);
+        xput_str(out, scratch2.p, scratch2.len);
+        const char *value = iter_utf8(&it, &len);
+        xput_str(out, value, len);
+    }
 }
 
 /* One page document as the updates build it up: every reading, and the last update's parts. */
@@ -510,12 +695,14 @@ static uint32_t page_doc_size(const struct page_doc *p) {
 /* Everything the run's updates must satisfy, against what the input made the harness expect. */
 static void check_updates(struct run *r) {
     struct items actual = {0};
+    struct aggs sums = {0};
     struct id_entry *ids = calloc(r->n_updates + 1, sizeof(*ids));
     struct page_doc *pages = calloc(r->n_updates + 1, sizeof(*pages));
     size_t n_pages = 0;
     uint64_t readings = 0;
     CHECK(ids != NULL && pages != NULL);
     items_sort(&r->field_names);
+    items_sort(&r->metas);
 
     for (size_t u = 0; u < r->n_updates; u++) {
         const bson_t *sel = r->updates[u].sel, *upd = r->updates[u].upd;
@@ -545,6 +732,14 @@ static void check_updates(struct run *r) {
                           page);
         CHECK(tn > 0 && (uint32_t)tn < id_len && memcmp(id + id_len - tn, tail, (size_t)tn) == 0);
         ids[u] = (struct id_entry){id, id_len, sensor, sensor_len, start_ms, page, u};
+        const int64_t span = (int64_t)r->cfg.buckets.span_ms;
+        CHECK(bd_floor_div(start_ms, span) * span == start_ms);
+        CHECK(bson_iter_init_find(&it, &set, "bucket_end") && BSON_ITER_HOLDS_DATE_TIME(&it));
+        CHECK(bson_iter_date_time(&it) == start_ms + span - 1);
+
+        /* meta holds the measurement and tags the sensor's points were sent with. */
+        meta_of(&scratch3, sensor, sensor_len, &set);
+        CHECK(items_has(&r->metas, scratch3.p, scratch3.len));
 
         /* The readings: sensor id in full, every key the escape of a name that was sent. */
         CHECK(bson_iter_init_find(&n_it, &set, "_n"));
@@ -554,6 +749,7 @@ static void check_updates(struct run *r) {
         iter_doc(&it, &arr);
         CHECK(bson_iter_init(&it, &arr));
         uint32_t n_here = 0;
+        int64_t last_ts = 0;
         struct items numeric = {0}; /* names of the numeric fields in this update's readings */
         while (bson_iter_next(&it)) {
             bson_t rdoc;
@@ -562,6 +758,10 @@ static void check_updates(struct run *r) {
             CHECK(bson_iter_next(&sub) && strcmp(bson_iter_key(&sub), "ts") == 0 &&
                   BSON_ITER_HOLDS_DATE_TIME(&sub));
             int64_t ts_ms = bson_iter_date_time(&sub);
+            /* In the bucket, in time order. */
+            CHECK(ts_ms >= start_ms && ts_ms < start_ms + span);
+            CHECK(n_here == 0 || ts_ms >= last_ts);
+            last_ts = ts_ms;
             uint32_t nv = 0;
             struct xbuf names = {0};
             size_t name_off[BD_PARSE_MAX_FIELDS];
@@ -628,6 +828,28 @@ static void check_updates(struct run *r) {
             free(sent.p);
             items_add(&summary, scratch2.p, scratch2.len);
             items_sort(&summary);
+
+            /* What this update adds to the field's summary: {$min: [ref, min]}, {$max: ...},
+             * count {$add: [{$ifNull: ...}, n]}. */
+            bson_iter_t arg = op_arg(&it, "$min", "1");
+            struct num mn = iter_num(&arg);
+            agg_key(&scratch3, sensor, sensor_len, start_ms, scratch2.p, scratch2.len);
+            struct xbuf path = {0};
+            xput(&path, key, klen - 4);
+            xput(&path, ".max", 5);
+            bson_iter_t other;
+            CHECK(bson_iter_init_find(&other, &set, (const char *)path.p));
+            arg = op_arg(&other, "$max", "1");
+            struct num mx = iter_num(&arg);
+            path.len = klen - 4;
+            xput(&path, ".count", 7);
+            CHECK(bson_iter_init_find(&other, &set, (const char *)path.p));
+            arg = op_arg(&other, "$add", "1");
+            CHECK(BSON_ITER_HOLDS_INT64(&arg));
+            int64_t count = bson_iter_int64(&arg);
+            CHECK(count >= 1 && count <= n_here);
+            free(path.p);
+            aggs_add(&sums, &scratch3, count, mn, mx);
         }
         CHECK(summary.n == numeric.n);
         items_free(&numeric);
@@ -644,6 +866,19 @@ static void check_updates(struct run *r) {
         CHECK(item_cmp(&actual.v[i], &r->expect.v[i]) == 0);
     }
     items_free(&actual);
+
+    /* Summaries are true: per sensor, bucket and numeric field, the counts the updates add up
+     * to, and the smallest and largest values they carry, are those of the accepted points. */
+    aggs_fold(&sums);
+    aggs_fold(&r->expect_sums);
+    CHECK(sums.n == r->expect_sums.n);
+    for (size_t i = 0; i < sums.n; i++) {
+        const struct agg *a = &sums.v[i], *e = &r->expect_sums.v[i];
+        CHECK(item_cmp(&a->key, &e->key) == 0);
+        CHECK(a->count == e->count);
+        CHECK(num_eq(&a->min, &e->min) && num_eq(&a->max, &e->max));
+    }
+    aggs_free(&sums);
 
     /* One _id, one sensor, bucket and page; its updates rebuild a page within the limits. */
     if (r->n_updates > 1) {
@@ -799,6 +1034,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(r->updates);
     items_free(&r->expect);
     items_free(&r->field_names);
+    items_free(&r->metas);
+    aggs_free(&r->expect_sums);
     bd_batch_close(&r->batch);
     bd_sensor_table_foreach(r->table, release_pages, NULL);
     bd_sensor_table_free(r->table);
@@ -938,6 +1175,7 @@ int main(int argc, char **argv) {
     free(svals);
     free(scratch.p);
     free(scratch2.p);
+    free(scratch3.p);
     return 0;
 }
 #endif

@@ -194,6 +194,12 @@ def accept_seeds():
         ts, ts - 7 * 86400 * 10**9 - 1, ts - 7 * 86400 * 10**9 + 1, ts + 600 * 10**9,
         ts + 600 * 10**9 + 1, 0, -1)])
     add("limit-strings", b"0", ['m s="x"', 'm s="x",v=1', 'm b=true'])
+    # Summaries: values falling and rising, ints and floats mixed in one field, unsigned
+    # integers past int64, booleans (stored, not summarised).
+    add("summaries", b"0", [
+        "m v=5,w=1i,u=1u,b=t", "m v=3,w=-2i,u=18446744073709551615u,b=f", "m v=4,w=7i,u=3u",
+        "m v=-1.5,w=2.5,u=9223372036854775808u", "m v=-1.5,w=-9223372036854775808i,u=0u",
+        "m v=1e308,w=9223372036854775807i", "m v=-0,w=0", "m v=0,w=-0.0"])
     add("late-order", b"0", ["m v=%d %d" % (i, ts - (i % 5) * 3600 * 10**9) for i in range(20)])
     return seeds
 
