@@ -59,11 +59,35 @@ int64_t bd_bucket_start_ms(int64_t ts_ns, uint64_t span_ms) {
     return bd_floor_div(ms, (int64_t)span_ms) * (int64_t)span_ms;
 }
 
+/* Hex digits of the digest form: two XXH3-128 halves. */
+#define DIGEST_HEX 32
+
+/*
+ * Whether an id has the shape of a long id's digest form: a prefix of BD_BUCKET_ID_PREFIX bytes
+ * or up to three fewer (cut before a character), '~' and DIGEST_HEX lowercase hex digits. Such
+ * an id, short as it is, takes the digest form itself: written verbatim, it would be the _id of
+ * the long id whose digest it spells (anyone can compute one), and two sensors would share
+ * their pages.
+ */
+static bool looks_like_digest(const char *id, size_t len) {
+    if (len < BD_BUCKET_ID_PREFIX - 3 + 1 + DIGEST_HEX ||
+        len > BD_BUCKET_ID_PREFIX + 1 + DIGEST_HEX || id[len - DIGEST_HEX - 1] != '~') {
+        return false;
+    }
+    for (size_t i = len - DIGEST_HEX; i < len; i++) {
+        char c = id[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+            return false;
+        }
+    }
+    return true;
+}
+
 int bd_bucket_id(char *buf, size_t cap, const char *sensor_id, int64_t start_ms, uint32_t page) {
     size_t len = strlen(sensor_id);
     int64_t start_s = bd_floor_div(start_ms, 1000);
     int n;
-    if (len <= BD_BUCKET_ID_MAX_VERBATIM) {
+    if (len <= BD_BUCKET_ID_MAX_VERBATIM && !looks_like_digest(sensor_id, len)) {
         n = snprintf(buf, cap, "%s|%" PRId64 "|%" PRIu32, sensor_id, start_s, page);
     } else {
         /* Cut before a UTF-8 continuation byte, never inside a character. */

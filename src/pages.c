@@ -85,6 +85,7 @@ void bd_pages_learn(struct bd_page_slot *s, uint32_t page, uint32_t count, uint6
     s->page = page;
     s->count = count;
     s->bytes = est_bytes;
+    s->overhead = BD_PAGE_OVERHEAD_LEARNED;
     s->known = true;
 }
 

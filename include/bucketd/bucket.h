@@ -22,7 +22,9 @@ int64_t bd_bucket_start_ms(int64_t ts_ns, uint64_t span_ms);
  * Sensor ids up to this many bytes appear verbatim in a bucket's _id. A longer id is shortened to
  * its first BD_BUCKET_ID_PREFIX bytes (cut at a UTF-8 character boundary), '~' and the 32 hex
  * digits of the XXH3-128 digest of the whole id, so that ids of any accepted length keep
- * distinct, bounded _ids; the full id is always in the document's sensor_id.
+ * distinct, bounded _ids; the full id is always in the document's sensor_id. A shorter id that
+ * has that shape itself (189 to 192 bytes, '~', 32 lowercase hex digits) takes the digest form
+ * too, so that no id written verbatim is ever another id's digest form.
  */
 #define BD_BUCKET_ID_MAX_VERBATIM 256
 #define BD_BUCKET_ID_PREFIX 192

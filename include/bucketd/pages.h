@@ -28,6 +28,8 @@
 
 /* Page of a delta whose bucket's stored pages are not known yet. */
 #define BD_PAGE_UNKNOWN UINT32_MAX
+/* bd_page_slot.overhead after a look-up (see there). */
+#define BD_PAGE_OVERHEAD_LEARNED UINT64_MAX
 
 struct bd_pages_limits {
     uint64_t span_ms;
@@ -42,6 +44,10 @@ struct bd_page_slot {
     uint32_t page;  /* the page new readings go to (known slots) */
     uint32_t count; /* readings on that page, stored or pending; unknown slots: pending */
     uint64_t bytes; /* estimated BSON bytes of that page, overhead included once known */
+    /* The page overhead (bd_pages_place's overhead_bytes) that bytes includes:
+     * BD_PAGE_OVERHEAD_LEARNED after bd_pages_learn, whose estimate holds the overhead the next
+     * bd_pages_place is given. */
+    uint64_t overhead;
     uint64_t batch; /* the newest batch that placed readings here */
     bool known;
 };
@@ -70,31 +76,43 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
 
 /*
  * Known slot: the page a reading of reading_bytes goes to, counted in. overhead_bytes is the
- * page's size without readings (bd_page_overhead_bytes), charged when a page opens. A reading
- * too large for any page still gets a page of its own (the update builder decides whether it
- * can be sent). Inline: the flusher calls it for every reading it drains.
+ * page's size without readings (bd_page_overhead_bytes), charged when a page opens. It grows
+ * while a page is open when the sensor gets a new field (the field's summary entry): the open
+ * page is charged the growth with the reading that brings it, so that a page never holds more
+ * than lim->max_bytes. A reading too large for any page still gets a page of its own (the
+ * update builder decides whether it can be sent). Inline: the flusher calls it for every
+ * reading it drains.
  */
 static inline uint32_t bd_pages_place(struct bd_page_slot *s, const struct bd_pages_limits *lim,
                                       uint64_t reading_bytes, uint64_t overhead_bytes) {
     BD_ASSERT(s->known);
-    if (s->count == 0 && s->bytes < overhead_bytes) {
-        s->bytes = overhead_bytes;
+    if (s->count == 0) {
+        if (s->bytes < overhead_bytes) {
+            s->bytes = overhead_bytes;
+        }
+        s->overhead = overhead_bytes;
+    } else if (s->overhead == BD_PAGE_OVERHEAD_LEARNED) {
+        s->overhead = overhead_bytes;
     }
+    uint64_t grown = overhead_bytes > s->overhead ? overhead_bytes - s->overhead : 0;
     if (s->count > 0 &&
-        (s->count >= lim->max_readings || s->bytes + reading_bytes > lim->max_bytes)) {
+        (s->count >= lim->max_readings || s->bytes + grown + reading_bytes > lim->max_bytes)) {
         s->page++;
         s->count = 0;
         s->bytes = overhead_bytes;
+        grown = 0;
     }
     s->count++;
-    s->bytes += reading_bytes;
+    s->bytes += grown + reading_bytes;
+    s->overhead = BD_MAX(s->overhead, overhead_bytes);
     return s->page;
 }
 
 /*
  * What MongoDB holds of the bucket: its last page and that page's readings (page 0, count 0 if
- * none), est_bytes that page's estimated size. The slot becomes known, its pending count reset:
- * the caller places the pending readings again with bd_pages_place.
+ * none), est_bytes that page's estimated size, including the overhead the caller passes to its
+ * next bd_pages_place. The slot becomes known, its pending count reset: the caller places the
+ * pending readings again with bd_pages_place.
  */
 void bd_pages_learn(struct bd_page_slot *s, uint32_t page, uint32_t count, uint64_t est_bytes);
 

@@ -10,7 +10,12 @@ The hand-written lines go in once per line limit. Existing seed directories are 
     python3 tests/fuzz/make_seeds.py OUT_DIR [--corpus PATH/corpus.json]
 
 writes OUT_DIR/seeds-influx/, OUT_DIR/seeds-graphite/, OUT_DIR/influx.dict and
-OUT_DIR/graphite.dict.
+OUT_DIR/graphite.dict, and for fuzz_accept (the path after the parser) OUT_DIR/seeds-accept/ and
+OUT_DIR/accept.dict: the same lines (line protocol '0'-'7', Graphite '8'-'?', and each again with
+bit 6 set, a flush after every line), the corpus cases, and batches made for the sensor table and
+the update builder: sensor ids from 1 KB to 70 KB and ids sharing long prefixes, field keys of
+300 bytes and more sharing long prefixes, names that need the BSON escape ('.', '$', '%', "ts"),
+and batches that reach each limit of fuzz_accept's small configuration.
 """
 
 import argparse
@@ -123,6 +128,82 @@ GRAPHITE_DICT = [
 ]
 
 
+# Tokens for fuzz_accept: the line protocol's, and the names the BSON escape (names.h) rewrites.
+ACCEPT_DICT = INFLUX_DICT + [
+    b"ts", b"$", b".", b"%", b"%25", b"%2E", b"%2e", b"%24", b"%74s", b"$id", b"a.b",
+    b" 1600000000000000000", b" 1599999999999999999", b" 1600000600000000001", b"\n",
+]
+
+
+def accept_seeds():
+    """(name, bytes) batches for fuzz_accept, beyond the parser seeds (see the module doc)."""
+    ts = 1600000000000000000  # fuzz_accept's fixed "now", in ns
+    seeds = []
+
+    def add(name, mode, lines):
+        text = "\n".join(lines) if isinstance(lines, list) else lines
+        seeds.append((name, mode + text.encode()))
+        # The same with a flush after every line: pages fill over several updates.
+        seeds.append((name + "-each", bytes([mode[0] | 0x40]) + text.encode()))
+
+    # Sensor ids from 1 KB to 70 KB (measurement, tag value, Graphite path), and two ids that
+    # differ only past a long common prefix: each must keep its own _id.
+    for size in (1000, 1100, 4096, 16384, 70000):
+        add("id-meas-%d" % size, b"0", ["m" * size + " v=1", "m" * size + " v=2i %d" % ts])
+        add("id-tag-%d" % size, b"0",
+            ["m,k=%s v=1" % ("x" * size), "m,k=%sy v=2" % ("x" * (size - 1))])
+        add("id-graphite-%d" % size, b"8",
+            ["%s 1 1600000000" % ("a." * (size // 2)), "%sb 2 1600000000" % ("a." * (size // 2))])
+    prefix = "sensor-" + "p" * 2000
+    add("id-shared-prefix", b"0", ["%s%d v=%d" % (prefix, i, i) for i in range(4)])
+    # Around the length where an _id stops holding the id verbatim (bucket.h: 256 bytes), and
+    # around the prefix kept before the digest (192), with multi-byte characters at the cut.
+    for size in (191, 192, 193, 255, 256, 257, 258):
+        add("id-edge-%d" % size, b"0", ["i" * size + " v=1", "i" * (size - 1) + "j v=2"])
+        add("id-utf8-%d" % size, b"0",
+            ["\u00e9" * (size // 2) + " v=1", "\u20ac" * (size // 3) + "x v=1"])
+    # Field keys of 300 bytes and more sharing long prefixes: one summary key each.
+    long_key = "f" * 300
+    add("keys-shared-prefix", b"0",
+        ["m " + ",".join("%s%d=%d" % (long_key, i, i) for i in range(6)),
+         "m %sa=1,%sb=2i,%sc=true" % (long_key, long_key, long_key)])
+    add("keys-long", b"0", ["m %s=1,%s=2" % ("k" * 1000, "k" * 999 + "l"),
+                            "m %s=3" % ("k" * 5000)])
+    # Names that need the escape, alone and mixed with the escapes' own text.
+    add("names-escape", b"0", [
+        "m ts=1,a.b=2,$x=3,%=4,x$=5,.=6,$=7",
+        "m %25=1,%2E=2,%24=3,%74s=4,%2e=5,tss=6,t=7",
+        "m,a.b=1,$t=2,ts=3,%=4 ts=1i,f.g.h=2u",
+        "a.b.c,$k=$v ts=1",
+        "m a.b=1,a%2Eb=2",
+        "m $ts=1,ts.=2,.ts=3",
+    ])
+    add("names-escape-graphite", b"8", ["a.b.c;ts=1;$x=y;p.q=%25 1 1600000000", "$.% 2"])
+    # The limits of fuzz_accept's small configuration: more sensors than limits.max_sensors,
+    # more fields than a sensor may have, more readings than the buffer pool holds, pages
+    # filled by count and by bytes, timestamps outside the window, string-only lines.
+    add("limit-sensors", b"0", ["s%d v=%d" % (i, i) for i in range(12)])
+    add("limit-fields", b"0", ["m f%d=%d" % (i, i) for i in range(70)])
+    add("limit-fields-line", b"0", ["m " + ",".join("f%d=1" % i for i in range(40))])
+    add("limit-pool", b"0", ["m,k=%d a=%d,b=%di" % (i % 3, i, i) for i in range(700)])
+    add("limit-page-count", b"0", ["m v=%d %d" % (i, ts + i) for i in range(30)])
+    add("limit-page-bytes", b"0",
+        ["m %s=%d %d" % (",".join("g%d%s=1" % (j, "z" * 200) for j in range(6)), i, ts + i)
+         for i in range(12)])
+    add("limit-window", b"0", ["m v=1 %d" % t for t in (
+        ts, ts - 7 * 86400 * 10**9 - 1, ts - 7 * 86400 * 10**9 + 1, ts + 600 * 10**9,
+        ts + 600 * 10**9 + 1, 0, -1)])
+    add("limit-strings", b"0", ['m s="x"', 'm s="x",v=1', 'm b=true'])
+    # Summaries: values falling and rising, ints and floats mixed in one field, unsigned
+    # integers past int64, booleans (stored, not summarised).
+    add("summaries", b"0", [
+        "m v=5,w=1i,u=1u,b=t", "m v=3,w=-2i,u=18446744073709551615u,b=f", "m v=4,w=7i,u=3u",
+        "m v=-1.5,w=2.5,u=9223372036854775808u", "m v=-1.5,w=-9223372036854775808i,u=0u",
+        "m v=1e308,w=9223372036854775807i", "m v=-0,w=0", "m v=0,w=-0.0"])
+    add("late-order", b"0", ["m v=%d %d" % (i, ts - (i % 5) * 3600 * 10**9) for i in range(20)])
+    return seeds
+
+
 def small_limit(prec):
     """The first byte that picks the same precision with the small line limit."""
     return bytes([prec[0] | 4])
@@ -175,8 +256,10 @@ def main():
 
     influx = os.path.join(args.out, "seeds-influx")
     graphite = os.path.join(args.out, "seeds-graphite")
+    accept = os.path.join(args.out, "seeds-accept")
     fresh_dir(influx)
     fresh_dir(graphite)
+    fresh_dir(accept)
 
     n_corpus = 0
     for i, (prec, text) in enumerate(INFLUX_LINES):
@@ -185,6 +268,7 @@ def main():
     if args.corpus:
         for name, data in corpus_seeds(args.corpus):
             write_seed(influx, name, data)
+            write_seed(accept, name, data)
             n_corpus += 1
     # The most tags and fields a point holds (tags unsorted), in few bytes so that mutations
     # can still add one under libFuzzer's default length limit (4 KiB). The repeated last field
@@ -199,10 +283,26 @@ def main():
     wide = ";".join(short_key((i * 37) % 256) + "=v" for i in range(256))
     write_seed(graphite, "line-wide", b"0a.b;" + wide.encode() + b" 1 1600000000.5")
 
+    # fuzz_accept: every hand-written line of both formats, flushed once and after every line
+    # (Graphite's first byte has bit 3 set), then the batches made for it.
+    n_accept = n_corpus
+    for fmt, lines in ((0, INFLUX_LINES), (8, GRAPHITE_LINES)):
+        for i, (prec, text) in enumerate(lines):
+            for flush in (0, 0x40):
+                name = "%s-%02d%s" % ("graphite" if fmt else "influx", i, "-each" if flush else "")
+                write_seed(accept, name, bytes([prec[0] | fmt | flush]) + text.encode())
+                n_accept += 1
+    for name, data in accept_seeds():
+        write_seed(accept, name, data)
+        n_accept += 1
+
     write_dict(os.path.join(args.out, "influx.dict"), INFLUX_DICT)
     write_dict(os.path.join(args.out, "graphite.dict"), GRAPHITE_DICT)
-    print("make_seeds: influx %d seeds (%d from the conformance corpus), graphite %d seeds"
-          % (2 * len(INFLUX_LINES) + 1 + n_corpus, n_corpus, 2 * len(GRAPHITE_LINES) + 1))
+    write_dict(os.path.join(args.out, "accept.dict"), ACCEPT_DICT)
+    print("make_seeds: influx %d seeds (%d from the conformance corpus), graphite %d seeds, "
+          "accept %d seeds"
+          % (2 * len(INFLUX_LINES) + 1 + n_corpus, n_corpus, 2 * len(GRAPHITE_LINES) + 1,
+             n_accept))
 
 
 if __name__ == "__main__":

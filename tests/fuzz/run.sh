@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the parser fuzz targets (tests/fuzz/fuzz_*.c) with clang, libFuzzer, ASan and UBSan into
+# Builds the fuzz targets (tests/fuzz/fuzz_*.c: the two parsers, and fuzz_accept for the path after
+# the parser) with clang, libFuzzer, ASan and UBSan into
 # build-fuzz/ under the repository root, regenerates their seed corpora there, and fuzzes each
 # target in turn. Exits non-zero on any finding (crash, invariant trap, sanitizer report, leak,
 # timeout, out-of-memory) and prints the input that reproduces it. Installs clang and the
@@ -20,7 +21,7 @@ smoke=0
 case "${1:-}" in
   "") ;;
   --smoke) smoke=1 ;;
-  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *)
     if ! [[ "$1" =~ ^[0-9]+$ ]] || [ "$1" -eq 0 ]; then
       echo "run.sh: SECONDS must be a positive whole number, not '$1'" >&2
@@ -83,6 +84,12 @@ clang "${cflags[@]}" -o "$out/fuzz_influx" tests/fuzz/fuzz_influx.c \
   src/parse.c src/common.c src/config.c src/log.c src/mongo.c "${mongoc[@]}" -lyaml -lm
 clang "${cflags[@]}" -o "$out/fuzz_graphite" tests/fuzz/fuzz_graphite.c \
   src/parse.c src/common.c -lm
+# The path after the parser: sensor table, buffer pool, pages, batch, update documents.
+read -r -a accept_libs <<<"$(pkg-config --cflags --libs libbson-1.0 libxxhash)"
+clang "${cflags[@]}" -o "$out/fuzz_accept" tests/fuzz/fuzz_accept.c \
+  src/parse.c src/common.c src/config.c src/log.c src/mongo.c src/sensor.c src/pool.c \
+  src/ring.c src/names.c src/bucket.c src/pages.c src/batch.c src/alloc.c src/stats.c \
+  "${mongoc[@]}" "${accept_libs[@]}" -lyaml -lm
 
 # --- Seeds ------------------------------------------------------------------------------------
 
@@ -124,21 +131,26 @@ report_finding() { # target, log
 }
 
 failed=0
-for target in influx graphite; do
+for target in influx graphite accept; do
   bin="$out/fuzz_$target"
   log="$out/$target.log"
-  seeds="$out/seeds-$target"
+  seeds=("$out/seeds-$target")
+  # Findings kept in the repository once fixed (tests/fuzz/regressions/<target>/) run too.
+  if [ -d "tests/fuzz/regressions/$target" ]; then
+    seeds+=("$root/tests/fuzz/regressions/$target")
+  fi
   arts="$out/artifacts-$target"
   mkdir -p "$arts"
   common=(-timeout=10 -rss_limit_mb=2048 -artifact_prefix="$arts/" -print_final_stats=1)
   if [ "$smoke" -eq 1 ]; then
-    echo "== fuzz_$target: smoke run over $(find "$seeds" -type f | wc -l) seeds"
-    args=("${common[@]}" -runs=0 "$seeds")
+    echo "== fuzz_$target: smoke run over $(find "${seeds[@]}" -type f | wc -l) seeds"
+    args=("${common[@]}" -runs=0 "${seeds[@]}")
   else
     corpus="$out/corpus-$target"
     mkdir -p "$corpus"
-    echo "== fuzz_$target: ${seconds}s (corpus $corpus, seeds $seeds)"
-    args=("${common[@]}" -max_total_time="$seconds" -dict="$out/$target.dict" "$corpus" "$seeds")
+    echo "== fuzz_$target: ${seconds}s (corpus $corpus, seeds ${seeds[*]})"
+    args=("${common[@]}" -max_total_time="$seconds" -dict="$out/$target.dict" "$corpus"
+          "${seeds[@]}")
   fi
   rc=0
   "$bin" "${args[@]}" >"$log" 2>&1 || rc=$?

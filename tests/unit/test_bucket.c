@@ -303,6 +303,50 @@ Test(bucket, long_ids_keep_their_own_bounded_id) {
     cr_assert_eq(id_a[BD_BUCKET_ID_PREFIX], '~');
 }
 
+/*
+ * A short id spelling a long id's digest form (anyone can compute the digest of a known id)
+ * must not get that long id's _id: the two sensors would share their pages.
+ */
+Test(bucket, a_short_id_never_takes_a_long_ids_digest_form) {
+    static char a[301], forged[BD_BUCKET_ID_MAX], id_a[BD_BUCKET_ID_MAX], id_f[BD_BUCKET_ID_MAX];
+    memset(a, 'a', 300);
+    cr_assert_eq(bd_bucket_id(id_a, sizeof(id_a), a, 0, 0), 0);
+    /* The forged id is the long id's _id without its "|<bucket start>|<page>". */
+    size_t n = strlen(id_a) - strlen("|0|0");
+    memcpy(forged, id_a, n);
+    forged[n] = '\0';
+    cr_assert_leq(strlen(forged), BD_BUCKET_ID_MAX_VERBATIM);
+    cr_assert_eq(bd_bucket_id(id_f, sizeof(id_f), forged, 0, 0), 0);
+    cr_assert_str_neq(id_f, id_a, "two sensor ids share the _id %s", id_a);
+    /* Its _id is a digest form of its own. */
+    cr_assert_eq(id_f[BD_BUCKET_ID_PREFIX], '~');
+    cr_assert_eq(strncmp(id_f, forged, BD_BUCKET_ID_PREFIX), 0);
+
+    /* The same with the prefix cut before a character (189 bytes kept). */
+    memcpy(a + BD_BUCKET_ID_PREFIX - 3, "\xf0\x9f\x98\x80", 4);
+    cr_assert_eq(bd_bucket_id(id_a, sizeof(id_a), a, 0, 0), 0);
+    cr_assert_eq(id_a[BD_BUCKET_ID_PREFIX - 3], '~');
+    n = strlen(id_a) - strlen("|0|0");
+    memcpy(forged, id_a, n);
+    forged[n] = '\0';
+    cr_assert_eq(bd_bucket_id(id_f, sizeof(id_f), forged, 0, 0), 0);
+    cr_assert_str_neq(id_f, id_a);
+
+    /* Other ids ending in '~' and hex digits keep their verbatim _id: a length no digest form
+     * has, or digits a digest form never uses. */
+    static const char *const verbatim[] = {"sensor~0123456789abcdef0123456789abcdef",
+                                           "sensor~0123456789ABCDEF0123456789ABCDEF"};
+    for (size_t i = 0; i < 2; i++) {
+        cr_assert_eq(bd_bucket_id(id_f, sizeof(id_f), verbatim[i], 0, 0), 0);
+        cr_assert_eq(strncmp(id_f, verbatim[i], strlen(verbatim[i])), 0);
+        cr_assert_str_eq(id_f + strlen(verbatim[i]), "|0|0");
+    }
+    memset(forged, 'x', BD_BUCKET_ID_PREFIX);
+    memcpy(forged + BD_BUCKET_ID_PREFIX, "~0123456789ABCDEF0123456789ABCDEF", 34);
+    cr_assert_eq(bd_bucket_id(id_f, sizeof(id_f), forged, 0, 0), 0);
+    cr_assert_eq(strncmp(id_f, forged, strlen(forged)), 0);
+}
+
 Test(bucket, a_long_id_is_cut_before_a_character_not_inside_it) {
     static char a[400], id[BD_BUCKET_ID_MAX];
     memset(a, 'x', sizeof(a) - 1);

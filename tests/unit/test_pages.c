@@ -305,6 +305,34 @@ Test(pages, oversized_reading_gets_a_page_of_its_own) {
     cr_assert_eq(s.count, 1);
 }
 
+/*
+ * A sensor's new field brings a summary entry to every page it lands on: the overhead grows
+ * while a page is open, and the open page is charged the growth (the page document would pass
+ * max_bytes otherwise).
+ */
+Test(pages, place_charges_the_overhead_a_new_field_adds_to_an_open_page) {
+    struct bd_page_slot s = known_slot(0, 0, 0);
+    cr_assert_eq(bd_pages_place(&s, &lim, 100, OVERHEAD), 0);
+    cr_assert_eq(s.bytes, OVERHEAD + 100);
+    /* A reading with a new long field name: its summary entry adds 500 to the overhead. */
+    cr_assert_eq(bd_pages_place(&s, &lim, 100, OVERHEAD + 500), 0);
+    cr_assert_eq(s.bytes, OVERHEAD + 500 + 200, "the open page is charged the growth");
+    /* Charged once: the same overhead again adds only the reading. */
+    cr_assert_eq(bd_pages_place(&s, &lim, 50, OVERHEAD + 500), 0);
+    cr_assert_eq(s.bytes, OVERHEAD + 500 + 250);
+    /* Growth and reading together pass max_bytes (1000): the next page, charged in full. */
+    cr_assert_eq(bd_pages_place(&s, &lim, 60, OVERHEAD + 600), 1);
+    cr_assert_eq(s.count, 1);
+    cr_assert_eq(s.bytes, OVERHEAD + 600 + 60);
+
+    /* After a look-up the learned estimate holds the overhead of the next placement. */
+    s = known_slot(3, 2, 600);
+    cr_assert_eq(bd_pages_place(&s, &lim, 20, OVERHEAD + 300), 3);
+    cr_assert_eq(s.bytes, 620, "the learned size already holds this overhead");
+    cr_assert_eq(bd_pages_place(&s, &lim, 20, OVERHEAD + 400), 3);
+    cr_assert_eq(s.bytes, 740, "growth after the look-up is charged");
+}
+
 Test(pages, learn_then_place) {
     /* A partly filled last page: readings join it until it is full. */
     struct bd_page_slot s = known_slot(3, 4, 500);
