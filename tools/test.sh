@@ -112,7 +112,7 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
   packages_pid=$!
 
   # libFuzzer on each parser for 60 s (clang, ASan+UBSan); any finding fails the run.
-  echo "== fuzzing the parsers"
+  echo "== fuzzing the parsers and the path after them"
   fuzz_rc=0
   bash tests/fuzz/run.sh "${BD_FUZZ_SECONDS:-60}" || fuzz_rc=$?
 

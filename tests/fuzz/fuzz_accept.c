@@ -93,6 +93,8 @@ _Noreturn static void check_failed(const char *expr, const char *file, int line)
 #define CFG_MAX_READINGS 8
 #define CFG_MAX_BYTES (UINT64_C(8) << 10)
 #define CFG_MAX_LATE_MS (UINT64_C(7) * 24 * 3600 * 1000)
+/* limits.max_name when the mode byte asks for short names. */
+#define CFG_SHORT_NAME 256
 
 /* ---------------------------------------------------------------------------------------- */
 /* Byte strings                                                                             */
@@ -337,7 +339,7 @@ struct run {
     uint64_t fill_id;
 
     /* From the input: what was accepted, and the field names each sensor was sent. */
-    uint64_t accepted, refused;
+    uint64_t accepted, refused, busy;
     struct items expect;      /* reading_bytes of every accepted point */
     struct items field_names; /* id (length-prefixed), name */
     struct items metas;       /* id, measurement, tags: what meta must hold (meta_bytes) */
@@ -380,7 +382,8 @@ static uint64_t drops(const struct bd_stats *st) {
     return BD_STAT_GET(st, drop_too_many_fields) + BD_STAT_GET(st, drop_no_numeric) +
            BD_STAT_GET(st, drop_bad_name) + BD_STAT_GET(st, drop_field_limit) +
            BD_STAT_GET(st, drop_too_old) + BD_STAT_GET(st, drop_too_new) +
-           BD_STAT_GET(st, drop_buffer_full) + BD_STAT_GET(st, drop_sensor_limit);
+           BD_STAT_GET(st, drop_buffer_full) + BD_STAT_GET(st, drop_sensor_limit) +
+           BD_STAT_GET(st, drop_name_too_long) + BD_STAT_GET(st, drop_sensor_memory);
 }
 
 /* What the point must come back as, if accepted (from the point, not from any output). */
@@ -965,6 +968,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t mode = data[0];
     struct bd_parser *p = &parsers[(mode >> 3) & 1][(mode >> 2) & 1][mode & 3];
     const bool flush_each = (mode & 0x40) != 0;
+    /* The longest names limits.max_name allows, or short ones (refusals of long names). */
+    const uint32_t max_name = (mode & 0x20) != 0 ? CFG_SHORT_NAME : 64 * 1024;
     struct run *r = &run;
 
     memset(r, 0, sizeof(*r));
@@ -973,6 +978,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     r->cfg.limits.max_sensors = CFG_MAX_SENSORS;
     r->cfg.limits.memory = CFG_MEMORY;
     r->cfg.limits.max_line = (uint32_t)p->max_line;
+    r->cfg.limits.max_name = max_name;
     r->cfg.buckets.max_readings = CFG_MAX_READINGS;
     r->cfg.buckets.max_bytes = CFG_MAX_BYTES;
     r->cfg.buckets.max_late_ms = CFG_MAX_LATE_MS;
@@ -1005,6 +1011,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint64_t drops_before = drops(&r->stats);
         uint64_t accepted_before = BD_STAT_GET(&r->stats, readings_accepted);
         int arc = bd_sensor_table_accept(r->table, point, NOW_NS);
+        if (arc == -EAGAIN) {
+            /* Busy (its share of the pool, or a new sensor in a pool three quarters full):
+             * nothing counted. As a TCP connection would, wait for the flusher: drained, the
+             * queue is empty and the point is taken or refused for a counted reason. */
+            CHECK(BD_STAT_GET(&r->stats, readings_accepted) == accepted_before);
+            CHECK(drops(&r->stats) == drops_before);
+            r->busy++;
+            flush(r);
+            arc = bd_sensor_table_accept(r->table, point, NOW_NS);
+            CHECK(arc != -EAGAIN);
+        }
         if (arc == 0) {
             r->accepted++;
             expect_point(r, point);
@@ -1048,7 +1065,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 /* Replay: the plain program ctest runs                                                     */
 
 static uint64_t total_accepted, total_refused, total_updates;
-static uint64_t total_drops[8];
+static uint64_t total_drops[10], total_busy;
 
 static int replay_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -1075,12 +1092,14 @@ static int replay_file(const char *path) {
     total_accepted += run.accepted;
     total_refused += run.refused;
     total_updates += run.n_updates;
-    const uint64_t d[8] = {
+    const uint64_t d[10] = {
         BD_STAT_GET(&run.stats, drop_too_many_fields), BD_STAT_GET(&run.stats, drop_no_numeric),
         BD_STAT_GET(&run.stats, drop_bad_name),        BD_STAT_GET(&run.stats, drop_field_limit),
         BD_STAT_GET(&run.stats, drop_too_old),         BD_STAT_GET(&run.stats, drop_too_new),
-        BD_STAT_GET(&run.stats, drop_buffer_full),     BD_STAT_GET(&run.stats, drop_sensor_limit)};
-    for (int i = 0; i < 8; i++) {
+        BD_STAT_GET(&run.stats, drop_buffer_full),     BD_STAT_GET(&run.stats, drop_sensor_limit),
+        BD_STAT_GET(&run.stats, drop_name_too_long),   BD_STAT_GET(&run.stats, drop_sensor_memory)};
+    total_busy += run.busy;
+    for (int i = 0; i < 10; i++) {
         total_drops[i] += d[i];
     }
     return 0;
@@ -1160,10 +1179,11 @@ int main(int argc, char **argv) {
     printf("fuzz_accept: %ld inputs, %" PRIu64 " points accepted, %" PRIu64 " refused (too many "
            "fields %" PRIu64 ", no numeric %" PRIu64 ", bad name %" PRIu64 ", field limit %" PRIu64
            ", too old %" PRIu64 ", too new %" PRIu64 ", buffer full %" PRIu64
-           ", sensor limit %" PRIu64 "), %" PRIu64 " updates: all invariants held\n",
+           ", sensor limit %" PRIu64 ", name too long %" PRIu64 ", sensor memory %" PRIu64
+           "), %" PRIu64 " busy and offered again, %" PRIu64 " updates: all invariants held\n",
            files, total_accepted, total_refused, total_drops[0], total_drops[1], total_drops[2],
            total_drops[3], total_drops[4], total_drops[5], total_drops[6], total_drops[7],
-           total_updates);
+           total_drops[8], total_drops[9], total_busy, total_updates);
     for (int g = 0; g < 2; g++) {
         for (int s = 0; s < 2; s++) {
             for (int p = 0; p < N_PREC; p++) {

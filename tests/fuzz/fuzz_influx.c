@@ -346,6 +346,40 @@ static unsigned hex_digit(char h) {
     return 0;
 }
 
+/* Four hex digits of a \u escape. */
+static uint32_t json_hex4(struct jcur *c) {
+    CHECK(c->end - c->p >= 4);
+    uint32_t v = 0;
+    for (int d = 0; d < 4; d++) {
+        v = v * 16 + hex_digit(*c->p++);
+    }
+    return v;
+}
+
+/* The UTF-8 bytes of code point v into out; returns how many (1 to 4). */
+static size_t utf8_encode(uint32_t v, unsigned char *out) {
+    if (v < 0x80) {
+        out[0] = (unsigned char)v;
+        return 1;
+    }
+    if (v < 0x800) {
+        out[0] = (unsigned char)(0xc0 | (v >> 6));
+        out[1] = (unsigned char)(0x80 | (v & 0x3f));
+        return 2;
+    }
+    if (v < 0x10000) {
+        out[0] = (unsigned char)(0xe0 | (v >> 12));
+        out[1] = (unsigned char)(0x80 | ((v >> 6) & 0x3f));
+        out[2] = (unsigned char)(0x80 | (v & 0x3f));
+        return 3;
+    }
+    out[0] = (unsigned char)(0xf0 | (v >> 18));
+    out[1] = (unsigned char)(0x80 | ((v >> 12) & 0x3f));
+    out[2] = (unsigned char)(0x80 | ((v >> 6) & 0x3f));
+    out[3] = (unsigned char)(0x80 | (v & 0x3f));
+    return 4;
+}
+
 /* A JSON string that must decode to exactly want's bytes. */
 static void json_string(struct jcur *c, struct bd_str want) {
     json_lit(c, "\"");
@@ -383,14 +417,27 @@ static void json_string(struct jcur *c, struct bd_str want) {
                 ch = '\t';
                 break;
             case 'u': {
-                CHECK(c->end - c->p >= 4);
-                unsigned v = 0;
-                for (int d = 0; d < 4; d++) {
-                    v = v * 16 + hex_digit(*c->p++);
+                /* ASCII controls, and the invisible characters (C1, bidi, formatting) that the
+                 * printer escapes (bd_escape_json); other UTF-8 passes through. A character
+                 * beyond the BMP comes as a surrogate pair. The decoded code point must be the
+                 * UTF-8 bytes the input held there. */
+                uint32_t v = json_hex4(c);
+                if (v >= 0xd800 && v < 0xdc00) {
+                    CHECK(c->end - c->p >= 6 && c->p[0] == '\\' && c->p[1] == 'u');
+                    c->p += 2;
+                    uint32_t lo = json_hex4(c);
+                    CHECK(lo >= 0xdc00 && lo < 0xe000);
+                    v = 0x10000 + ((v - 0xd800) << 10) + (lo - 0xdc00);
+                } else {
+                    CHECK(v < 0xdc00 || v >= 0xe000);
                 }
-                /* The printer escapes ASCII only; anything else passes through as UTF-8. */
-                CHECK(v < 0x80);
-                ch = (unsigned char)v;
+                unsigned char u8[4];
+                size_t n8 = utf8_encode(v, u8);
+                for (size_t b = 0; b + 1 < n8; b++) {
+                    CHECK(k < want.len && (unsigned char)want.ptr[k] == u8[b]);
+                    k++;
+                }
+                ch = u8[n8 - 1];
                 break;
             }
             default:
