@@ -410,7 +410,9 @@ class FlusherRegressions(bdtest.E2ECase):
         one entry, both keys cut to the same 311 bytes, with the value null (the reading kept
         both keys whole)."""
         uri, client, db = self.new_database()
-        d = self.new_daemon(uri, db, extra={"buckets": {"max_late": "4h"}}).start()
+        # limits.max_name (default 1 KiB) raised so that ids of 1,100 bytes are taken.
+        d = self.new_daemon(uri, db, extra={"buckets": {"max_late": "4h"},
+                                            "limits": {"max_name": "2KiB"}}).start()
         measurement = "m" + "L" * 1049
         ids, sent = [], []
         now = time.time_ns()
