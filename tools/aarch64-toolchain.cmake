@@ -26,6 +26,11 @@ set(ENV{PKG_CONFIG_LIBDIR}
 set(ENV{PKG_CONFIG_PATH} "")
 
 # The libraries' own dependencies (libssl, libicu, ...) are found there at link time too.
+# Debian's multiarch headers (openssl/opensslconf.h, ffi.h) live under the triplet directory,
+# which the cross compiler does not search in an unpacked root: searched after the -I
+# directories pkg-config gives.
+string(APPEND CMAKE_C_FLAGS_INIT " -isystem ${BD_AARCH64_SYSROOT}/usr/include/aarch64-linux-gnu")
+
 set(_bd_libdirs "${BD_AARCH64_SYSROOT}/usr/lib/aarch64-linux-gnu"
     "${BD_AARCH64_SYSROOT}/lib/aarch64-linux-gnu")
 set(CMAKE_EXE_LINKER_FLAGS_INIT "")
