@@ -83,7 +83,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -451,14 +450,16 @@ static int grow_index(struct bd_sensor_table *t) {
     return 0;
 }
 
-/* A refusal of a new sensor: counted, logged now and then, and the next sweep looks at every
- * sensor, so that room comes back as soon as idle ones can go. */
-static void refuse_new(struct bd_sensor_table *t, const char *why) {
+/* A refusal of a new sensor (counted by the caller): logged now and then, and the next sweep
+ * looks at every sensor, so that room comes back as soon as idle ones can go. Under a flood this
+ * runs for every refused line: nothing is formatted unless the log line is due. */
+static void refuse_new(struct bd_sensor_table *t, const char *what, const char *key, uint64_t limit,
+                       const char *unit) {
     t->sweep_all = true;
     if (bd_ratelimit_ok(&t->limit_log, bd_mono_ns())) {
-        bd_warn("%s: readings of new sensors are dropped until idle sensors are evicted "
-                "(limits.sensor_idle)",
-                why);
+        bd_warn("%s (%s=%" PRIu64 "%s): readings of new sensors are dropped until idle sensors "
+                "are evicted (limits.sensor_idle)",
+                what, key, limit, unit);
     }
 }
 
@@ -471,9 +472,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     }
     if (t->count >= t->max_sensors) {
         BD_STAT_ADD(t->stats, drop_sensor_limit, 1);
-        char why[96];
-        snprintf(why, sizeof(why), "sensor limit reached (limits.max_sensors=%u)", t->max_sensors);
-        refuse_new(t, why);
+        refuse_new(t, "sensor limit reached", "limits.max_sensors", t->max_sensors, "");
         return NULL;
     }
     /* The id and measurement are BSON strings, tag keys keys (escaped below, so '.' or a
@@ -503,10 +502,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         block + meta + 2 * MALLOC_OVERHEAD + 2 * sizeof(struct slot) + FLUSHER_SENSOR_COST;
     if (t->max_memory > 0 && t->memory + cost > t->max_memory) {
         BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
-        char why[96];
-        snprintf(why, sizeof(why), "sensor memory full (limits.sensor_memory=%" PRIu64 " bytes)",
-                 t->max_memory);
-        refuse_new(t, why);
+        refuse_new(t, "sensor memory full", "limits.sensor_memory", t->max_memory, " bytes");
         return NULL;
     }
     /* At most half full, so probe runs stay short and an empty slot always ends them. */
