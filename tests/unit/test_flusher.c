@@ -6,6 +6,7 @@
  * every allocation of a step. Expected values come from what each test sent.
  */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -696,6 +697,76 @@ Test(flusher, an_unreachable_server_at_the_deadline_loses_what_cannot_be_spooled
     cr_assert_eq(STAT(readings_lost), (uint64_t)sent);
     cr_assert_eq(STAT(updates_sent), 0, "nothing reached the server");
     cr_assert_eq(STAT(bulk_writes), 0);
+}
+
+/*
+ * The stop message says why readings remain, by what the last attempts met: no server, a
+ * connection failing mid-request, a server still refusing (transient errors, retried without
+ * bound), updates that could not be built. Each case: the readings counted lost and the reason
+ * in the error line.
+ */
+enum no_memory { MEMORY, NO_MEMORY_AT_ALL, NO_MEMORY_AFTER_ONE_ATTEMPT };
+
+static void stop_reason_is_logged(enum fake_fault fault, int32_t code, enum no_memory no_memory,
+                                  const char *why) {
+    stop();
+    configure();
+    start();
+    spool_refuses_everything();
+    for (int i = 0; fault != FAULT_NONE && i < 60; i++) {
+        fake_script(&fs, fault, code);
+    }
+    int64_t sent = send_sensors(2, 3);
+    if (no_memory == NO_MEMORY_AFTER_ONE_ATTEMPT) {
+        /* Drained and tried once (no server), then no memory to build the updates again. */
+        fake_script(&fs, FAULT_UNREACHABLE, 0);
+        publish();
+        bd_flusher_step(flusher, mono, now_ms, true);
+        cr_assert(!bd_flusher_idle(flusher));
+        mono = bd_flusher_retry_at(flusher);
+    }
+    if (no_memory != MEMORY) {
+        bd_alloc_fail_after(0, 1);
+    }
+    cr_assert_eq(run(8), -1, "%s: still pending", why);
+    cr_redirect_stderr();
+    cr_assert_eq(bd_flusher_abandon(flusher), (uint64_t)sent, "%s", why);
+    bd_alloc_fail_after(-1, 0);
+    fflush(stderr);
+    FILE *log = cr_get_redirected_stderr();
+    char line[2048];
+    bool found = false;
+    while (fgets(line, sizeof(line), log) != NULL) {
+        if (strstr(line, "stop deadline") != NULL && strstr(line, "were not stored") != NULL) {
+            cr_assert_not_null(strstr(line, why), "reason \"%s\" not in: %s", why, line);
+            found = true;
+        }
+    }
+    cr_assert(found, "no stop message for \"%s\"", why);
+    cr_assert_eq(STAT(readings_lost), (uint64_t)sent);
+}
+
+Test(flusher, the_stop_message_says_the_server_was_unreachable) {
+    stop_reason_is_logged(FAULT_UNREACHABLE, 0, MEMORY, "MongoDB was unreachable");
+}
+
+Test(flusher, the_stop_message_says_the_connection_kept_failing) {
+    stop_reason_is_logged(FAULT_LOST_REQUEST, 0, MEMORY,
+                          "the connection to MongoDB kept failing during writes");
+}
+
+Test(flusher, the_stop_message_says_the_server_kept_refusing) {
+    stop_reason_is_logged(FAULT_CMD_ERROR, 91, MEMORY,
+                          "MongoDB kept refusing updates that were still being retried");
+}
+
+Test(flusher, the_stop_message_says_updates_could_not_be_built) {
+    stop_reason_is_logged(FAULT_NONE, 0, NO_MEMORY_AFTER_ONE_ATTEMPT,
+                          "updates could not be built or were refused by the driver");
+}
+
+Test(flusher, the_stop_message_says_readings_were_never_drained) {
+    stop_reason_is_logged(FAULT_NONE, 0, NO_MEMORY_AT_ALL, "they were never drained");
 }
 
 /* Defect 5: long ids keep distinct documents. */
