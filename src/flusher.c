@@ -667,10 +667,14 @@ static void quarantine(struct bd_flusher *f, uint32_t di, int64_t code, const ch
                                            .message = why,
                                            .filter = selector,
                                            .update = update};
-        if (bd_deadletter_append(f->dead, &rec, &err) < 0 &&
-            bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
-            bd_error("cannot keep the quarantined update of bucket %s in %s: %s", shown,
-                     bd_deadletter_path(f->dead), err.msg);
+        if (bd_deadletter_append(f->dead, &rec, &err) < 0) {
+            BD_STAT_ADD(f->stats, deadletter_write_errors, 1);
+            BD_STAT_ADD(f->stats, deadletter_dropped_readings, d->n_readings);
+            if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
+                bd_error("cannot keep the quarantined update of bucket %s in %s (%u readings "
+                         "kept nowhere): %s",
+                         shown, bd_deadletter_path(f->dead), d->n_readings, err.msg);
+            }
         }
     }
 }

@@ -243,8 +243,11 @@ static void quarantine(struct bd_replay *r, const struct bd_replay_env *env, uin
                                            .filter = &r->filters[i],
                                            .update = &r->updates[i]};
         if (bd_deadletter_append(env->dead, &rec, &err) < 0) {
-            bd_error("cannot keep the quarantined update of bucket %s in %s: %s", shown,
-                     bd_deadletter_path(env->dead), err.msg);
+            BD_STAT_ADD(env->stats, deadletter_write_errors, 1);
+            BD_STAT_ADD(env->stats, deadletter_dropped_readings, u->n_readings);
+            bd_error("cannot keep the quarantined update of bucket %s in %s (%u readings kept "
+                     "nowhere): %s",
+                     shown, bd_deadletter_path(env->dead), u->n_readings, err.msg);
         }
     }
 }

@@ -66,6 +66,8 @@
     X(bulk_retries, "bulk writes retried after a transient error")                         \
     X(updates_quarantined, "bucket updates given up (kept in the dead-letter file)")               \
     X(readings_quarantined, "readings inside quarantined updates")                         \
+    X(deadletter_write_errors, "quarantined updates the dead-letter file could not keep (full, disk error)") \
+    X(deadletter_dropped_readings, "readings of quarantined updates kept nowhere (dead-letter file full or failing)") \
     X(updates_already_applied, "bucket updates MongoDB had already applied (a retried write)") \
     X(writer_conflicts, "updates refused: a bucket holds a newer sequence of this writer_id")  \
     X(page_lookups, "queries learning the pages of buckets written before this start")       \

@@ -10,6 +10,8 @@
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,6 +232,31 @@ Test(flusher, nothing_sent_then_a_racing_insert_is_retried_not_counted_applied) 
     cr_assert_eq(STAT(updates_sent), 2); /* the refused insert and its retry; not the unsent one */
 }
 
+/* A dead-letter file that takes nothing more (at its cap): the refusal is still quarantined,
+ * and its readings are counted as kept nowhere. */
+Test(flusher, a_quarantined_update_the_dead_letter_file_cannot_keep_is_counted) {
+    char path[128];
+    snprintf(path, sizeof(path), "%s/%s", dir, BD_DEADLETTER_FILE);
+    /* Sparse (no disk used), its last line whole. */
+    FILE *fp = fopen(path, "w");
+    cr_assert_not_null(fp);
+    cr_assert_eq(fseeko(fp, (off_t)BD_DEADLETTER_MAX_BYTES - 1, SEEK_SET), 0);
+    cr_assert_eq(fputc('\n', fp), '\n');
+    cr_assert_eq(fclose(fp), 0);
+    fs.poison = "m,s=1";
+    send_sensors(3, 4);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 4);
+    cr_assert_eq(fake_stored(&fs, "m,s=2"), 4);
+    cr_assert_eq(STAT(updates_quarantined), 1);
+    cr_assert_eq(STAT(readings_quarantined), 4);
+    cr_assert_eq(STAT(deadletter_write_errors), 1);
+    cr_assert_eq(STAT(deadletter_dropped_readings), 4);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq((uint64_t)st.st_size, BD_DEADLETTER_MAX_BYTES, "nothing appended");
+}
+
 Test(flusher, another_daemon_with_this_writer_id_is_a_conflict_not_applied) {
     fake_script(&fs, FAULT_UNREACHABLE, 0);
     fs.races = 1;
@@ -255,6 +282,8 @@ Test(flusher, a_permanent_refusal_quarantines_one_update_and_the_rest_is_stored)
     cr_assert_eq(STAT(readings_quarantined), 4);
     cr_assert_eq(STAT(readings_flushed), 8);
     cr_assert_eq(dead_letters(), 1);
+    cr_assert_eq(STAT(deadletter_write_errors), 0);
+    cr_assert_eq(STAT(deadletter_dropped_readings), 0);
     cr_assert_eq(fs.bulks, 1); /* not retried */
 }
 
@@ -614,23 +643,31 @@ static void sweep_readings(int64_t t0) {
 /*
  * Every allocation of a step fails once, in turn; the readings are then all stored once. With
  * look_up, the buckets are inside the look-up horizon and pages exist already, so the failures
- * also hit reading pages back and placing readings on them.
+ * also hit reading pages back and placing readings on them. With hold, pages are held back for
+ * flush.max_delay (a page of 1,000, so 12 readings are far from due): the step is a regular one
+ * (not stopping) at the flush interval, so the failures also hit moving held deltas back into
+ * the next batch; the rest is written once max_delay has passed.
  */
-static void allocation_sweep(bool look_up) {
+static void allocation_sweep(bool look_up, bool hold) {
     stop();
-    cfg.buckets.max_readings = 5;
+    cfg.buckets.max_readings = hold ? 1000 : 5;
+    if (hold) {
+        cfg.flush.max_delay_ms = 30000;
+    }
     start();
     if (look_up) {
         now_ms = bd_now_ns() / MS;
     }
     int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    int64_t wall0 = now_ms;
+    int64_t step_mono = mono + (int64_t)cfg.flush.interval_ms * MS + 1; /* the interval is due */
     /* Count the allocations of a clean run of the same work. */
     if (look_up) {
         fake_put(&fs, "m,s=0", t0, 0, 4, 3);
     }
     sweep_readings(t0);
     bd_alloc_fail_after(-1, 0);
-    cr_assert_gt(run(10), 0);
+    bd_flusher_step(flusher, step_mono, now_ms, !hold);
     long allocations = bd_alloc_fail_after(-1, 0);
     cr_assert_gt(allocations, 5);
     for (long k = 0; k < allocations + 2; k++) {
@@ -638,31 +675,41 @@ static void allocation_sweep(bool look_up) {
         char cmd[128];
         snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
         cr_assert_eq(system(cmd), 0);
+        now_ms = wall0;
         start();
         if (look_up) {
             fake_put(&fs, "m,s=0", t0, 0, 4, 3);
         }
         sweep_readings(t0);
         bd_alloc_fail_after(k, 0);
-        bd_flusher_step(flusher, mono, now_ms, true);
+        bd_flusher_step(flusher, step_mono, now_ms, !hold);
         bd_alloc_fail_after(-1, 0);
+        mono = step_mono + 1;
+        if (hold) {
+            now_ms += cfg.flush.max_delay_ms + 1;
+        }
         cr_assert_gt(run(20), 0, "allocation %ld", k);
         cr_assert_eq(fake_stored(&fs, "m,s=0"), 12 + (look_up ? 4 : 0), "allocation %ld", k);
         cr_assert_eq(fake_stored(&fs, "m,s=1"), 12, "allocation %ld", k);
         cr_assert_eq(fake_stored(&fs, "m,s=2"), 12, "allocation %ld", k);
-        cr_assert_leq(fake_max_count(&fs), 5, "allocation %ld", k);
+        cr_assert_leq(fake_max_count(&fs), cfg.buckets.max_readings, "allocation %ld", k);
         cr_assert_eq(STAT(readings_flushed), 36, "allocation %ld", k);
         cr_assert_eq(STAT(readings_lost), 0);
         cr_assert_eq(STAT(updates_quarantined), 0);
     }
+    now_ms = wall0;
 }
 
 Test(flusher, each_allocation_failure_delays_but_never_loses_or_duplicates) {
-    allocation_sweep(false);
+    allocation_sweep(false, false);
 }
 
 Test(flusher, each_allocation_failure_around_a_page_look_up_is_safe) {
-    allocation_sweep(true);
+    allocation_sweep(true, false);
+}
+
+Test(flusher, each_allocation_failure_while_holding_pages_back_is_safe) {
+    allocation_sweep(false, true);
 }
 
 /* Memory never comes back: at the deadline, what was not written is counted lost. */
