@@ -1324,6 +1324,93 @@ Test(flusher, a_spool_that_cannot_take_a_batch_keeps_it_in_memory_and_loses_noth
     cr_assert_eq(STAT(readings_lost), 0);
 }
 
+/* While MongoDB is away, two batches of the same shape come due one after the other: the
+ * first fails and both are then offered to the spool (cap as given, policy drop_newest). */
+static void two_batches_while_away(uint64_t spool_max_bytes) {
+    stop();
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
+    cr_assert_eq(system(cmd), 0);
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+    cfg.spool.max_bytes = spool_max_bytes;
+    cfg.spool.when_full = BD_SPOOL_FULL_DROP_NEWEST;
+    start();
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    send_more(2, 3, 0);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* written, failed */
+    send_more(2, 3, 3);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false); /* the next is due: both to the spool */
+}
+
+/* spool.when_full: drop_newest with a spool that holds one batch: the second is dropped,
+ * counted in spool_dropped_readings (not lost at a stop, never written), the first replayed. */
+Test(flusher, a_full_spool_with_drop_newest_drops_the_newest_batch_and_counts_it) {
+    /* The size of one batch's record on disk, from a spool with room for both. */
+    two_batches_while_away(UINT64_C(1) << 30);
+    cr_assert_eq(STAT(readings_spooled), 12);
+    uint64_t both = STAT(spool_bytes);
+    cr_assert_gt(both, 0);
+    /* Room for one and a half: the first goes in, the second is dropped. */
+    two_batches_while_away(both * 3 / 4);
+    cr_assert_eq(STAT(readings_spooled), 6);
+    cr_assert_eq(STAT(spool_dropped_readings), 6);
+    cr_assert_eq(STAT(pending_readings), 0, "nothing kept in memory either");
+    /* MongoDB back: the spooled batch is written, then later readings; the dropped one never. */
+    cr_assert_gt(run(10), 0);
+    char name[32];
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), i)), 3);
+    }
+    send_more(2, 2, 10);
+    cr_assert_gt(run(10), 0);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), i)), 3 + 2);
+    }
+    cr_assert_eq(STAT(readings_flushed), 10);
+    cr_assert_eq(bd_flusher_abandon(flusher), 0);
+    cr_assert_eq(STAT(readings_lost), 0, "dropped by the policy, counted there");
+}
+
+/* A batch over the spool's record size (16 MiB of updates) goes to disk as several records,
+ * each replayed and acknowledged on its own; every reading stored once. */
+Test(flusher, a_batch_larger_than_a_spool_record_is_spooled_in_several) {
+    stop();
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+    start();
+    const char **fields = long_names(64, 16384); /* ~2 MiB per update */
+    int64_t b = now_ms / HOUR_MS * HOUR_MS;
+    char id[32];
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    for (int i = 0; i < 12; i++) {
+        snprintf(id, sizeof(id), "wide%d", i);
+        accept_fields(id, fields, 64, i, b + i);
+    }
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* written, failed */
+    mono += 20 * MS;
+    accept_fields("wide0", fields, 64, 99, b + 99);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* both batches to the spool */
+    cr_assert_eq(STAT(readings_spooled), 13);
+    cr_assert_eq(STAT(spool_segments) > 0, true);
+    cr_assert_gt(run(20), 0);
+    for (int i = 0; i < 12; i++) {
+        snprintf(id, sizeof(id), "wide%d", i);
+        cr_assert_eq(fake_stored(&fs, id), i == 0 ? 2 : 1, "%s", id);
+    }
+    cr_assert_geq(STAT(spool_records_replayed), 3, "the first batch in two records at least");
+    cr_assert_eq(STAT(readings_flushed), 13);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    free_names(fields, 64);
+}
+
 /* ---- holding pages back for more readings (flush.max_delay) --------------------------------- */
 
 /* One reading per sensor per second of wall clock for `seconds`, a step every second. */
