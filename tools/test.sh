@@ -26,6 +26,22 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 jobs="$(nproc 2>/dev/null || echo 2)"
 
+# Time per stage, printed at the end (and when a stage fails): CI has to stay well inside its
+# limit, and this says where the time goes.
+stage_name="dependencies"
+stage_start=$SECONDS
+stage_times=()
+stage() { # name of the stage starting now
+  stage_times+=("$stage_name $((SECONDS - stage_start))s")
+  stage_name="$1"
+  stage_start=$SECONDS
+}
+print_stage_times() {
+  stage "(end)"
+  echo "== time per stage (total $((SECONDS / 60)) min $((SECONDS % 60)) s): ${stage_times[*]}" |
+    sed 's/s \([a-z(]\)/s, \1/g'
+}
+
 bash tools/install-deps.sh
 
 # libmongoc creates /dev/shm/mongoc-<pid> for its counters as soon as it is loaded (before main),
@@ -39,6 +55,7 @@ export BUCKETD_TEST_SKIP_LOG="$root/build/test-skips.log"
 # A run that fails part-way still lists what it had skipped until then.
 list_skips_on_failure() {
   local rc=$?
+  [ "$rc" -ne 0 ] && print_stage_times
   if [ "$rc" -ne 0 ] && [ -s "$BUCKETD_TEST_SKIP_LOG" ]; then
     BUCKETD_TEST_REQUIRE_ALL=0 /usr/bin/python3 tests/run_test.py --report \
       "$BUCKETD_TEST_SKIP_LOG" "$root/.ci/allowed-skips" || true
@@ -50,6 +67,7 @@ trap list_skips_on_failure EXIT
 # The house format (.clang-format, STYLE.md): any C file that clang-format would change fails.
 # The C sources live under these top-level directories; found with find(1), not git, so that the
 # check also runs on a machine (or a source tree) without git.
+stage format
 echo "== format"
 find src include daemon tools tests bench -type f \( -name '*.c' -o -name '*.h' \) -print0 |
   sort -z | xargs -0 clang-format --dry-run --Werror
@@ -84,15 +102,21 @@ skip_stage() { # stage, reason
   printf '%s\t%s\t%s\n' "$1" "tools/test.sh:$1" "$2" >>"$BUCKETD_TEST_SKIP_LOG"
 }
 
+stage "plain build"
 configure_build build
+stage "plain tests"
 run_ctest build plain "plain build: unit, end-to-end and stress tests"
 
 if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
+  stage "asan build"
   configure_build build-asan -DBD_ASAN=ON -DBD_UBSAN=ON
+  stage "asan tests"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_ctest build-asan asan "ASan+UBSan build: unit, end-to-end and stress tests" -LE e2e_long
 
+  stage "tsan build"
   configure_build build-tsan -DBD_TSAN=ON
+  stage "tsan tests"
   # The daemon's two threads (ingest loop, flusher) and the rings, under TSan: the stress test
   # and the end-to-end tests, which run the TSan-built daemon.
   # tests/tsan.supp: races TSan reports inside the uninstrumented libmongoc/libbson (see there).
@@ -100,6 +124,7 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
     "TSan build: ring stress and end-to-end tests" -L "stress|e2e" -LE e2e_long
 
   # The same unit, stress and end-to-end tests on an aarch64 build, run under qemu.
+  stage aarch64
   bash tools/test-aarch64.sh
 
   # The Debian packages, amd64 from build/ and arm64 from build-aarch64/: contents, lintian,
@@ -107,6 +132,7 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
   # fuzzing, which keeps one core busy for its fixed time: its slow part, the arm64 root under
   # qemu (one core, ~100 s), then adds next to nothing to the run. Its output follows the
   # fuzzing's.
+  stage "fuzzing and packages"
   echo "== Debian packages: in the background while the parsers are fuzzed"
   bash tools/test-packages.sh >build/test-packages.log 2>&1 &
   packages_pid=$!
@@ -131,6 +157,7 @@ fi
 
 # Every skip of the run, checked against .ci/allowed-skips under BUCKETD_TEST_REQUIRE_ALL=1.
 trap - EXIT
+print_stage_times
 if [ -s "$BUCKETD_TEST_SKIP_LOG" ]; then
   /usr/bin/python3 tests/run_test.py --report "$BUCKETD_TEST_SKIP_LOG" "$root/.ci/allowed-skips"
   echo "test runs passed, except for the skips listed above (see build/test-skips.log)"
