@@ -736,6 +736,36 @@ Test(replay, duplicate_keys_without_our_number_are_bounded_then_quarantined) {
     free_record(&r);
 }
 
+/* Each duplicate is judged by its own page: not by another page of its bucket (page 1 holds a
+ * later batch's number), nor by the same page number of its sensor's other bucket. */
+Test(replay, each_duplicate_is_judged_by_the_page_it_targets) {
+    fs.dup_always = "m,s=0";
+    static const struct spec two_hours[] = {{"m,s=0", 3, 0}, {"m,s=0", 2, -1}};
+    fake_put(&fs, "m,s=0", spec_start(&two_hours[0]), 0, 6, SEQ - 1);
+    fake_put(&fs, "m,s=0", spec_start(&two_hours[0]), 1, 4, SEQ + 1);
+    fake_put(&fs, "m,s=0", spec_start(&two_hours[1]), 0, 2, SEQ); /* applied before a crash */
+    struct record r;
+    build_record(&r, two_hours, 2, SEQ);
+    struct bd_replay *rp = load(&r);
+    enum bd_bulk_cause cause;
+    cr_assert_not(attempt(rp, &cause));
+    cr_assert_eq(STAT(updates_already_applied), 1, "the hour before holds our number");
+    cr_assert_eq(STAT(readings_flushed), 2);
+    cr_assert_eq(bd_replay_pending_readings(rp), 3, "page 0 of this hour does not");
+    for (int k = 1; k < MAX_DUP_CHECKS; k++) {
+        cr_assert_eq(STAT(updates_quarantined), 0);
+        cr_assert_eq(attempt(rp, &cause), k + 1 == MAX_DUP_CHECKS, "attempt %d", k + 1);
+    }
+    cr_assert_eq(STAT(updates_quarantined), 1);
+    cr_assert_eq(STAT(readings_quarantined), 3);
+    cr_assert_eq(STAT(updates_already_applied), 1);
+    struct dead_line dl[2];
+    cr_assert_eq(read_dead(dl, 2), 1);
+    assert_dead_letter(&dl[0], &two_hours[0], 11000);
+    bd_replay_free(rp);
+    free_record(&r);
+}
+
 /* A page that holds this writer's number or a later one is taken as applied by an earlier
  * attempt of this record: a spooled update may have been sent before a crash, so the replay
  * cannot tell that from another daemon using the same writer_id. */
@@ -984,6 +1014,27 @@ Test(replay, payloads_that_do_not_hold_updates_as_written_are_refused) {
     struct bd_err err;
     cr_assert_eq(load_bytes(r.buf.data, len, &rp, &err), 0, "%s", err.msg);
     cr_assert_eq(bd_replay_pending_readings(rp), 5);
+    bd_replay_free(rp);
+    free(p);
+    free_record(&r);
+}
+
+/* An update without a sensor id, the rest of it consistent. */
+Test(replay, an_update_without_a_sensor_id_is_refused) {
+    struct record r;
+    build_record(&r, pair, 2, SEQ);
+    const size_t id_len = strlen(pair[0].id);
+    const size_t len = r.buf.len - id_len;
+    uint8_t *p = malloc(len);
+    cr_assert_not_null(p);
+    memcpy(p, r.buf.data, ID_AT);
+    bd_put_le32(p + ID_LEN_AT, 0);
+    memcpy(p + ID_AT, r.buf.data + ID_AT + id_len, r.buf.len - ID_AT - id_len);
+    assert_rejected(p, len, "an empty sensor id");
+    /* The same bytes with the id put back load. */
+    struct bd_replay *rp;
+    struct bd_err err;
+    cr_assert_eq(load_bytes(r.buf.data, r.buf.len, &rp, &err), 0, "%s", err.msg);
     bd_replay_free(rp);
     free(p);
     free_record(&r);
