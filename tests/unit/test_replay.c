@@ -121,9 +121,17 @@ struct record {
     struct bd_replay_buf buf;
     struct bd_spool_record rec;
     size_t ends[MAX_SPECS]; /* payload offset after each update */
+    uint32_t grown;         /* times the payload had to grow (with fail_growth) */
     uint32_t n;
     uint64_t readings;
 };
+
+/* Offsets inside the first update of a record. */
+#define ID_LEN_AT 20
+#define ID_AT 24
+
+/* build_record: every growth of the payload fails once first. */
+static bool fail_growth;
 
 static int64_t spec_start(const struct spec *sp) {
     return hour_ms + sp->hour * HOUR_MS;
@@ -185,12 +193,25 @@ build_record(struct record *r, const struct spec *sp, uint32_t n, uint64_t seq) 
         snprintf(key, sizeof(key), BD_WRITER_KEY_PREFIX "%s", cfg.writer_id);
         bson_t sel, upd;
         cr_assert_eq(bd_delta_build_update(&d[i], cfg.buckets.span_ms, key, seq, &sel, &upd), 0);
+        size_t need = ID_AT + strlen(sp[i].id) + sel.len + upd.len;
+        if (fail_growth && r->buf.len + need > r->buf.cap) {
+            /* The payload must grow: that failing leaves it exactly as it was. */
+            struct bd_replay_buf before = r->buf;
+            bd_alloc_fail_after(0, 0);
+            int rc = bd_replay_buf_add(&r->buf, sp[i].id, d[i].start_ms, d[i].page, d[i].n_readings,
+                                       &sel, &upd);
+            bd_alloc_fail_after(-1, 0);
+            cr_assert_eq(rc, -ENOMEM);
+            cr_assert(memcmp(&before, &r->buf, sizeof(before)) == 0, "update %u", i);
+            r->grown++;
+        }
         cr_assert_eq(bd_replay_buf_add(&r->buf, sp[i].id, d[i].start_ms, d[i].page, d[i].n_readings,
                                        &sel, &upd),
                      0);
         bson_destroy(&sel);
         bson_destroy(&upd);
         bd_delta_close(&d[i]);
+        cr_assert_geq(r->buf.cap, r->buf.len, "the buffer holds what it says");
         r->ends[i] = r->buf.len;
         r->readings += sp[i].n;
     }
@@ -381,6 +402,9 @@ Test(replay, a_record_is_sent_one_update_per_bulk_at_max_updates_1) {
 }
 
 /* ---- 2. a permanent refusal ------------------------------------------------------------------ */
+
+static const struct spec four[] = {
+    {"m,s=0", 1, 0}, {"m,s=1", 2, 0}, {"m,s=2", 3, 0}, {"m,s=3", 4, 0}};
 
 static const struct spec poisoned[] = {{"m,s=0", 4, 0}, {"m,s=1", 4, 0}, {"m,s=2", 4, 0}};
 
@@ -671,6 +695,37 @@ Test(replay, a_single_update_the_driver_refuses_is_quarantined) {
     free_record(&r);
 }
 
+/* The driver ran part of a split bulk, then refused a document of the next command client-side:
+ * not bisected (the server executed some of it: nothing says which), every update sent again,
+ * the applied ones proved so by the page look-up. */
+Test(replay, a_client_refusal_after_part_of_the_bulk_ran_sends_it_again_whole) {
+    cfg.flush.max_updates = 4;
+    fake_script(&fs, FAULT_CLIENT_PARTIAL, 0);
+    struct record r;
+    build_record(&r, four, 4, SEQ);
+    struct bd_replay *rp = load(&r);
+    enum bd_bulk_cause cause;
+    cr_assert_not(attempt(rp, &cause));
+    cr_assert_eq(cause, BD_CAUSE_CLIENT);
+    cr_assert_eq(fs.bulks, 1);
+    cr_assert_eq(stored(&four[0]) + stored(&four[1]), 3, "the first command ran");
+    cr_assert_eq(stored(&four[2]) + stored(&four[3]), 0);
+    cr_assert_eq(bd_replay_pending_readings(rp), 10, "nothing taken as settled");
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert(attempt(rp, &cause), "%s", last_msg);
+    cr_assert_eq(fs.bulks, 2);
+    cr_assert_eq(fs.bulk_sizes[1], 4, "sent again whole, not halved");
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(stored(&four[i]), four[i].n, "%s", four[i].id);
+        cr_assert_eq(page_of(&four[i])->updates, 1, "%s", four[i].id);
+    }
+    cr_assert_eq(STAT(updates_already_applied), 2);
+    cr_assert_eq(STAT(readings_flushed), 10);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    bd_replay_free(rp);
+    free_record(&r);
+}
+
 /* ---- 5. duplicate keys ----------------------------------------------------------------------- */
 
 static const struct spec pair[] = {{"m,s=0", 3, 0}, {"m,s=1", 2, 0}};
@@ -835,9 +890,6 @@ static const struct fault_case faults[] = {
     {"retryable command error", FAULT_RETRYABLE, 91, BD_CAUSE_SERVER, false, false, true},
 };
 
-static const struct spec four[] = {
-    {"m,s=0", 1, 0}, {"m,s=1", 2, 0}, {"m,s=2", 3, 0}, {"m,s=3", 4, 0}};
-
 Test(replay, connection_failures_lose_nothing_and_later_attempts_settle_exactly_once) {
     for (size_t c = 0; c < BD_ARRAY_LEN(faults); c++) {
         const struct fault_case *fc = &faults[c];
@@ -911,6 +963,29 @@ Test(replay, pending_readings_follow_partial_settling) {
     free_record(&r);
 }
 
+/* A record larger than the payload's first buffer (64 KiB): each growth failing once changes
+ * nothing; the record then holds every update and writes every reading once. */
+Test(replay, a_payload_grows_past_its_first_buffer_and_a_failed_growth_changes_nothing) {
+    static const struct spec big[] = {
+        {"m,s=0", 900, 0}, {"m,s=1", 900, 0}, {"m,s=2", 900, 0}, {"m,s=3", 900, 0}};
+    fail_growth = true;
+    struct record r;
+    build_record(&r, big, 4, SEQ);
+    fail_growth = false;
+    cr_assert_gt(r.buf.len, 64 * 1024, "past the first buffer: %zu bytes", r.buf.len);
+    cr_assert_geq(r.grown, 2, "the first allocation and a growth");
+    struct bd_replay *rp = load(&r);
+    cr_assert_eq(bd_replay_pending_readings(rp), 3600);
+    enum bd_bulk_cause cause;
+    cr_assert(attempt(rp, &cause), "%s", last_msg);
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(stored(&big[i]), 900);
+    }
+    cr_assert_eq(STAT(readings_flushed), 3600);
+    bd_replay_free(rp);
+    free_record(&r);
+}
+
 /* ---- 7. malformed payloads ------------------------------------------------------------------- */
 
 /* Load a copy of data[0, len) in a buffer of exactly that size (so an overread is caught). */
@@ -957,10 +1032,6 @@ Test(replay, a_payload_cut_anywhere_but_between_updates_is_refused) {
     }
     free_record(&r);
 }
-
-/* Offsets inside the first update of a record. */
-#define ID_LEN_AT 20
-#define ID_AT 24
 
 Test(replay, payloads_that_do_not_hold_updates_as_written_are_refused) {
     struct record r;
