@@ -19,7 +19,7 @@ export MONGOC_DISABLE_SHM=1
 
 # The flusher and what its decisions are made of (DESIGN.md §3, the seams of the flusher).
 flusher_modules="flusher flusher_evict flusher_reload flusher_spool flusher_summaries outcome
-pages batch bucket store io writer deadletter summaries spool replay alloc"
+pages batch bucket store io writer deadletter summaries spool alloc"
 
 all=0
 [ "${1:-}" = "--all" ] && all=1
