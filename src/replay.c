@@ -177,8 +177,12 @@ int bd_replay_load(struct bd_replay **out, const struct bd_spool_record *rec, st
         const uint8_t *fp = p + ENTRY_HEADER + id_len;
         uint32_t fl = bd_get_le32(fp);
         uint32_t ul = bd_get_le32(fp + fl);
+        /* The first pass checked the frames only: an element that does not parse would be
+         * sent as it is, and MongoDB refuses the whole bulk it is in. */
         if (!bson_init_static(&r->filters[i], fp, fl) ||
-            !bson_init_static(&r->updates[i], fp + fl, ul)) {
+            !bson_init_static(&r->updates[i], fp + fl, ul) ||
+            !bson_validate(&r->filters[i], BSON_VALIDATE_NONE, NULL) ||
+            !bson_validate(&r->updates[i], BSON_VALIDATE_NONE, NULL)) {
             goto bad;
         }
         off += ENTRY_HEADER + id_len + fl + ul;

@@ -27,6 +27,9 @@ enum fake_fault {
     FAULT_WC_ERROR,     /* applied, then a writeConcernError (code, 64 if 0) */
     FAULT_CLIENT_LARGE, /* the driver refuses the bulk client-side: nothing sent */
     FAULT_LOST_REQUEST, /* the connection fails before the server executed anything */
+    /* The driver split the bulk: the first half ran as one command (applied, counted in the
+     * reply), then it refused a document of the next client-side. */
+    FAULT_CLIENT_PARTIAL,
 };
 
 struct fake_doc {
@@ -271,7 +274,8 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
     uint32_t n_errs = 0;
     int64_t matched = 0, upserted = 0;
     bson_init(&errs);
-    for (uint32_t i = 0; i < n; i++) {
+    const uint32_t n_run = fault == FAULT_CLIENT_PARTIAL ? n / 2 : n;
+    for (uint32_t i = 0; i < n_run; i++) {
         struct fake_update u;
         fake_parse(sels[i], upds[i], fs->writer_key, &u);
         uint64_t size = (uint64_t)sels[i]->len + upds[i]->len;
@@ -347,6 +351,11 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
         BSON_APPEND_ARRAY(reply, "writeErrors", &errs);
     }
     bson_destroy(&errs);
+    if (fault == FAULT_CLIENT_PARTIAL) {
+        bson_set_error(error, MONGOC_ERROR_BSON, MONGOC_ERROR_BSON_INVALID,
+                       "Document %u is too large for the cluster", n_run);
+        return false;
+    }
     if (fault == FAULT_LOST_REPLY) {
         bson_reinit(reply);
         bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_SOCKET,
