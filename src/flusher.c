@@ -893,9 +893,9 @@ static enum bd_bulk_cause send_chunk(struct bd_flusher *f, uint32_t n, int64_t w
     bool ok = call_store(f, &call);
     bd_outcome_classify(ok, &reply, &berr, n, f->outcomes, &bulk);
     bson_destroy(&reply);
-    if (bulk.cause != BD_CAUSE_UNREACHABLE && bulk.cause != BD_CAUSE_CLIENT) {
+    if (bulk.reached > 0) {
         BD_STAT_ADD(f->stats, bulk_writes, 1);
-        BD_STAT_ADD(f->stats, updates_sent, n);
+        BD_STAT_ADD(f->stats, updates_sent, bulk.reached);
         for (uint32_t i = 0; i < n; i++) {
             bd_histogram_observe(&f->stats->update_readings, &bd_hist_update_readings,
                                  f->batch.deltas[f->ops[i]].n_readings);

@@ -331,6 +331,7 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
     }
     if (ok) {
         bulk->cause = BD_CAUSE_NONE;
+        bulk->reached = n_ops;
         return;
     }
     bulk->code = error->code;
@@ -340,6 +341,7 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
                                 count_of(reply, "nModified") + count_of(reply, "nUpserted") +
                                 count_of(reply, "nRemoved") >
                             0;
+    bulk->reached = n_ops;
 
     /* has_own marks the updates judged by their own writeErrors entry. */
     bool has_own_small[64];
@@ -352,6 +354,7 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
     if (has_own == NULL) {
         /* Out of memory: nothing can be judged, so nothing is taken as settled. */
         bulk->cause = BD_CAUSE_CONNECTION;
+        bulk->reached = not_connected(error) || client_refusal(error) ? 0 : n_ops;
         for (uint32_t i = 0; i < n_ops; i++) {
             ops[i].kind = BD_OUTCOME_AMBIGUOUS;
         }
@@ -372,14 +375,18 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
     bool labelled = retryable_label(reply);
 
     enum bd_outcome rest;
-    if (not_connected(error)) {
-        /* A bulk the driver split into several commands may fail to reach a server after an
-         * earlier command of it was executed: then nothing says which updates ran. */
-        bulk->cause = BD_CAUSE_UNREACHABLE;
+    if (not_connected(error) || client_refusal(error)) {
+        /* A bulk the driver split into several commands may fail to reach a server, or be
+         * refused by the driver, after an earlier command of it was executed: then nothing
+         * says which updates ran, only how many the server answered for. */
+        bulk->cause = not_connected(error) ? BD_CAUSE_UNREACHABLE : BD_CAUSE_CLIENT;
         rest = bulk->partly_executed || any_own ? BD_OUTCOME_AMBIGUOUS : BD_OUTCOME_NOT_SENT;
-    } else if (client_refusal(error)) {
-        bulk->cause = BD_CAUSE_CLIENT;
-        rest = bulk->partly_executed || any_own ? BD_OUTCOME_AMBIGUOUS : BD_OUTCOME_NOT_SENT;
+        int64_t answered = count_of(reply, "nMatched") + count_of(reply, "nUpserted") +
+                           count_of(reply, "nInserted");
+        for (uint32_t i = 0; i < n_ops; i++) {
+            answered += has_own[i];
+        }
+        bulk->reached = (uint32_t)BD_MIN((int64_t)n_ops, BD_MAX(answered, 0));
     } else if (!server_error(error)) {
         bulk->cause = BD_CAUSE_CONNECTION;
         rest = BD_OUTCOME_AMBIGUOUS;

@@ -381,9 +381,9 @@ bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int
         env->run(env->run_arg, call_run, &c);
         bd_outcome_classify(c.ok, &reply, &berr, n, outs, bulk);
         bson_destroy(&reply);
-        if (bulk->cause != BD_CAUSE_UNREACHABLE && bulk->cause != BD_CAUSE_CLIENT) {
+        if (bulk->reached > 0) {
             BD_STAT_ADD(env->stats, bulk_writes, 1);
-            BD_STAT_ADD(env->stats, updates_sent, n);
+            BD_STAT_ADD(env->stats, updates_sent, bulk->reached);
             for (uint32_t k = 0; k < n; k++) {
                 bd_histogram_observe(&env->stats->update_readings, &bd_hist_update_readings,
                                      r->u[idx[k]].n_readings);

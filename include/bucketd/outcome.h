@@ -64,7 +64,10 @@ struct bd_bulk_outcome {
     int64_t code;         /* the top-level code (driver or server), 0 if none */
     bool write_concern;   /* the reply carried writeConcernErrors */
     bool partly_executed; /* the reply counts updates the server executed */
-    int32_t config_code;  /* a deployment error's code found anywhere in the answer (0: none) */
+    /* Updates known to have reached the server (updates_sent): all of them unless nothing was
+     * sent (no server, the driver's refusal), then those the reply counts as executed. */
+    uint32_t reached;
+    int32_t config_code; /* a deployment error's code found anywhere in the answer (0: none) */
     /* The top-level message; with config_code, "<advice>; MongoDB answered code N: <message>". */
     char message[512];
     char text[2048]; /* per-update messages, NUL-separated, truncated when full */

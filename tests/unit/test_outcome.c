@@ -419,6 +419,57 @@ Test(outcome, unreachable_after_partial_execution_is_ambiguous) {
     check_rows(rows, BD_ARRAY_LEN(rows));
 }
 
+/*
+ * updates_sent counts what reached the server: a whole bulk once it was sent, none when nothing
+ * was (no server, the driver's refusal), and when the driver stopped part-way through a bulk it
+ * had split into commands, the updates the server answered for (executed or refused).
+ */
+Test(outcome, updates_that_reached_the_server) {
+    static const struct {
+        const char *name;
+        bool ok;
+        const char *reply;
+        uint32_t domain, code;
+        uint32_t n, reached;
+    } rows[] = {
+        {"success", true, "{\"nMatched\": 3}", 0, 0, 3, 3},
+        {"success without a reply", true, NULL, 0, 0, 4, 4},
+        {"a server error", false, "{}", MONGOC_ERROR_SERVER, 91, 5, 5},
+        {"write errors", false,
+         "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 1, \"code\": 121}]}", MONGOC_ERROR_SERVER,
+         121, 2, 2},
+        {"a stream error mid-request", false, "{}", MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_SOCKET,
+         3, 3},
+        {"server selection", false, "{}", MONGOC_ERROR_SERVER_SELECTION,
+         MONGOC_ERROR_SERVER_SELECTION_FAILURE, 4, 0},
+        {"connect, no reply", false, NULL, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_CONNECT, 2, 0},
+        {"the driver's refusal", false, "{}", MONGOC_ERROR_BSON, MONGOC_ERROR_BSON_INVALID, 6, 0},
+        {"refused after a first command ran", false,
+         "{\"nMatched\": 2, \"nModified\": 2, "
+         "\"nUpserted\": 1}",
+         MONGOC_ERROR_BSON, MONGOC_ERROR_BSON_INVALID, 6, 3},
+        {"unreachable after a first command ran", false,
+         "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 1, \"code\": 11000}]}",
+         MONGOC_ERROR_SERVER_SELECTION, MONGOC_ERROR_SERVER_SELECTION_FAILURE, 5, 2},
+        {"counts past the bulk", false, "{\"nMatched\": 9}", MONGOC_ERROR_BSON,
+         MONGOC_ERROR_BSON_INVALID, 4, 4},
+    };
+    for (size_t k = 0; k < BD_ARRAY_LEN(rows); k++) {
+        struct bd_op_outcome ops[8];
+        struct bd_bulk_outcome bulk;
+        bson_error_t err;
+        bson_t *reply = reply_of(rows[k].reply);
+        error_of(&err, rows[k].domain, rows[k].code, "x");
+        memset(&bulk, 0xa5, sizeof(bulk));
+        bd_outcome_classify(rows[k].ok, reply, &err, rows[k].n, ops, &bulk);
+        cr_expect_eq(bulk.reached, rows[k].reached, "%s: reached %u, expected %u", rows[k].name,
+                     bulk.reached, rows[k].reached);
+        if (reply != NULL) {
+            bson_destroy(reply);
+        }
+    }
+}
+
 /* writeErrors entries that name no update of this bulk are not ours to judge. */
 Test(outcome, write_error_indexes_outside_the_bulk_are_ignored) {
     static const struct row rows[] = {

@@ -712,8 +712,11 @@ Test(replay, a_client_refusal_after_part_of_the_bulk_ran_sends_it_again_whole) {
     cr_assert_eq(stored(&four[2]) + stored(&four[3]), 0);
     cr_assert_eq(bd_replay_pending_readings(rp), 10, "nothing taken as settled");
     cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(updates_sent), 2, "the first command's two updates reached the server");
+    cr_assert_eq(STAT(bulk_writes), 1);
     cr_assert(attempt(rp, &cause), "%s", last_msg);
     cr_assert_eq(fs.bulks, 2);
+    cr_assert_eq(STAT(updates_sent), 2 + 4);
     cr_assert_eq(fs.bulk_sizes[1], 4, "sent again whole, not halved");
     for (int i = 0; i < 4; i++) {
         cr_assert_eq(stored(&four[i]), four[i].n, "%s", four[i].id);
