@@ -7,6 +7,7 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -1409,6 +1410,83 @@ Test(flusher, a_batch_larger_than_a_spool_record_is_spooled_in_several) {
     cr_assert_eq(STAT(readings_flushed), 13);
     cr_assert_eq(STAT(updates_quarantined), 0);
     free_names(fields, 64);
+}
+
+/*
+ * Backpressure: the two batches take at most half of limits.memory. A fill batch that reaches
+ * half of that before flush.interval is written early (flushes_for_memory). While MongoDB is
+ * away and the spool takes nothing, draining stops at the budget: the table is marked stalled
+ * (input pauses on the pool) and the readings wait in their queues. Once MongoDB is back every
+ * accepted reading is stored once and the stall ends.
+ */
+Test(flusher, the_batches_stop_draining_at_their_memory_budget_and_resume) {
+    stop();
+    cfg.limits.memory = UINT64_C(2) << 20; /* batches 1 MiB, the pool 1 MiB */
+    cfg.flush.interval_ms = 600000;        /* memory, not the interval, starts the writes */
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+    cfg.spool.max_bytes = 64; /* no batch fits: they stay in memory */
+    cfg.spool.when_full = BD_SPOOL_FULL_BLOCK;
+    start();
+    /* A first write goes through and starts the interval; then MongoDB is away. */
+    fake_script(&fs, FAULT_NONE, 0);
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    accept1("first", 1, now_ms / HOUR_MS * HOUR_MS);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(fake_stored(&fs, "first"), 1);
+    static const char *const fields[] = {"v"};
+    int64_t start_ms = now_ms / HOUR_MS * HOUR_MS;
+    int64_t accepted = 0;
+    int64_t per_sensor[32] = {0};
+    bool stalled = false;
+    char name[32];
+    for (int round = 0; round < 2000 && !stalled; round++) {
+        for (int i = 0; i < 32; i++) {
+            for (int j = 0; j < 20; j++) {
+                memset(&pt, 0, sizeof(pt));
+                sensor_name(name, sizeof(name), i);
+                pt.series_key = S(name);
+                pt.name = S(name);
+                pt.has_time = true;
+                pt.time_ns = (start_ms + per_sensor[i]) * MS;
+                pt.n_fields = 1;
+                pt.fields[0] = (struct bd_field){.key = S(fields[0]), .kind = BD_VAL_FLOAT};
+                pt.fields[0].v.f = (double)per_sensor[i];
+                int rc = bd_sensor_table_accept(table, &pt, now_ms * MS);
+                if (rc == -EAGAIN) {
+                    break; /* its share of the pool is full: a TCP sender would wait */
+                }
+                cr_assert_eq(rc, 0, "reading of %s refused: %d", name, rc);
+                per_sensor[i]++;
+                accepted++;
+            }
+        }
+        publish();
+        mono += MS; /* long before the interval */
+        bd_flusher_step(flusher, mono, now_ms, false);
+        stalled = bd_sensor_table_stalled(table);
+    }
+    cr_assert(stalled, "never stalled after %lld readings", (long long)accepted);
+    cr_assert_geq(STAT(flushes_for_memory), 1, "the first batch was written early");
+    cr_assert_eq(fs.sent, 1, "MongoDB took nothing after the first");
+    cr_assert_lt(STAT(pending_readings), (uint64_t)accepted, "some wait in their queues");
+    cr_assert_eq(STAT(readings_spooled), 0);
+    /* MongoDB back. */
+    cr_assert_gt(run(5000), 0);
+    int64_t stored = 0;
+    for (int i = 0; i < 32; i++) {
+        int64_t n = fake_stored(&fs, sensor_name(name, sizeof(name), i));
+        cr_assert_eq(n, per_sensor[i], "sensor %d: %lld of %lld", i, (long long)n,
+                     (long long)per_sensor[i]);
+        stored += n;
+    }
+    cr_assert_eq(stored, accepted);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)accepted + 1);
+    cr_assert(!bd_sensor_table_stalled(table), "the stall ended");
+    cr_assert_eq(STAT(readings_lost), 0);
+    cr_assert_leq(fake_max_count(&fs), cfg.buckets.max_readings);
 }
 
 /* ---- holding pages back for more readings (flush.max_delay) --------------------------------- */
