@@ -1118,6 +1118,7 @@ int take_sequence(struct bd_flusher *f, struct bd_err *err) {
     if (rc < 0) {
         return rc;
     }
+    f->run_first_seq = f->run_first_seq ? f->run_first_seq : f->batch_seq;
     f->batch_max_start_ms = INT64_MIN;
     for (uint32_t i = 0; i < f->batch.n; i++) {
         f->batch_max_start_ms = BD_MAX(f->batch_max_start_ms, f->batch.deltas[i].start_ms);

@@ -200,6 +200,7 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
         }
         const struct bd_delta *d = &f->batch.deltas[di];
         rc = bd_replay_buf_add(&f->spool_buf, d->sensor->id, d->start_ms, d->page, d->n_readings,
+                               f->batch.meta[di].maybe_applied ? BD_REPLAY_MAYBE_SENT : 0,
                                &f->selectors[0], &f->updates[0]);
         bson_destroy(&f->selectors[0]);
         bson_destroy(&f->updates[0]);
@@ -268,7 +269,8 @@ static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
                                 .dead = f->dead,
                                 .stats = f->stats,
                                 .cfg = f->cfg,
-                                .sums = f->sums};
+                                .sums = f->sums,
+                                .run_first_seq = f->run_first_seq};
     bson_error_t perr;
     if (!flusher_prepare_store(f, &perr)) {
         note_failure(f, BD_CAUSE_UNREACHABLE, perr.message);

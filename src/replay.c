@@ -30,6 +30,7 @@ struct upd {
     uint32_t page;
     uint32_t n_readings;
     bool done;
+    bool maybe_sent; /* BD_REPLAY_MAYBE_SENT, or an attempt of this replay was ambiguous */
     uint8_t refusals;
     uint8_t dup_checks;
 };
@@ -46,7 +47,7 @@ struct bd_replay {
 };
 
 int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t start_ms,
-                      uint32_t page, uint32_t n_readings, const bson_t *filter,
+                      uint32_t page, uint32_t n_readings, uint32_t flags, const bson_t *filter,
                       const bson_t *update) {
     size_t id_len = strlen(sensor_id);
     size_t need = ENTRY_HEADER + id_len + filter->len + update->len;
@@ -64,7 +65,7 @@ int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t 
     }
     uint8_t *p = buf->data + buf->len;
     bd_put_le32(p, n_readings);
-    bd_put_le32(p + 4, 0);
+    bd_put_le32(p + 4, flags);
     bd_put_le64(p + 8, (uint64_t)start_ms);
     bd_put_le32(p + 16, page);
     bd_put_le32(p + 20, (uint32_t)id_len);
@@ -168,6 +169,7 @@ int bd_replay_load(struct bd_replay **out, const struct bd_spool_record *rec, st
         struct upd *u = &r->u[i];
         uint32_t id_len = bd_get_le32(p + 20);
         u->n_readings = bd_get_le32(p);
+        u->maybe_sent = (bd_get_le32(p + 4) & BD_REPLAY_MAYBE_SENT) != 0;
         u->start_ms = (int64_t)bd_get_le64(p + 8);
         u->page = bd_get_le32(p + 16);
         memcpy(ids, p + ENTRY_HEADER, id_len);
@@ -221,7 +223,7 @@ static void settle_applied(struct bd_replay *r, const struct bd_replay_env *env,
 }
 
 static void quarantine(struct bd_replay *r, const struct bd_replay_env *env, uint32_t i,
-                       int64_t code, const char *why, int64_t wall_ms) {
+                       int64_t code, const char *why, int64_t wall_ms, bool conflict) {
     struct upd *u = &r->u[i];
     char id[BD_BUCKET_ID_MAX], shown[BD_ESCAPE_CAP(BD_BUCKET_ID_MAX)];
     bd_bucket_id(id, sizeof(id), u->sensor_id, u->start_ms, u->page);
@@ -229,6 +231,13 @@ static void quarantine(struct bd_replay *r, const struct bd_replay_env *env, uin
     u->done = true;
     BD_STAT_ADD(env->stats, updates_quarantined, 1);
     BD_STAT_ADD(env->stats, readings_quarantined, u->n_readings);
+    if (conflict) {
+        BD_STAT_ADD(env->stats, writer_conflicts, 1);
+        bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, which "
+                 "this daemon never sent: another daemon is using writer_id %s; give each daemon "
+                 "its own (%u spooled readings not written)",
+                 shown, r->seq, env->cfg->writer_id, env->cfg->writer_id, u->n_readings);
+    }
     bd_error("MongoDB rejected the spooled update of bucket %s for good (%u readings "
              "quarantined%s): code %" PRId64 ": %s",
              shown, u->n_readings, env->dead != NULL ? ", kept in the dead-letter file" : "", code,
@@ -325,13 +334,16 @@ static void settle_duplicates(struct bd_replay *r, const struct bd_replay_env *e
     }
     for (uint32_t k = 0; k < n; k++) {
         uint32_t i = idx[k];
-        if (seen[k] >= r->seq) {
+        if (seen[k] >= r->seq && r->u[i].maybe_sent) {
             BD_STAT_ADD(env->stats, updates_already_applied, 1);
             settle_applied(r, env, i);
+        } else if (seen[k] >= r->seq) {
+            quarantine(r, env, i, 11000, "the page holds this writer's sequence already", wall_ms,
+                       true);
         } else if (++r->u[i].dup_checks >= MAX_DUP_CHECKS) {
             quarantine(r, env, i, 11000,
                        "duplicate key again and again, without this writer's sequence in the page",
-                       wall_ms);
+                       wall_ms, false);
         }
     }
 out:
@@ -344,6 +356,12 @@ bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int
     const uint32_t max = env->cfg->flush.max_updates;
     if (r->chunk_max == 0) {
         r->chunk_max = max;
+    }
+    if (env->run_first_seq == 0 || r->seq < env->run_first_seq) {
+        /* Spooled by an earlier run: its attempts after the spooling are not known. */
+        for (uint32_t i = 0; i < r->n; i++) {
+            r->u[i].maybe_sent = true;
+        }
     }
     uint32_t *idx = bd_calloc(max, sizeof(*idx));
     uint32_t *dups = bd_calloc(max, sizeof(*dups));
@@ -419,9 +437,11 @@ bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int
             case BD_OUTCOME_APPLIED:
                 settle_applied(r, env, i);
                 break;
+            case BD_OUTCOME_AMBIGUOUS:
+                r->u[i].maybe_sent = true;
+                break;
             case BD_OUTCOME_NOT_SENT:
             case BD_OUTCOME_RETRY:
-            case BD_OUTCOME_AMBIGUOUS:
             case BD_OUTCOME_CONFIG: /* the deployment must change: kept, retried, logged */
                 break;
             case BD_OUTCOME_DUPLICATE:
@@ -430,11 +450,11 @@ bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int
             case BD_OUTCOME_TOO_LARGE:
             case BD_OUTCOME_REFUSED:
                 if (++r->u[i].refusals >= MAX_REFUSALS) {
-                    quarantine(r, env, i, code, why, wall_ms);
+                    quarantine(r, env, i, code, why, wall_ms, false);
                 }
                 break;
             case BD_OUTCOME_PERMANENT:
-                quarantine(r, env, i, code, why, wall_ms);
+                quarantine(r, env, i, code, why, wall_ms, false);
                 break;
             }
         }

@@ -9,12 +9,17 @@
  * whether or not an earlier attempt, before the spooling or before a crash, got through.
  *
  * Payload layout, per update, back to back (integers little-endian):
- *   u32 n_readings, u32 flags (0), i64 bucket start (ms), u32 page, u32 id length,
+ *   u32 n_readings, u32 flags (BD_REPLAY_MAYBE_SENT), i64 bucket start (ms), u32 page,
+ *   u32 id length,
  *   the sensor id's bytes, the filter (BSON), the update (BSON).
  *
  * Settling a replayed update is the flusher's rule set without the page moves: applied, or
- * proved applied by reading the page's w.<writer_id> back after a duplicate key (every spooled
- * update counts as possibly applied already: a crash may have come after a send), is settled;
+ * proved applied by reading the page's w.<writer_id> back after a duplicate key, is settled. A
+ * page that holds this batch's number although no attempt of the update can have reached
+ * MongoDB was written by another daemon using this writer_id: a conflict (counted, quarantined).
+ * Whether an attempt may have reached MongoDB is known for records spooled by this run (the
+ * flag below, then every replay attempt); a record an earlier run spooled counts as possibly
+ * applied already, since a crash may have come after a send.
  * connection failures and transient errors are retried without limit; refusals are retried a
  * bounded number of times, then the update is quarantined (dead-letter file) like any other.
  *
@@ -45,9 +50,12 @@ struct bd_replay_buf {
     uint32_t n_updates;
 };
 
-/* Append one built update (sensor id, bucket start, page, readings) to buf. -ENOMEM. */
+/* An update's flag: an attempt before it was spooled may have reached MongoDB. */
+#define BD_REPLAY_MAYBE_SENT 1u
+
+/* Append one built update (sensor id, bucket start, page, readings, flags) to buf. -ENOMEM. */
 int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t start_ms,
-                      uint32_t page, uint32_t n_readings, const bson_t *filter,
+                      uint32_t page, uint32_t n_readings, uint32_t flags, const bson_t *filter,
                       const bson_t *update);
 void bd_replay_buf_reset(struct bd_replay_buf *buf);
 void bd_replay_buf_close(struct bd_replay_buf *buf);
@@ -64,6 +72,10 @@ struct bd_replay_env {
     struct bd_stats *stats;
     const struct bd_config *cfg;
     struct bd_summaries *sums; /* buckets written are marked here; may be NULL */
+    /* The first sequence number this run took (0: none yet). Records with a number from it on
+     * were spooled by this run, so their flags are known to be right; numbers are never
+     * reused across runs (writer.h). */
+    uint64_t run_first_seq;
 };
 
 struct bd_replay;

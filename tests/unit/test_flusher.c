@@ -1325,6 +1325,63 @@ Test(flusher, a_spool_that_cannot_take_a_batch_keeps_it_in_memory_and_loses_noth
     cr_assert_eq(STAT(readings_lost), 0);
 }
 
+/*
+ * Defect 2 through the spool: batches that never reached MongoDB (no server) are spooled; when
+ * they are replayed, their pages hold a number of this writer_id at or above theirs, written by
+ * another daemon with the same writer_id. That is a conflict (counted, quarantined), not "applied
+ * before": this run spooled them and knows nothing of them was sent.
+ */
+Test(flusher, a_writer_id_clash_met_replaying_batches_never_sent_is_a_conflict) {
+    stop();
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+    start();
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    send_sensors(1, 5);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* written, nothing sent */
+    send_more(1, 1, 5);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false); /* both batches to the spool */
+    cr_assert_eq(STAT(readings_spooled), 6);
+    fs.races = 1;
+    fs.race_wseq = UINT64_C(1) << 40;
+    cr_assert_gt(run(20), 0);
+    cr_assert_geq(STAT(writer_conflicts), 1);
+    cr_assert_eq(STAT(updates_already_applied), 0, "not taken for our own earlier write");
+    cr_assert_eq(STAT(readings_flushed), 0);
+    cr_assert_eq(STAT(readings_quarantined), 6);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 0);
+    cr_assert_geq(dead_letters(), 1);
+}
+
+/* The same after an attempt that may have reached MongoDB (its reply lost): the page holds the
+ * batch's own write, which counts as applied once. */
+Test(flusher, a_batch_spooled_after_a_lost_reply_is_applied_once_when_replayed) {
+    stop();
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+    start();
+    fake_script(&fs, FAULT_LOST_REPLY, 0);
+    send_sensors(1, 5);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* applied, the reply lost */
+    send_more(1, 1, 5);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false); /* both batches to the spool */
+    cr_assert_eq(STAT(readings_spooled), 6);
+    cr_assert_gt(run(20), 0);
+    cr_assert_eq(fake_stored(&fs, "m,s=0"), 6);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(updates_already_applied), 1);
+    cr_assert_eq(STAT(readings_flushed), 6);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+}
+
 /* While MongoDB is away, two batches of the same shape come due one after the other: the
  * first fails and both are then offered to the spool (cap as given, policy drop_newest). */
 static void two_batches_while_away(uint64_t spool_max_bytes) {

@@ -45,6 +45,7 @@ static struct fake_store fs;
 static struct bd_deadletter *dead;
 static struct bd_summaries *sums;
 static struct bd_replay_env env;
+static uint32_t record_flags; /* the flags build_record gives every update */
 static char dir[64];
 static int64_t now_ms;  /* wall clock of the test */
 static int64_t hour_ms; /* start of the bucket the readings go to */
@@ -69,6 +70,7 @@ static void setup(void) {
     snprintf(cfg.spool.dir, sizeof(cfg.spool.dir), "%s", dir);
     now_ms = bd_now_ns() / MS;
     hour_ms = now_ms / HOUR_MS * HOUR_MS;
+    record_flags = 0;
     memset(&stats, 0, sizeof(stats));
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0, "%s", err.msg);
     fake_init(&fs, cfg.writer_id);
@@ -199,14 +201,14 @@ build_record(struct record *r, const struct spec *sp, uint32_t n, uint64_t seq) 
             struct bd_replay_buf before = r->buf;
             bd_alloc_fail_after(0, 0);
             int rc = bd_replay_buf_add(&r->buf, sp[i].id, d[i].start_ms, d[i].page, d[i].n_readings,
-                                       &sel, &upd);
+                                       record_flags, &sel, &upd);
             bd_alloc_fail_after(-1, 0);
             cr_assert_eq(rc, -ENOMEM);
             cr_assert(memcmp(&before, &r->buf, sizeof(before)) == 0, "update %u", i);
             r->grown++;
         }
         cr_assert_eq(bd_replay_buf_add(&r->buf, sp[i].id, d[i].start_ms, d[i].page, d[i].n_readings,
-                                       &sel, &upd),
+                                       record_flags, &sel, &upd),
                      0);
         bson_destroy(&sel);
         bson_destroy(&upd);
@@ -827,6 +829,68 @@ Test(replay, each_duplicate_is_judged_by_the_page_it_targets) {
 /* A page that holds this writer's number or a later one is taken as applied by an earlier
  * attempt of this record: a spooled update may have been sent before a crash, so the replay
  * cannot tell that from another daemon using the same writer_id. */
+/*
+ * A page that holds this record's number (or a later one) although no attempt of the update
+ * can have reached MongoDB: another daemon writes with this writer_id. Known only for records
+ * this run spooled (run_first_seq at or below the record's number) with the update's flag
+ * clear and no ambiguous attempt since; then it is a conflict, counted and quarantined. Any
+ * other way it counts as applied before.
+ */
+Test(replay, our_number_in_a_page_never_sent_to_is_a_conflict_only_when_that_is_known) {
+    static const struct {
+        const char *name;
+        uint64_t run_first_seq;
+        uint32_t flags;
+        bool lost_reply_first; /* a first attempt applies it and loses the reply */
+        bool conflict;
+    } rows[] = {
+        {"this run, never sent", SEQ, 0, false, true},
+        {"this run, from an earlier number on", SEQ - 3, 0, false, true},
+        {"this run, sent before it was spooled", SEQ, BD_REPLAY_MAYBE_SENT, false, false},
+        {"this run, an ambiguous replay attempt", SEQ, 0, true, false},
+        {"an earlier run's record", SEQ + 1, 0, false, false},
+        {"no number taken yet by this run", 0, 0, false, false},
+    };
+    for (size_t k = 0; k < BD_ARRAY_LEN(rows); k++) {
+        reset_store();
+        remove_dead_letters();
+        env.run_first_seq = rows[k].run_first_seq;
+        record_flags = rows[k].flags;
+        struct record r;
+        build_record(&r, pair, 2, SEQ);
+        struct bd_replay *rp = load(&r);
+        enum bd_bulk_cause cause;
+        if (rows[k].lost_reply_first) {
+            fake_script(&fs, FAULT_LOST_REPLY, 0);
+            cr_assert_not(attempt(rp, &cause), "%s", rows[k].name);
+            cr_assert_eq(stored(&pair[0]), 3, "%s: applied, the reply lost", rows[k].name);
+        } else {
+            /* Another daemon with this writer_id inserted the first page, number above ours. */
+            fs.races = 1;
+            fs.race_wseq = SEQ + 5;
+        }
+        cr_assert(attempt(rp, &cause), "%s: settled", rows[k].name);
+        cr_assert_eq(stored(&pair[1]), 2, "%s", rows[k].name);
+        if (rows[k].conflict) {
+            cr_assert_eq(STAT(writer_conflicts), 1, "%s", rows[k].name);
+            cr_assert_eq(STAT(updates_quarantined), 1, "%s", rows[k].name);
+            cr_assert_eq(STAT(readings_quarantined), 3, "%s", rows[k].name);
+            cr_assert_eq(STAT(updates_already_applied), 0, "%s", rows[k].name);
+            cr_assert_eq(STAT(readings_flushed), 2, "%s", rows[k].name);
+            struct dead_line dl[2];
+            cr_assert_eq(read_dead(dl, 2), 1, "%s", rows[k].name);
+            assert_dead_letter(&dl[0], &pair[0], 11000);
+        } else {
+            cr_assert_eq(STAT(writer_conflicts), 0, "%s", rows[k].name);
+            cr_assert_eq(STAT(updates_quarantined), 0, "%s", rows[k].name);
+            cr_assert_geq(STAT(updates_already_applied), 1, "%s", rows[k].name);
+            cr_assert_eq(STAT(readings_flushed), 5, "%s", rows[k].name);
+        }
+        bd_replay_free(rp);
+        free_record(&r);
+    }
+}
+
 Test(replay, a_page_holding_our_number_or_a_later_one_counts_as_applied) {
     fs.races = 1;
     fs.race_wseq = SEQ + 5;
