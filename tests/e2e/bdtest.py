@@ -169,6 +169,22 @@ def parse_stats(text):
     return stats
 
 
+def spool_record_bytes(spool_dir):
+    """Bytes of records in the spool's segment files (their 32-byte headers left out)."""
+    total = 0
+    try:
+        names = os.listdir(spool_dir)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if name.startswith("spool-") and name.endswith(".seg"):
+            try:
+                total += max(0, os.path.getsize(os.path.join(spool_dir, name)) - 32)
+            except FileNotFoundError:
+                pass
+    return total
+
+
 def log_tail(text, n=60):
     lines = text.splitlines()
     return "\n".join(lines[-n:])

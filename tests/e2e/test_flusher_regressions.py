@@ -260,10 +260,13 @@ class FlusherRegressions(RegressionCase):
 
     # -- 2. nothing sent is not "maybe applied" -----------------------------------------------
 
-    def run_nothing_sent_then_race(self, racing_w):
+    def run_nothing_sent_then_race(self, racing_w, spooled=False):
         """Five readings fill page 0; MongoDB becomes unreachable (server selection fails:
         nothing can have been sent); five more readings, for page 1, wait; MongoDB comes back
         with another writer's page 1 inserted just before the daemon's upsert reaches it.
+        With spooled, the five arrive as two batches, 3 and 2, the second once the first
+        failed, so the first goes to the on-disk spool (the second may join it or wait in
+        memory behind it) and the race meets its replay.
         Returns (daemon, stats, client, db, sent, page 1's _id)."""
         uri, client, db = self.new_database()
         proxy, proxied = self.proxy_for(uri, client)
@@ -277,9 +280,14 @@ class FlusherRegressions(RegressionCase):
 
         self.go_unreachable(proxy, d)
         mark = len(d.log())
-        send_tcp(d.addr("tcp"), sent[5:])
+        send_tcp(d.addr("tcp"), sent[5:8] if spooled else sent[5:])
         self.assertTrue(self.wait_log(d, "a failed attempt", lambda l: "retrying" in l, mark),
                         "no failed write while MongoDB was unreachable\n" + d.log()[mark:])
+        if spooled:
+            send_tcp(d.addr("tcp"), sent[8:])
+            spool_dir = d.config["spool"]["dir"]
+            self.assertTrue(bdtest.wait_for(lambda: bdtest.spool_record_bytes(spool_dir) > 0, DEADLINE),
+                            "nothing spooled\n" + d.log()[mark:])
 
         start_ms = base // MS // (HOUR_S * 1000) * (HOUR_S * 1000)
         page1 = "%s|%d|1" % (sid, start_ms // 1000)
@@ -329,6 +337,33 @@ class FlusherRegressions(RegressionCase):
         self.assertEqual(st.get("readings_flushed", 0) + st.get("readings_quarantined", 0),
                          len(sent), st)
         self.assertEqual(st.get("readings_flushed"), 5, st)
+        self.assertStat(st, "updates_already_applied", 0, d)
+        docs = [doc for doc in self.documents(client, db) if doc["_id"] != page1]
+        self.assertExactlyOnce(docs, sent[:5], daemon=d)
+        self.assertEqual(client[db].buckets.find_one({"_id": page1})["readings"], [])
+
+    def test_nothing_sent_spooled_then_a_writer_id_clash(self):
+        """Variant B through the spool: a batch that never reached MongoDB is written to the
+        on-disk spool and replayed when it is back; replaying it meets the page of a second
+        daemon with this writer_id. Each spooled update records that no attempt of it can
+        have reached MongoDB, so the page's number is a conflict, not this daemon's own
+        earlier write.
+
+        Before 88769e8 a replayed update counted every page holding its number as applied.
+        Measured on f49a78b: readings_spooled=3, readings_flushed=8 (3 of them never stored),
+        updates_already_applied=1; only the batch written from memory was a conflict
+        (writer_conflicts=1, readings_quarantined=2)."""
+        d, client, db, sent, page1 = self.run_nothing_sent_then_race(
+            {WRITER: Int64(1 << 62)}, spooled=True)
+        conflict = self.wait_log(d, "the conflict", lambda l: (
+            "another daemon is using writer_id %s" % WRITER) in l, timeout=30)
+        st = d.stop()
+        self.assertTrue(conflict, "no writer conflict logged; stats %r\n%s" % (
+            st, bdtest.log_tail(d.log(), 20)))
+        self.assertGreater(st.get("readings_spooled", 0), 0, st)
+        self.assertGreaterEqual(st.get("writer_conflicts", 0), 1, st)
+        self.assertEqual(st.get("readings_flushed"), 5, st)
+        self.assertEqual(st.get("readings_quarantined"), 5, st)
         self.assertStat(st, "updates_already_applied", 0, d)
         docs = [doc for doc in self.documents(client, db) if doc["_id"] != page1]
         self.assertExactlyOnce(docs, sent[:5], daemon=d)

@@ -192,22 +192,6 @@ def udp_queue(port):
     raise AssertionError("no UDP socket on 127.0.0.1:%d in /proc/net/udp" % port)
 
 
-def spool_record_bytes(spool_dir):
-    """Bytes of records in the spool's segment files (their 32-byte headers left out)."""
-    total = 0
-    try:
-        names = os.listdir(spool_dir)
-    except FileNotFoundError:
-        return 0
-    for name in names:
-        if name.startswith("spool-") and name.endswith(".seg"):
-            try:
-                total += max(0, os.path.getsize(os.path.join(spool_dir, name)) - 32)
-            except FileNotFoundError:
-                pass
-    return total
-
-
 class SpoolWatcher:
     """Polls a spool directory every 50 ms from its creation: .first_at is the monotonic time
     records were first seen in its segment files (None until then), .t0 its start."""
@@ -222,7 +206,7 @@ class SpoolWatcher:
 
     def _run(self):
         while not self._stop.is_set():
-            if spool_record_bytes(self.spool_dir) > 0:
+            if bdtest.spool_record_bytes(self.spool_dir) > 0:
                 self.first_at = time.monotonic()
                 return
             self._stop.wait(0.05)
