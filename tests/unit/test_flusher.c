@@ -1876,6 +1876,39 @@ Test(flusher, a_second_reload_before_the_step_replaces_the_first) {
 }
 
 /* A shorter interval counts from the reload, not from the last write under the old one. */
+/* A reload that raises flush.max_updates while a bulk the driver refused is being retried: the
+ * halved bulk size holds until the batch is settled, then the new one applies. */
+Test(flusher, a_reload_during_a_retry_keeps_the_halved_bulk) {
+    stop();
+    cfg.flush.max_updates = 4;
+    start();
+    fs.client_max_ops = 2;
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    send_sensors(8, 1);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* 4 of 8 updates: no server */
+    cr_assert(!bd_flusher_idle(flusher));
+    cr_assert_eq(fs.bulk_sizes[0], 4);
+    struct bd_config next = cfg;
+    next.flush.max_updates = 8;
+    cr_assert_eq(bd_flusher_reconfigure(flusher, &next, 1), 0);
+    cr_assert_gt(run(20), 0);
+    assert_stored(8, 1);
+    cr_assert_eq(fs.bulk_sizes[1], 4, "the retry keeps its bulk size");
+    cr_assert_eq(fs.bulk_sizes[2], 2, "halved after the driver's refusal");
+    for (uint32_t i = 2; i < fs.bulks; i++) {
+        cr_assert_leq(fs.bulk_sizes[i], 2, "bulk %u", i);
+    }
+    /* Settled: the next batch is sent in bulks of the new size. */
+    fs.client_max_ops = 0;
+    uint32_t before = fs.bulks;
+    send_more(8, 1, 1);
+    cr_assert_gt(run(20), 0);
+    assert_stored(8, 2);
+    cr_assert_eq(fs.bulks, before + 1);
+    cr_assert_eq(fs.bulk_sizes[before], 8);
+}
+
 Test(flusher, a_shorter_flush_interval_counts_from_the_reload) {
     stop();
     cfg.flush.interval_ms = 3600000;
