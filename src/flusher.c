@@ -1548,6 +1548,7 @@ static void *flusher_main(void *arg) {
         if (stopping && !have_deadline) {
             stop_deadline = f->stop_deadline;
             have_deadline = true;
+            f->stop_by = stop_deadline;
         }
         pthread_mutex_unlock(&f->mu);
 
@@ -1575,6 +1576,7 @@ static void *flusher_main(void *arg) {
         }
     }
     f->clean_stop = true;
+    flusher_summaries_close(f, "the stop"); /* counted before the stop's stats line */
     if (f->store != NULL) {
         f->store->ops->release(f->store);
     }

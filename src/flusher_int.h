@@ -109,7 +109,8 @@ struct bd_flusher {
     bool seq_known;       /* the sequence is past every number in the documents */
     bool have_seq;        /* batch_seq belongs to the pending batch */
     uint64_t batch_seq;
-    uint64_t run_first_seq;   /* the first sequence number this run took (0: none yet) */
+    uint64_t run_first_seq; /* the first sequence number this run took (0: none yet) */
+    int64_t stop_by;        /* flusher thread: the stop's monotonic deadline once seen (0: none) */
     int64_t learn_horizon_ms; /* buckets starting at or before this may hold earlier pages */
     int64_t batch_max_start_ms;
 

@@ -105,7 +105,9 @@ void flusher_summaries_step(struct bd_flusher *f, int64_t wall_ms, bool stopping
     }
     bson_error_t berr = {0};
     uint32_t n;
-    while ((n = bd_summaries_next(f->sums, keys, max)) > 0) {
+    /* At a stop, no aggregate starts past the stop's deadline: the rest is counted. */
+    while ((!stopping || f->stop_by == 0 || bd_mono_ns() < f->stop_by) &&
+           (n = bd_summaries_next(f->sums, keys, max)) > 0) {
         struct refresh_call call = {.st = f->store, .keys = keys, .n = n, .error = &berr};
         flusher_run_io(f, refresh_run, &call);
         if (!call.ok) {

@@ -92,7 +92,8 @@ struct fake_store {
     struct fake_summary *sums;
     uint32_t n_sums, cap_sums;
     uint32_t refresh_calls, refresh_max_keys;
-    bool refresh_fails; /* answered like an unreachable server, nothing changed */
+    bool refresh_fails;        /* answered like an unreachable server, nothing changed */
+    uint32_t refresh_delay_us; /* each refresh takes this long first (a slow aggregate) */
 
     /* The settings the last reconfigure (a reload) handed over. */
     uint32_t reconfigures;
@@ -435,6 +436,11 @@ static struct fake_summary *fake_summary_of(struct fake_store *fs, const char *s
 static bool fake_refresh(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
                          bson_error_t *error) {
     struct fake_store *fs = (struct fake_store *)st;
+    if (fs->refresh_delay_us > 0) {
+        struct timespec ts = {fs->refresh_delay_us / 1000000,
+                              (fs->refresh_delay_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     fs->refresh_calls++;
     fs->refresh_max_keys = n > fs->refresh_max_keys ? n : fs->refresh_max_keys;
     if (fs->refresh_fails) {

@@ -1739,6 +1739,26 @@ Test(flusher, a_failed_summary_refresh_is_tried_again_and_never_delays_readings)
     cr_assert_eq(STAT(summary_buckets_skipped), 0);
 }
 
+/* A stop starts no summary refresh past its deadline (flush.stop_timeout): with aggregates that
+ * take 300 ms each and a deadline 400 ms away, what is left of three is counted, not waited for. */
+Test(flusher, a_stop_starts_no_summary_refresh_past_its_deadline) {
+    stop();
+    cfg.summaries.interval_ms = 3600000;
+    cfg.flush.max_updates = 1; /* one bucket per aggregate */
+    start();
+    now_ms = bd_now_ns() / MS;
+    fs.refresh_delay_us = 300000;
+    struct bd_err err = {0};
+    cr_assert_eq(bd_flusher_start(flusher, &err), 0, "%s", err.msg);
+    send_sensors(3, 2);
+    publish();
+    bd_flusher_stop(flusher, bd_mono_ns() + 400 * MS);
+    assert_stored(3, 2);
+    cr_assert_lt(fs.refresh_calls, 3, "refreshes started past the deadline");
+    cr_assert_eq(STAT(summary_buckets_refreshed) + STAT(summary_buckets_skipped), 3);
+    cr_assert_geq(STAT(summary_buckets_skipped), 1);
+}
+
 Test(flusher, a_stop_recomputes_the_summaries_written_last_without_waiting) {
     stop();
     cfg.summaries.interval_ms = 3600000;
