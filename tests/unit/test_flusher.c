@@ -1199,6 +1199,14 @@ Test(flusher, the_flusher_thread_drains_while_a_bulk_is_in_flight) {
 /* ---- the spool ------------------------------------------------------------------------------ */
 
 /* Bytes of the spool's segment files. */
+/* A flush interval short enough that the next batch comes due while the first waits for its
+ * retry, which is far off: the pattern that sends batches to the spool. */
+static void spool_timing(void) {
+    cfg.flush.interval_ms = 10;
+    cfg.flush.retry_initial_ms = 5000;
+    cfg.flush.retry_max_ms = 5000;
+}
+
 static uint64_t spool_file_bytes(void) {
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "cat %s/spool-*.seg 2>/dev/null | wc -c", dir);
@@ -1239,9 +1247,7 @@ Test(flusher, nothing_is_written_to_the_spool_while_mongodb_keeps_up) {
 
 Test(flusher, an_outage_spools_the_failed_batch_and_the_next_then_replays_them_in_order) {
     stop();
-    cfg.flush.interval_ms = 10;
-    cfg.flush.retry_initial_ms = 5000;
-    cfg.flush.retry_max_ms = 5000;
+    spool_timing();
     start();
     fake_script(&fs, FAULT_UNREACHABLE, 0);
     send_sensors(3, 4);
@@ -1307,9 +1313,7 @@ Test(flusher, a_stop_while_mongodb_is_away_spools_and_the_next_start_writes_it_o
 
 Test(flusher, a_spool_that_cannot_take_a_batch_keeps_it_in_memory_and_loses_nothing) {
     stop();
-    cfg.flush.interval_ms = 10;
-    cfg.flush.retry_initial_ms = 5000;
-    cfg.flush.retry_max_ms = 5000;
+    spool_timing();
     cfg.spool.max_bytes = 64; /* nothing fits */
     cfg.spool.when_full = BD_SPOOL_FULL_BLOCK;
     start();
@@ -1325,6 +1329,19 @@ Test(flusher, a_spool_that_cannot_take_a_batch_keeps_it_in_memory_and_loses_noth
     cr_assert_eq(STAT(readings_lost), 0);
 }
 
+/* One sensor's five readings written once with the given fault, then a sixth reading due
+ * while that batch waits for its retry: both batches go to the spool. */
+static void spool_two_batches_after(enum fake_fault fault) {
+    fake_script(&fs, fault, 0);
+    send_sensors(1, 5);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    send_more(1, 1, 5);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false);
+}
+
 /*
  * Defect 2 through the spool: batches that never reached MongoDB (no server) are spooled; when
  * they are replayed, their pages hold a number of this writer_id at or above theirs, written by
@@ -1333,18 +1350,9 @@ Test(flusher, a_spool_that_cannot_take_a_batch_keeps_it_in_memory_and_loses_noth
  */
 Test(flusher, a_writer_id_clash_met_replaying_batches_never_sent_is_a_conflict) {
     stop();
-    cfg.flush.interval_ms = 10;
-    cfg.flush.retry_initial_ms = 5000;
-    cfg.flush.retry_max_ms = 5000;
+    spool_timing();
     start();
-    fake_script(&fs, FAULT_UNREACHABLE, 0);
-    send_sensors(1, 5);
-    publish();
-    bd_flusher_step(flusher, mono, now_ms, false); /* written, nothing sent */
-    send_more(1, 1, 5);
-    publish();
-    mono += 20 * MS;
-    bd_flusher_step(flusher, mono, now_ms, false); /* both batches to the spool */
+    spool_two_batches_after(FAULT_UNREACHABLE); /* nothing sent */
     cr_assert_eq(STAT(readings_spooled), 6);
     fs.races = 1;
     fs.race_wseq = UINT64_C(1) << 40;
@@ -1361,18 +1369,9 @@ Test(flusher, a_writer_id_clash_met_replaying_batches_never_sent_is_a_conflict) 
  * batch's own write, which counts as applied once. */
 Test(flusher, a_batch_spooled_after_a_lost_reply_is_applied_once_when_replayed) {
     stop();
-    cfg.flush.interval_ms = 10;
-    cfg.flush.retry_initial_ms = 5000;
-    cfg.flush.retry_max_ms = 5000;
+    spool_timing();
     start();
-    fake_script(&fs, FAULT_LOST_REPLY, 0);
-    send_sensors(1, 5);
-    publish();
-    bd_flusher_step(flusher, mono, now_ms, false); /* applied, the reply lost */
-    send_more(1, 1, 5);
-    publish();
-    mono += 20 * MS;
-    bd_flusher_step(flusher, mono, now_ms, false); /* both batches to the spool */
+    spool_two_batches_after(FAULT_LOST_REPLY); /* applied, the reply lost */
     cr_assert_eq(STAT(readings_spooled), 6);
     cr_assert_gt(run(20), 0);
     cr_assert_eq(fake_stored(&fs, "m,s=0"), 6);
@@ -1389,9 +1388,7 @@ static void two_batches_while_away(uint64_t spool_max_bytes) {
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
     cr_assert_eq(system(cmd), 0);
-    cfg.flush.interval_ms = 10;
-    cfg.flush.retry_initial_ms = 5000;
-    cfg.flush.retry_max_ms = 5000;
+    spool_timing();
     cfg.spool.max_bytes = spool_max_bytes;
     cfg.spool.when_full = BD_SPOOL_FULL_DROP_NEWEST;
     start();
@@ -1438,9 +1435,7 @@ Test(flusher, a_full_spool_with_drop_newest_drops_the_newest_batch_and_counts_it
  * each replayed and acknowledged on its own; every reading stored once. */
 Test(flusher, a_batch_larger_than_a_spool_record_is_spooled_in_several) {
     stop();
-    cfg.flush.interval_ms = 10;
-    cfg.flush.retry_initial_ms = 5000;
-    cfg.flush.retry_max_ms = 5000;
+    spool_timing();
     start();
     const char **fields = long_names(64, 16384); /* ~2 MiB per update */
     int64_t b = now_ms / HOUR_MS * HOUR_MS;
@@ -1803,9 +1798,7 @@ Test(flusher, summaries_off_sends_no_aggregate) {
 Test(flusher, spooled_batches_replayed_later_refresh_their_summaries) {
     stop();
     cfg.summaries.interval_ms = 3600000;
-    cfg.flush.interval_ms = 10;
-    cfg.flush.retry_initial_ms = 5000;
-    cfg.flush.retry_max_ms = 5000;
+    spool_timing();
     start();
     fake_script(&fs, FAULT_UNREACHABLE, 0);
     send_sensors(2, 3);
