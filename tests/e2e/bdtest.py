@@ -20,6 +20,7 @@ Pieces:
 
 import calendar
 import datetime
+import http.client
 import math
 import os
 import re
@@ -167,6 +168,19 @@ def parse_stats(text):
         if cur:
             stats = cur
     return stats
+
+
+def metric(port, name):
+    """The value of the unlabelled sample `name` on the /metrics of a daemon whose metrics
+    listener is 127.0.0.1:port (None when it has no such sample)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    m = re.search(r"^%s (\d+)$" % re.escape(name), body, re.M)
+    return int(m.group(1)) if m else None
 
 
 def spool_record_bytes(spool_dir):

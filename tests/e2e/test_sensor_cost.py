@@ -12,9 +12,7 @@
 Run: /usr/bin/python3 tests/e2e/test_sensor_cost.py   (see bdtest.py for the environment)
 """
 
-import http.client
 import os
-import re
 import socket
 import sys
 import threading
@@ -38,17 +36,6 @@ ALLOWANCE = 12 << 20
 def log(msg):
     sys.stderr.write("    [cost] %s\n" % msg)
     sys.stderr.flush()
-
-
-def metric(port, name):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        body = conn.getresponse().read().decode()
-    finally:
-        conn.close()
-    m = re.search(r"^%s (\d+)$" % re.escape(name), body, re.M)
-    return int(m.group(1)) if m else None
 
 
 class KnownSensors:
@@ -132,8 +119,8 @@ class SensorCostTest(bdtest.E2ECase):
 
         # The flood's sensors go (limits.sensor_idle) and a new sensor is taken again.
         self.assertTrue(bdtest.wait_for(
-            lambda: (metric(mport, "bucketd_sensors") or 0) <= KNOWN, 120),
-            "sensors still tracked: %s" % metric(mport, "bucketd_sensors"))
+            lambda: (bdtest.metric(mport, "bucketd_sensors") or 0) <= KNOWN, 120),
+            "sensors still tracked: %s" % bdtest.metric(mport, "bucketd_sensors"))
         for i in range(3):
             u.sendto(b"after,id=legit v=%di %d\n" % (i, time.time_ns()), d.addr("udp"))
         self.assertTrue(bdtest.wait_for(

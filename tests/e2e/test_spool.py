@@ -582,12 +582,20 @@ class Spool(bdtest.E2ECase):
         uri, client, db = self.new_database()
         proxy, proxied = self.proxy_for(uri, client)
         spool = os.path.join(self.workdir, "spool")
+        mport = bdtest.free_port()
         d1 = self.new_daemon(proxied, db, "d1", spool,
-                             extra={"flush": {"stop_timeout": "2s"}}).start()
+                             extra={"flush": {"stop_timeout": "2s"},
+                                    "metrics": {"bind": "127.0.0.1:%d" % mport}}).start()
         before = UdpSender(d1.addr("udp"), RATE, count=2000).start()
         self.assertTrue(before.wait_done())
         stored = bdtest.wait_stored(client, db, before.count, DEADLINE)
         self.assertEqual(stored, before.count, bdtest.log_tail(d1.log(), 30))
+        # Stored is not acknowledged yet: the reply may still be on its way, and refusing
+        # connections now could cut it off (the batch would then count as maybe applied).
+        self.assertTrue(bdtest.wait_for(
+            lambda: bdtest.metric(mport, "bucketd_readings_flushed_total") == before.count,
+            DEADLINE), "the first readings were stored but never acknowledged\n" +
+            bdtest.log_tail(d1.log(), 30))
 
         proxy.set_fault("refuse")
         during = UdpSender(d1.addr("udp"), RATE, count=5000, seq_start=100000).start()
