@@ -1523,8 +1523,6 @@ static void timespec_after_ns(struct timespec *ts, int64_t delta_ns) {
 static void *flusher_main(void *arg) {
     struct bd_flusher *f = arg;
     int64_t interval_ns = (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
-    int64_t stop_deadline = 0;
-    bool have_deadline = false;
     bson_error_t berr;
 
     if (f->store != NULL) {
@@ -1545,10 +1543,8 @@ static void *flusher_main(void *arg) {
         }
         f->wake_pending = false;
         stopping = f->stop;
-        if (stopping && !have_deadline) {
-            stop_deadline = f->stop_deadline;
-            have_deadline = true;
-            f->stop_by = stop_deadline;
+        if (stopping && f->stop_by == 0) {
+            f->stop_by = f->stop_deadline;
         }
         pthread_mutex_unlock(&f->mu);
 
@@ -1559,7 +1555,7 @@ static void *flusher_main(void *arg) {
         if (bd_flusher_idle(f)) {
             break;
         }
-        if (bd_mono_ns() >= stop_deadline) {
+        if (bd_mono_ns() >= f->stop_by) {
             /* What MongoDB did not take goes to the spool for the next start; only what cannot
              * be spooled is lost (counted and logged). */
             bd_flusher_abandon(f);
@@ -1567,7 +1563,7 @@ static void *flusher_main(void *arg) {
         }
         if (f->retry_at != 0) {
             /* Sleep out the backoff, but not past the deadline. */
-            int64_t until = BD_MIN(f->retry_at, stop_deadline);
+            int64_t until = BD_MIN(f->retry_at, f->stop_by);
             int64_t ns = until - bd_mono_ns();
             if (ns > 0) {
                 struct timespec ts = {.tv_sec = ns / BD_NS_PER_S, .tv_nsec = ns % BD_NS_PER_S};

@@ -237,11 +237,12 @@ static void quarantine(struct bd_replay *r, const struct bd_replay_env *env, uin
                  "this daemon never sent: another daemon is using writer_id %s; give each daemon "
                  "its own (%u spooled readings not written)",
                  shown, r->seq, env->cfg->writer_id, env->cfg->writer_id, u->n_readings);
+    } else {
+        bd_error("MongoDB rejected the spooled update of bucket %s for good (%u readings "
+                 "quarantined%s): code %" PRId64 ": %s",
+                 shown, u->n_readings, env->dead != NULL ? ", kept in the dead-letter file" : "",
+                 code, why);
     }
-    bd_error("MongoDB rejected the spooled update of bucket %s for good (%u readings "
-             "quarantined%s): code %" PRId64 ": %s",
-             shown, u->n_readings, env->dead != NULL ? ", kept in the dead-letter file" : "", code,
-             why);
     if (env->dead != NULL) {
         struct bd_err err = {0};
         struct bd_deadletter_record rec = {.time_ms = wall_ms,
