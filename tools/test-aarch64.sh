@@ -49,16 +49,11 @@ export DEBIAN_FRONTEND=noninteractive
 
 # --- Cross compiler and emulator (amd64 packages) -------------------------------------------
 
-missing=()
-for p in gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-        missing+=("$p")
-done
-if [ ${#missing[@]} -ne 0 ]; then
-    echo "test-aarch64: installing ${missing[*]}"
-    $sudo apt-get update -q
-    $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+# tools/install-deps.sh --all (tools/test.sh runs it first) has installed these and added arm64
+# to dpkg's architectures; run on its own, this does it, through tools/apt.sh (waits for apt's
+# locks).
+. "$root/tools/apt.sh"
+bd_apt_install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
 
 # --- The arm64 libraries, unpacked ----------------------------------------------------------
 
@@ -71,16 +66,16 @@ if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ] ||
    [ ! -e "$sysroot/DEBIAN/symbols" ]; then
     if ! dpkg --print-foreign-architectures | grep -qx arm64; then
         $sudo dpkg --add-architecture arm64
-        $sudo apt-get update -q || skip "apt-get update failed after adding arm64"
+        bd_apt_get update -q || skip "apt-get update failed after adding arm64"
     elif ! apt-cache show libmongoc-dev:arm64 >/dev/null 2>&1; then
-        $sudo apt-get update -q || skip "apt-get update failed"
+        bd_apt_get update -q || skip "apt-get update failed"
     fi
     debs="$root/build-aarch64-debs"
     rm -rf "$sysroot" "$debs"
     mkdir -p "$debs/partial" "$sysroot"
     # The packages and everything they depend on, downloaded only: apt plans the install (which
     # would swap the amd64 -dev packages out) but carries none of it out.
-    $sudo apt-get install -q -y --download-only --no-install-recommends \
+    bd_apt_get install -q -y --download-only --no-install-recommends \
         -o Dir::Cache::archives="$debs" "${arm_pkgs[@]/%/:arm64}" ||
         skip "the arm64 packages cannot be downloaded here (see apt's messages above)"
     for deb in "$debs"/*.deb; do

@@ -60,16 +60,10 @@ fail() {
     failures=$((failures + 1))
 }
 
-missing=()
-for p in lintian mmdebstrap arch-test dpkg-dev; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-        missing+=("$p")
-done
-if [ ${#missing[@]} -ne 0 ]; then
-    echo "test-packages: installing ${missing[*]}"
-    $sudo apt-get update -q
-    $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+# tools/install-deps.sh --all (tools/test.sh runs it first) has installed these; run on its own,
+# this installs what is missing, through tools/apt.sh (waits for apt's locks).
+. "$root/tools/apt.sh"
+bd_apt_install lintian mmdebstrap arch-test dpkg-dev
 
 # The fresh roots: the machine's Debian release, from its own apt sources.
 codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"

@@ -32,40 +32,14 @@ esac
 
 # --- Packages: clang, then the compiler-rt (libFuzzer) and llvm-symbolizer of its version ---
 
-need_packages() { # prints the packages of "$@" that are not installed
-  local p
-  for p in "$@"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-      echo "$p"
-    fi
-  done
-}
-
-apt_updated=0
-install_packages() {
-  local missing
-  mapfile -t missing < <(need_packages "$@")
-  if [ ${#missing[@]} -eq 0 ]; then
-    return
-  fi
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    sudo="sudo"
-  fi
-  echo "run.sh: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  if [ "$apt_updated" -eq 0 ]; then
-    $sudo apt-get update -q
-    apt_updated=1
-  fi
-  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-}
-
+# tools/install-deps.sh --all (tools/test.sh runs it first) has installed them; run on its own,
+# this installs what is missing, through tools/apt.sh (waits for apt's locks).
+. "$root/tools/apt.sh"
 # python3 writes the seeds; libyaml-dev links src/config.c, which bucketd-parse.c calls into.
-install_packages clang python3 libyaml-dev
+bd_apt_install clang python3 libyaml-dev
 llvm_major="$(clang -dumpversion | cut -d. -f1)"
 # libFuzzer lives in compiler-rt, which clang only recommends; llvm-symbolizer names the frames.
-install_packages "libclang-rt-${llvm_major}-dev" "llvm-${llvm_major}"
+bd_apt_install "libclang-rt-${llvm_major}-dev" "llvm-${llvm_major}"
 symbolizer="/usr/lib/llvm-${llvm_major}/bin/llvm-symbolizer"
 
 # --- Build ------------------------------------------------------------------------------------
