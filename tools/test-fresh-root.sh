@@ -10,7 +10,7 @@
 #   bash tools/test-fresh-root.sh [COMMAND]    # default COMMAND: bash .ci/run
 #
 # The root is made in build-fresh-root/ under the repository root (removed and remade each run);
-# the run's output goes to build-fresh-root.log as well as to the terminal.
+# the run's output goes to build-fresh-root/run.log as well as to the terminal.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -82,7 +82,7 @@ echo "== in the root: $cmd"
 start=$SECONDS
 rc=0
 chroot "$dir" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    TERM=dumb LANG=C.UTF-8 bash -c "cd /src/main && $cmd" 2>&1 | tee "$root/build-fresh-root.log" ||
+    TERM=dumb LANG=C.UTF-8 bash -c "cd /src/main && $cmd" 2>&1 | tee "$dir/run.log" ||
     rc=$?
 echo "== test-fresh-root: '$cmd' exited $rc after $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s"
 exit "$rc"
