@@ -221,8 +221,10 @@ Test(outcome, partial_failure_of_an_unordered_bulk) {
              "{\"index\": 0, \"code\": 11000}]}",
              SERVER, 121, "Document failed validation", "DLRCP", BD_CAUSE_SERVER, 0, 13, 11000,
              17419, 91, 13, 121),
-        ROW("own errors without counts: the others still applied",
-            "{\"writeErrors\": [{\"index\": 1, \"code\": 11000}]}", SERVER, 11000, DUP_MSG, "ADAA",
+        /* mongoc always counts what an acknowledged bulk executed: a reply without counts
+         * answers for no update but those with an entry of their own. */
+        ROW("own errors without counts: the others are not known to be applied",
+            "{\"writeErrors\": [{\"index\": 1, \"code\": 11000}]}", SERVER, 11000, DUP_MSG, "?D??",
             BD_CAUSE_SERVER, 0, 0, 11000),
         ROW("own errors in the legacy query domain",
             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 11000}]}",
@@ -233,6 +235,83 @@ Test(outcome, partial_failure_of_an_unordered_bulk) {
         ROW("an entry without a code is permanent",
             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 1}]}", SERVER, 1, "?", "AP",
             BD_CAUSE_SERVER, PARTLY, 0, 0),
+    };
+    check_rows(rows, BD_ARRAY_LEN(rows));
+}
+
+/*
+ * A bulk the driver split into several commands (past maxWriteBatchSize or 48 MB), one of which
+ * answered writeErrors and a later one failed whole: the server refused it (11600, 13), or the
+ * connection failed. mongoc stops there, and its reply merges what the commands before
+ * answered: counts, upserted[] and writeErrors with indexes into the whole bulk. The error it
+ * returns is the first writeErrors entry, in the server domain: the failure that stopped the
+ * bulk is nowhere in the answer. Only the counts show it: the updates the reply answers for
+ * (nMatched + nUpserted + those with an entry of their own) are fewer than those sent, and
+ * nothing says which of the updates without an entry ran, so none of them is applied: each is
+ * ambiguous (sent again under the same number; the filter keeps it from applying twice).
+ */
+Test(outcome, split_bulk_with_unanswered_updates) {
+    static const struct row rows[] = {
+        /* maxWriteBatchSize 2: [0 duplicate, 1 upserted], then 11600 for [2, 3]. */
+        ROW("11600 on the second command after an 11000 in the first",
+            "{\"nInserted\": 0, \"nMatched\": 0, \"nModified\": 0, \"nRemoved\": 0, \"nUpserted\": "
+            "1, \"upserted\": [{\"index\": 1, \"_id\": \"b\"}], \"writeErrors\": [{\"index\": 0, "
+            "\"code\": 11000, \"errmsg\": \"" DUP_MSG "\"}]}",
+            SERVER, 11000, DUP_MSG, "D???", BD_CAUSE_SERVER, PARTLY, 11000),
+        /* [0 matched, 1 duplicate], then the connection failed sending [2, 3], [4]. */
+        ROW("a connection lost on the second command after an 11000 in the first",
+            "{\"nInserted\": 0, \"nMatched\": 1, \"nModified\": 1, \"nRemoved\": 0, \"nUpserted\": "
+            "0, \"writeErrors\": [{\"index\": 1, \"code\": 11000, \"errmsg\": \"" DUP_MSG "\"}]}",
+            SERVER, 11000, DUP_MSG, "?D???", BD_CAUSE_SERVER, PARTLY, 0, 11000),
+        /* [0 refused by a validator, 1 matched], then 13 for [2, 3]: neither the code nor its
+         * advice is in the answer. */
+        ROW("13 on the second command after a 121 in the first",
+            "{\"nInserted\": 0, \"nMatched\": 1, \"nModified\": 1, \"nRemoved\": 0, \"nUpserted\": "
+            "0, \"writeErrors\": [{\"index\": 0, \"code\": 121, \"errmsg\": \"Document failed "
+            "validation\"}]}",
+            SERVER, 121, "Document failed validation", "P???", BD_CAUSE_SERVER, PARTLY, 121),
+        /* Every update of the first command refused: nothing counted as executed. */
+        ROW("the first command all duplicates, the second failed",
+            "{\"nInserted\": 0, \"nMatched\": 0, \"nModified\": 0, \"nRemoved\": 0, \"nUpserted\": "
+            "0, \"writeErrors\": [{\"index\": 0, \"code\": 11000}, {\"index\": 1, \"code\": "
+            "11000}]}",
+            SERVER, 11000, "Multiple write errors", "DD??", BD_CAUSE_SERVER, 0, 11000, 11000),
+        /* Three commands of two: the third failed; the own entries keep their classes. */
+        ROW("the third command failed after entries in the first two",
+            "{\"nInserted\": 0, \"nMatched\": 2, \"nModified\": 2, \"nRemoved\": 0, \"nUpserted\": "
+            "0, \"writeErrors\": [{\"index\": 0, \"code\": 11000}, {\"index\": 3, \"code\": "
+            "17419}]}",
+            SERVER, 11000, "Multiple write errors", "D??L?", BD_CAUSE_SERVER, PARTLY, 11000, 0, 0,
+            17419, 0),
+        /* One answered short: the last update of the bulk alone was never answered. */
+        ROW("one update short",
+            "{\"nMatched\": 2, \"nUpserted\": 1, \"writeErrors\": [{\"index\": 3, \"code\": "
+            "11000}]}",
+            SERVER, 11000, DUP_MSG, "???D?", BD_CAUSE_SERVER, PARTLY, 0, 0, 0, 11000, 0),
+        /* Counts that answer for every update: a partly failed bulk, the others applied. */
+        ROW("matched, upserted and own entries answer for all",
+            "{\"nMatched\": 2, \"nUpserted\": 1, \"writeErrors\": [{\"index\": 3, \"code\": "
+            "11000}, {\"index\": 4, \"code\": 121}]}",
+            SERVER, 11000, DUP_MSG, "AAADP", BD_CAUSE_SERVER, PARTLY, 0, 0, 0, 11000, 121),
+        /* Two entries for one update answer for one update, not two. */
+        ROW("an update with two entries is answered once",
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 11000}, {\"index\": 0, "
+            "\"code\": 11000}]}",
+            SERVER, 11000, DUP_MSG, "D??", BD_CAUSE_SERVER, PARTLY, 11000),
+        /* Entries of no update of this bulk answer for none. */
+        ROW("an entry outside the bulk answers for nothing",
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 11000}, {\"index\": 7, "
+            "\"code\": 11000}]}",
+            SERVER, 11000, DUP_MSG, "D??", BD_CAUSE_SERVER, PARTLY, 11000),
+        /* More counted than sent (a reply not of this bulk): no update is left unanswered. */
+        ROW("counts past the bulk",
+            "{\"nMatched\": 5, \"writeErrors\": [{\"index\": 0, \"code\": 11000}]}", SERVER, 11000,
+            DUP_MSG, "DAA", BD_CAUSE_SERVER, PARTLY, 11000),
+        /* Under a write concern error the rest is ambiguous whatever the counts. */
+        ROW("short counts with a write concern error",
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}], "
+            "\"writeConcernErrors\": [{\"code\": 64}]}",
+            SERVER, 121, "x", "P???", BD_CAUSE_SERVER, WC | PARTLY, 121),
     };
     check_rows(rows, BD_ARRAY_LEN(rows));
 }
@@ -492,14 +571,14 @@ Test(outcome, write_error_indexes_outside_the_bulk_are_ignored) {
         ROW("missing", "{\"writeErrors\": [{\"code\": 11000}]}", SERVER, 2, "x", "FF",
             BD_CAUSE_SERVER, 0, 0),
         ROW("ignored ones around a valid one",
-            "{\"writeErrors\": [{\"index\": 3, \"code\": 11000}, {\"index\": -2, \"code\": 11000}, "
-            "{\"index\": null, \"code\": 11000}, {\"index\": 1, \"code\": 121}, {\"index\": "
-            "{\"$numberLong\": \"-9223372036854775808\"}, \"code\": 11000}]}",
-            SERVER, 121, "x", "APA", BD_CAUSE_SERVER, 0, 0, 121, 0),
+            "{\"nMatched\": 2, \"writeErrors\": [{\"index\": 3, \"code\": 11000}, {\"index\": "
+            "-2, \"code\": 11000}, {\"index\": null, \"code\": 11000}, {\"index\": 1, \"code\": "
+            "121}, {\"index\": {\"$numberLong\": \"-9223372036854775808\"}, \"code\": 11000}]}",
+            SERVER, 121, "x", "APA", BD_CAUSE_SERVER, PARTLY, 0, 121, 0),
         ROW("int64 and double indexes are numbers",
-            "{\"writeErrors\": [{\"index\": {\"$numberLong\": \"2\"}, \"code\": 11000}, "
-            "{\"index\": 0.0, \"code\": 121}]}",
-            SERVER, 121, "x", "PAD", BD_CAUSE_SERVER, 0, 121, 0, 11000),
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": {\"$numberLong\": \"2\"}, \"code\": "
+            "11000}, {\"index\": 0.0, \"code\": 121}]}",
+            SERVER, 121, "x", "PAD", BD_CAUSE_SERVER, PARTLY, 121, 0, 11000),
     };
     check_rows(rows, BD_ARRAY_LEN(rows));
 }
@@ -522,10 +601,11 @@ Test(outcome, malformed_write_errors) {
             0),
         ROW("empty entry", "{\"writeErrors\": [{}]}", SERVER, 2, "x", "FF", BD_CAUSE_SERVER, 0, 0),
         ROW("a code that is not a number is no code",
-            "{\"writeErrors\": [{\"index\": 0, \"code\": \"11000\"}]}", SERVER, 2, "x", "PA",
-            BD_CAUSE_SERVER, 0, 0),
-        ROW("a double code", "{\"writeErrors\": [{\"index\": 1, \"code\": 11000.0}]}", SERVER,
-            11000, DUP_MSG, "AD", BD_CAUSE_SERVER, 0, 0, 11000),
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": \"11000\"}]}", SERVER, 2,
+            "x", "PA", BD_CAUSE_SERVER, PARTLY, 0),
+        ROW("a double code",
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 1, \"code\": 11000.0}]}", SERVER,
+            11000, DUP_MSG, "AD", BD_CAUSE_SERVER, PARTLY, 0, 11000),
         ROW("codes beyond int32 are clamped",
             "{\"writeErrors\": [{\"index\": 0, \"code\": {\"$numberLong\": \"1099511627776\"}}, "
             "{\"index\": 1, \"code\": {\"$numberLong\": \"-1099511627776\"}}, {\"index\": 2, "
@@ -634,6 +714,42 @@ Test(outcome, large_bulk_without_own_errors) {
     cr_assert_eq(ops[99].kind, BD_OUTCOME_PERMANENT);
     for (uint32_t i = 1; i < 99; i++) {
         cr_assert_eq(ops[i].kind, BD_OUTCOME_AMBIGUOUS, "update %u", i);
+    }
+    bson_destroy(reply);
+}
+
+/* The same for a large bulk (the marks of who has an entry live on the heap): a first command
+ * of 1,000 with two refusals, the second of 1,000 never answered. */
+Test(outcome, large_split_bulk_with_an_unanswered_command) {
+    enum { N = 2000, FIRST = 1000 };
+    static struct bd_op_outcome ops[N];
+    struct bd_bulk_outcome bulk;
+    bson_error_t err;
+    const int64_t at[] = {3, 999};
+    const int32_t codes[] = {11000, 121};
+    bson_t *reply = reply_with_errors(FIRST - 2, at, codes, NULL, 2);
+    error_of(&err, SERVER, 11000, DUP_MSG);
+    bd_outcome_classify(false, reply, &err, N, ops, &bulk);
+    cr_assert_eq(bulk.cause, BD_CAUSE_SERVER);
+    cr_assert_eq(ops[3].kind, BD_OUTCOME_DUPLICATE);
+    cr_assert_eq(ops[999].kind, BD_OUTCOME_PERMANENT);
+    for (uint32_t i = 0; i < N; i++) {
+        if (i != 3 && i != 999) {
+            cr_assert_eq(ops[i].kind, BD_OUTCOME_AMBIGUOUS, "update %u is %s", i,
+                         bd_outcome_name(ops[i].kind));
+        }
+    }
+    cr_assert_eq(bulk.reached, N, "the failure that stopped the bulk is unknown: all sent");
+    bson_destroy(reply);
+
+    /* The same first command, and a second that was answered in full: nothing unanswered. */
+    reply = reply_with_errors(N - 2, at, codes, NULL, 2);
+    bd_outcome_classify(false, reply, &err, N, ops, &bulk);
+    for (uint32_t i = 0; i < N; i++) {
+        if (i != 3 && i != 999) {
+            cr_assert_eq(ops[i].kind, BD_OUTCOME_APPLIED, "update %u is %s", i,
+                         bd_outcome_name(ops[i].kind));
+        }
     }
     bson_destroy(reply);
 }
@@ -881,10 +997,10 @@ Test(outcome, deployment_errors_in_other_places) {
              0, 61, 0),
         /* Own refusals of several classes: the first deployment code is named. */
         CROW("61 and 13 among other refusals",
-             "{\"writeErrors\": [{\"index\": 0, \"code\": 121}, {\"index\": 1, \"code\": 61}, "
-             "{\"index\": 2, \"code\": 13}]}",
-             SERVER, 121, "Document failed validation", "PCCA", BD_CAUSE_SERVER, 0, 61, 121, 61, 13,
-             0),
+             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}, {\"index\": 1, "
+             "\"code\": 61}, {\"index\": 2, \"code\": 13}]}",
+             SERVER, 121, "Document failed validation", "PCCA", BD_CAUSE_SERVER, PARTLY, 61, 121,
+             61, 13, 0),
         /* Not of the class. */
         ROW("79 as a write concern error is no deployment code",
             "{\"writeConcernErrors\": [{\"code\": 79}]}", MONGOC_ERROR_WRITE_CONCERN, 79, "x", "??",
@@ -997,16 +1113,17 @@ Test(outcome, retryable_write_error_labels) {
             SERVER, 8000, "x", "??", BD_CAUSE_SERVER, 0, 0),
         /* Labels that are not the label, or not strings, change nothing. */
         ROW("other labels beside a write error",
-            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
             "[\"TransientTransactionError\", 7, null]}",
-            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, PARTLY, 121),
         ROW("errorLabels that is not an array",
-            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
             "\"RetryableWriteError\"}",
-            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, PARTLY, 121),
         ROW("a writeConcernError that is not a document",
-            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"writeConcernError\": 1}", SERVER,
-            121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}], "
+            "\"writeConcernError\": 1}",
+            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, PARTLY, 121),
     };
     check_rows(rows, BD_ARRAY_LEN(rows));
 }
