@@ -271,6 +271,18 @@ static uint32_t answered(const bson_t *reply, const bool *has_own, uint32_t n_op
     return (uint32_t)BD_MIN((int64_t)n_ops, BD_MAX(n, 0));
 }
 
+/*
+ * The bulk's message is then an update's own refusal (mongoc's first writeErrors entry), which
+ * does not tell that the bulk stopped short: add that, cut to fit.
+ */
+static void note_unanswered(struct bd_bulk_outcome *b, uint32_t answered_n, uint32_t n_ops) {
+    size_t len = strlen(b->message);
+    snprintf(b->message + len, sizeof(b->message) - len,
+             "; no answer for %" PRIu32 " of %" PRIu32
+             " updates (the driver stopped the bulk, split into commands, at one that failed)",
+             n_ops - answered_n, n_ops);
+}
+
 /* Walk writeErrors: set the outcome of each update that has an entry; true if any had one. */
 static bool own_errors(const bson_t *reply, uint32_t n_ops, struct bd_op_outcome *ops,
                        bool *has_own, struct bd_bulk_outcome *bulk, struct config_note *cn) {
@@ -413,7 +425,12 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
          * unfinished one counts as sent whole, as after a failed connection: what stopped it
          * is unknown. */
         bulk->cause = BD_CAUSE_SERVER;
-        rest = answered(reply, has_own, n_ops) < n_ops ? BD_OUTCOME_AMBIGUOUS : BD_OUTCOME_APPLIED;
+        uint32_t answered_n = answered(reply, has_own, n_ops);
+        rest = BD_OUTCOME_APPLIED;
+        if (answered_n < n_ops) {
+            rest = BD_OUTCOME_AMBIGUOUS;
+            note_unanswered(bulk, answered_n, n_ops);
+        }
     } else {
         bulk->cause = BD_CAUSE_SERVER;
         note_config(&cn, error->code, error->message);
