@@ -19,7 +19,15 @@
  *        can carry both, and the labelled command's updates have no entry of their own);
  *      - a command-level error from the server with nothing executed: transient code: retry;
  *        deployment code: config; otherwise refused;
- *      - only writeErrors (a partly failed unordered bulk): applied.
+ *      - only writeErrors, and the reply answers for every update (nMatched + nUpserted + the
+ *        updates with an entry of their own reach the bulk's size): a partly failed unordered
+ *        bulk, applied;
+ *      - only writeErrors, and the reply answers for fewer updates than were sent: ambiguous.
+ *        mongoc splits a bulk past maxWriteBatchSize or 48 MB into several commands and stops
+ *        at the first that fails whole (refused by the server, its connection lost, refused by
+ *        the driver); its reply merges what the commands before answered, and the error it
+ *        returns is then the first writeErrors entry, not the failure that stopped it. Nothing
+ *        says which updates without an entry ran, so none of them counts as applied.
  *   A deployment code anywhere in the answer (an update's own entry, a write-concern error, the
  *   command's error) also puts what the operator must fix into the bulk's message, which the
  *   flusher logs with its retry.
@@ -253,6 +261,28 @@ static void explain_config(struct bd_bulk_outcome *b, const struct config_note *
     }
 }
 
+/* Updates the reply answers for: executed (matched or upserted) or with an entry of their own. */
+static uint32_t answered(const bson_t *reply, const bool *has_own, uint32_t n_ops) {
+    int64_t n =
+        count_of(reply, "nMatched") + count_of(reply, "nUpserted") + count_of(reply, "nInserted");
+    for (uint32_t i = 0; i < n_ops; i++) {
+        n += has_own[i];
+    }
+    return (uint32_t)BD_MIN((int64_t)n_ops, BD_MAX(n, 0));
+}
+
+/*
+ * The bulk's message is then an update's own refusal (mongoc's first writeErrors entry), which
+ * does not tell that the bulk stopped short: add that, cut to fit.
+ */
+static void note_unanswered(struct bd_bulk_outcome *b, uint32_t answered_n, uint32_t n_ops) {
+    size_t len = strlen(b->message);
+    snprintf(b->message + len, sizeof(b->message) - len,
+             "; no answer for %" PRIu32 " of %" PRIu32
+             " updates (the driver stopped the bulk, split into commands, at one that failed)",
+             n_ops - answered_n, n_ops);
+}
+
 /* Walk writeErrors: set the outcome of each update that has an entry; true if any had one. */
 static bool own_errors(const bson_t *reply, uint32_t n_ops, struct bd_op_outcome *ops,
                        bool *has_own, struct bd_bulk_outcome *bulk, struct config_note *cn) {
@@ -381,12 +411,7 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
          * says which updates ran, only how many the server answered for. */
         bulk->cause = not_connected(error) ? BD_CAUSE_UNREACHABLE : BD_CAUSE_CLIENT;
         rest = bulk->partly_executed || any_own ? BD_OUTCOME_AMBIGUOUS : BD_OUTCOME_NOT_SENT;
-        int64_t answered = count_of(reply, "nMatched") + count_of(reply, "nUpserted") +
-                           count_of(reply, "nInserted");
-        for (uint32_t i = 0; i < n_ops; i++) {
-            answered += has_own[i];
-        }
-        bulk->reached = (uint32_t)BD_MIN((int64_t)n_ops, BD_MAX(answered, 0));
+        bulk->reached = answered(reply, has_own, n_ops);
     } else if (!server_error(error)) {
         bulk->cause = BD_CAUSE_CONNECTION;
         rest = BD_OUTCOME_AMBIGUOUS;
@@ -395,8 +420,17 @@ void bd_outcome_classify(bool ok, const bson_t *reply, const bson_error_t *error
         rest = BD_OUTCOME_AMBIGUOUS;
         note_config(&cn, error->code, error->message);
     } else if (any_own) {
+        /* The error is the first writeErrors entry, whatever stopped a split bulk (see the
+         * rules above): only the counts tell a partly failed bulk from an unfinished one. An
+         * unfinished one counts as sent whole, as after a failed connection: what stopped it
+         * is unknown. */
         bulk->cause = BD_CAUSE_SERVER;
+        uint32_t answered_n = answered(reply, has_own, n_ops);
         rest = BD_OUTCOME_APPLIED;
+        if (answered_n < n_ops) {
+            rest = BD_OUTCOME_AMBIGUOUS;
+            note_unanswered(bulk, answered_n, n_ops);
+        }
     } else {
         bulk->cause = BD_CAUSE_SERVER;
         note_config(&cn, error->code, error->message);

@@ -3,7 +3,7 @@
 """In-memory MongoDB stand-in for bucketd's tests.
 
     /usr/bin/python3 tests/mongo_server.py [--port N] [--verbose] [--sharded KEYSPEC]
-        [--unstable-sortarray] [--fail-command JSON]
+        [--unstable-sortarray] [--fail-command JSON] [--max-write-batch N]
 
 Binds 127.0.0.1 (a free port unless --port is given), prints the port number
 alone on one line to stdout once it accepts connections, and serves until
@@ -53,6 +53,14 @@ behaviour is unchanged without it):
                       '{"mode": {"times": 2}, "data": {"failCommands": ["update"],
                       "errorCode": 365, "errorLabels": ["RetryableWriteError"]}}'
                       (MongoDB extended JSON: {"$numberLong": "5"} and the like work).
+  --max-write-batch N hello's maxWriteBatchSize is N (100,000 by default, as on every real
+                      server), and an insert, update or delete command with more than N
+                      statements fails whole with InvalidLength (16), "Write batch sizes must be
+                      between 1 and N. Got M operations.", as mongod answers past its limit
+                      (src/mongo/db/ops/write_ops.cpp checkOpCountForCommand). Drivers split a
+                      bulk into commands of at most maxWriteBatchSize statements, so a small N
+                      makes them split bulks of a few updates (a bulk a driver splits can fail in
+                      one command after another answered).
 
 The 16 MiB document limit has no switch: it is always on, as on every real server.
 
@@ -255,7 +263,8 @@ CODE_NAMES = {
     59: 'CommandNotFound', 61: 'ShardKeyNotFound', 66: 'ImmutableField', 67: 'CannotCreateIndex',
     72: 'InvalidOptions', 73: 'InvalidNamespace', 76: 'NoReplicationEnabled',
     85: 'IndexOptionsConflict', 86: 'IndexKeySpecsConflict',
-    238: 'NotImplemented', 10334: 'BSONObjectTooLarge', 11000: 'DuplicateKey',
+    16: 'InvalidLength', 238: 'NotImplemented', 10334: 'BSONObjectTooLarge',
+    11000: 'DuplicateKey',
     17276: 'Location17276',
     6: 'HostUnreachable', 7: 'HostNotFound', 17: 'ProtocolError', 50: 'MaxTimeMSExpired',
     64: 'WriteConcernFailed', 89: 'NetworkTimeout', 91: 'ShutdownInProgress',
@@ -3399,10 +3408,14 @@ class Backend(object):
     """Executes commands against the in-memory data.  One lock serialises
     all commands: mongomock is not thread-safe."""
 
-    def __init__(self, verbose=False, shard_key=None, unstable_sort_array=False):
+    def __init__(self, verbose=False, shard_key=None, unstable_sort_array=False,
+                 max_write_batch=MAX_WRITE_BATCH):
         """shard_key: None, or the [(path, 1 | 'hashed')] of parse_shard_key that every
-        collection of a user database is sharded by (--sharded)."""
+        collection of a user database is sharded by (--sharded); max_write_batch: hello's
+        maxWriteBatchSize and the most statements a write command may carry
+        (--max-write-batch)."""
         self.verbose = verbose
+        self.max_write_batch = max_write_batch
         self.shard_key = shard_key
         UNSTABLE_SORT_ARRAY[0] = bool(unstable_sort_array)
         # Rewrite-cost counters per (db, collection): see cmd_bucketdTestStats.
@@ -3723,7 +3736,7 @@ class Backend(object):
         doc.update({
             'maxBsonObjectSize': MAX_BSON_SIZE,
             'maxMessageSizeBytes': MAX_MESSAGE_SIZE,
-            'maxWriteBatchSize': MAX_WRITE_BATCH,
+            'maxWriteBatchSize': self.max_write_batch,
             'localTime': _now(),
             'logicalSessionTimeoutMinutes': SESSION_TIMEOUT_MINUTES,
             'connectionId': conn,
@@ -4299,6 +4312,12 @@ class Backend(object):
         reply['ok'] = 1.0
         return reply
 
+    def _check_batch_size(self, ops):
+        """mongod's limit on the statements of one write command (checkOpCountForCommand)."""
+        if len(ops) > self.max_write_batch:
+            raise CommandError(16, 'Write batch sizes must be between 1 and %d. Got %d '
+                                   'operations.' % (self.max_write_batch, len(ops)))
+
     def _injected_write_error(self, index):
         """Fail statement index of the running write command if a failCommand
         writeErrorCode names it."""
@@ -4313,6 +4332,7 @@ class Backend(object):
         if not isinstance(docs, list):
             raise CommandError(14, "BSON field 'insert.documents' is missing or has the wrong "
                                    "type")
+        self._check_batch_size(docs)
         ordered = cmd.get('ordered', True)
         n = 0
         errors = []
@@ -4426,6 +4446,7 @@ class Backend(object):
         if not isinstance(updates, list):
             raise CommandError(14, "BSON field 'update.updates' is missing or has the wrong "
                                    "type")
+        self._check_batch_size(updates)
         ordered = cmd.get('ordered', True)
         let = cmd.get('let')
         sharded = self.sharded(db, coll_name)
@@ -4473,6 +4494,7 @@ class Backend(object):
         if not isinstance(deletes, list):
             raise CommandError(14, "BSON field 'delete.deletes' is missing or has the wrong "
                                    "type")
+        self._check_batch_size(deletes)
         ordered = cmd.get('ordered', True)
         n = 0
         errors = []
@@ -5070,7 +5092,12 @@ def main(argv=None):
     parser.add_argument('--fail-command', metavar='JSON',
                         help='configure the failCommand fail point at start: the mode and '
                              'data of configureFailPoint as (extended) JSON')
+    parser.add_argument('--max-write-batch', metavar='N', type=int, default=MAX_WRITE_BATCH,
+                        help="hello's maxWriteBatchSize, and the most statements a write "
+                             'command may carry (default %d)' % MAX_WRITE_BATCH)
     args = parser.parse_args(argv)
+    if args.max_write_batch < 1:
+        parser.error('--max-write-batch: must be at least 1')
     shard_key = None
     if args.sharded is not None:
         try:
@@ -5097,7 +5124,8 @@ def main(argv=None):
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
 
     backend = Backend(verbose=args.verbose, shard_key=shard_key,
-                      unstable_sort_array=args.unstable_sortarray)
+                      unstable_sort_array=args.unstable_sortarray,
+                      max_write_batch=args.max_write_batch)
     if fail_command is not None:
         cmd = {'configureFailPoint': 'failCommand'}
         cmd.update(fail_command)

@@ -8,7 +8,8 @@
  *   not_sent    never reached the server (server selection failed, the connection could not be
  *               opened, the driver refused the bulk before sending it): send again, as is.
  *   ambiguous   may have been applied (connection lost mid-request, no reply, a write-concern
- *               error, an error labelled RetryableWriteError): send again as is; a duplicate-key
+ *               error, an error labelled RetryableWriteError, a bulk the driver split whose reply
+ *               answers for fewer updates than were sent): send again as is; a duplicate-key
  *               answer then needs the page read back before it counts as applied. Under a
  *               write-concern error a duplicate-key answer is ambiguous too: the page holds the
  *               update, but the write concern has not confirmed it.

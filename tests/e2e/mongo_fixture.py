@@ -14,7 +14,7 @@ out that URI instead, so the same tests run against a real MongoDB.
 The server's strictness switches (see tests/mongo_server.py) are keyword arguments:
 
     start_mongo(sharded='sensor_id:1,bucket_start:1', unstable_sortarray=True,
-                fail_command={'mode': {'times': 1}, 'data': {...}})
+                fail_command={'mode': {'times': 1}, 'data': {...}}, max_write_batch=2)
 
 A test that needs one of them to hold should pass use_external=False, or check .owned: an
 external MongoDB is whatever it is.
@@ -125,13 +125,14 @@ class MongoServer(object):
             proc.wait()
 
 
-def server_args(sharded=None, unstable_sortarray=False, fail_command=None):
+def server_args(sharded=None, unstable_sortarray=False, fail_command=None,
+                max_write_batch=None):
     """The command-line switches of tests/mongo_server.py for these options.
 
     sharded: a KEYSPEC string ("sensor_id:hashed") or a list of (field, 1 | "hashed");
     fail_command: the mode and data of a configureFailPoint failCommand, a dict (values
     JSON can carry; bson.json_util.dumps gives the string form for other BSON types) or a
-    string of JSON."""
+    string of JSON; max_write_batch: hello's maxWriteBatchSize (None: the server's default)."""
     args = []
     if sharded is not None:
         if not isinstance(sharded, str):
@@ -143,17 +144,19 @@ def server_args(sharded=None, unstable_sortarray=False, fail_command=None):
         if not isinstance(fail_command, str):
             fail_command = json.dumps(fail_command)
         args += ['--fail-command', fail_command]
+    if max_write_batch is not None:
+        args += ['--max-write-batch', str(int(max_write_batch))]
     return args
 
 
 def start_mongo(port=None, verbose=False, timeout=15.0, use_external=True, sharded=None,
-                unstable_sortarray=False, fail_command=None):
+                unstable_sortarray=False, fail_command=None, max_write_batch=None):
     """Start tests/mongo_server.py and wait until it listens.
 
     Returns a MongoServer with .uri ("mongodb://127.0.0.1:PORT/").  With
     BUCKETD_TEST_MONGODB_URI set (and use_external true) nothing is started
-    and .uri is that URI.  sharded, unstable_sortarray and fail_command: see
-    server_args."""
+    and .uri is that URI.  sharded, unstable_sortarray, fail_command and max_write_batch:
+    see server_args."""
     uri = external_uri()
     if uri and use_external:
         return MongoServer(uri)
@@ -162,7 +165,7 @@ def start_mongo(port=None, verbose=False, timeout=15.0, use_external=True, shard
         cmd += ['--port', str(port)]
     if verbose:
         cmd.append('--verbose')
-    cmd += server_args(sharded, unstable_sortarray, fail_command)
+    cmd += server_args(sharded, unstable_sortarray, fail_command, max_write_batch)
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=log, close_fds=True)

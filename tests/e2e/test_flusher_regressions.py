@@ -12,6 +12,9 @@ Expectations come from what the test sent; waits are on stored readings, log lin
 proxy's counters, never on the clock alone. Each takes well under a minute; the one that
 cannot (the page cap across an outage longer than a span, 85 to 150 s) is in
 test_flusher_long_outage.py, which runs with the other long suites (label e2e_long).
+SplitBulkByCount and SplitBulkByBytes reproduce a defect of 0bed50e (a bulk libmongoc split
+into several commands, one failing whole after another answered a duplicate key, was counted
+stored), each with a test server of its own (maxWriteBatchSize 2, and the default).
 
 Run: /usr/bin/python3 tests/e2e/test_flusher_regressions.py
 Environment (besides bdtest.py's): BUCKETD_INSPECT_BIN. With BUCKETD_TEST_MONGODB_URI the same
@@ -22,6 +25,7 @@ tests run against a real MongoDB; the fail point tests then need it started with
 import collections
 import datetime
 import os
+import signal
 import sys
 import time
 import unittest
@@ -34,6 +38,7 @@ import bdtest  # noqa: E402
 import send_readings  # noqa: E402  (tools/send_readings.py, on bdtest's path)
 
 import bson  # noqa: E402
+import pymongo.errors  # noqa: E402
 from bson.int64 import Int64  # noqa: E402
 
 INSPECT = bdtest.INSPECT
@@ -509,6 +514,149 @@ class FlusherRegressions(RegressionCase):
         self.assertGreaterEqual(st.get("updates_already_applied", 0), 1, st)
         self.assertStat(st, "readings_flushed", len(sent), d)
         self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 3600), "invariants", d)
+
+
+class SplitBulkCase(RegressionCase):
+    """A bulk libmongoc splits into several commands, the second of which fails whole after
+    the first answered a writeErrors entry (the helpers; the tests are below). libmongoc splits
+    a bulk past the server's maxWriteBatchSize updates or maxMessageSizeBytes (48 MB): with
+    the test server at maxWriteBatchSize 2, a bulk of four small updates; with a server that
+    takes more updates a command than flush.max_updates sends (a real MongoDB takes 100,000,
+    the most flush.max_updates allows), a bulk of some 52 MB."""
+
+    def split_geometry(self, client):
+        """What to send for a bulk that libmongoc sends as two commands or more, the foreign
+        page's update first: a dict of first (the foreign page's sensor's readings), others
+        (the other sensors'), cfg (daemon settings), by_bytes, batch and max_msg (the
+        server's limits)."""
+        hello = client.admin.command("hello")
+        g = {"batch": hello["maxWriteBatchSize"], "max_msg": hello["maxMessageSizeBytes"]}
+        base = hour_aligned_base(60 * NS, 120 * NS)
+        # The foreign page's sensor is sent first, and its id sorts first ("room=a00" before
+        # make_readings' "room=r.."): a first start writes a batch in the order of its page
+        # look-up, by bucket and sensor id, later batches in the order sensors were drained.
+        tags = {"room": "a00", "sensor": "s000"}
+        g["first"] = [reading("split,room=a00,sensor=s000", "split", tags, k + 1,
+                              base + k * 10 * MS, {"v": float(k), "seq": k + 1})
+                      for k in range(5)]
+        # flush.max_updates (1000 by default) must take more updates than a command does.
+        g["by_bytes"] = 2 * g["batch"] > 1000
+        if not g["by_bytes"]:
+            g["others"] = send_readings.make_readings(
+                sensors=2 * g["batch"] - 1, per_sensor=5, start_ns=base, span_ns=50 * NS,
+                prefix="split", seq_base=100, sensor_base=1)
+            g["cfg"] = {}
+            return g
+        # Seven sensors of about 7.5 MB each (under buckets.max_bytes 8 MiB: one page each):
+        # a bulk of some 52 MB, over max_msg.
+        names = ["f%02d_" % i + "n" * 196 for i in range(10)]
+        g["others"] = []
+        for si in range(1, 8):
+            for k in range(3500):
+                seq = si * 100000 + k
+                fields = {"seq": seq}
+                fields.update((n, float(i) + k / 1000.0) for i, n in enumerate(names))
+                g["others"].append(reading("wide,sensor=w%d" % si, "wide", {"sensor": "w%d" % si},
+                                           seq, base + k * 10 * MS, fields))
+        g["cfg"] = {"buckets": {"max_bytes": "8MiB"}, "limits": {"memory": "512MiB"}}
+        return g
+
+    def run_split_bulk(self):
+        """The first update's page is held by a foreign document with its _id (another
+        sensor's): its upsert answers E11000 in the first command, which applies the others;
+        the second command fails whole with InterruptedAtShutdown (11600, failCommand {skip:
+        1}), nothing of it applied. libmongoc stops there and returns the E11000 as the bulk's
+        error; its reply counts the first command's updates only. Every reading but the
+        foreign page's sensor's (quarantined after its duplicate-key answers) must be stored
+        once, and readings_flushed must be what is stored.
+
+        The whole batch is written by the stop (flush.interval 1h: nothing is written before
+        it), so every update goes in one bulk, the foreign page's first (see split_geometry);
+        the bulk's first failure, a duplicate key, shows it was.
+
+        Against a real replica set the server labels 11600 RetryableWriteError, which bucketd
+        took as ambiguous already; a standalone, like the test server, does not."""
+        uri, client, db = self.new_database()
+        g = self.split_geometry(client)
+        first, others = g["first"], g["others"]
+        sent = first + others
+        try:
+            self.fail_point(client, {"skip": 1}, failCommands=["update"], errorCode=11600,
+                            namespace="%s.buckets" % db)
+        except pymongo.errors.OperationFailure as e:
+            self.skipTest("the server refuses configureFailPoint (%s): start mongod with "
+                          "--setParameter enableTestCommands=1" % e)
+        start_ms = first[0].ts_ns // MS // (HOUR_S * 1000) * (HOUR_S * 1000)
+        foreign_id = "%s|%d|0" % (first[0].sensor_id, start_ms // 1000)
+        client[db].buckets.insert_one({"_id": foreign_id, "sensor_id": "foreign",
+                                       "bucket_start": dt_of_ms(start_ms), "page": 0,
+                                       "count": Int64(0), "readings": []})
+        mport = bdtest.free_port()
+        extra = bdtest.deep_merge({"metrics": {"bind": "127.0.0.1:%d" % mport}}, g["cfg"])
+        d = self.new_daemon(uri, db, flush_interval="1h", extra=extra).start()
+        send_tcp(d.addr("tcp"), sent)
+        self.assertTrue(bdtest.wait_for(
+            lambda: bdtest.metric(mport, "bucketd_readings_accepted_total") == len(sent),
+            DEADLINE), "not every reading accepted\n" + bdtest.log_tail(d.log(), 20))
+
+        mark = len(d.log())
+        d.proc.send_signal(signal.SIGTERM)
+        failed = self.wait_log(d, "the failed bulk", lambda l: "MongoDB write failed" in l, mark)
+        fired = client.admin.command("configureFailPoint", "failCommand", mode="off")["count"]
+        self.assertTrue(failed, "no failed write at the stop\n" + d.log()[mark:])
+        self.assertIn("E11000", failed, "the first command did not answer the foreign page's "
+                      "duplicate key: the bulk was not split as intended\n" + d.log()[mark:])
+        self.assertGreaterEqual(fired, 1, "the fail point failed no command")
+        self.assertTrue(bdtest.wait_for(lambda: not d.alive(), DEADLINE),
+                        "the stop did not end\n" + bdtest.log_tail(d.log(), 20))
+        st = d.stop()
+
+        ours = [doc for doc in self.documents(client, db) if doc["_id"] != foreign_id]
+        stored = sum(len(doc.get("readings") or []) for doc in ours)
+        # What was sent makes a bulk libmongoc splits: more updates than a command takes, or
+        # readings (each a document in its update) of more bytes than a message holds.
+        if g["by_bytes"]:
+            self.assertGreater(sum(len(bson.encode(r.fields)) for r in sent), g["max_msg"])
+        else:
+            self.assertGreater(len({r.sensor_id for r in sent}), g["batch"])
+        self.assertEqual(client[db].buckets.find_one({"_id": foreign_id})["readings"], [])
+        self.assertStat(st, "readings_accepted", len(sent), d)
+        self.assertEqual(st.get("readings_flushed"), stored,
+                         "readings_flushed is not what is stored; stats %r\n%s" % (
+                             st, bdtest.log_tail(d.log(), 20)))
+        self.assertExactlyOnce(ours, others, daemon=d)
+        self.assertStat(st, "readings_flushed", len(others), d)
+        self.assertStat(st, "readings_quarantined", len(first), d)
+        self.assertStat(st, "readings_lost", 0, d)
+        self.assertNoProblems(bdtest.check_documents(ours, HOUR_S, 3600, strict_pages=False),
+                              "invariants", d)
+
+
+
+class SplitBulkByCount(SplitBulkCase):
+    mongo_options = {"max_write_batch": 2}
+
+    def test_split_bulk_whose_second_command_fails_is_not_counted_stored(self):
+        """Four sensors of five readings, one bulk of four updates: two commands of two (with
+        an external MongoDB: as SplitBulkByBytes).
+
+        On 0bed50e the second command's updates were taken as applied: readings_accepted=20
+        readings_flushed=15 readings_quarantined=5 readings_lost=0, 5 readings stored (10
+        counted flushed and never stored)."""
+        self.run_split_bulk()
+
+
+class SplitBulkByBytes(SplitBulkCase):
+    def test_split_bulk_whose_second_command_fails_is_not_counted_stored(self):
+        """The foreign page's sensor's five readings and seven sensors of 3,500 readings of
+        about 2 KB (ten fields with 200-byte names), one page each: a bulk of eight updates,
+        some 52 MB, that libmongoc sends as two commands (the foreign page's update and six
+        others, then the last).
+
+        On 0bed50e the second command's updates were taken as applied:
+        readings_accepted=24505 readings_flushed=24500 readings_quarantined=5, 21,000 readings
+        stored (3,500 counted flushed and never stored)."""
+        self.run_split_bulk()
 
 
 if __name__ == "__main__":

@@ -1658,6 +1658,70 @@ class UnstableSortArrayTest(StandInCase):
         self.assertEqual([r['n'] for r in plain.find_one()['readings']], [1, 3, 4, 2])
 
 
+class MaxWriteBatchTest(StandInCase):
+    """--max-write-batch: hello's maxWriteBatchSize, and mongod's refusal of a write command
+    with more statements than that; drivers then split a bulk into several commands."""
+
+    server_options = {'max_write_batch': 2}
+
+    def test_hello_says_it(self):
+        self.assertEqual(self.strict.client.admin.command('hello')['maxWriteBatchSize'], 2)
+        self.assertEqual(self.plain.client.admin.command('hello')['maxWriteBatchSize'], 100000)
+
+    def test_a_longer_command_is_refused_whole(self):
+        strict, plain = self.colls()
+        for kind, key, ops in (
+                ('update', 'updates', [{'q': {'_id': i}, 'u': {'$set': {'v': i}}, 'upsert': True}
+                                       for i in range(3)]),
+                ('insert', 'documents', [{'_id': 10 + i} for i in range(3)]),
+                ('delete', 'deletes', [{'q': {'_id': i}, 'limit': 1} for i in range(3)])):
+            reply = strict.database.command(kind, strict.name, **{key: ops, 'check': False})
+            self.assertEqual((reply['ok'], reply['code'], reply['codeName']),
+                             (0.0, 16, 'InvalidLength'), kind)
+            self.assertEqual(reply['errmsg'],
+                             'Write batch sizes must be between 1 and 2. Got 3 operations.')
+            self.assertNotIn('n', reply, kind)
+            self.assertEqual(plain.database.command(kind, plain.name, **{key: ops})['n'], 3,
+                             kind)
+        self.assertEqual(strict.count_documents({}), 0, 'nothing of the refused commands ran')
+        reply = strict.database.command('update', strict.name, updates=[
+            {'q': {'_id': i}, 'u': {'$set': {'v': i}}, 'upsert': True} for i in range(2)])
+        self.assertEqual(reply['n'], 2, 'two statements are within the limit')
+
+    def test_a_driver_splits_a_bulk(self):
+        strict, _ = self.colls()
+        before = self.strict.client.admin.command('serverStatus')['opcounters']['update']
+        result = strict.bulk_write([UpdateOne({'_id': i}, {'$set': {'v': i}}, upsert=True)
+                                    for i in range(5)], ordered=False)
+        self.assertEqual(result.upserted_count, 5)
+        self.assertEqual(sorted(result.upserted_ids), [0, 1, 2, 3, 4],
+                         'indexes into the whole bulk')
+        after = self.strict.client.admin.command('serverStatus')['opcounters']['update']
+        self.assertEqual(after - before, 5)
+        self.assertEqual(strict.count_documents({}), 5)
+
+    def test_a_split_bulk_stopped_by_a_fail_point(self):
+        # The second command (skip: 1) fails whole; the driver stops the unordered bulk there
+        # (pymongo raises the command's error, as NotPrimaryError for 11600): the first
+        # command's duplicate key was answered and its upsert stays, the second command's
+        # updates never ran.
+        strict, _ = self.colls()
+        strict.insert_one({'_id': 0, 'v': 'theirs'})
+        admin = self.strict.client.admin
+        admin.command('configureFailPoint', 'failCommand', mode={'skip': 1},
+                      data={'failCommands': ['update'], 'errorCode': 11600,
+                            'namespace': strict.full_name})
+        self.addCleanup(admin.command, 'configureFailPoint', 'failCommand', mode='off')
+        with self.assertRaises(PyMongoError) as cm:
+            strict.bulk_write([UpdateOne({'_id': i, 'v': {'$ne': 'theirs'}},
+                                         {'$set': {'v': i}}, upsert=True) for i in range(4)],
+                              ordered=False)
+        self.assertEqual(cm.exception.details['code'], 11600, cm.exception)
+        self.assertEqual(sorted(d['_id'] for d in strict.find()), [0, 1])
+        self.assertEqual(admin.command('configureFailPoint', 'failCommand',
+                                       mode='off')['count'], 1)
+
+
 class RewriteStatsTest(StandInCase):
     """{bucketdTestStats: ...}: the BSON bytes of every document an update wrote."""
 

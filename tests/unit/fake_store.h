@@ -30,6 +30,12 @@ enum fake_fault {
     /* The driver split the bulk: the first half ran as one command (applied, counted in the
      * reply), then it refused a document of the next client-side. */
     FAULT_CLIENT_PARTIAL,
+    /* The driver split the bulk: the first half ran as one command (applied, its counts and
+     * writeErrors in the reply), then the next command failed whole with nothing of it applied:
+     * the server refused it (code), or with code 0 the connection failed sending it. As mongoc
+     * reports such a bulk, the error is then the first writeErrors entry if there is one (the
+     * second command's failure is nowhere in the answer), else that failure. */
+    FAULT_SPLIT_FAILED,
 };
 
 struct fake_doc {
@@ -275,7 +281,7 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
     uint32_t n_errs = 0;
     int64_t matched = 0, upserted = 0;
     bson_init(&errs);
-    const uint32_t n_run = fault == FAULT_CLIENT_PARTIAL ? n / 2 : n;
+    const uint32_t n_run = fault == FAULT_CLIENT_PARTIAL || fault == FAULT_SPLIT_FAILED ? n / 2 : n;
     for (uint32_t i = 0; i < n_run; i++) {
         struct fake_update u;
         fake_parse(sels[i], upds[i], fs->writer_key, &u);
@@ -348,10 +354,28 @@ static bool fake_bulk(struct bd_store *st, const bson_t *const *sels, const bson
     BSON_APPEND_INT64(reply, "nMatched", matched);
     BSON_APPEND_INT64(reply, "nModified", matched);
     BSON_APPEND_INT64(reply, "nUpserted", upserted);
+    int32_t first_code = 0;
+    bson_iter_t first;
     if (n_errs > 0) {
         BSON_APPEND_ARRAY(reply, "writeErrors", &errs);
+        if (bson_iter_init(&first, &errs) && bson_iter_find_descendant(&first, "0.code", &first)) {
+            first_code = bson_iter_int32(&first);
+        }
     }
     bson_destroy(&errs);
+    if (fault == FAULT_SPLIT_FAILED) {
+        if (first_code != 0) {
+            bson_set_error(error, MONGOC_ERROR_SERVER, (uint32_t)first_code,
+                           "the first write error (%d)", first_code);
+        } else if (code != 0) {
+            bson_set_error(error, MONGOC_ERROR_SERVER, (uint32_t)code, "command refused (%d)",
+                           code);
+        } else {
+            bson_set_error(error, MONGOC_ERROR_STREAM, MONGOC_ERROR_STREAM_SOCKET,
+                           "Failed to send the request: connection reset");
+        }
+        return false;
+    }
     if (fault == FAULT_CLIENT_PARTIAL) {
         bson_set_error(error, MONGOC_ERROR_BSON, MONGOC_ERROR_BSON_INVALID,
                        "Document %u is too large for the cluster", n_run);

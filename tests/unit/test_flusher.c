@@ -416,6 +416,53 @@ Test(flusher, a_driver_refusal_halves_the_bulk_until_the_refused_update_is_alone
     cr_assert_eq(STAT(bulk_writes), 4); /* the refused bulks never reached the server */
 }
 
+/*
+ * The driver split the bulk of four: the first command answered a duplicate key for the first
+ * update (another writer's insert raced it) and applied the second; the next command failed
+ * whole (code, or its connection with 0) and applied nothing. mongoc then returns the duplicate
+ * key as the bulk's error, and its counts answer for two updates of four: which of the three
+ * without an entry of their own ran is unknown. They are sent again with the raced one under
+ * the same number: the one applied proves so by the page read back, the two never applied are
+ * applied now, and nothing is counted flushed that is not stored.
+ */
+static void split_bulk_whose_second_command_failed(int32_t code) {
+    fake_script(&fs, FAULT_SPLIT_FAILED, code);
+    fs.races = 1; /* the first inserting upsert: sensor 0's, in the first command */
+    int64_t sent = send_sensors(4, 5);
+    cr_assert_gt(run(10), 0);
+    assert_stored(4, 5);
+    int64_t stored = 0;
+    char name[32];
+    for (int i = 0; i < 4; i++) {
+        stored += fake_stored(&fs, sensor_name(name, sizeof(name), i));
+    }
+    cr_assert_eq(stored, sent);
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)stored, "flushed %" PRIu64 ", stored %" PRId64,
+                 STAT(readings_flushed), stored);
+    for (uint32_t i = 0; i < fs.n_docs; i++) {
+        cr_assert_eq(fs.docs[i].updates, 1, "%s applied once", fs.docs[i].id);
+    }
+    cr_assert_eq(fs.bulks, 2);
+    cr_assert_eq(fs.bulk_sizes[0], 4);
+    cr_assert_eq(fs.bulk_sizes[1], 4, "the raced update and the three not answered for, again");
+    cr_assert_eq(fs.seqs[1], fs.seqs[0], "under the same number");
+    cr_assert_eq(STAT(updates_already_applied), 1, "sensor 1's, proved by its page");
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+}
+
+Test(flusher, a_split_bulk_whose_second_command_was_refused_is_not_counted_applied) {
+    split_bulk_whose_second_command_failed(11600);
+}
+
+Test(flusher, a_split_bulk_whose_second_command_was_unauthorized_is_not_counted_applied) {
+    split_bulk_whose_second_command_failed(13);
+}
+
+Test(flusher, a_split_bulk_whose_second_command_lost_its_connection_is_not_counted_applied) {
+    split_bulk_whose_second_command_failed(0);
+}
+
 Test(flusher, an_update_refused_client_side_alone_moves_to_a_new_page) {
     fake_script(&fs, FAULT_CLIENT_LARGE, 0);
     send_sensors(1, 6);

@@ -30,7 +30,8 @@ struct row {
     enum bd_bulk_cause cause;
     int32_t codes[5]; /* the code each update carries (0: none of its own) */
     bool write_concern, partly;
-    int32_t config; /* the deployment code the bulk must name (0: none) */
+    int32_t config;          /* the deployment code the bulk must name (0: none) */
+    const char *message_out; /* the bulk's message when it is not the error's (NULL: it is) */
 };
 
 /* Flags of a row: the reply carries writeConcernErrors; it counts executed updates. */
@@ -52,6 +53,20 @@ struct row {
         .message = (message_), .expect = (expect_), .cause = (cause_), .codes = {__VA_ARGS__},     \
         .write_concern = ((flags_)&WC) != 0, .partly = ((flags_)&PARTLY) != 0, .config = (config_) \
     }
+
+/* A failed bulk of a server error whose bulk message is message_out. */
+#define MROW(name_, reply_, code_, message_, expect_, flags_, message_out_, ...)                   \
+    {                                                                                              \
+        .name = (name_), .ok = false, .reply = (reply_), .domain = MONGOC_ERROR_SERVER,            \
+        .code = (code_), .message = (message_), .expect = (expect_), .cause = BD_CAUSE_SERVER,     \
+        .codes = {__VA_ARGS__}, .write_concern = ((flags_)&WC) != 0,                               \
+        .partly = ((flags_)&PARTLY) != 0, .message_out = (message_out_)                            \
+    }
+
+/* What the bulk's message says of a split bulk that stopped short. */
+#define UNANSWERED(n_, of_)                                                                        \
+    "; no answer for " #n_ " of " #of_ " updates (the driver stopped the bulk, split into "        \
+    "commands, at one that failed)"
 
 /* A bulk that succeeded; the error is whatever execute left there, to be ignored. */
 #define OK_ROW(name_, reply_, domain_, code_, message_, expect_)                                   \
@@ -108,7 +123,9 @@ static void check_row(const struct row *r) {
     cr_expect_eq(bulk.code, r->ok ? 0 : (int64_t)r->code, "%s: top-level code", r->name);
     cr_expect_eq(bulk.config_code, r->config, "%s: config code %d, expected %d", r->name,
                  bulk.config_code, r->config);
-    if (r->config == 0) {
+    if (r->message_out != NULL) {
+        cr_expect_str_eq(bulk.message, r->message_out, "%s: message", r->name);
+    } else if (r->config == 0) {
         cr_expect_str_eq(bulk.message, r->ok || r->message == NULL ? "" : r->message, "%s: message",
                          r->name);
     } else {
@@ -221,9 +238,11 @@ Test(outcome, partial_failure_of_an_unordered_bulk) {
              "{\"index\": 0, \"code\": 11000}]}",
              SERVER, 121, "Document failed validation", "DLRCP", BD_CAUSE_SERVER, 0, 13, 11000,
              17419, 91, 13, 121),
-        ROW("own errors without counts: the others still applied",
-            "{\"writeErrors\": [{\"index\": 1, \"code\": 11000}]}", SERVER, 11000, DUP_MSG, "ADAA",
-            BD_CAUSE_SERVER, 0, 0, 11000),
+        /* mongoc always counts what an acknowledged bulk executed: a reply without counts
+         * answers for no update but those with an entry of their own. */
+        MROW("own errors without counts: the others are not known to be applied",
+             "{\"writeErrors\": [{\"index\": 1, \"code\": 11000}]}", 11000, DUP_MSG, "?D??", 0,
+             DUP_MSG UNANSWERED(3, 4), 0, 11000),
         ROW("own errors in the legacy query domain",
             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 11000}]}",
             MONGOC_ERROR_QUERY, 11000, DUP_MSG, "DA", BD_CAUSE_SERVER, PARTLY, 11000),
@@ -233,6 +252,88 @@ Test(outcome, partial_failure_of_an_unordered_bulk) {
         ROW("an entry without a code is permanent",
             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 1}]}", SERVER, 1, "?", "AP",
             BD_CAUSE_SERVER, PARTLY, 0, 0),
+    };
+    check_rows(rows, BD_ARRAY_LEN(rows));
+}
+
+/*
+ * A bulk the driver split into several commands (past maxWriteBatchSize or 48 MB), one of which
+ * answered writeErrors and a later one failed whole: the server refused it (11600, 13), or the
+ * connection failed. mongoc stops there, and its reply merges what the commands before
+ * answered: counts, upserted[] and writeErrors with indexes into the whole bulk. The error it
+ * returns is the first writeErrors entry, in the server domain: the failure that stopped the
+ * bulk is nowhere in the answer. Only the counts show it: the updates the reply answers for
+ * (nMatched + nUpserted + those with an entry of their own) are fewer than those sent, and
+ * nothing says which of the updates without an entry ran, so none of them is applied: each is
+ * ambiguous (sent again under the same number; the filter keeps it from applying twice).
+ */
+Test(outcome, split_bulk_with_unanswered_updates) {
+    static const struct row rows[] = {
+        /* maxWriteBatchSize 2: [0 duplicate, 1 upserted], then 11600 for [2, 3]; the reply and
+         * error of libmongoc 1.23.1 against the test server, as they came. */
+        MROW("11600 on the second command after an 11000 in the first",
+             "{\"nInserted\": 0, \"nMatched\": 0, \"nModified\": 0, \"nRemoved\": 0, "
+             "\"nUpserted\": 1, \"upserted\": [{\"index\": 1, \"_id\": 1}], \"writeErrors\": "
+             "[{\"index\": 0, \"code\": 11000, \"errmsg\": \"" DUP_MSG "\", \"keyPattern\": "
+             "{\"_id\": 1}, \"keyValue\": {\"_id\": 0}}]}",
+             11000, DUP_MSG, "D???", PARTLY, DUP_MSG UNANSWERED(2, 4), 11000),
+        /* [0 matched, 1 duplicate], then the connection failed sending [2, 3], [4]. */
+        MROW("a connection lost on the second command after an 11000 in the first",
+             "{\"nInserted\": 0, \"nMatched\": 1, \"nModified\": 1, \"nRemoved\": 0, "
+             "\"nUpserted\": 0, \"writeErrors\": [{\"index\": 1, \"code\": 11000, \"errmsg\": "
+             "\"" DUP_MSG "\"}]}",
+             11000, DUP_MSG, "?D???", PARTLY, DUP_MSG UNANSWERED(3, 5), 0, 11000),
+        /* [0 refused by a validator, 1 matched], then 13 for [2, 3]: neither the code nor its
+         * advice is in the answer. */
+        MROW("13 on the second command after a 121 in the first",
+             "{\"nInserted\": 0, \"nMatched\": 1, \"nModified\": 1, \"nRemoved\": 0, "
+             "\"nUpserted\": 0, \"writeErrors\": [{\"index\": 0, \"code\": 121, \"errmsg\": "
+             "\"Document failed validation\"}]}",
+             121, "Document failed validation", "P???", PARTLY,
+             "Document failed validation" UNANSWERED(2, 4), 121),
+        /* Every update of the first command refused: nothing counted as executed. */
+        MROW("the first command all duplicates, the second failed",
+             "{\"nInserted\": 0, \"nMatched\": 0, \"nModified\": 0, \"nRemoved\": 0, "
+             "\"nUpserted\": 0, \"writeErrors\": [{\"index\": 0, \"code\": 11000}, {\"index\": "
+             "1, \"code\": 11000}]}",
+             11000, "Multiple write errors", "DD??", 0, "Multiple write errors" UNANSWERED(2, 4),
+             11000, 11000),
+        /* Three commands of two: the third failed; the own entries keep their classes. */
+        MROW("the third command failed after entries in the first two",
+             "{\"nInserted\": 0, \"nMatched\": 2, \"nModified\": 2, \"nRemoved\": 0, "
+             "\"nUpserted\": 0, \"writeErrors\": [{\"index\": 0, \"code\": 11000}, {\"index\": "
+             "3, \"code\": 17419}]}",
+             11000, "Multiple write errors", "D??L?", PARTLY,
+             "Multiple write errors" UNANSWERED(1, 5), 11000, 0, 0, 17419, 0),
+        /* One answered short: which of the four without an entry was not answered is unknown. */
+        MROW("one update short",
+             "{\"nMatched\": 2, \"nUpserted\": 1, \"writeErrors\": [{\"index\": 3, \"code\": "
+             "11000}]}",
+             11000, DUP_MSG, "???D?", PARTLY, DUP_MSG UNANSWERED(1, 5), 0, 0, 0, 11000, 0),
+        /* Counts that answer for every update: a partly failed bulk, the others applied. */
+        ROW("matched, upserted and own entries answer for all",
+            "{\"nMatched\": 2, \"nUpserted\": 1, \"writeErrors\": [{\"index\": 3, \"code\": "
+            "11000}, {\"index\": 4, \"code\": 121}]}",
+            SERVER, 11000, DUP_MSG, "AAADP", BD_CAUSE_SERVER, PARTLY, 0, 0, 0, 11000, 121),
+        /* Two entries for one update answer for one update, not two. */
+        MROW("an update with two entries is answered once",
+             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 11000}, {\"index\": "
+             "0, \"code\": 11000}]}",
+             11000, DUP_MSG, "D??", PARTLY, DUP_MSG UNANSWERED(1, 3), 11000),
+        /* Entries of no update of this bulk answer for none. */
+        MROW("an entry outside the bulk answers for nothing",
+             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 11000}, {\"index\": "
+             "7, \"code\": 11000}]}",
+             11000, DUP_MSG, "D??", PARTLY, DUP_MSG UNANSWERED(1, 3), 11000),
+        /* More counted than sent (a reply not of this bulk): no update is left unanswered. */
+        ROW("counts past the bulk",
+            "{\"nMatched\": 5, \"writeErrors\": [{\"index\": 0, \"code\": 11000}]}", SERVER, 11000,
+            DUP_MSG, "DAA", BD_CAUSE_SERVER, PARTLY, 11000),
+        /* Under a write concern error the rest is ambiguous whatever the counts. */
+        ROW("short counts with a write concern error",
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}], "
+            "\"writeConcernErrors\": [{\"code\": 64}]}",
+            SERVER, 121, "x", "P???", BD_CAUSE_SERVER, WC | PARTLY, 121),
     };
     check_rows(rows, BD_ARRAY_LEN(rows));
 }
@@ -492,14 +593,14 @@ Test(outcome, write_error_indexes_outside_the_bulk_are_ignored) {
         ROW("missing", "{\"writeErrors\": [{\"code\": 11000}]}", SERVER, 2, "x", "FF",
             BD_CAUSE_SERVER, 0, 0),
         ROW("ignored ones around a valid one",
-            "{\"writeErrors\": [{\"index\": 3, \"code\": 11000}, {\"index\": -2, \"code\": 11000}, "
-            "{\"index\": null, \"code\": 11000}, {\"index\": 1, \"code\": 121}, {\"index\": "
-            "{\"$numberLong\": \"-9223372036854775808\"}, \"code\": 11000}]}",
-            SERVER, 121, "x", "APA", BD_CAUSE_SERVER, 0, 0, 121, 0),
+            "{\"nMatched\": 2, \"writeErrors\": [{\"index\": 3, \"code\": 11000}, {\"index\": "
+            "-2, \"code\": 11000}, {\"index\": null, \"code\": 11000}, {\"index\": 1, \"code\": "
+            "121}, {\"index\": {\"$numberLong\": \"-9223372036854775808\"}, \"code\": 11000}]}",
+            SERVER, 121, "x", "APA", BD_CAUSE_SERVER, PARTLY, 0, 121, 0),
         ROW("int64 and double indexes are numbers",
-            "{\"writeErrors\": [{\"index\": {\"$numberLong\": \"2\"}, \"code\": 11000}, "
-            "{\"index\": 0.0, \"code\": 121}]}",
-            SERVER, 121, "x", "PAD", BD_CAUSE_SERVER, 0, 121, 0, 11000),
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": {\"$numberLong\": \"2\"}, \"code\": "
+            "11000}, {\"index\": 0.0, \"code\": 121}]}",
+            SERVER, 121, "x", "PAD", BD_CAUSE_SERVER, PARTLY, 121, 0, 11000),
     };
     check_rows(rows, BD_ARRAY_LEN(rows));
 }
@@ -522,10 +623,11 @@ Test(outcome, malformed_write_errors) {
             0),
         ROW("empty entry", "{\"writeErrors\": [{}]}", SERVER, 2, "x", "FF", BD_CAUSE_SERVER, 0, 0),
         ROW("a code that is not a number is no code",
-            "{\"writeErrors\": [{\"index\": 0, \"code\": \"11000\"}]}", SERVER, 2, "x", "PA",
-            BD_CAUSE_SERVER, 0, 0),
-        ROW("a double code", "{\"writeErrors\": [{\"index\": 1, \"code\": 11000.0}]}", SERVER,
-            11000, DUP_MSG, "AD", BD_CAUSE_SERVER, 0, 0, 11000),
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": \"11000\"}]}", SERVER, 2,
+            "x", "PA", BD_CAUSE_SERVER, PARTLY, 0),
+        ROW("a double code",
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 1, \"code\": 11000.0}]}", SERVER,
+            11000, DUP_MSG, "AD", BD_CAUSE_SERVER, PARTLY, 0, 11000),
         ROW("codes beyond int32 are clamped",
             "{\"writeErrors\": [{\"index\": 0, \"code\": {\"$numberLong\": \"1099511627776\"}}, "
             "{\"index\": 1, \"code\": {\"$numberLong\": \"-1099511627776\"}}, {\"index\": 2, "
@@ -635,6 +737,65 @@ Test(outcome, large_bulk_without_own_errors) {
     for (uint32_t i = 1; i < 99; i++) {
         cr_assert_eq(ops[i].kind, BD_OUTCOME_AMBIGUOUS, "update %u", i);
     }
+    bson_destroy(reply);
+}
+
+/* The same for a large bulk (the marks of who has an entry live on the heap): a first command
+ * of 1,000 with two refusals, the second of 1,000 never answered. */
+Test(outcome, large_split_bulk_with_an_unanswered_command) {
+    enum { N = 2000, FIRST = 1000 };
+    static struct bd_op_outcome ops[N];
+    struct bd_bulk_outcome bulk;
+    bson_error_t err;
+    const int64_t at[] = {3, 999};
+    const int32_t codes[] = {11000, 121};
+    bson_t *reply = reply_with_errors(FIRST - 2, at, codes, NULL, 2);
+    error_of(&err, SERVER, 11000, DUP_MSG);
+    bd_outcome_classify(false, reply, &err, N, ops, &bulk);
+    cr_assert_eq(bulk.cause, BD_CAUSE_SERVER);
+    cr_assert_eq(ops[3].kind, BD_OUTCOME_DUPLICATE);
+    cr_assert_eq(ops[999].kind, BD_OUTCOME_PERMANENT);
+    for (uint32_t i = 0; i < N; i++) {
+        if (i != 3 && i != 999) {
+            cr_assert_eq(ops[i].kind, BD_OUTCOME_AMBIGUOUS, "update %u is %s", i,
+                         bd_outcome_name(ops[i].kind));
+        }
+    }
+    cr_assert_eq(bulk.reached, N, "the failure that stopped the bulk is unknown: all sent");
+    bson_destroy(reply);
+
+    /* The same first command, and a second that was answered in full: nothing unanswered. */
+    reply = reply_with_errors(N - 2, at, codes, NULL, 2);
+    bd_outcome_classify(false, reply, &err, N, ops, &bulk);
+    for (uint32_t i = 0; i < N; i++) {
+        if (i != 3 && i != 999) {
+            cr_assert_eq(ops[i].kind, BD_OUTCOME_APPLIED, "update %u is %s", i,
+                         bd_outcome_name(ops[i].kind));
+        }
+    }
+    bson_destroy(reply);
+}
+
+/* The note of a bulk that stopped short is cut to fit after a message as long as they come. */
+Test(outcome, unanswered_note_after_a_long_message) {
+    struct bd_op_outcome ops[3];
+    struct bd_bulk_outcome bulk;
+    bson_error_t err;
+    bson_t *reply = reply_of("{\"nMatched\": 0, \"writeErrors\": [{\"index\": 0, \"code\": 121}]}");
+    memset(&err, 0, sizeof(err));
+    err.domain = SERVER;
+    err.code = 121;
+    memset(err.message, 'm', sizeof(err.message) - 1);
+    memset(&bulk, 0xa5, sizeof(bulk));
+    bd_outcome_classify(false, reply, &err, 3, ops, &bulk);
+    cr_assert_eq(ops[0].kind, BD_OUTCOME_PERMANENT);
+    cr_assert_eq(ops[1].kind, BD_OUTCOME_AMBIGUOUS);
+    cr_assert_eq(ops[2].kind, BD_OUTCOME_AMBIGUOUS);
+    cr_assert_eq(strlen(bulk.message), sizeof(bulk.message) - 1);
+    cr_assert_eq(memcmp(bulk.message, err.message, sizeof(err.message) - 1), 0);
+    cr_assert_eq(strncmp(bulk.message + sizeof(err.message) - 1, UNANSWERED(2, 3),
+                         sizeof(bulk.message) - sizeof(err.message)),
+                 0);
     bson_destroy(reply);
 }
 
@@ -881,10 +1042,10 @@ Test(outcome, deployment_errors_in_other_places) {
              0, 61, 0),
         /* Own refusals of several classes: the first deployment code is named. */
         CROW("61 and 13 among other refusals",
-             "{\"writeErrors\": [{\"index\": 0, \"code\": 121}, {\"index\": 1, \"code\": 61}, "
-             "{\"index\": 2, \"code\": 13}]}",
-             SERVER, 121, "Document failed validation", "PCCA", BD_CAUSE_SERVER, 0, 61, 121, 61, 13,
-             0),
+             "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}, {\"index\": 1, "
+             "\"code\": 61}, {\"index\": 2, \"code\": 13}]}",
+             SERVER, 121, "Document failed validation", "PCCA", BD_CAUSE_SERVER, PARTLY, 61, 121,
+             61, 13, 0),
         /* Not of the class. */
         ROW("79 as a write concern error is no deployment code",
             "{\"writeConcernErrors\": [{\"code\": 79}]}", MONGOC_ERROR_WRITE_CONCERN, 79, "x", "??",
@@ -997,16 +1158,17 @@ Test(outcome, retryable_write_error_labels) {
             SERVER, 8000, "x", "??", BD_CAUSE_SERVER, 0, 0),
         /* Labels that are not the label, or not strings, change nothing. */
         ROW("other labels beside a write error",
-            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
             "[\"TransientTransactionError\", 7, null]}",
-            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, PARTLY, 121),
         ROW("errorLabels that is not an array",
-            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}], \"errorLabels\": "
             "\"RetryableWriteError\"}",
-            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, PARTLY, 121),
         ROW("a writeConcernError that is not a document",
-            "{\"writeErrors\": [{\"index\": 0, \"code\": 121}], \"writeConcernError\": 1}", SERVER,
-            121, "x", "PA", BD_CAUSE_SERVER, 0, 121),
+            "{\"nMatched\": 1, \"writeErrors\": [{\"index\": 0, \"code\": 121}], "
+            "\"writeConcernError\": 1}",
+            SERVER, 121, "x", "PA", BD_CAUSE_SERVER, PARTLY, 121),
     };
     check_rows(rows, BD_ARRAY_LEN(rows));
 }

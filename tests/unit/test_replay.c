@@ -733,6 +733,52 @@ Test(replay, a_client_refusal_after_part_of_the_bulk_ran_sends_it_again_whole) {
     free_record(&r);
 }
 
+/* The driver split the bulk of four: the first command answered a duplicate key for the first
+ * update (another writer's insert raced it) and applied the second; the next command failed
+ * whole and applied nothing, and mongoc returned the duplicate key as the bulk's error. Its
+ * counts answer for two updates of four, so which of the three without an entry of their own
+ * ran is unknown: nothing is counted flushed, all four are sent again under the record's
+ * number, the one applied proves so by its page, and each page is applied once. */
+Test(replay, a_split_bulk_whose_second_command_failed_leaves_its_updates_pending) {
+    static const int32_t codes[] = {11600, 13, 0 /* the connection failed */};
+    for (size_t c = 0; c < BD_ARRAY_LEN(codes); c++) {
+        reset_store();
+        cfg.flush.max_updates = 4;
+        fake_script(&fs, FAULT_SPLIT_FAILED, codes[c]);
+        fs.races = 1; /* the first inserting upsert: four[0]'s, in the first command */
+        struct record r;
+        build_record(&r, four, 4, SEQ);
+        struct bd_replay *rp = load(&r);
+        enum bd_bulk_cause cause;
+        cr_assert_not(attempt(rp, &cause), "code %d", codes[c]);
+        cr_assert_eq(cause, BD_CAUSE_SERVER, "code %d", codes[c]);
+        cr_assert_eq(stored(&four[0]), 0, "code %d: the racing insert holds nothing of ours",
+                     codes[c]);
+        cr_assert_eq(stored(&four[1]), four[1].n, "code %d: the first command ran", codes[c]);
+        cr_assert_eq(stored(&four[2]) + stored(&four[3]), 0, "code %d: never applied", codes[c]);
+        cr_assert_eq(STAT(readings_flushed), 0, "code %d: nothing known applied", codes[c]);
+        cr_assert_eq(bd_replay_pending_readings(rp), r.readings, "code %d", codes[c]);
+        cr_assert(attempt(rp, &cause), "code %d: %s", codes[c], last_msg);
+        cr_assert_eq(fs.bulks, 2, "code %d", codes[c]);
+        cr_assert_eq(fs.bulk_sizes[1], 4, "code %d", codes[c]);
+        cr_assert_eq(fs.seqs[1], SEQ, "code %d", codes[c]);
+        uint64_t total = 0;
+        for (int i = 0; i < 4; i++) {
+            cr_assert_eq(stored(&four[i]), four[i].n, "code %d: %s", codes[c], four[i].id);
+            cr_assert_eq(page_of(&four[i])->updates, 1, "code %d: %s", codes[c], four[i].id);
+            cr_assert_eq(page_of(&four[i])->wseq, SEQ, "code %d", codes[c]);
+            total += four[i].n;
+        }
+        cr_assert_eq(STAT(readings_flushed), total, "code %d", codes[c]);
+        cr_assert_eq(STAT(updates_already_applied), 1, "code %d: four[1]'s", codes[c]);
+        cr_assert_eq(STAT(updates_quarantined), 0, "code %d", codes[c]);
+        cr_assert_eq(STAT(writer_conflicts), 0, "code %d", codes[c]);
+        cr_assert_eq(bd_replay_pending_readings(rp), 0, "code %d", codes[c]);
+        bd_replay_free(rp);
+        free_record(&r);
+    }
+}
+
 /* ---- 5. duplicate keys ----------------------------------------------------------------------- */
 
 static const struct spec pair[] = {{"m,s=0", 3, 0}, {"m,s=1", 2, 0}};
