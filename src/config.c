@@ -1,5 +1,5 @@
 /*
- * Configuration: the schema table, the strict unit parsers and the YAML loader.
+ * Configuration: the schema table and the YAML loader (the strict unit parsers are src/units.c).
  *
  * The schema table below is the only place a key is described: its path, type, bounds,
  * default, whether SIGHUP may change it, and its help text. Defaults, validation, the dump and
@@ -30,20 +30,13 @@
 #include "bucketd/parse.h"
 #include "bucketd/spool.h"
 #include "bucketd/tls.h"
-
-#define MS_PER_S UINT64_C(1000)
-#define MS_PER_M (60 * MS_PER_S)
-#define MS_PER_H (60 * MS_PER_M)
-#define MS_PER_DAY (24 * MS_PER_H)
-#define KIB UINT64_C(1024)
-#define MIB (1024 * KIB)
-#define GIB (1024 * MIB)
+#include "bucketd/units.h"
 
 /*
  * Retention becomes a TTL index's expireAfterSeconds. MongoDB 6.0 refuses a value above the
  * seconds since 1970 (about 1.7e9 today); 50 years stays below that for decades.
  */
-#define MAX_RETENTION_MS (50 * 365 * MS_PER_DAY)
+#define MAX_RETENTION_MS (50 * 365 * BD_MS_PER_DAY)
 
 /* A config file is a few KiB; anything this large is a wrong path, not a config. */
 #define MAX_FILE_BYTES (1024 * 1024)
@@ -150,7 +143,7 @@ static const struct key_def schema[] = {
      .names = format_names, .help = "line format"},
     {.path = "listeners[].precision", .type = T_ENUM, LST(precision), .def = "ns",
      .names = precision_names, .help = "unit of the timestamps on this listener"},
-    {.path = "listeners[].rcvbuf", .type = T_SIZE, LST(rcvbuf), .min = 4 * KIB, .max = GIB,
+    {.path = "listeners[].rcvbuf", .type = T_SIZE, LST(rcvbuf), .min = 4 * BD_KIB, .max = BD_GIB,
      .def = "8MiB", .flags = KF_UDP, .help = "SO_RCVBUF request (the kernel caps it)"},
     {.path = "listeners[].max_connections", .type = T_UINT, LST(max_connections), .min = 1,
      .max = 65535, .def = "1024", .flags = KF_TCP, .help = "open connections at most"},
@@ -161,7 +154,7 @@ static const struct key_def schema[] = {
     {.path = "listeners[].allow", .type = T_CIDRS, LST(allow), .flags = KF_RELOAD,
      .help = "address prefixes that may send (\"10.0.0.0/8\", \"fd00::/8\"); absent: everyone"},
     {.path = "listeners[].idle_timeout", .type = T_DURATION, LST(idle_timeout_ms), .min = 0,
-     .max = MS_PER_DAY, .def = "5m", .flags = KF_TCP,
+     .max = BD_MS_PER_DAY, .def = "5m", .flags = KF_TCP,
      .help = "close connections that complete no line for this long; 0 = never"},
     {.path = "listeners[].tls.cert", .type = T_STRING, LST(tls.cert), .min = 1, .max = 511,
      .flags = KF_TCP | KF_UNSET_OK,
@@ -193,46 +186,46 @@ static const struct key_def schema[] = {
      .max = 16, .def = "majority", .check = check_write_concern, .flags = KF_RELOAD,
      .help = "majority, 1 or a number of nodes; 0 is refused"},
     {.path = "mongodb.wtimeout", .type = T_DURATION, CFG(mongodb.wtimeout_ms), .min = 0,
-     .max = 10 * MS_PER_M, .def = "5s", .flags = KF_RELOAD,
+     .max = 10 * BD_MS_PER_M, .def = "5s", .flags = KF_RELOAD,
      .help = "how long the server may wait for write_concern; expiry is retried; 0 = no limit"},
-    {.path = "buckets.span", .type = T_DURATION, CFG(buckets.span_ms), .min = MS_PER_M,
-     .max = MS_PER_DAY, .def = "1h", .check = check_span,
+    {.path = "buckets.span", .type = T_DURATION, CFG(buckets.span_ms), .min = BD_MS_PER_M,
+     .max = BD_MS_PER_DAY, .def = "1h", .check = check_span,
      .help = "time covered by one bucket document"},
     {.path = "buckets.max_readings", .type = T_UINT, CFG(buckets.max_readings), .min = 1,
      .max = 100000, .def = "1000", .help = "readings per document page"},
-    {.path = "buckets.max_bytes", .type = T_SIZE, CFG(buckets.max_bytes), .min = 4 * KIB,
-     .max = 8 * MIB, .def = "128KiB", .help = "estimated BSON bytes per document page"},
-    {.path = "buckets.max_late", .type = T_DURATION, CFG(buckets.max_late_ms), .min = MS_PER_S,
-     .max = 30 * MS_PER_DAY, .def = "24h", .flags = KF_RELOAD,
+    {.path = "buckets.max_bytes", .type = T_SIZE, CFG(buckets.max_bytes), .min = 4 * BD_KIB,
+     .max = 8 * BD_MIB, .def = "128KiB", .help = "estimated BSON bytes per document page"},
+    {.path = "buckets.max_late", .type = T_DURATION, CFG(buckets.max_late_ms), .min = BD_MS_PER_S,
+     .max = 30 * BD_MS_PER_DAY, .def = "24h", .flags = KF_RELOAD,
      .help = "readings older than this are dropped"},
     {.path = "buckets.max_future", .type = T_DURATION, CFG(buckets.max_future_ms), .min = 0,
-     .max = MS_PER_DAY, .def = "10m", .flags = KF_RELOAD,
+     .max = BD_MS_PER_DAY, .def = "10m", .flags = KF_RELOAD,
      .help = "readings further ahead than this are dropped"},
     {.path = "buckets.retention", .type = T_DURATION, CFG(buckets.retention_ms), .min = 0,
      .max = MAX_RETENTION_MS, .def = "0", .check = check_retention, .flags = KF_RELOAD,
      .help = "bucket documents are deleted by MongoDB this long after their bucket_end (a TTL "
              "index); 0 keeps them forever"},
     {.path = "flush.interval", .type = T_DURATION, CFG(flush.interval_ms), .min = 10,
-     .max = MS_PER_H, .def = "1s", .flags = KF_RELOAD, .help = "time between bulk writes"},
+     .max = BD_MS_PER_H, .def = "1s", .flags = KF_RELOAD, .help = "time between bulk writes"},
     {.path = "flush.max_updates", .type = T_UINT, CFG(flush.max_updates), .min = 1,
      .max = 100000, .def = "1000", .flags = KF_RELOAD, .help = "bucket updates per bulk write"},
     {.path = "flush.stop_timeout", .type = T_DURATION, CFG(flush.stop_timeout_ms), .min = 0,
-     .max = 10 * MS_PER_M, .def = "30s", .flags = KF_RELOAD,
+     .max = 10 * BD_MS_PER_M, .def = "30s", .flags = KF_RELOAD,
      .help = "time a stop may spend flushing before spooling the rest"},
     {.path = "flush.max_delay", .type = T_DURATION, CFG(flush.max_delay_ms), .min = 0,
-     .max = MS_PER_H, .def = "30s", .flags = KF_RELOAD,
+     .max = BD_MS_PER_H, .def = "30s", .flags = KF_RELOAD,
      .help = "longest a page's readings wait for more before their update is sent"},
     {.path = "flush.retry_initial", .type = T_DURATION, CFG(flush.retry_initial_ms), .min = 1,
-     .max = MS_PER_M, .def = "100ms", .flags = KF_RELOAD,
+     .max = BD_MS_PER_M, .def = "100ms", .flags = KF_RELOAD,
      .help = "first backoff after a failed bulk write"},
     {.path = "flush.retry_max", .type = T_DURATION, CFG(flush.retry_max_ms), .min = 10,
-     .max = MS_PER_H, .def = "10s", .flags = KF_RELOAD, .help = "backoff cap"},
+     .max = BD_MS_PER_H, .def = "10s", .flags = KF_RELOAD, .help = "backoff cap"},
     {.path = "summaries.collection", .type = T_STRING, CFG(summaries.collection), .min = 0,
      .max = 120, .def = "", .check = check_coll_name,
      .help = "collection of one summary document per sensor and bucket; \"\" is "
              "<mongodb.collection>_summary"},
     {.path = "summaries.interval", .type = T_DURATION, CFG(summaries.interval_ms), .min = 0,
-     .max = MS_PER_H, .def = "60s", .flags = KF_RELOAD,
+     .max = BD_MS_PER_H, .def = "60s", .flags = KF_RELOAD,
      .help = "a bucket's summary document is recomputed at most this often after its pages "
              "change; 0 turns summaries off"},
     {.path = "summaries.retention", .type = T_DURATION, CFG(summaries.retention_ms), .min = 0,
@@ -242,8 +235,8 @@ static const struct key_def schema[] = {
     {.path = "spool.dir", .type = T_STRING, CFG(spool.dir), .min = 1,
      .max = sizeof(((struct bd_config *)0)->spool.dir) - 1, .def = "/var/lib/bucketd/spool",
      .help = "directory for batches MongoDB did not take"},
-    {.path = "spool.max_bytes", .type = T_SIZE, CFG(spool.max_bytes), .min = MIB,
-     .max = 1024 * GIB, .def = "1GiB", .flags = KF_RELOAD,
+    {.path = "spool.max_bytes", .type = T_SIZE, CFG(spool.max_bytes), .min = BD_MIB,
+     .max = 1024 * BD_GIB, .def = "1GiB", .flags = KF_RELOAD,
      .help = "spool size cap, file headers included; spool.when_full decides beyond it"},
     {.path = "spool.sync", .type = T_STRING, CFG(spool.sync), .min = 1,
      .max = sizeof(((struct bd_config *)0)->spool.sync) - 1, .def = "1s",
@@ -255,7 +248,7 @@ static const struct key_def schema[] = {
     {.path = "metrics.bind", .type = T_HOSTPORT, CFG(metrics.bind), .def = "127.0.0.1:9273",
      .flags = KF_EMPTY_OK, .help = "/metrics and /healthz endpoint; \"\" disables"},
     {.path = "metrics.unhealthy_after", .type = T_DURATION, CFG(metrics.unhealthy_after_ms),
-     .min = MS_PER_S, .max = MS_PER_DAY, .def = "1m",
+     .min = BD_MS_PER_S, .max = BD_MS_PER_DAY, .def = "1m",
      .help = "/healthz answers 503 once MongoDB has been unreachable this long"},
     {.path = "metrics.spool_high_water", .type = T_UINT, CFG(metrics.spool_high_water), .min = 1,
      .max = 100, .def = "80",
@@ -267,8 +260,8 @@ static const struct key_def schema[] = {
      .max = 10000000, .def = "100000", .flags = KF_RELOAD,
      .help = "distinct sensors tracked (a reload raises it only as far as the queues reserved "
              "at start hold)"},
-    {.path = "limits.memory", .type = T_SIZE, CFG(limits.memory), .min = 256 * KIB,
-     .max = 64 * GIB, .def = "64MiB",
+    {.path = "limits.memory", .type = T_SIZE, CFG(limits.memory), .min = 256 * BD_KIB,
+     .max = 64 * BD_GIB, .def = "64MiB",
      .help = "memory for buffered readings: half for the sensor queues' pool, half for "
              "pending batches"},
     {.path = "limits.ring_size", .type = T_UINT, CFG(limits.ring_size), .min = 16,
@@ -280,208 +273,23 @@ static const struct key_def schema[] = {
      .help = "fields per line (a reload raises it only up to the value at start, which sized "
              "the queues' segments)"},
     {.path = "limits.max_line", .type = T_SIZE, CFG(limits.max_line), .min = 256,
-     .max = 16 * MIB, .def = "64KiB", .help = "bytes per line"},
+     .max = 16 * BD_MIB, .def = "64KiB", .help = "bytes per line"},
     {.path = "limits.max_name", .type = T_SIZE, CFG(limits.max_name), .min = 16,
-     .max = 64 * KIB, .def = "1KiB", .flags = KF_RELOAD,
+     .max = 64 * BD_KIB, .def = "1KiB", .flags = KF_RELOAD,
      .help = "bytes of a sensor id (measurement and tags) and of a field key; longer ones are "
              "refused (drop_name_too_long)"},
-    {.path = "limits.sensor_memory", .type = T_SIZE, CFG(limits.sensor_memory), .min = MIB,
-     .max = 64 * GIB, .def = "64MiB", .flags = KF_RELOAD,
+    {.path = "limits.sensor_memory", .type = T_SIZE, CFG(limits.sensor_memory), .min = BD_MIB,
+     .max = 64 * BD_GIB, .def = "64MiB", .flags = KF_RELOAD,
      .help = "memory for the sensors themselves (ids, names, tags, index, page accounting); "
              "new sensors past it are refused (drop_sensor_memory)"},
     {.path = "limits.sensor_idle", .type = T_DURATION, CFG(limits.sensor_idle_ms), .min = 0,
-     .max = 30 * MS_PER_DAY, .def = "1h", .flags = KF_RELOAD,
+     .max = 30 * BD_MS_PER_DAY, .def = "1h", .flags = KF_RELOAD,
      .help = "a sensor silent this long is forgotten (its readings are written first); 0 keeps "
              "every sensor until the stop"},
 };
 /* clang-format on */
 
 #define N_KEYS BD_ARRAY_LEN(schema)
-
-/* ---- Strict number and unit parsing ---------------------------------------------------------- */
-
-struct unit {
-    const char *suffix;
-    uint64_t mult;
-};
-
-static const struct unit duration_units[] = {
-    {"ms", 1}, {"s", MS_PER_S}, {"m", MS_PER_M}, {"h", MS_PER_H}, {NULL, 0}};
-/* Decimal "KB"/"kb" are refused on purpose: which multiplier they mean is a guess. */
-static const struct unit size_units[] = {
-    {"B", 1}, {"KiB", KIB}, {"MiB", MIB}, {"GiB", GIB}, {NULL, 0}};
-
-/*
- * Leading decimal digits of s. strtoull alone would accept spaces, a sign (and negate "-1" into
- * a huge number) and an empty string, so the first character must be a digit.
- */
-static int parse_digits(const char *s, uint64_t *out, const char **end) {
-    if (s == NULL || *s < '0' || *s > '9') {
-        return -EINVAL;
-    }
-    char *e = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &e, 10);
-    if (errno == ERANGE) {
-        return -ERANGE;
-    }
-    *out = v;
-    *end = e;
-    return 0;
-}
-
-static int parse_uint(const char *s, uint64_t *out) {
-    uint64_t v = 0;
-    const char *end = NULL;
-    int rc = parse_digits(s, &v, &end);
-    if (rc < 0) {
-        return rc;
-    }
-    if (*end != '\0') {
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
-}
-
-/* A number and a unit; a bare number is allowed when bare_ok, and 0 always (0 is 0 in any unit). */
-static int parse_scaled(const char *s, const struct unit *units, bool bare_ok, uint64_t *out) {
-    uint64_t v = 0;
-    const char *end = NULL;
-    int rc = parse_digits(s, &v, &end);
-    if (rc < 0) {
-        return rc;
-    }
-    if (*end == '\0') {
-        if (!bare_ok && v != 0) {
-            return -EINVAL;
-        }
-        *out = v;
-        return 0;
-    }
-    for (const struct unit *u = units; u->suffix != NULL; u++) {
-        if (strcmp(end, u->suffix) == 0) {
-            if (v > UINT64_MAX / u->mult) {
-                return -ERANGE;
-            }
-            *out = v * u->mult;
-            return 0;
-        }
-    }
-    return -EINVAL;
-}
-
-int bd_parse_duration_ms(const char *s, uint64_t *out_ms) {
-    return parse_scaled(s, duration_units, false, out_ms);
-}
-
-int bd_parse_size(const char *s, uint64_t *out_bytes) {
-    return parse_scaled(s, size_units, true, out_bytes);
-}
-
-/* Largest unit that divides v exactly, so the printed text parses back to the same value. */
-static void format_scaled(uint64_t v, const struct unit *units, const char *bare_suffix, char *buf,
-                          size_t len) {
-    const struct unit *best = NULL;
-    for (const struct unit *u = units; u->suffix != NULL; u++) {
-        if (v != 0 && v % u->mult == 0) {
-            best = u;
-        }
-    }
-    if (best == NULL || best->mult == 1) {
-        snprintf(buf, len, "%" PRIu64 "%s", v, v == 0 ? "" : bare_suffix);
-    } else {
-        snprintf(buf, len, "%" PRIu64 "%s", v / best->mult, best->suffix);
-    }
-}
-
-/* ---- Addresses ------------------------------------------------------------------------------- */
-
-static int parse_hostport(const char *s, struct sockaddr_storage *out, const char **why) {
-    char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];
-    const char *port_text = NULL;
-    size_t host_len = 0;
-    bool v6 = false;
-
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (close == NULL || close[1] != ':') {
-            *why = "an IPv6 address takes the form [address]:port";
-            return -EINVAL;
-        }
-        host_len = (size_t)(close - s - 1);
-        s++;
-        port_text = close + 2;
-        v6 = true;
-    } else {
-        const char *colon = strrchr(s, ':');
-        if (colon == NULL) {
-            *why = "expected host:port";
-            return -EINVAL;
-        }
-        if (memchr(s, ':', (size_t)(colon - s)) != NULL) {
-            *why = "an IPv6 address needs brackets, as in [::1]:8089";
-            return -EINVAL;
-        }
-        host_len = (size_t)(colon - s);
-        port_text = colon + 1;
-    }
-    if (host_len == 0 || host_len >= sizeof(host)) {
-        *why = "expected a numeric address before the port";
-        return -EINVAL;
-    }
-    memcpy(host, s, host_len);
-    host[host_len] = '\0';
-
-    uint64_t port = 0;
-    if (parse_uint(port_text, &port) < 0 || port > 65535) {
-        *why = "the port must be a number from 0 to 65535";
-        return -EINVAL;
-    }
-
-    memset(out, 0, sizeof(*out));
-    if (v6) {
-        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)out;
-        char *scope = strchr(host, '%');
-        if (scope != NULL) {
-            *scope++ = '\0';
-            uint64_t index = 0;
-            if (parse_uint(scope, &index) == 0 && index <= UINT32_MAX) {
-                sin6->sin6_scope_id = (uint32_t)index;
-            } else if ((sin6->sin6_scope_id = if_nametoindex(scope)) == 0) {
-                *why = "unknown interface after '%'";
-                return -EINVAL;
-            }
-        }
-        if (inet_pton(AF_INET6, host, &sin6->sin6_addr) != 1) {
-            *why = "not a numeric IPv6 address";
-            return -EINVAL;
-        }
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons((uint16_t)port);
-    } else {
-        struct sockaddr_in *sin = (struct sockaddr_in *)out;
-        /*
-         * inet_pton, not inet_aton or getaddrinfo: those also take "10.1" and "0x7f.1", and a
-         * name here would make start-up depend on DNS.
-         */
-        if (inet_pton(AF_INET, host, &sin->sin_addr) != 1) {
-            *why = "the host must be a numeric IPv4 address or a bracketed IPv6 address";
-            return -EINVAL;
-        }
-        sin->sin_family = AF_INET;
-        sin->sin_port = htons((uint16_t)port);
-    }
-    return 0;
-}
-
-int bd_parse_hostport(const char *s, struct sockaddr_storage *out) {
-    const char *why = NULL;
-    if (s == NULL) {
-        return -EINVAL;
-    }
-    return parse_hostport(s, out, &why);
-}
 
 /* ---- Enum names ------------------------------------------------------------------------------ */
 
@@ -586,7 +394,7 @@ static const char *check_write_concern(const char *s, uint64_t unused) {
     if (strcmp(s, "majority") == 0) {
         return NULL;
     }
-    if (parse_uint(s, &n) < 0 || (n > 0 && s[0] == '0')) {
+    if (bd_units_parse_uint(s, &n) < 0 || (n > 0 && s[0] == '0')) {
         return "must be 1, majority or a number of nodes";
     }
     if (n == 0) {
@@ -613,8 +421,8 @@ int bd_config_spool_sync(const char *text, uint64_t *interval_ms) {
         *interval_ms = 0;
         return BD_SPOOL_SYNC_BATCH;
     }
-    if (parse_scaled(text, duration_units, false, interval_ms) < 0 || *interval_ms < 10 ||
-        *interval_ms > MS_PER_H) {
+    if (bd_parse_duration_ms(text, interval_ms) < 0 || *interval_ms < 10 ||
+        *interval_ms > BD_MS_PER_H) {
         return -EINVAL;
     }
     return BD_SPOOL_SYNC_INTERVAL;
@@ -630,12 +438,12 @@ static const char *check_spool_sync(const char *s, uint64_t unused) {
 
 static const char *check_span(const char *s, uint64_t ms) {
     /* Buckets must start at the same instants every day, or a bucket would straddle midnight. */
-    return MS_PER_DAY % ms != 0 ? "must divide 24h evenly (e.g. 1m, 15m, 1h, 6h, 24h)" : NULL;
+    return BD_MS_PER_DAY % ms != 0 ? "must divide 24h evenly (e.g. 1m, 15m, 1h, 6h, 24h)" : NULL;
 }
 
 static const char *check_retention(const char *s, uint64_t ms) {
     /* expireAfterSeconds is a number of seconds: "1500ms" would be rounded behind the user's back. */
-    return ms % MS_PER_S != 0 ? "must be whole seconds (e.g. 720h, 90m, 3600s)" : NULL;
+    return ms % BD_MS_PER_S != 0 ? "must be whole seconds (e.g. 720h, 90m, 3600s)" : NULL;
 }
 
 static const char *check_pow2(const char *s, uint64_t n) {
@@ -650,9 +458,9 @@ static bool in_listener(const struct key_def *k) {
 
 static void format_number(const struct key_def *k, uint64_t v, char *buf, size_t len) {
     if (k->type == T_DURATION) {
-        format_scaled(v, duration_units, "ms", buf, len);
+        bd_units_format_duration_ms(v, buf, len);
     } else if (k->type == T_SIZE) {
-        format_scaled(v, size_units, "", buf, len);
+        bd_units_format_size(v, buf, len);
     } else {
         snprintf(buf, len, "%" PRIu64, v);
     }
@@ -697,7 +505,7 @@ static int parse_value(const struct key_def *k, const char *text, struct value *
         } else if (k->type == T_SIZE) {
             rc = bd_parse_size(text, &v->num);
         } else {
-            rc = parse_uint(text, &v->num);
+            rc = bd_units_parse_uint(text, &v->num);
         }
         if (rc == -ERANGE) {
             snprintf(why, why_len, "\"%s\" is too large", text);
@@ -742,7 +550,7 @@ static int parse_value(const struct key_def *k, const char *text, struct value *
             snprintf(why, why_len, "is longer than %zu characters", k->size - 1);
             return -EINVAL;
         }
-        if (parse_hostport(text, &v->addr, &reason) < 0) {
+        if (bd_units_parse_hostport(text, &v->addr, &reason) < 0) {
             snprintf(why, why_len, "\"%s\": %s", text, reason);
             return -EINVAL;
         }
@@ -1356,7 +1164,7 @@ static bool broken_rule(const struct bd_config *cfg, struct rule_failure *rf) {
      */
     uint64_t open_ms = cfg->buckets.max_late_ms + cfg->buckets.span_ms;
     if (cfg->buckets.retention_ms != 0 && cfg->buckets.retention_ms < open_ms) {
-        format_scaled(open_ms, duration_units, "ms", a, sizeof(a));
+        bd_units_format_duration_ms(open_ms, a, sizeof(a));
         rf->key = "buckets.retention";
         rf->other = "buckets.max_late";
         snprintf(rf->why, sizeof(rf->why),

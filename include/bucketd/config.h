@@ -15,6 +15,8 @@
 
 #include "bucketd/allow.h"
 #include "bucketd/common.h"
+/* The strict unit parsers (bd_parse_duration_ms, bd_parse_size, bd_parse_hostport). */
+#include "bucketd/units.h"
 
 #define BD_MAX_LISTENERS 16
 /* A URI with a percent-encoded password from mongodb.password_file (up to 3 bytes per byte). */
@@ -191,12 +193,6 @@ int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *
 
 /* The same socket: same proto and address (what a reload matches listeners by). */
 bool bd_listener_same(const struct bd_listener_config *a, const struct bd_listener_config *b);
-
-/* Strict unit parsers, shared with the tools: "1500ms", "1s", "5m", "1h"; "64KiB", "8MiB". */
-int bd_parse_duration_ms(const char *s, uint64_t *out_ms);
-int bd_parse_size(const char *s, uint64_t *out_bytes);
-/* "1.2.3.4:80", "[::1]:80", "0.0.0.0:8089" -> sockaddr (numeric only). */
-int bd_parse_hostport(const char *s, struct sockaddr_storage *out);
 
 /* Names for log lines and tools. */
 const char *bd_proto_name(enum bd_proto p);
