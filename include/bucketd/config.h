@@ -1,9 +1,10 @@
 /*
- * The daemon's configuration: one schema table (src/config.c) describes every key, its type,
- * bounds, default and help; this header is the parsed result. Loaded on the main thread before
- * any other thread starts; a reload (reload.h) loads the file again on that thread and hands
- * each other thread its own copy, so a struct bd_config is never changed while another thread
- * reads it.
+ * The daemon's configuration: one schema table (src/config_schema.c) describes every key, its
+ * type, bounds, default and help; this header is the parsed result (src/config.c loads it, with
+ * src/config_files.c for the files it names; src/units.c reads its numbers). Loaded on the main
+ * thread before any other thread starts; a reload (reload.h) loads the file again on that thread
+ * and hands each other thread its own copy, so a struct bd_config is never changed while another
+ * thread reads it.
  */
 #ifndef BUCKETD_CONFIG_H
 #define BUCKETD_CONFIG_H

@@ -52,12 +52,13 @@ cflags=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer
         -Wall -Wextra -Wshadow -Wno-unused-parameter -I "$root/include")
 
 echo "== building fuzz targets with $(clang --version | head -n1)"
-# src/config.c reads numbers with src/units.c, checks mongodb.uri with libmongoc (src/mongo.c)
-# and the credential files (src/creds.c), loads TLS certificates (src/tls.c, OpenSSL) and allow
-# lists (src/allow.c); src/log.c escapes what it logs (src/escape.c).
+# The config loader (src/config.c) walks its schema (src/config_schema.c), which reads numbers
+# with src/units.c and checks mongodb.uri with libmongoc (src/mongo.c); src/config_files.c reads
+# the credential files (src/creds.c) and loads TLS certificates (src/tls.c, OpenSSL); allow lists
+# are src/allow.c's; src/log.c escapes what it logs (src/escape.c).
 read -r -a mongoc <<<"$(pkg-config --cflags --libs libmongoc-1.0 openssl)"
-config_srcs=(src/config.c src/units.c src/log.c src/mongo.c src/creds.c src/tls.c src/escape.c
-             src/allow.c)
+config_srcs=(src/config.c src/config_schema.c src/config_files.c src/units.c src/log.c
+             src/mongo.c src/creds.c src/tls.c src/escape.c src/allow.c)
 # The parser: the public calls and fast walk, the general parser, the classifiers.
 parse_srcs=(src/parse.c src/parse_general.c src/parse_simd.c)
 clang "${cflags[@]}" -o "$out/fuzz_influx" tests/fuzz/fuzz_influx.c \

@@ -1,5 +1,6 @@
 /*
- * Unit tests for src/config.c: the schema defaults and the YAML loader's errors (position, key,
+ * Unit tests for src/config.c, its schema (src/config_schema.c) and the files it reads
+ * (src/config_files.c): the schema defaults and the YAML loader's errors (position, key,
  * message); the strict unit parsers it reads numbers with are tests/unit/test_units.c's. Each
  * test runs in its own process (Criterion) and writes its YAML under a private mkdtemp
  * directory that the fixture removes.
