@@ -64,8 +64,9 @@
  * clears: only the producer stores a non-NULL value, and only once the consumer took the
  * previous one, see below). Which of the two is decided after the take: a take that finds the
  * pool empty first takes back the reported idle segments, which may seal the producer's own.
- * A sealed segment is final: it never gets a successor. The consumer hands a segment back to the pool once it has read all
- * of it and the producer has left it: it has a successor, or it is sealed.
+ * A sealed segment is final: it never gets a successor. The consumer hands a segment back to
+ * the pool once it has read all of it and the producer has left it: it has a successor, or it
+ * is sealed.
  * An idle sensor must not keep its last segment: when a drain finds the queue empty in the
  * producer's own segment, the consumer stores what it consumed into the segment (release) and
  * puts the sensor on the reclaim queue (once: the reclaim flag). The producer, at its next
