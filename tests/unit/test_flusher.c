@@ -625,6 +625,85 @@ Test(flusher, a_stop_releases_evicted_sensors_still_held) {
 }
 
 /*
+ * A sensor whose readings the flusher still holds is not evicted, however long it is silent:
+ * here they wait in the fill batch for flush.max_delay. Were it evicted, the same series
+ * sending again would be a new sensor with page accounting of its own for the same bucket,
+ * and both deltas would go in one bulk under one sequence number: the second draws a duplicate
+ * key, its read-back finds our own number, and it is quarantined as a writer conflict. Held,
+ * the sensor goes on: one update of one page. Once written, it is evicted.
+ */
+Test(flusher, a_sensor_whose_readings_wait_in_the_fill_batch_is_not_evicted) {
+    stop();
+    cfg.flush.max_delay_ms = 30000;
+    cfg.limits.sensor_idle_ms = 2000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 9; j++) {
+        accept1("held", j, t0 + j * 1000);
+    }
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* drained into the fill batch, held */
+    publish();                                     /* the producer seals its idle segment */
+    bd_flusher_step(flusher, mono, now_ms, false); /* and the flusher gives it back */
+    cr_assert_eq(fs.bulks, 0, "held for max_delay");
+    cr_assert_eq(STAT(pending_readings), 9);
+    now_ms += 3000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 0, "its readings are still held");
+
+    accept1("held", 9, t0 + 9000);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "held"), 10);
+    cr_assert_eq(STAT(readings_flushed), 10);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(readings_quarantined), 0);
+    cr_assert_eq(fs.n_docs, 1, "one page");
+    cr_assert_eq(fs.docs[0].updates, 1, "one update");
+
+    cr_assert_gt(run(10), 0); /* the producer seals its idle segment, the flusher gives it back */
+    now_ms += 3000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 1, "written: evicted");
+}
+
+/*
+ * The same while a batch waits for its retry: the sensor is not evicted while the batch holds
+ * its readings. Were it, its readings sent again later would fill page 0, and the series
+ * sending again in the meantime would be a new sensor taking the bucket for new, its readings
+ * drained onto page 0 too: a page over max_readings.
+ */
+Test(flusher, a_sensor_whose_readings_wait_for_a_retry_is_not_evicted) {
+    stop();
+    cfg.buckets.max_readings = 5;
+    cfg.limits.sensor_idle_ms = 2000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 4; j++) {
+        accept1("retried", j, t0 + j * 1000);
+    }
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* drained, sent, failed: waits for a retry */
+    cr_assert_eq(fs.bulks, 1);
+    cr_assert_gt(bd_flusher_retry_at(flusher), mono);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* before the retry: the segment goes back */
+    now_ms += 3000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 0, "its readings wait for the retry");
+
+    for (int j = 4; j < 8; j++) {
+        accept1("retried", j, t0 + j * 1000);
+    }
+    cr_assert_gt(run(20), 0);
+    cr_assert_eq(fake_stored(&fs, "retried"), 8);
+    cr_assert_leq(fake_max_count(&fs), 5, "a page holds at most max_readings readings");
+    cr_assert_eq(fs.n_docs, 2);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(readings_quarantined), 0);
+}
+
+/*
  * Fairness: a sensor with far more readings than the others takes at most an eighth of the
  * batches' memory in one batch while others wait; the others' readings go into that batch, its
  * rest into the next ones. Its readings come in six loads (its queue holds at most an eighth
@@ -1033,8 +1112,10 @@ Test(flusher, a_stop_gives_up_what_keeps_failing_and_cannot_be_spooled_and_count
 /*
  * Property: random readings of a few sensors, in and out of order, late and early, across
  * buckets, through outages (nothing sent), lost replies, racing inserts and jumps of the wall
- * clock, with a small page cap. After every settled flush: every accepted reading stored exactly
- * once, no page over the cap, no update without readings.
+ * clock, with a small page cap, and idle sensors evicted between flushes (limits.sensor_idle)
+ * while the flusher may still hold their readings (flush.max_delay, a retry). After every
+ * settled flush: every accepted reading stored exactly once, no page over the cap, no update
+ * without readings.
  */
 Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
     stop();
@@ -1043,6 +1124,9 @@ Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
     cfg.buckets.max_late_ms = 150000;
     cfg.buckets.max_future_ms = 30000;
     cfg.flush.max_updates = 5;
+    cfg.flush.max_delay_ms = 20000;
+    cfg.limits.sensor_idle_ms = 5000;
+    uint64_t evicted = 0;
     for (uint64_t seed = 1; seed <= 6; seed++) {
         start();
         uint64_t rng = seed * UINT64_C(0x9E3779B97F4A7C15);
@@ -1084,7 +1168,16 @@ Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
                 now_ms += 7000;
                 break;
             }
-            if (r % 3 == 0) {
+            if (r % 3 != 0) {
+                /* Part of a flush: drained (held, sent, or failed and waiting for its retry),
+                 * idle segments sealed and given back; then idle sensors are evicted. */
+                mono += (r >> 20) % 2 ? 1000 * MS : 0;
+                for (int k = 0; k < 2; k++) {
+                    publish();
+                    bd_flusher_step(flusher, mono, now_ms, false);
+                }
+                bd_sensor_table_sweep(table, now_ms * MS);
+            } else {
                 cr_assert_gt(run(60), 0, "seed %" PRIu64 " step %d", seed, step);
                 for (int i = 0; i < 4; i++) {
                     char id[16];
@@ -1098,11 +1191,13 @@ Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
         cr_assert_eq(fs.empty_updates, 0);
         cr_assert_eq(STAT(updates_quarantined), 0);
         cr_assert_eq(STAT(writer_conflicts), 0);
+        evicted += STAT(sensors_evicted);
         stop();
         char cmd[128];
         snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
         cr_assert_eq(system(cmd), 0);
     }
+    cr_assert_gt(evicted, 0, "sensors were evicted and came back");
     start(); /* for teardown */
 }
 
