@@ -23,6 +23,7 @@
 #include "bucketd/deadletter.h"
 #include "bucketd/flusher.h"
 #include "bucketd/sensor.h"
+#include "bucketd/spool.h"
 #include "fake_store.h"
 
 #define MS BD_NS_PER_MS
@@ -1571,6 +1572,77 @@ Test(flusher, a_full_spool_with_drop_newest_drops_the_newest_batch_and_counts_it
     cr_assert_eq(STAT(readings_flushed), 10);
     cr_assert_eq(bd_flusher_abandon(flusher), 0);
     cr_assert_eq(STAT(readings_lost), 0, "dropped by the policy, counted there");
+}
+
+/*
+ * spool.when_full: drop_oldest while a record is being replayed: MongoDB away, batches A and B
+ * spooled, A's replay fails, batch C comes due and the full spool drops its oldest (only)
+ * segment, A and B in it. A is still in the replay's hands and is written from memory when
+ * MongoDB is back: not counted as dropped. B is dropped and counted, C written. Every reading
+ * accepted is stored or counted dropped, none both. Returns the readings of one batch.
+ */
+static int replaying_record_in_a_dropped_segment(void) {
+    /* The bytes of the spool holding two batches, from a spool with room for more. */
+    two_batches_while_away(UINT64_C(1) << 30);
+    uint64_t two = STAT(spool_bytes);
+    cr_assert_eq(STAT(readings_spooled), 12);
+    stop();
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
+    cr_assert_eq(system(cmd), 0);
+    cfg.spool.max_bytes = two + (two - BD_SPOOL_SEGMENT_HEADER_BYTES) / 4; /* not three */
+    cfg.spool.when_full = BD_SPOOL_FULL_DROP_OLDEST;
+    start();
+    fake_script(&fs, FAULT_UNREACHABLE, 0); /* A */
+    fake_script(&fs, FAULT_UNREACHABLE, 0); /* A's first replay */
+    send_more(2, 3, 0);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* A written, failed */
+    send_more(2, 3, 3);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false); /* B due: both to the spool */
+    cr_assert_eq(STAT(readings_spooled), 12);
+    cr_assert_eq(STAT(spool_dropped_readings), 0);
+    send_more(2, 3, 6);
+    publish();
+    mono = bd_flusher_retry_at(flusher);
+    bd_flusher_step(flusher, mono, now_ms, false); /* A's replay fails; C due: spooled */
+    cr_assert_eq(fs.bulks, 2, "A, then its replay");
+    cr_assert_eq(STAT(readings_spooled), 18);
+    cr_assert_gt(STAT(spool_dropped_readings), 0, "the segment holding A and B was dropped");
+    return 6;
+}
+
+Test(flusher, a_full_spool_dropping_the_record_being_replayed_counts_it_once) {
+    int batch = replaying_record_in_a_dropped_segment();
+    cr_assert_gt(run(20), 0);
+    char name[32];
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), i)), 3 + 3, "A and C");
+    }
+    cr_assert_eq(STAT(readings_flushed), 2 * batch);
+    cr_assert_eq(STAT(spool_dropped_readings), batch, "B alone: A was written");
+    cr_assert_eq(STAT(readings_flushed) + STAT(spool_dropped_readings), 3 * batch,
+                 "every reading accepted stored or counted dropped, none both");
+    cr_assert_eq(STAT(readings_lost), 0);
+}
+
+/* The same, but the stop's deadline passes with MongoDB still away: what the replay held of A
+ * is on no disk any more, so it is counted lost (not silently gone); C stays spooled. */
+Test(flusher, a_stop_gives_up_a_record_being_replayed_that_a_full_spool_dropped_and_counts_it) {
+    int batch = replaying_record_in_a_dropped_segment();
+    bd_flusher_abandon(flusher);
+    cr_assert_eq(STAT(readings_flushed), 0);
+    cr_assert_eq(STAT(spool_dropped_readings), batch, "B");
+    cr_assert_eq(STAT(readings_lost), batch, "A");
+    /* The next start replays C alone. */
+    restart();
+    cr_assert_gt(run(20), 0);
+    char name[32];
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), i)), 3, "C");
+    }
 }
 
 /* A batch over the spool's record size (16 MiB of updates) goes to disk as several records,
