@@ -1,16 +1,20 @@
-"""The Prometheus rules bucketd ships (config/prometheus/bucketd-rules.yml), against promtool
-and a real daemon.
+"""The monitoring files bucketd ships, against promtool and a real daemon: the Prometheus rules
+(config/prometheus/bucketd-rules.yml) and the Grafana dashboard
+(config/grafana/bucketd-dashboard.json), both installed under /usr/share/bucketd/.
 
 - rules: `promtool check rules` with every lint; `promtool test rules` on tests/prometheus/:
   one file per alert, named after it, in which the alert fires and stays quiet (its other
   series: just under the threshold, healthy); with an alert's `for:` taken out, its file fails
   (so it shows the wait); every recording rule checked in recording-rules.test.yml; every alert
   has a severity, a summary, and a description naming README sections that exist;
+- dashboard: valid JSON, every panel and query on the ${datasource} variable, panels that do
+  not overlap, every query parses (`promtool check rules` on the queries as recording rules,
+  Grafana's variables replaced), every recording rule it reads is in the rules file;
 - a real daemon (the test server as MongoDB, both listener kinds, readings sent between
-  scrapes): every metric name the rules use is in its scrape (histograms by their _bucket, _sum
-  and _count), and so is every label value they match on; loaded into promtool as series, the
-  scrapes give every recording rule some data, and no alert fires on the healthy daemon. So
-  renaming a metric, or a drop reason, fails here.
+  scrapes): every metric name the rules and the dashboard use is in its scrape (histograms by
+  their _bucket, _sum and _count), and so is every label value they match on; loaded into
+  promtool as series, the scrapes give every dashboard query and recording rule some data, and
+  no alert fires on the healthy daemon. So renaming a metric, or a drop reason, fails here.
 
 A PromQL selector here is found by a small lexer (selectors()), not by Prometheus's parser;
 promtool has parsed every expression first, and test_lexer pins what the lexer finds.
@@ -38,6 +42,7 @@ from bdtest import send_readings as sr  # noqa: E402
 
 REPO = bdtest.REPO
 RULES = os.path.join(REPO, "config", "prometheus", "bucketd-rules.yml")
+DASHBOARD = os.path.join(REPO, "config", "grafana", "bucketd-dashboard.json")
 RULE_TESTS = os.path.join(REPO, "tests", "prometheus")
 README = os.path.join(REPO, "README.md")
 
@@ -46,9 +51,12 @@ PROMTOOL_MISSING = ("promtool not installed (Debian package prometheus; "
 # Labels Prometheus adds to every series of a target, and the series it makes itself.
 TARGET_LABELS = {"job", "instance"}
 PROMETHEUS_SERIES = {"up": {"job": set(), "instance": set()}}
-# The target labels of the series loaded from the real scrapes.
+# What the dashboard's variables stand for when its queries are checked: one job, one instance
+# (the series loaded from the real scrapes carry these), a fixed range for Grafana's intervals.
 JOB = "bucketd"
 INSTANCE = "gw-1:9273"
+GRAFANA_VARS = {"__rate_interval": "5m", "__interval": "1m", "__range": "1h",
+                "job": JOB, "instance": INSTANCE}
 SEVERITIES = {"critical", "warning"}
 
 
@@ -74,6 +82,50 @@ def alerts():
 
 def recording_rules():
     return [r for r in load_rules() if "record" in r]
+
+
+def load_dashboard():
+    with open(DASHBOARD, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def dashboard_panels(dash):
+    """Every panel, those inside collapsed rows included."""
+    for p in dash["panels"]:
+        yield p
+        for inner in p.get("panels", []):
+            yield inner
+
+
+LABEL_VALUES_RE = re.compile(r"^label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)$", re.S)
+
+
+def dashboard_queries(dash):
+    """[(where, PromQL expression)] of every panel query and every query variable (the
+    expression inside label_values(...))."""
+    out = []
+    for p in dashboard_panels(dash):
+        for t in p.get("targets", []):
+            out.append(("panel %r, query %s" % (p["title"], t.get("refId")), t["expr"]))
+    for v in dash.get("templating", {}).get("list", []):
+        if v.get("type") != "query":
+            continue
+        q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+        m = LABEL_VALUES_RE.match(q)
+        if m is None:
+            raise AssertionError("variable %s: not label_values(EXPR, LABEL): %r" % (v["name"], q))
+        out.append(("variable %s" % v["name"], m.group(1)))
+    return out
+
+
+def substitute_grafana_vars(expr):
+    """The expression with $var, ${var} and [[var]] replaced as GRAFANA_VARS says."""
+    def repl(m):
+        name = m.group(1) or m.group(2) or m.group(3)
+        if name not in GRAFANA_VARS:
+            raise AssertionError("unknown Grafana variable %r in %r" % (name, expr))
+        return GRAFANA_VARS[name]
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]", repl, expr)
 
 
 def readme_sections():
@@ -410,6 +462,69 @@ def duration_s(text):
 
 
 # ---------------------------------------------------------------------------------------------
+# The dashboard
+# ---------------------------------------------------------------------------------------------
+
+class Dashboard(unittest.TestCase):
+    def test_valid_json_on_the_datasource_variable(self):
+        dash = load_dashboard()
+        self.assertEqual(dash["uid"], "bucketd")
+        self.assertTrue(dash["title"])
+        variables = {v["name"]: v for v in dash["templating"]["list"]}
+        self.assertEqual(variables["datasource"]["type"], "datasource")
+        self.assertEqual(variables["datasource"]["query"], "prometheus")
+        ds = {"type": "prometheus", "uid": "${datasource}"}
+        ids, cells = set(), {}
+        panels = list(dashboard_panels(dash))
+        self.assertGreater(len(panels), 10)
+        for p in panels:
+            self.assertNotIn(p["id"], ids, "panel id %d twice" % p["id"])
+            ids.add(p["id"])
+            g = p["gridPos"]
+            self.assertLessEqual(g["x"] + g["w"], 24, p["title"])
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    self.assertNotIn((x, y), cells, "%r overlaps %r" % (
+                        p["title"], cells.get((x, y))))
+                    cells[(x, y)] = p["title"]
+            if p["type"] == "row":
+                continue
+            self.assertEqual(p["datasource"], ds, p["title"])
+            self.assertTrue(p.get("targets"), "%s: no query" % p["title"])
+            refs = [t["refId"] for t in p["targets"]]
+            self.assertEqual(len(refs), len(set(refs)), p["title"])
+            for t in p["targets"]:
+                self.assertEqual(t["datasource"], ds, p["title"])
+                self.assertTrue(t["expr"].strip(), p["title"])
+        for v in variables.values():
+            if v["type"] == "query":
+                self.assertEqual(v["datasource"], ds, v["name"])
+
+    def test_every_query_parses(self):
+        if promtool() is None:
+            self.skipTest(PROMTOOL_MISSING)
+        queries = dashboard_queries(load_dashboard())
+        rules = [{"record": "dashboard:query_%d" % i, "expr": substitute_grafana_vars(e)}
+                 for i, (_, e) in enumerate(queries)]
+        with tempfile.TemporaryDirectory(prefix="bucketd-dashboard-") as tmp:
+            path = os.path.join(tmp, "queries.yml")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)
+            rc, out = run_promtool(["check", "rules", path])
+        legend = "\n".join("  dashboard:query_%d  %s: %s" % (i, w, e)
+                           for i, (w, e) in enumerate(queries))
+        self.assertEqual(rc, 0, "%s\n%s" % (out, legend))
+        self.assertIn("SUCCESS: %d rules found" % len(rules), out)
+
+    def test_recording_rules_it_reads_are_in_the_rules_file(self):
+        records = {r["record"] for r in recording_rules()}
+        used = {name for _, e in dashboard_queries(load_dashboard())
+                for name, _ in selectors(substitute_grafana_vars(e)) if ":" in name}
+        self.assertTrue(used)
+        self.assertEqual(sorted(used - records), [])
+
+
+# ---------------------------------------------------------------------------------------------
 # A real daemon
 # ---------------------------------------------------------------------------------------------
 
@@ -458,19 +573,26 @@ class RealScrape(bdtest.E2ECase):
         # The scrape is what the test thinks it is: both listener kinds, the MongoDB gauges.
         self.assertEqual(model["bucketd_listener_info"]["proto"], {"udp", "tcp"})
         self.assertIn("bucketd_mongodb_reachable", model)
-        problems = check_names(rules_exprs(), model, records_map())
+        exprs = rules_exprs() + [(w, substitute_grafana_vars(e))
+                                 for w, e in dashboard_queries(load_dashboard())]
+        problems = check_names(exprs, model, records_map())
         self.assertEqual(problems, [], "\n".join(problems))
         # And the check can fail: a renamed metric, a renamed drop reason.
         self.assertTrue(check_names([("x", "rate(bucketd_readings_accepted[5m])")], model,
                                     records_map()))
         self.assertTrue(check_names([("x", 'bucketd_dropped_total{reason=~"parse_error|nope"}')],
                                     model, records_map()))
+        # The variables list a label Prometheus gives every series.
+        for v in load_dashboard()["templating"]["list"]:
+            if v["type"] == "query":
+                label = LABEL_VALUES_RE.match(v["query"]["query"]).group(2)
+                self.assertIn(label, TARGET_LABELS, v["name"])
 
-    def test_rules_have_data_and_alerts_stay_quiet_on_a_real_scrape(self):
+    def test_queries_have_data_and_alerts_stay_quiet_on_a_real_scrape(self):
         """The scrapes as promtool series (job and instance as Prometheus adds them, one minute
-        apart, the last held HOLD minutes): at the last scrape every recording rule returns
-        something (absent() of it stays quiet), and no alert of the rules file fires then or
-        HOLD minutes later."""
+        apart, the last held HOLD minutes): at the last scrape every dashboard query and
+        recording rule returns something (absent() of it stays quiet), and no alert of the
+        rules file fires then or HOLD minutes later."""
         if promtool() is None:
             self.skipTest(PROMTOOL_MISSING)
         texts = self.scrapes()
@@ -486,7 +608,8 @@ class RealScrape(bdtest.E2ECase):
                       for p in parsed]
             series.append({"series": "%s{%s%s}" % (name, target, "," + labels if labels else ""),
                            "values": " ".join(values) + " %sx%d" % (values[-1], self.HOLD)})
-        checks = [("recording rule %s" % r["record"], r["record"]) for r in recording_rules()]
+        checks = [(w, substitute_grafana_vars(e)) for w, e in dashboard_queries(load_dashboard())]
+        checks += [("recording rule %s" % r["record"], r["record"]) for r in recording_rules()]
         probes = [{"alert": "NoData%d" % i, "expr": "absent(%s)" % e}
                   for i, (_, e) in enumerate(checks)]
         last = "%dm" % (self.SCRAPES - 1)
@@ -507,7 +630,7 @@ class RealScrape(bdtest.E2ECase):
                                       "alert_rule_test": tests}]}, f)
             rc, out = run_promtool(["test", "rules", test_file])
         legend = "\n".join("  NoData%d: %s: %s" % (i, w, e) for i, (w, e) in enumerate(checks))
-        self.assertEqual(rc, 0, "%s\nNoData<i> fired: that rule had no data:\n%s" % (out, legend))
+        self.assertEqual(rc, 0, "%s\nNoData<i> fired: that query had no data:\n%s" % (out, legend))
 
 
 if __name__ == "__main__":
