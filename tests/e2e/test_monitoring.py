@@ -499,6 +499,11 @@ class Dashboard(unittest.TestCase):
         for v in variables.values():
             if v["type"] == "query":
                 self.assertEqual(v["datasource"], ds, v["name"])
+        sections = readme_sections()
+        for text in [dash["description"]] + [p.get("description", "") for p in panels]:
+            for ref in readme_refs(text):
+                self.assertIn(ref, sections, "the dashboard names README %r, which has no such "
+                              "section" % ref)
 
     def test_every_query_parses(self):
         if promtool() is None:
