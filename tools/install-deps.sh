@@ -35,9 +35,12 @@ PACKAGES=(
   libcriterion-dev clang-format
   # MongoDB test server and the Python end-to-end tests (Debian's python3, not a venv)
   python3 python3-mockupdb python3-mongomock python3-pymongo
+  # tests/e2e/test_monitoring.py reads the Prometheus rules and their promtool tests
+  python3-yaml
   # mount(8): the spool's full-filesystem tests mount a small tmpfs (not in a minimal root)
   mount
-  # promtool checks a real /metrics scrape (tests/e2e/test_metrics.py); Debian ships it in the
+  # promtool checks a real /metrics scrape (tests/e2e/test_metrics.py) and the shipped rules and
+  # dashboard (tests/e2e/test_monitoring.py, tests/prometheus/); Debian ships it in the
   # prometheus package (19 MB download, 96 MB installed, a few seconds). The tests use only
   # promtool; on a machine booted with systemd the package also starts a Prometheus server on
   # :9090 (systemctl disable --now prometheus if that is unwanted).

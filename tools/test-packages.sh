@@ -9,7 +9,8 @@
 # For each package:
 #   - dpkg-deb --info/--contents: architecture, Depends (from dpkg-shlibdeps), the conffile, the
 #     files where Debian wants them (binaries in /usr/bin, the unit in /lib/systemd/system with
-#     /usr/bin paths, the sysctl.d drop-in, the man pages, copyright and changelog), maintainer
+#     /usr/bin paths, the sysctl.d drop-in, the man pages, copyright and changelog, the
+#     Prometheus rules and Grafana dashboard in /usr/share/bucketd), maintainer
 #     scripts that neither enable nor start the service;
 #   - lintian: no error or warning (overrides in tools/packaging/bucketd.lintian-overrides, each with
 #     its reason; informational tags are printed, not failed);
@@ -107,7 +108,8 @@ check_deb() { # deb, arch
         /usr/lib/sysctl.d/60-bucketd.conf /usr/share/man/man8/bucketd.8.gz \
         /usr/share/man/man1/bucketd-parse.1.gz /usr/share/man/man1/bucketd-inspect.1.gz \
         /usr/share/man/man1/bucketd-sim.1.gz /usr/share/doc/bucketd/copyright \
-        /usr/share/doc/bucketd/changelog.Debian.gz; do
+        /usr/share/doc/bucketd/changelog.Debian.gz /usr/share/bucketd/bucketd-rules.yml \
+        /usr/share/bucketd/bucketd-dashboard.json; do
         echo "$contents" | grep -qx "$f" || fail "$f is not in the package"
     done
     if echo "$contents" | grep -q '^/usr/local'; then

@@ -8,10 +8,10 @@
 #
 # dpkg -i (which leaves it unconfigured: its libraries are missing), apt-get -f install (which
 # must install them, not remove bucketd); then bucketd --version and --check-config of the
-# shipped config, the tools, the man pages, the service neither enabled nor started,
-# systemd-analyze verify of the installed unit, its systemd-analyze security exposure (at most
-# 1.5), the sysctl drop-in and what the postinst did to net.core.rmem_max, a reinstall that
-# keeps an edited conffile, and a purge. "programs" (a root without systemd and man-db: the
+# shipped config, the tools, the monitoring files, the man pages, the service neither enabled
+# nor started, systemd-analyze verify of the installed unit, its systemd-analyze security
+# exposure (at most 1.5), the sysctl drop-in and what the postinst did to net.core.rmem_max, a
+# reinstall that keeps an edited conffile, and a purge. "programs" (a root without systemd and man-db: the
 # arm64 one, where every package's scripts run under qemu) leaves out the man pages and the
 # unit's checks, which are the same files in every architecture's package.
 #
@@ -70,6 +70,13 @@ case "$out" in
 *'"temp"'*'"float":21.5'*) ok "bucketd-parse parses a line" ;;
 *) fail "bucketd-parse: $out" ;;
 esac
+
+# The monitoring files: the rules for Prometheus, the dashboard for Grafana (README, "Alerts and
+# a Grafana dashboard"); what they hold is checked by tests/e2e/test_monitoring.py.
+grep -q '^ *- alert: BucketdDown$' /usr/share/bucketd/bucketd-rules.yml &&
+    ok "/usr/share/bucketd/bucketd-rules.yml" || fail "no Prometheus rules in /usr/share/bucketd"
+grep -q '"uid": "bucketd"' /usr/share/bucketd/bucketd-dashboard.json &&
+    ok "/usr/share/bucketd/bucketd-dashboard.json" || fail "no dashboard in /usr/share/bucketd"
 
 conffiles="$(dpkg-query -W -f='${Conffiles}' bucketd)"
 case "$conffiles" in
@@ -147,7 +154,8 @@ tail -1 /etc/bucketd/bucketd.yaml | grep -q 'edited by the operator' &&
 perm="$(stat -c '%U:%G %a' /etc/bucketd/bucketd.yaml)"
 [ "$perm" = "root:bucketd 640" ] && ok "and stays $perm" || fail "after reinstalling: '$perm'"
 dpkg --purge bucketd >/tmp/purge.log 2>&1 || { cat /tmp/purge.log >&2; fail "dpkg --purge"; }
-[ ! -e /etc/bucketd/bucketd.yaml ] && [ ! -e /usr/bin/bucketd ] && ok "purged" ||
+[ ! -e /etc/bucketd/bucketd.yaml ] && [ ! -e /usr/bin/bucketd ] && [ ! -e /usr/share/bucketd ] &&
+    ok "purged" ||
     fail "files left after the purge"
 
 if [ "$failures" -ne 0 ]; then

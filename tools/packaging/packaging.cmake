@@ -90,6 +90,10 @@ install(CODE "
 ")
 
 install(FILES README.md tools/packaging/copyright DESTINATION share/doc/bucketd)
+# The monitoring files (README, "Alerts and a Grafana dashboard"): data for Prometheus and
+# Grafana, not documentation, so beside the package's other data rather than under doc/.
+install(FILES config/prometheus/bucketd-rules.yml config/grafana/bucketd-dashboard.json
+        DESTINATION share/bucketd)
 # The IPAddressAllow=/IPAddressDeny= drop-in, as an example to copy to
 # /etc/systemd/system/bucketd.service.d/ (never installed where systemd would read it: the
 # prefixes are the operator's).
@@ -113,7 +117,8 @@ is away, batches go to an on-disk spool and are written exactly once later.
 .
 The package holds the daemon, its systemd unit (installed neither enabled nor
 started), its configuration in /etc/bucketd, a sysctl.d drop-in for the UDP
-receive buffer, and the tools bucketd-inspect, bucketd-parse and bucketd-sim.")
+receive buffer, the tools bucketd-inspect, bucketd-parse and bucketd-sim, and
+Prometheus alerting rules and a Grafana dashboard in /usr/share/bucketd.")
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_RELEASE 1)
