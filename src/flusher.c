@@ -68,6 +68,8 @@
 #include "bucketd/log.h"
 #include "bucketd/outcome.h"
 #include "bucketd/pages.h"
+#include "bucketd/settle.h"
+#include "bucketd/storecall.h"
 #include "bucketd/writer.h"
 
 static void driver_log(mongoc_log_level_t level, const char *domain, const char *message,
@@ -150,10 +152,12 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
                                       .max_future_ms = cfg->buckets.max_future_ms,
                                       .max_readings = cfg->buckets.max_readings,
                                       .max_bytes = cfg->buckets.max_bytes};
-    f->fail_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 1};
-    f->quarantine_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 5};
-    f->conflict_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 3};
-    f->oom_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 1};
+    bd_settle_init(&f->settle);
+    f->settle.store = f->store;
+    f->settle.run = flusher_run_io;
+    f->settle.run_arg = f;
+    f->settle.stats = stats;
+    f->settle.cfg = cfg;
     f->spool_log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 2};
     snprintf(f->writer_key, sizeof(f->writer_key), BD_WRITER_KEY_PREFIX "%s", cfg->writer_id);
     if (flusher_chunk_alloc(f, cfg->flush.max_updates) < 0 || bd_batch_init(&f->batch) < 0 ||
@@ -171,6 +175,7 @@ static int open_state(struct bd_flusher *f, struct bd_err *err) {
     }
     if (rc == 0) {
         rc = bd_deadletter_open(&f->dead, f->cfg->spool.dir, err);
+        f->settle.dead = f->dead;
     }
     if (rc == 0) {
         rc = flusher_summaries_open(f, err);
@@ -281,11 +286,7 @@ int64_t bd_flusher_retry_at(const struct bd_flusher *f) {
 }
 
 static void log_oom(struct bd_flusher *f, const char *what) {
-    if (bd_ratelimit_ok(&f->oom_log, bd_mono_ns())) {
-        bd_error("flusher: out of memory %s; the readings stay where they are and are tried "
-                 "again",
-                 what);
-    }
+    bd_settle_log_oom(&f->settle, what);
 }
 
 /* ---- draining ---------------------------------------------------------------------------- */
@@ -470,40 +471,6 @@ static void drain_now(void *arg) {
     flusher_drain(f, bd_now_ns() / BD_NS_PER_MS);
 }
 
-/* One store call (a MongoDB round trip), made on the I/O thread. */
-struct store_call {
-    struct bd_store *st;
-    enum { CALL_PREPARE, CALL_BULK, CALL_FIND, CALL_MAX_SEQ } kind;
-    uint32_t n;
-    const bson_t *const *selectors, *const *updates;
-    bson_t *reply;
-    const struct bd_page_key *keys;
-    bd_store_page_cb cb;
-    void *cb_arg;
-    uint64_t *seq;
-    bson_error_t *error;
-    bool ok;
-};
-
-static void store_call_run(void *arg) {
-    struct store_call *c = arg;
-    const struct bd_store_ops *ops = c->st->ops;
-    switch (c->kind) {
-    case CALL_PREPARE:
-        c->ok = ops->prepare(c->st, c->error);
-        break;
-    case CALL_BULK:
-        c->ok = ops->bulk_upsert(c->st, c->selectors, c->updates, c->n, c->reply, c->error);
-        break;
-    case CALL_FIND:
-        c->ok = ops->find_pages(c->st, c->keys, c->n, c->cb, c->cb_arg, c->error);
-        break;
-    case CALL_MAX_SEQ:
-        c->ok = ops->max_writer_seq(c->st, c->seq, c->error);
-        break;
-    }
-}
-
 /*
  * Make a store call on the I/O thread (inline without one) and keep draining into the fill
  * batch until it returns. The call reads only the batch being written (and the callbacks' own
@@ -516,10 +483,8 @@ void flusher_run_io(void *arg, bd_io_fn fn, void *fn_arg) {
     bd_io_run(f->io, fn, fn_arg, drain_now, f, idle_ns);
 }
 
-static bool call_store(struct bd_flusher *f, struct store_call *c) {
-    c->st = f->store;
-    flusher_run_io(f, store_call_run, c);
-    return c->ok;
+static bool call_store(struct bd_flusher *f, struct bd_store_call *c) {
+    return bd_store_call(f->store, flusher_run_io, f, c);
 }
 
 /* ---- pages ------------------------------------------------------------------------------- */
@@ -618,211 +583,41 @@ out:
 
 /* ---- settling ----------------------------------------------------------------------------- */
 
-static void settle_applied(struct bd_flusher *f, uint32_t di) {
+/* The settle engine's view of the batch being written. */
+static void delta_get(void *arg, uint32_t di, struct bd_settle_upd *u) {
+    const struct bd_flusher *f = arg;
     const struct bd_delta *d = &f->batch.deltas[di];
-    f->batch.meta[di].done = true;
-    BD_STAT_ADD(f->stats, readings_flushed, d->n_readings);
-    flusher_summaries_mark(f, d->sensor->id, d->start_ms);
+    const struct bd_batch_meta *m = &f->batch.meta[di];
+    *u = (struct bd_settle_upd){.sensor_id = d->sensor->id,
+                                .start_ms = d->start_ms,
+                                .page = d->page,
+                                .n_readings = d->n_readings,
+                                .done = m->done,
+                                .maybe_applied = m->maybe_applied,
+                                .refusals = m->refusals,
+                                .dup_checks = m->dup_checks};
 }
 
-/*
- * Give an update up: counted, logged with its bucket id, and kept in the dead-letter file (with
- * the update as built, if the caller has it) for an operator to replay.
- */
-static void quarantine(struct bd_flusher *f, uint32_t di, int64_t code, const char *why,
-                       const bson_t *selector, const bson_t *update, int64_t wall_ms,
-                       bool conflict) {
-    struct bd_delta *d = &f->batch.deltas[di];
-    char id[BD_BUCKET_ID_MAX], shown[BD_ESCAPE_CAP(BD_BUCKET_ID_MAX)];
-    bd_bucket_id(id, sizeof(id), d->sensor->id, d->start_ms, d->page);
-    bd_escape_str(shown, sizeof(shown), id); /* the id holds the sensor id, sent by anyone */
-    f->batch.meta[di].done = true;
-    BD_STAT_ADD(f->stats, updates_quarantined, 1);
-    BD_STAT_ADD(f->stats, readings_quarantined, d->n_readings);
-    if (conflict) {
-        /* A configuration error, not bad data: its own limiter, so bad input cannot hide it. */
-        BD_STAT_ADD(f->stats, writer_conflicts, 1);
-        if (bd_ratelimit_ok(&f->conflict_log, bd_mono_ns())) {
-            bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, "
-                     "which this daemon never sent: another daemon is using writer_id %s; "
-                     "give each daemon its own (%u readings not written)",
-                     shown, f->batch_seq, f->cfg->writer_id, f->cfg->writer_id, d->n_readings);
-        }
-    } else if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
-        bd_error("MongoDB rejected the update of bucket %s for good (%u readings quarantined%s): "
-                 "code %" PRId64 ": %s",
-                 shown, d->n_readings, f->dead != NULL ? ", kept in the dead-letter file" : "",
-                 code, why);
-    }
-    if (f->dead != NULL && selector != NULL && update != NULL) {
-        struct bd_err err = {0};
-        struct bd_deadletter_record rec = {.time_ms = wall_ms,
-                                           .writer_id = f->cfg->writer_id,
-                                           .seq = f->batch_seq,
-                                           .database = f->cfg->mongodb.database,
-                                           .collection = f->cfg->mongodb.collection,
-                                           .bucket_id = id,
-                                           .n_readings = d->n_readings,
-                                           .code = code,
-                                           .message = why,
-                                           .filter = selector,
-                                           .update = update};
-        if (bd_deadletter_append(f->dead, &rec, &err) < 0) {
-            BD_STAT_ADD(f->stats, deadletter_write_errors, 1);
-            BD_STAT_ADD(f->stats, deadletter_dropped_readings, d->n_readings);
-            if (bd_ratelimit_ok(&f->quarantine_log, bd_mono_ns())) {
-                bd_error("cannot keep the quarantined update of bucket %s in %s (%u readings "
-                         "kept nowhere): %s",
-                         shown, bd_deadletter_path(f->dead), d->n_readings, err.msg);
-            }
-        }
-    }
+static void delta_put(void *arg, uint32_t di, const struct bd_settle_upd *u) {
+    struct bd_batch_meta *m = &((struct bd_flusher *)arg)->batch.meta[di];
+    m->done = u->done;
+    m->maybe_applied = u->maybe_applied;
+    m->refusals = u->refusals;
+    m->dup_checks = u->dup_checks;
 }
 
-/* An update that cannot be sent as it is: half of its readings move to new pages, or, alone,
- * it is quarantined. Returns -ENOMEM if the move failed (nothing changed). */
-static int shrink_or_quarantine(struct bd_flusher *f, uint32_t di, int64_t code, const char *why,
-                                const bson_t *selector, const bson_t *update, int64_t wall_ms) {
-    struct bd_delta *d = &f->batch.deltas[di];
-    if (d->n_readings > 1) {
-        return place_readings(f, &f->batch, di, d->n_readings / 2, PLACE_RELOCATE, 0, 0, 0);
-    }
-    quarantine(f, di, code, why, selector, update, wall_ms, false);
-    return 0;
+static int delta_relocate(void *arg, uint32_t di, uint32_t keep) {
+    struct bd_flusher *f = arg;
+    return place_readings(f, &f->batch, di, keep, PLACE_RELOCATE, 0, 0, 0);
 }
 
-struct readback_ctx {
-    struct bd_flusher *f;
-    const uint32_t *ops; /* chunk positions to check */
-    uint32_t n;
-    uint64_t *seen; /* per position: w.<writer_id> of its page, 0 if none */
-    bool *found;
-};
-
-static void readback_page(void *arg, const struct bd_page_info *info) {
-    struct readback_ctx *c = arg;
-    for (uint32_t i = 0; i < c->n; i++) {
-        const struct bd_delta *d = &c->f->batch.deltas[c->f->ops[c->ops[i]]];
-        if (d->start_ms == info->start_ms && (int64_t)d->page == info->page &&
-            strcmp(d->sensor->id, info->sensor_id) == 0) {
-            c->found[i] = true;
-            c->seen[i] = info->writer_seq;
-        }
-    }
-}
-
-/*
- * Duplicate-key answers (and size refusals of updates that may have been applied): read the
- * pages back and decide. Positions are indices into the chunk (f->ops, f->outcomes).
- */
-static void settle_readback(struct bd_flusher *f, const uint32_t *pos, uint32_t n,
-                            int64_t wall_ms) {
-    struct bd_page_key *keys = bd_calloc(n, sizeof(*keys));
-    uint64_t *seen = bd_calloc(n, sizeof(*seen));
-    bool *found = bd_calloc(n, sizeof(*found));
-    bson_error_t berr;
-    if (keys == NULL || seen == NULL || found == NULL) {
-        log_oom(f, "while reading pages back");
-        goto out; /* they stay pending: the next attempt asks again */
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        const struct bd_delta *d = &f->batch.deltas[f->ops[pos[i]]];
-        keys[i] = (struct bd_page_key){.sensor_id = d->sensor->id, .start_ms = d->start_ms};
-    }
-    struct readback_ctx ctx = {.f = f, .ops = pos, .n = n, .seen = seen, .found = found};
-    BD_STAT_ADD(f->stats, page_lookups, 1);
-    struct store_call call = {.kind = CALL_FIND,
-                              .keys = keys,
-                              .n = n,
-                              .cb = readback_page,
-                              .cb_arg = &ctx,
-                              .error = &berr};
-    if (!call_store(f, &call)) {
-        if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
-            bd_error("reading back %u pages after a duplicate-key answer failed (%s); asking "
-                     "again with the next attempt",
-                     n, berr.message);
-        }
-        goto out;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t p = pos[i], di = f->ops[p];
-        struct bd_batch_meta *m = &f->batch.meta[di];
-        const struct bd_op_outcome *o = &f->outcomes[p];
-        if (found[i] && seen[i] >= f->batch_seq) {
-            if (m->maybe_applied) {
-                /* An earlier attempt of this very update got through. */
-                BD_STAT_ADD(f->stats, updates_already_applied, 1);
-                settle_applied(f, di);
-            } else {
-                quarantine(f, di, o->code, "the page holds this writer's sequence already",
-                           &f->selectors[p], &f->updates[p], wall_ms, true);
-            }
-        } else if (o->kind == BD_OUTCOME_TOO_LARGE) {
-            if (shrink_or_quarantine(f, di, o->code, "larger than MongoDB's document limit",
-                                     &f->selectors[p], &f->updates[p], wall_ms) < 0) {
-                log_oom(f, "while moving readings to a new page");
-            }
-        } else if (++m->dup_checks >= MAX_DUP_CHECKS) {
-            quarantine(f, di, o->code,
-                       "duplicate key again and again, without this writer's sequence in the "
-                       "page",
-                       &f->selectors[p], &f->updates[p], wall_ms, false);
-        }
-    }
-out:
-    free(keys);
-    free(seen);
-    free(found);
-}
-
-/* Act on the outcome of each update of the chunk just sent. */
-static void settle_chunk(struct bd_flusher *f, uint32_t n, const struct bd_bulk_outcome *bulk,
-                         int64_t wall_ms) {
-    uint32_t n_readback = 0;
-    for (uint32_t p = 0; p < n; p++) {
-        uint32_t di = f->ops[p];
-        struct bd_batch_meta *m = &f->batch.meta[di];
-        const struct bd_op_outcome *o = &f->outcomes[p];
-        const char *msg = bd_outcome_message(bulk, o);
-        switch ((enum bd_outcome)o->kind) {
-        case BD_OUTCOME_APPLIED:
-            settle_applied(f, di);
-            break;
-        case BD_OUTCOME_NOT_SENT:
-        case BD_OUTCOME_RETRY:
-        case BD_OUTCOME_CONFIG:
-            break;
-        case BD_OUTCOME_AMBIGUOUS:
-            m->maybe_applied = true;
-            break;
-        case BD_OUTCOME_DUPLICATE:
-            f->readback[n_readback++] = p;
-            break;
-        case BD_OUTCOME_TOO_LARGE:
-            if (++m->refusals >= MAX_REFUSALS) {
-                quarantine(f, di, o->code, msg, &f->selectors[p], &f->updates[p], wall_ms, false);
-            } else if (m->maybe_applied) {
-                f->readback[n_readback++] = p; /* it may be in the page already */
-            } else if (place_readings(f, &f->batch, di, 0, PLACE_RELOCATE, 0, 0, 0) < 0) {
-                log_oom(f, "while moving readings to a new page");
-            }
-            break;
-        case BD_OUTCOME_REFUSED:
-            if (++m->refusals >= MAX_REFUSALS) {
-                quarantine(f, di, o->code != 0 ? o->code : bulk->code,
-                           *msg != '\0' ? msg : bulk->message, &f->selectors[p], &f->updates[p],
-                           wall_ms, false);
-            }
-            break;
-        case BD_OUTCOME_PERMANENT:
-            quarantine(f, di, o->code, msg, &f->selectors[p], &f->updates[p], wall_ms, false);
-            break;
-        }
-    }
-    if (n_readback > 0) {
-        settle_readback(f, f->readback, n_readback, wall_ms);
-    }
+static struct bd_settle_host batch_host(struct bd_flusher *f) {
+    return (struct bd_settle_host){.arg = f,
+                                   .get = delta_get,
+                                   .put = delta_put,
+                                   .relocate = delta_relocate,
+                                   .seq = f->batch_seq,
+                                   .what = ""};
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */
@@ -851,10 +646,11 @@ int build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int64_t wall_ms) {
         if (rc == 0) {
             /* Too large as built: split it before anything is sent. */
             bool alone = d->n_readings == 1;
-            rc = shrink_or_quarantine(f, di, 10334,
-                                      "the update of one reading is larger than MongoDB's 16 MiB "
-                                      "document limit",
-                                      sel, upd, wall_ms);
+            const struct bd_settle_host host = batch_host(f);
+            rc = bd_settle_shrink(&f->settle, &host, di, 10334,
+                                  "the update of one reading is larger than MongoDB's 16 MiB "
+                                  "document limit",
+                                  sel, upd, wall_ms);
             bson_destroy(sel);
             bson_destroy(upd);
             if (rc < 0) {
@@ -876,60 +672,33 @@ int build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int64_t wall_ms) {
  * of a failure, BD_CAUSE_NONE if every update applied.
  */
 static enum bd_bulk_cause send_chunk(struct bd_flusher *f, uint32_t n, int64_t wall_ms) {
-    bson_t reply;
-    bson_error_t berr = {0};
     struct bd_bulk_outcome bulk;
     for (uint32_t i = 0; i < n; i++) {
         f->sel_ptrs[i] = &f->selectors[i];
         f->upd_ptrs[i] = &f->updates[i];
     }
-    struct store_call call = {.kind = CALL_BULK,
-                              .selectors = f->sel_ptrs,
-                              .updates = f->upd_ptrs,
-                              .n = n,
-                              .reply = &reply,
-                              .error = &berr};
-    int64_t start_ns = bd_mono_ns();
-    bool ok = call_store(f, &call);
-    bd_outcome_classify(ok, &reply, &berr, n, f->outcomes, &bulk);
-    bson_destroy(&reply);
-    if (bulk.reached > 0) {
-        BD_STAT_ADD(f->stats, bulk_writes, 1);
-        BD_STAT_ADD(f->stats, updates_sent, bulk.reached);
-        for (uint32_t i = 0; i < n; i++) {
-            bd_histogram_observe(&f->stats->update_readings, &bd_hist_update_readings,
-                                 f->batch.deltas[f->ops[i]].n_readings);
-        }
+    const struct bd_settle_host host = batch_host(f);
+    const struct bd_settle_chunk chunk = {.n = n,
+                                          .items = f->ops,
+                                          .filters = f->sel_ptrs,
+                                          .updates = f->upd_ptrs,
+                                          .outcomes = f->outcomes,
+                                          .readback = f->readback};
+    enum bd_bulk_cause cause =
+        bd_settle_send(&f->settle, &host, &chunk, &f->chunk_max, &bulk, wall_ms);
+    if (cause != BD_CAUSE_NONE) {
+        note_failure(f, cause, bulk.message);
     }
-    if (bulk.cause != BD_CAUSE_CLIENT) {
-        bd_stats_bulk_done(f->stats, start_ns,
-                           bulk.cause == BD_CAUSE_NONE || bulk.cause == BD_CAUSE_SERVER);
-    }
-    if (bulk.cause == BD_CAUSE_CLIENT && !bulk.partly_executed) {
-        /* The driver refused the bulk and sent nothing; it does not say reliably which update
-         * it refused. Halve the bulk until the refused update is alone, then treat it as too
-         * large. */
-        if (n > 1) {
-            f->chunk_max = BD_MAX(1, n / 2);
-        } else {
-            f->outcomes[0].kind = BD_OUTCOME_TOO_LARGE;
-            f->outcomes[0].code = (int32_t)bulk.code;
-        }
-    }
-    if (bulk.cause != BD_CAUSE_NONE) {
-        note_failure(f, bulk.cause, bulk.message);
-    }
-    settle_chunk(f, n, &bulk, wall_ms);
     for (uint32_t i = 0; i < n; i++) {
         bson_destroy(&f->selectors[i]);
         bson_destroy(&f->updates[i]);
     }
-    return bulk.cause;
+    return cause;
 }
 
 /* A store call before a batch's first write failed: log (rate-limited) what. */
 static void log_lookup_failure(struct bd_flusher *f, const char *what, const char *msg) {
-    if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
+    if (bd_ratelimit_ok(&f->settle.fail_log, bd_mono_ns())) {
         bd_error("%s failed (%s); keeping %" PRIu64 " readings and retrying with backoff", what,
                  msg, bd_batch_pending_readings(&f->batch));
     }
@@ -956,7 +725,7 @@ static bool recover_sequence(struct bd_flusher *f) {
     if (f->seq_known) {
         return true;
     }
-    struct store_call call = {.kind = CALL_MAX_SEQ, .seq = &seen, .error = &berr};
+    struct bd_store_call call = {.kind = BD_CALL_MAX_SEQ, .seq = &seen, .error = &berr};
     if (!call_store(f, &call)) {
         note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
         log_lookup_failure(f, "MongoDB sequence look-up", berr.message);
@@ -1040,8 +809,12 @@ static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t
     }
     struct learn_ctx ctx = {.items = items, .n = n};
     BD_STAT_ADD(f->stats, page_lookups, 1);
-    struct store_call call = {
-        .kind = CALL_FIND, .keys = keys, .n = n, .cb = learn_page, .cb_arg = &ctx, .error = &berr};
+    struct bd_store_call call = {.kind = BD_CALL_FIND,
+                                 .keys = keys,
+                                 .n = n,
+                                 .cb = learn_page,
+                                 .cb_arg = &ctx,
+                                 .error = &berr};
     bool ok = call_store(f, &call);
     free(keys);
     *max_seq = BD_MAX(*max_seq, ctx.max_seq);
@@ -1152,7 +925,7 @@ static bool batch_settled(const struct bd_flusher *f) {
 /* Write every pending delta; true when none is left pending. */
 static bool send_pending(struct bd_flusher *f, int64_t wall_ms) {
     bson_error_t berr;
-    struct store_call call = {.kind = CALL_PREPARE, .error = &berr};
+    struct bd_store_call call = {.kind = BD_CALL_PREPARE, .error = &berr};
     if (!call_store(f, &call)) {
         note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
         return false;
@@ -1230,7 +1003,7 @@ void schedule_retry(struct bd_flusher *f, int64_t mono_ns) {
     if (f->retry_at == 0) {
         f->retry_at = 1;
     }
-    if (bd_ratelimit_ok(&f->fail_log, bd_mono_ns())) {
+    if (bd_ratelimit_ok(&f->settle.fail_log, bd_mono_ns())) {
         bd_error("MongoDB write failed (%s); keeping %" PRIu64
                  " readings and retrying with backoff",
                  f->last_error, bd_batch_pending_readings(&f->batch));
@@ -1527,7 +1300,7 @@ static void *flusher_main(void *arg) {
 
     if (f->store != NULL) {
         /* Connect ahead of the first write (readings are drained meanwhile). */
-        struct store_call call = {.kind = CALL_PREPARE, .error = &berr};
+        struct bd_store_call call = {.kind = BD_CALL_PREPARE, .error = &berr};
         call_store(f, &call);
     }
     f->send_at = bd_mono_ns() + interval_ns;

@@ -17,18 +17,13 @@
 #include "bucketd/outcome.h"
 #include "bucketd/pages.h"
 #include "bucketd/replay.h"
+#include "bucketd/settle.h"
 #include "bucketd/spool.h"
 #include "bucketd/summaries.h"
 #include "bucketd/writer.h"
 
 /* Readings the deltas may hold before they are written ahead of the interval (~50 MB). */
 #define MAX_QUEUED (UINT64_C(1) << 20)
-
-/* Refusals (configuration-type errors, repeated size refusals) before an update is quarantined. */
-#define MAX_REFUSALS 8
-
-/* Duplicate-key answers whose read-back found another writer's insert, before quarantine. */
-#define MAX_DUP_CHECKS 3
 
 struct bd_flusher {
     /*
@@ -82,10 +77,8 @@ struct bd_flusher {
     bool clean_stop;      /* not started, or the thread ended through its stop path */
     enum bd_bulk_cause last_cause; /* why the last failed attempt failed */
     char last_error[512];
-    struct bd_ratelimit fail_log;
-    struct bd_ratelimit quarantine_log;
-    struct bd_ratelimit conflict_log;
-    struct bd_ratelimit oom_log;
+    /* The settle engine, shared with the spool replay: its store runner, and the log limits. */
+    struct bd_settle settle;
 
     /* One chunk's updates, built before it is sent (flush.max_updates each). */
     uint32_t *ops;
@@ -173,8 +166,6 @@ void flusher_reload_adopt(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms
 int flusher_summaries_open(struct bd_flusher *f, struct bd_err *err);
 /* Buckets left unrefreshed are counted and logged, saying why (a stop, a reload). */
 void flusher_summaries_close(struct bd_flusher *f, const char *why);
-/* A page of this bucket was acknowledged. */
-void flusher_summaries_mark(struct bd_flusher *f, const char *sensor_id, int64_t start_ms);
 /* After the step: a round of refreshes if one is due. */
 void flusher_summaries_step(struct bd_flusher *f, int64_t wall_ms, bool stopping);
 /* Buckets waiting for a refresh. */

@@ -149,6 +149,7 @@ void flusher_reload_adopt(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms
     }
     f->cfg_own = next;
     f->cfg = next;
+    f->settle.cfg = next;
     adopt_summaries(f, prev, wall_ms);
     free(prev);
     if (f->reconfigured != NULL) {

@@ -241,36 +241,14 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
     return false;
 }
 
-struct prepare_call {
-    struct bd_store *st;
-    bson_error_t error;
-    bool ok;
-};
-
-static void prepare_run(void *arg) {
-    struct prepare_call *c = arg;
-    c->ok = c->st->ops->prepare(c->st, &c->error);
-}
-
 bool flusher_prepare_store(struct bd_flusher *f, bson_error_t *error) {
-    struct prepare_call pc = {.st = f->store};
-    flusher_run_io(f, prepare_run, &pc);
-    if (!pc.ok) {
-        *error = pc.error;
-    }
-    return pc.ok;
+    struct bd_store_call call = {.kind = BD_CALL_PREPARE, .error = error};
+    return bd_store_call(f->store, flusher_run_io, f, &call);
 }
 
 /* Replay records from the spool's head until one fails or enough were done for one step. */
 static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
-    struct bd_replay_env env = {.store = f->store,
-                                .run = flusher_run_io,
-                                .run_arg = f,
-                                .dead = f->dead,
-                                .stats = f->stats,
-                                .cfg = f->cfg,
-                                .sums = f->sums,
-                                .run_first_seq = f->run_first_seq};
+    struct bd_replay_env env = {.settle = &f->settle, .run_first_seq = f->run_first_seq};
     bson_error_t perr;
     if (!flusher_prepare_store(f, &perr)) {
         note_failure(f, BD_CAUSE_UNREACHABLE, perr.message);

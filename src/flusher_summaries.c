@@ -25,6 +25,7 @@ int flusher_summaries_open(struct bd_flusher *f, struct bd_err *err) {
     if (bd_summaries_new(&f->sums) < 0) {
         return bd_err_set(err, -ENOMEM, "flusher: out of memory");
     }
+    f->settle.sums = f->sums;
     f->sums_log.interval_ns = 10 * BD_NS_PER_S;
     f->sums_log.burst = 1;
     return 0;
@@ -44,32 +45,7 @@ void flusher_summaries_close(struct bd_flusher *f, const char *why) {
     }
     bd_summaries_free(f->sums);
     f->sums = NULL;
-}
-
-void flusher_summaries_mark(struct bd_flusher *f, const char *sensor_id, int64_t start_ms) {
-    if (f->sums != NULL && bd_summaries_mark(f->sums, sensor_id, start_ms) < 0) {
-        BD_STAT_ADD(f->stats, summary_buckets_skipped, 1);
-        if (bd_ratelimit_ok(&f->sums_log, bd_mono_ns())) {
-            char shown[BD_ESCAPE_CAP(256)];
-            bd_escape(shown, sizeof(shown), sensor_id, strlen(sensor_id), 0);
-            bd_error("out of memory: the summary document of a bucket of %s will not be "
-                     "refreshed until the bucket is written again",
-                     shown);
-        }
-    }
-}
-
-struct refresh_call {
-    struct bd_store *st;
-    const struct bd_page_key *keys;
-    uint32_t n;
-    bson_error_t *error;
-    bool ok;
-};
-
-static void refresh_run(void *arg) {
-    struct refresh_call *c = arg;
-    c->ok = c->st->ops->refresh_summaries(c->st, c->keys, c->n, c->error);
+    f->settle.sums = NULL;
 }
 
 /* Is it time for a round: the interval passed (or a stop with everything else written), and no
@@ -108,9 +84,8 @@ void flusher_summaries_step(struct bd_flusher *f, int64_t wall_ms, bool stopping
     /* At a stop, no aggregate starts past the stop's deadline: the rest is counted. */
     while ((!stopping || f->stop_by == 0 || bd_mono_ns() < f->stop_by) &&
            (n = bd_summaries_next(f->sums, keys, max)) > 0) {
-        struct refresh_call call = {.st = f->store, .keys = keys, .n = n, .error = &berr};
-        flusher_run_io(f, refresh_run, &call);
-        if (!call.ok) {
+        struct bd_store_call call = {.kind = BD_CALL_REFRESH, .keys = keys, .n = n, .error = &berr};
+        if (!bd_store_call(f->store, flusher_run_io, f, &call)) {
             BD_STAT_ADD(f->stats, summary_refresh_errors, 1);
             if (bd_ratelimit_ok(&f->sums_log, bd_mono_ns())) {
                 bd_error("refreshing the summary documents of %u buckets failed (code %u: %s); "
