@@ -112,7 +112,8 @@ bool bd_retention_sync(mongoc_database_t *db, const char *coll, uint64_t seconds
                        BD_RETENTION_INDEX);
         return false;
     }
-    /* config.c bounds the value far below INT32_MAX, above which MongoDB refuses a TTL. */
+    /* The schema (config_schema.c) bounds the value far below INT32_MAX, above which MongoDB
+     * refuses a TTL. */
     int32_t want = (int32_t)seconds;
     if (f.ours) {
         if (f.ours_ttl && f.ours_seconds == want) {

@@ -1,6 +1,7 @@
 /*
  * The MongoDB store (see include/bucketd/store.h): mongo-c-driver behind the flusher's store
- * interface. The client is popped from the pool on first use by the flusher thread and pushed
+ * interface, running the queries that src/queries.c builds (the buckets' filter, the summaries'
+ * aggregate). The client is popped from the pool on first use by the flusher thread and pushed
  * back by release() when that thread ends.
  *
  * The store keeps its own copies of the settings it needs (names, write concern, retention):
@@ -18,8 +19,8 @@
 #include "bucketd/alloc.h"
 #include "bucketd/log.h"
 #include "bucketd/mongo.h"
+#include "bucketd/queries.h"
 #include "bucketd/retention.h"
-#include "bucketd/summaries.h"
 
 /* A failed retention change (privileges, a conflicting index) is tried again this often. */
 #define RETENTION_RETRY_NS (60 * BD_NS_PER_S)
@@ -198,28 +199,12 @@ static uint64_t doc_writer_seq(const struct mongo_store *m, const bson_t *doc) {
     return 0;
 }
 
-void bd_store_buckets_filter(const struct bd_page_key *keys, uint32_t n, bson_t *filter) {
-    bson_t or, clause;
-    char idx[16];
-    const char *key;
-    bson_init(filter);
-    BSON_APPEND_ARRAY_BEGIN(filter, "$or", & or);
-    for (uint32_t i = 0; i < n; i++) {
-        bson_uint32_to_string(i, &key, idx, sizeof(idx));
-        BSON_APPEND_DOCUMENT_BEGIN(& or, key, &clause);
-        BSON_APPEND_UTF8(&clause, "sensor_id", keys[i].sensor_id);
-        BSON_APPEND_DATE_TIME(&clause, "bucket_start", keys[i].start_ms);
-        bson_append_document_end(& or, &clause);
-    }
-    bson_append_array_end(filter, & or);
-}
-
 static bool m_find_pages(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
                          bd_store_page_cb fn, void *arg, bson_error_t *error) {
     struct mongo_store *m = (struct mongo_store *)st;
     bson_t filter, opts, proj;
     const bson_t *doc;
-    bd_store_buckets_filter(keys, n, &filter);
+    bd_queries_buckets_filter(keys, n, &filter);
     bson_init(&opts);
     BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
     BSON_APPEND_INT32(&proj, "sensor_id", 1);
@@ -265,7 +250,7 @@ static bool m_refresh_summaries(struct bd_store *st, const struct bd_page_key *k
     bson_t pipeline, opts;
     const bson_t *doc;
     ensure_indexes(m); /* $merge on sensor_id, bucket_start needs the unique index */
-    bd_summaries_pipeline(keys, n, NULL, m->summary_coll, &pipeline);
+    bd_queries_summaries_pipeline(keys, n, NULL, m->summary_coll, &pipeline);
     bson_init(&opts);
     mongoc_write_concern_append(m->wc, &opts);
     mongoc_cursor_t *cur =

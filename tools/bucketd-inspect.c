@@ -42,7 +42,7 @@
 #include "bucketd/escape.h"
 #include "bucketd/mongo.h"
 #include "bucketd/names.h"
-#include "bucketd/summaries.h"
+#include "bucketd/queries.h"
 
 /* Documents per reply: pages hold up to max_readings readings, so keep batches modest. */
 #define BATCH_SIZE 64
@@ -2070,7 +2070,7 @@ static int cmd_summaries_rebuild(struct conn *c, const struct options *o, const 
     const bson_t *doc;
     int rc = 0;
     buckets_filter(o, s, &filter);
-    bd_summaries_pipeline(NULL, 0, &filter, s->summary_collection, &pipeline);
+    bd_queries_summaries_pipeline(NULL, 0, &filter, s->summary_collection, &pipeline);
     bson_init(&opts);
     mongoc_write_concern_t *wc = NULL;
     rc = bd_mongo_write_concern_new(s->write_concern, s->wtimeout_ms, &wc, err);

@@ -1,6 +1,6 @@
 /*
  * bucketd-parse: shows what bucketd's parser makes of input lines (DESIGN.md §5). Reads stdin
- * as one stream of lines, parses each with the same code the daemon runs (src/parse.c) and
+ * as one stream of lines, parses each with the same code the daemon runs (src/parse*.c) and
  * prints one JSON object per line: the point, or {"error":"...","line":N}. Blank and comment
  * lines print nothing. Single-threaded; every buffer is allocated once at start-up.
  *

@@ -1,9 +1,10 @@
 /*
- * The daemon's configuration: one schema table (src/config.c) describes every key, its type,
- * bounds, default and help; this header is the parsed result. Loaded on the main thread before
- * any other thread starts; a reload (reload.h) loads the file again on that thread and hands
- * each other thread its own copy, so a struct bd_config is never changed while another thread
- * reads it.
+ * The daemon's configuration: one schema table (src/config_schema.c) describes every key, its
+ * type, bounds, default and help; this header is the parsed result (src/config.c loads it, with
+ * src/config_files.c for the files it names; src/units.c reads its numbers). Loaded on the main
+ * thread before any other thread starts; a reload (reload.h) loads the file again on that thread
+ * and hands each other thread its own copy, so a struct bd_config is never changed while another
+ * thread reads it.
  */
 #ifndef BUCKETD_CONFIG_H
 #define BUCKETD_CONFIG_H
@@ -15,6 +16,8 @@
 
 #include "bucketd/allow.h"
 #include "bucketd/common.h"
+/* The strict unit parsers (bd_parse_duration_ms, bd_parse_size, bd_parse_hostport). */
+#include "bucketd/units.h"
 
 #define BD_MAX_LISTENERS 16
 /* A URI with a percent-encoded password from mongodb.password_file (up to 3 bytes per byte). */
@@ -191,12 +194,6 @@ int bd_config_reload_merge(const struct bd_config *cur, const struct bd_config *
 
 /* The same socket: same proto and address (what a reload matches listeners by). */
 bool bd_listener_same(const struct bd_listener_config *a, const struct bd_listener_config *b);
-
-/* Strict unit parsers, shared with the tools: "1500ms", "1s", "5m", "1h"; "64KiB", "8MiB". */
-int bd_parse_duration_ms(const char *s, uint64_t *out_ms);
-int bd_parse_size(const char *s, uint64_t *out_bytes);
-/* "1.2.3.4:80", "[::1]:80", "0.0.0.0:8089" -> sockaddr (numeric only). */
-int bd_parse_hostport(const char *s, struct sockaddr_storage *out);
 
 /* Names for log lines and tools. */
 const char *bd_proto_name(enum bd_proto p);

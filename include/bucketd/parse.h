@@ -94,7 +94,7 @@ struct bd_parser {
     size_t scratch_cap;
     size_t max_line;
 
-    /* The batch being read (bd_parse_begin): private to src/parse.c. */
+    /* The batch being read (bd_parse_begin): private to the parser (src/parse*.c). */
     const char *buf;
     size_t len;
     size_t pos;        /* start of the next line */

@@ -16,12 +16,8 @@
 
 #include "bucketd/common.h"
 #include "bucketd/config.h"
-
-/* A bucket, for the page look-up. */
-struct bd_page_key {
-    const char *sensor_id;
-    int64_t start_ms;
-};
+/* struct bd_page_key, a bucket for the page look-up, and the queries the store runs. */
+#include "bucketd/queries.h"
 
 /* One stored page of a bucket. */
 struct bd_page_info {
@@ -48,8 +44,8 @@ struct bd_store_ops {
     bool (*find_pages)(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
                        bd_store_page_cb fn, void *arg, bson_error_t *error);
     /* Recompute the summary documents of these n buckets (summaries.h): one aggregate on the
-     * page collection, ending in $merge into the summary collection, with the configured write
-     * concern. NULL in a store without summaries. */
+     * page collection (queries.h), ending in $merge into the summary collection, with the
+     * configured write concern. NULL in a store without summaries. */
     bool (*refresh_summaries)(struct bd_store *st, const struct bd_page_key *keys, uint32_t n,
                               bson_error_t *error);
     /* The highest number this writer left in the collection (0: none). */
@@ -72,10 +68,6 @@ struct bd_store {
  */
 int bd_store_mongo_new(struct bd_store **out, const struct bd_config *cfg, const char *writer_key,
                        struct bd_err *err);
-
-/* {$or: [{sensor_id, bucket_start}, ...]}: the documents of these n buckets. Initialises
- * filter. */
-void bd_store_buckets_filter(const struct bd_page_key *keys, uint32_t n, bson_t *filter);
 
 /* NULL is a no-op. */
 void bd_store_free(struct bd_store *st);

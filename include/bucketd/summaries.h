@@ -12,18 +12,19 @@
  * each refresh; at most once per summaries.interval per bucket, and only for buckets whose
  * pages were written since the last one.
  *
- * This module keeps the set of buckets due a refresh and builds the aggregate. A refresh round
- * takes every bucket marked so far (bd_summaries_begin) and works through them in chunks;
- * buckets marked meanwhile wait for the next round, so a page written while its bucket's
- * refresh was in flight is never missed. Flusher thread only.
+ * This module keeps the set of buckets due a refresh; the aggregate is queries.h's, and the
+ * store (store.h: refresh_summaries) runs it. A refresh round takes every bucket marked so far
+ * (bd_summaries_begin) and works through them in chunks; buckets marked meanwhile wait for the
+ * next round, so a page written while its bucket's refresh was in flight is never missed.
+ * Flusher thread only.
  */
 #ifndef BUCKETD_SUMMARIES_H
 #define BUCKETD_SUMMARIES_H
 
-#include <bson/bson.h>
 #include <stdint.h>
 
-#include "bucketd/store.h"
+/* struct bd_page_key; the aggregate that refreshes a summary is bd_queries_summaries_pipeline. */
+#include "bucketd/queries.h"
 
 struct bd_summaries;
 
@@ -54,15 +55,5 @@ void bd_summaries_advance(struct bd_summaries *s, uint32_t n);
  * next round. Returns how many could not be kept (out of memory; their summaries stay as they
  * are until their buckets are written again). */
 uint32_t bd_summaries_requeue(struct bd_summaries *s);
-
-/*
- * The aggregate, run on the page collection, that recomputes the summaries of these n buckets
- * and writes them into the collection `into` with $merge (on sensor_id and bucket_start, which
- * needs a unique index on them there; an existing document is replaced and keeps its _id). If
- * match is not NULL it is the pipeline's $match instead of the buckets' (keys may then be NULL):
- * bucketd-inspect rebuilds the summaries of a period with it. Initialises pipeline (an array).
- */
-void bd_summaries_pipeline(const struct bd_page_key *keys, uint32_t n, const bson_t *match,
-                           const char *into, bson_t *pipeline);
 
 #endif

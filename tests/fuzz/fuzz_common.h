@@ -1,7 +1,7 @@
 /*
  * Helpers shared by the parser fuzz targets (fuzz_influx.c, fuzz_graphite.c): the invariant
  * check that traps so libFuzzer reports the input, growable byte buffers for point snapshots
- * and canonical lines, and a strict UTF-8 validator written apart from src/parse.c on purpose.
+ * and canonical lines, and a strict UTF-8 validator written apart from src/parse*.c on purpose.
  * Test code only; each target is one translation unit, so everything here is static.
  */
 #ifndef BUCKETD_FUZZ_COMMON_H
@@ -59,7 +59,7 @@ static bool buf_eq(const struct buf *a, const struct buf *b) {
     return a->len == b->len && (a->len == 0 || memcmp(a->ptr, b->ptr, a->len) == 0);
 }
 
-/* Written apart from src/parse.c on purpose: strict UTF-8, no overlongs or surrogates. */
+/* Written apart from src/parse*.c on purpose: strict UTF-8, no overlongs or surrogates. */
 static bool valid_utf8(struct bd_str s) {
     const unsigned char *p = (const unsigned char *)s.ptr;
     size_t i = 0;

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the Graphite plaintext parser (src/parse.c, BD_FORMAT_GRAPHITE).
+ * libFuzzer target for the Graphite plaintext parser (src/parse*.c, BD_FORMAT_GRAPHITE).
  *
  * Input: the low two bits of the first byte pick the listener precision (which Graphite must
  * ignore), and its bit 2 a line limit of SMALL_MAX_LINE bytes instead of 64 KiB, so that the
@@ -137,7 +137,7 @@ static void check_point(const struct bd_point *pt, const char *line, size_t n,
         /* Strictly increasing: sorted, and no key twice. */
         CHECK(i == 0 || str_order(pt->tags[i - 1].key, t->key) < 0);
     }
-    /* One float field; its key is a constant of parse.c, so only its text is checked. */
+    /* One float field; its key is a constant of parse_general.c, so only its text is checked. */
     CHECK(pt->n_fields == 1);
     const struct bd_field *f = &pt->fields[0];
     CHECK(f->key.len == 5 && memcmp(f->key.ptr, "value", 5) == 0);

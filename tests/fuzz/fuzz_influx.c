@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the line-protocol parser (src/parse.c, BD_FORMAT_INFLUX) and for the JSON
+ * libFuzzer target for the line-protocol parser (src/parse*.c, BD_FORMAT_INFLUX) and for the JSON
  * printer of bucketd-parse (tools/bucketd-parse.c), which is compiled into this file.
  *
  * Input: the low two bits of the first byte pick the listener precision (ns, us, ms, s), and its
@@ -266,7 +266,7 @@ static void put_text(struct buf *b, const char *fmt, ...) {
 /*
  * Writes pt as the line the daemon's parser should read back as pt, and returns the length of
  * its series-key part (name and tags). Every escapable character is escaped and nothing else,
- * as parse.c says canonical text is.
+ * as parse_general.c says canonical text is.
  */
 static size_t canonical_line(struct buf *b, const struct bd_point *pt, int64_t unit) {
     b->len = 0;

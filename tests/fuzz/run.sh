@@ -52,19 +52,23 @@ cflags=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer
         -Wall -Wextra -Wshadow -Wno-unused-parameter -I "$root/include")
 
 echo "== building fuzz targets with $(clang --version | head -n1)"
-# src/config.c checks mongodb.uri with libmongoc (src/mongo.c) and the credential files
-# (src/creds.c), loads TLS certificates (src/tls.c, OpenSSL) and allow lists (src/allow.c);
-# src/log.c escapes what it logs (src/escape.c).
+# The config loader (src/config.c) walks its schema (src/config_schema.c), which reads numbers
+# with src/units.c and checks mongodb.uri with libmongoc (src/mongo.c); src/config_files.c reads
+# the credential files (src/creds.c) and loads TLS certificates (src/tls.c, OpenSSL); allow lists
+# are src/allow.c's; src/log.c escapes what it logs (src/escape.c).
 read -r -a mongoc <<<"$(pkg-config --cflags --libs libmongoc-1.0 openssl)"
-config_srcs=(src/config.c src/log.c src/mongo.c src/creds.c src/tls.c src/escape.c src/allow.c)
+config_srcs=(src/config.c src/config_schema.c src/config_files.c src/units.c src/log.c
+             src/mongo.c src/creds.c src/tls.c src/escape.c src/allow.c)
+# The parser: the public calls and fast walk, the general parser, the classifiers.
+parse_srcs=(src/parse.c src/parse_general.c src/parse_simd.c)
 clang "${cflags[@]}" -o "$out/fuzz_influx" tests/fuzz/fuzz_influx.c \
-  src/parse.c src/common.c "${config_srcs[@]}" "${mongoc[@]}" -lyaml -lm
+  "${parse_srcs[@]}" src/common.c "${config_srcs[@]}" "${mongoc[@]}" -lyaml -lm
 clang "${cflags[@]}" -o "$out/fuzz_graphite" tests/fuzz/fuzz_graphite.c \
-  src/parse.c src/common.c -lm
+  "${parse_srcs[@]}" src/common.c -lm
 # The path after the parser: sensor table, buffer pool, pages, batch, update documents.
 read -r -a accept_libs <<<"$(pkg-config --cflags --libs libbson-1.0 libxxhash)"
 clang "${cflags[@]}" -o "$out/fuzz_accept" tests/fuzz/fuzz_accept.c \
-  src/parse.c src/common.c "${config_srcs[@]}" src/sensor.c src/pool.c \
+  "${parse_srcs[@]}" src/common.c "${config_srcs[@]}" src/sensor.c src/pool.c \
   src/ring.c src/names.c src/bucket.c src/pages.c src/batch.c src/alloc.c src/stats.c \
   "${mongoc[@]}" "${accept_libs[@]}" -lyaml -lm
 

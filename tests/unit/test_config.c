@@ -1,7 +1,9 @@
 /*
- * Unit tests for src/config.c: the strict unit parsers, the schema defaults and the YAML
- * loader's errors (position, key, message). Each test runs in its own process (Criterion) and
- * writes its YAML under a private mkdtemp directory that the fixture removes.
+ * Unit tests for src/config.c, its schema (src/config_schema.c) and the files it reads
+ * (src/config_files.c): the schema defaults and the YAML loader's errors (position, key,
+ * message); the strict unit parsers it reads numbers with are tests/unit/test_units.c's. Each
+ * test runs in its own process (Criterion) and writes its YAML under a private mkdtemp
+ * directory that the fixture removes.
  */
 #include <criterion/criterion.h>
 
@@ -285,148 +287,6 @@ Test(config, listener_defaults) {
     /* A file that sets one key leaves the others at their defaults. */
     cr_assert_eq(cfg.flush.interval_ms, 1000);
     cr_assert_str_eq(cfg.mongodb.database, "telemetry");
-}
-
-/* ---- Unit parsers ---------------------------------------------------------------------------- */
-
-Test(config, duration_parser) {
-    static const struct {
-        const char *text;
-        uint64_t ms;
-    } good[] = {{"1s", 1000},
-                {"1500ms", 1500},
-                {"5m", 300000},
-                {"1h", 3600000},
-                {"0", 0},
-                {"0ms", 0},
-                {"0h", 0},
-                {"007s", 7000},
-                {"24h", 86400000},
-                {"1ms", 1},
-                {"5124095576030h", UINT64_C(18446744073708000000)}};
-    static const struct {
-        const char *text;
-        int rc;
-    } bad[] = {{"1x", -EINVAL},
-               {"-1s", -EINVAL},
-               {"", -EINVAL},
-               {"1", -EINVAL},
-               {" 1s", -EINVAL},
-               {"1s ", -EINVAL},
-               {"+1s", -EINVAL},
-               {"1.5s", -EINVAL},
-               {"s", -EINVAL},
-               {"1S", -EINVAL},
-               {"1 s", -EINVAL},
-               {"1h30m", -EINVAL},
-               {"0x10s", -EINVAL},
-               {"1sec", -EINVAL},
-               {"1us", -EINVAL},
-               {"18446744073709551616ms", -ERANGE},
-               {"99999999999999999999", -ERANGE},
-               {"5124095576031h", -ERANGE},
-               {"18446744073709552s", -ERANGE}};
-    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
-        uint64_t ms = 42;
-        cr_assert_eq(bd_parse_duration_ms(good[i].text, &ms), 0, "\"%s\"", good[i].text);
-        cr_assert_eq(ms, good[i].ms, "\"%s\" gave %lu", good[i].text, (unsigned long)ms);
-    }
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        uint64_t ms = 42;
-        cr_assert_eq(bd_parse_duration_ms(bad[i].text, &ms), bad[i].rc, "\"%s\"", bad[i].text);
-        cr_assert_eq(ms, 42, "\"%s\" wrote its output on failure", bad[i].text);
-    }
-    uint64_t ms = 0;
-    cr_assert_eq(bd_parse_duration_ms(NULL, &ms), -EINVAL);
-}
-
-Test(config, size_parser) {
-    static const struct {
-        const char *text;
-        uint64_t bytes;
-    } good[] = {{"64KiB", 65536},
-                {"8MiB", 8u << 20},
-                {"1GiB", 1u << 30},
-                {"12", 12},
-                {"12B", 12},
-                {"0", 0},
-                {"4096", 4096},
-                {"1024GiB", 1ull << 40},
-                {"17179869183GiB", 17179869183ull << 30}};
-    static const struct {
-        const char *text;
-        int rc;
-    } bad[] = {{"1kb", -EINVAL},
-               {"1KB", -EINVAL},
-               {"1k", -EINVAL},
-               {"1 KiB", -EINVAL},
-               {"-1", -EINVAL},
-               {"", -EINVAL},
-               {"1KiBx", -EINVAL},
-               {"KiB", -EINVAL},
-               {"1.5MiB", -EINVAL},
-               {"1mib", -EINVAL},
-               {"1TiB", -EINVAL},
-               {" 12", -EINVAL},
-               {"17179869184GiB", -ERANGE},
-               {"99999999999999999999", -ERANGE}};
-    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
-        uint64_t n = 42;
-        cr_assert_eq(bd_parse_size(good[i].text, &n), 0, "\"%s\"", good[i].text);
-        cr_assert_eq(n, good[i].bytes, "\"%s\" gave %lu", good[i].text, (unsigned long)n);
-    }
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        uint64_t n = 42;
-        cr_assert_eq(bd_parse_size(bad[i].text, &n), bad[i].rc, "\"%s\"", bad[i].text);
-        cr_assert_eq(n, 42, "\"%s\" wrote its output on failure", bad[i].text);
-    }
-}
-
-Test(config, hostport_parser) {
-    struct sockaddr_storage ss;
-    char text[INET6_ADDRSTRLEN];
-
-    cr_assert_eq(bd_parse_hostport("0.0.0.0:8089", &ss), 0);
-    cr_assert_eq(ss.ss_family, AF_INET);
-    cr_assert_eq(port_of(&ss), 8089);
-    cr_assert_eq(bd_parse_hostport("1.2.3.4:80", &ss), 0);
-    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, text, sizeof(text));
-    cr_assert_str_eq(text, "1.2.3.4");
-    cr_assert_eq(bd_parse_hostport("[::1]:80", &ss), 0);
-    cr_assert_eq(ss.ss_family, AF_INET6);
-    cr_assert_eq(port_of(&ss), 80);
-    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, text, sizeof(text));
-    cr_assert_str_eq(text, "::1");
-    cr_assert_eq(bd_parse_hostport("[::]:8089", &ss), 0);
-    cr_assert_eq(bd_parse_hostport("[2001:db8::17]:65535", &ss), 0);
-    cr_assert_eq(port_of(&ss), 65535);
-    cr_assert_eq(bd_parse_hostport("127.0.0.1:0", &ss), 0);
-
-    static const char *const bad[] = {"localhost:80",
-                                      "1.2.3:80",
-                                      "10.1:80",
-                                      "0x7f.0.0.1:80",
-                                      "::1:80",
-                                      "[::1]80",
-                                      "[::1]",
-                                      "1.2.3.4",
-                                      "1.2.3.4:65536",
-                                      "1.2.3.4:-1",
-                                      "1.2.3.4:",
-                                      ":80",
-                                      "1.2.3.4:80x",
-                                      "[1.2.3.4]:80",
-                                      "[::1:80",
-                                      "",
-                                      "1.2.3.4: 80",
-                                      " 1.2.3.4:80",
-                                      "[]:80",
-                                      "1.2.3.4:+80",
-                                      "[::1]:99999999999999999999"};
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        cr_assert_eq(bd_parse_hostport(bad[i], &ss), -EINVAL, "\"%s\"", bad[i]);
-    }
-    cr_assert_eq(bd_parse_hostport(NULL, &ss), -EINVAL);
 }
 
 Test(config, enum_names) {

@@ -1,5 +1,5 @@
 /*
- * Unit tests for the line parsers (include/bucketd/parse.h, src/parse.c): every part of the
+ * Unit tests for the line parsers (include/bucketd/parse.h, src/parse*.c): every part of the
  * line-protocol grammar, each number form and its limits, timestamps and precision, series
  * keys, Graphite plaintext, and malformed or mutated lines, which must fail cleanly. The
  * conformance corpus as a whole runs in tests/e2e/test_lp_conformance.py.

@@ -1,8 +1,8 @@
 /*
- * The set of buckets due a summary refresh and the aggregate that refreshes them
- * (src/summaries.c): marking is idempotent, a round takes what was marked before it and nothing
- * after, a failed round gives its buckets back, an allocation failure changes nothing, and the
- * pipeline is the documented one with the buckets asked for.
+ * The set of buckets due a summary refresh (src/summaries.c): marking is idempotent, a round
+ * takes what was marked before it and nothing after, a failed round gives its buckets back, and
+ * an allocation failure changes nothing. The aggregate that refreshes them is
+ * tests/unit/test_queries.c's.
  */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -131,64 +131,4 @@ Test(summaries, each_allocation_failure_leaves_the_set_as_it_was) {
         }
         cr_assert_eq(bd_summaries_waiting(s), 80);
     }
-}
-
-static const bson_t *stage(const bson_t *pipeline, uint32_t i, const char *name, bson_t *out) {
-    bson_iter_t it, st;
-    char key[16];
-    snprintf(key, sizeof(key), "%u", i);
-    cr_assert(bson_iter_init_find(&it, pipeline, key), "stage %u", i);
-    cr_assert(BSON_ITER_HOLDS_DOCUMENT(&it));
-    cr_assert(bson_iter_recurse(&it, &st) && bson_iter_next(&st));
-    cr_assert_str_eq(bson_iter_key(&st), name, "stage %u", i);
-    uint32_t len;
-    const uint8_t *data;
-    if (!BSON_ITER_HOLDS_DOCUMENT(&st)) {
-        bson_init(out); /* $unwind: "$f" */
-        return out;
-    }
-    bson_iter_document(&st, &len, &data);
-    cr_assert(bson_init_static(out, data, len));
-    return out;
-}
-
-Test(summaries, the_pipeline_matches_the_buckets_and_merges_into_the_collection) {
-    struct bd_page_key keys[2] = {{"w,site=roof", 3600000}, {"x", -3600000}};
-    bson_t p, m;
-    bson_iter_t it;
-    bd_summaries_pipeline(keys, 2, NULL, "b_summary", &p);
-    cr_assert_eq(bson_count_keys(&p), 7);
-    stage(&p, 0, "$match", &m);
-    cr_assert(bson_iter_init(&it, &m) && bson_iter_find_descendant(&it, "$or.1.bucket_start", &it));
-    cr_assert_eq(bson_iter_date_time(&it), -3600000);
-    cr_assert(bson_iter_init(&it, &m) && bson_iter_find_descendant(&it, "$or.0.sensor_id", &it));
-    cr_assert_str_eq(bson_iter_utf8(&it, NULL), "w,site=roof");
-    cr_assert(bson_iter_init(&it, &m) && !bson_iter_find_descendant(&it, "$or.2", &it));
-    stage(&p, 1, "$project", &m);
-    stage(&p, 2, "$unwind", &m);
-    stage(&p, 3, "$group", &m);
-    stage(&p, 4, "$group", &m);
-    stage(&p, 5, "$project", &m);
-    stage(&p, 6, "$merge", &m);
-    cr_assert(bson_iter_init(&it, &m) && bson_iter_find_descendant(&it, "into", &it));
-    cr_assert_str_eq(bson_iter_utf8(&it, NULL), "b_summary");
-    cr_assert(bson_iter_init(&it, &m) && bson_iter_find_descendant(&it, "on.1", &it));
-    cr_assert_str_eq(bson_iter_utf8(&it, NULL), "bucket_start");
-    cr_assert(bson_iter_init(&it, &m) && bson_iter_find_descendant(&it, "whenMatched", &it));
-    cr_assert_str_eq(bson_iter_utf8(&it, NULL), "replace");
-    bson_destroy(&p);
-}
-
-Test(summaries, a_given_match_replaces_the_buckets) {
-    bson_t match, p, m;
-    bson_iter_t it;
-    bson_init(&match);
-    BSON_APPEND_UTF8(&match, "sensor_id", "x");
-    bd_summaries_pipeline(NULL, 0, &match, "c", &p);
-    stage(&p, 0, "$match", &m);
-    cr_assert(bson_equal(&m, &match));
-    cr_assert(bson_iter_init(&it, &p) && bson_iter_find_descendant(&it, "6.$merge.into", &it));
-    cr_assert_str_eq(bson_iter_utf8(&it, NULL), "c");
-    bson_destroy(&p);
-    bson_destroy(&match);
 }
