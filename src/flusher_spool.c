@@ -1,5 +1,5 @@
 /*
- * The flusher and the on-disk spool: which batches go to disk and when, and replaying them.
+ * The flusher's spool policy: which batches go to the on-disk spool and when, and replaying it.
  * Flusher thread only (src/flusher_spool.h). Calls the writer side, the drain and the I/O runner
  * below it; the replay of a record is replay.h's, settled by the same engine (settle.h) as the
  * flusher's own writes.

@@ -242,23 +242,18 @@ static void settle_chunk(struct bd_settle *s, const struct bd_settle_host *h,
             c->readback[n_readback++] = p;
             break;
         case BD_OUTCOME_TOO_LARGE:
-            u.refusals++;
-            h->put(h->arg, item, &u);
-            if (u.refusals >= BD_SETTLE_MAX_REFUSALS) {
-                bd_settle_quarantine(s, h, item, code, why, c->filters[p], c->updates[p], wall_ms,
-                                     false);
-            } else if (u.maybe_applied) {
-                c->readback[n_readback++] = p; /* it may be in the page already */
-            } else if (h->relocate(h->arg, item, 0) < 0) {
-                bd_settle_log_oom(s, "while moving readings to a new page");
-            }
-            break;
         case BD_OUTCOME_REFUSED:
             u.refusals++;
             h->put(h->arg, item, &u);
             if (u.refusals >= BD_SETTLE_MAX_REFUSALS) {
                 bd_settle_quarantine(s, h, item, code, why, c->filters[p], c->updates[p], wall_ms,
                                      false);
+            } else if (kind == BD_OUTCOME_REFUSED) {
+                /* sent again with the next attempt */
+            } else if (u.maybe_applied) {
+                c->readback[n_readback++] = p; /* too large: it may be in the page already */
+            } else if (h->relocate(h->arg, item, 0) < 0) {
+                bd_settle_log_oom(s, "while moving readings to a new page");
             }
             break;
         case BD_OUTCOME_PERMANENT:
