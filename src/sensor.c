@@ -62,8 +62,11 @@
  * next (so the old one's published is final before the consumer can see the link), or, when the
  * producer has no segment, of the sensor's `first`, which the consumer takes (load acquire, then
  * clears: only the producer stores a non-NULL value, and only once the consumer took the
- * previous one, see below). The consumer hands a segment back to the pool once it has read all
- * of it and the producer has left it: it has a successor, or it is sealed.
+ * previous one, see below). Which of the two is decided after the take: a take that finds the
+ * pool empty first takes back the reported idle segments, which may seal the producer's own.
+ * A sealed segment is final: it never gets a successor. The consumer hands a segment back to
+ * the pool once it has read all of it and the producer has left it: it has a successor, or it
+ * is sealed.
  * An idle sensor must not keep its last segment: when a drain finds the queue empty in the
  * producer's own segment, the consumer stores what it consumed into the segment (release) and
  * puts the sensor on the reclaim queue (once: the reclaim flag). The producer, at its next
@@ -829,12 +832,18 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
         if (fresh == NULL) {
             return -ENOBUFS;
         }
+        /* Read again: a take that found the pool empty took back the idle segments reported so
+         * far (take_back_idle), and this sensor's own may have been one of them, sealed and
+         * forgotten. A sealed segment never gets a successor (the consumer hands it back once
+         * read to the end): the new one then starts a new chain through first. */
+        seg = s->wseg;
         s->segs_taken++;
         t->share_wake_armed = true;
         memcpy(fresh->cells, cells, (size_t)n * sizeof(*cells));
         atomic_store_explicit(&fresh->published, n, memory_order_relaxed);
-        /* Pairs with the acquire loads of next and first in read_segment(): the cells and
-         * published come first, and (for next) the old segment's final published. */
+        /* Release, pairing with the acquire load of next (or of first) in read_segment(): the
+         * cells and published of fresh come first, and for next the old segment's final
+         * published too. */
         if (seg != NULL) {
             atomic_store_explicit(&seg->next, fresh, memory_order_release);
         } else {
@@ -1039,7 +1048,10 @@ static struct bd_seg *read_segment(struct bd_sensor *s, uint32_t *published) {
         /* Pairs with the release store of next in push(); after it, published is final. */
         struct bd_seg *next = atomic_load_explicit(&seg->next, memory_order_acquire);
         if (next != NULL) {
-            pub = atomic_load_explicit(&seg->published, memory_order_acquire);
+            /* A segment with a successor is never sealed (push links only the producer's
+             * current segment); masked all the same, so that the bit can never pass for
+             * cells to read beyond the segment's end. */
+            pub = atomic_load_explicit(&seg->published, memory_order_acquire) & ~BD_SEG_SEALED;
             if (s->rpos < pub) {
                 *published = pub;
                 return seg;

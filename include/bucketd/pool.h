@@ -43,12 +43,22 @@ struct bd_seg {
     struct bd_cell cells[];
 };
 
+/*
+ * Tests: called on entry to every bd_pool_take() (so once per segment taken, never per reading),
+ * on the ingest thread. It may play the flusher between two takes (drain queues, give segments
+ * back), and returns true to make this take fail as if every segment were in use. Set with
+ * bd_pool_set_take_hook(); the daemon never sets one.
+ */
+typedef bool (*bd_pool_take_hook)(void *arg);
+
 struct bd_pool {
     unsigned char *base;
     size_t seg_bytes;
     uint32_t seg_cells; /* cells per segment */
     uint32_t n_segs;
     uint32_t bumped;             /* ingest thread: segments handed out of base for the first time */
+    bd_pool_take_hook take_hook; /* ingest thread: tests only, NULL otherwise */
+    void *take_hook_arg;
     struct bd_ring free;         /* flusher -> ingest: segments given back */
     _Atomic uint64_t taken;      /* segments ever taken (ingest thread writes) */
     _Atomic uint64_t given;      /* segments ever given back (flusher thread writes) */
@@ -65,6 +75,9 @@ void bd_pool_close(struct bd_pool *p);
 
 /* Ingest thread: a segment (its header reset), or NULL when every segment is in use. */
 struct bd_seg *bd_pool_take(struct bd_pool *p);
+
+/* Tests, on the ingest thread (or before it runs): set or clear (NULL) the take hook. */
+void bd_pool_set_take_hook(struct bd_pool *p, bd_pool_take_hook hook, void *arg);
 
 /* Flusher thread: hand back a segment the producer has left. */
 void bd_pool_give(struct bd_pool *p, struct bd_seg *seg);

@@ -7,9 +7,11 @@
  * in short rounds: at the end of each (after the producer's publish) the consumer drains until
  * the dirty queue is empty, and then every sensor's queue must be empty too -- a reading left in
  * a queue whose sensor is not queued is a lost wake-up -- before the producer starts the next
- * round. The buffer pool is tiny, so a full pool (retried by the producer) happens all the time,
- * and segments go back and forth between the threads, idle ones through the reclaim queue and
- * the producer's sealing (src/sensor.c, "Queue protocol").
+ * round. The buffer pool is tiny (16 segments) and the sensors at their share could hold 24 of
+ * them, so in the long rounds the producer runs the pool dry all the time (retried), and
+ * segments go back and forth between the threads, idle ones through the reclaim queue and the
+ * producer's sealing (src/sensor.c, "Queue protocol"), which a take finding the pool empty may
+ * do to the very segment it is about to leave.
  *
  * A plain program, not a Criterion suite; meant to run under ThreadSanitizer as well. Exit 0
  * on success, 1 on a failure, 2 on bad usage.
@@ -30,7 +32,7 @@
 #include "bucketd/sensor.h"
 #include "bucketd/stats.h"
 
-#define SENSORS 4
+#define SENSORS 12
 #define NOW (INT64_C(1736949600) * BD_NS_PER_S)
 
 static struct bd_config g_cfg;
@@ -41,7 +43,10 @@ static unsigned g_batch = 3; /* readings per publish */
 static atomic_bool g_done;
 static _Atomic uint64_t g_round_end; /* producer: last round finished (published) */
 static _Atomic uint64_t g_round_ack; /* consumer: last round checked */
+/* Most rounds are short, for many round-end checks; every eighth is long enough for the producer
+ * to run ahead of the consumer and run the pool dry. */
 #define ROUND_READINGS 64
+#define LONG_ROUND_READINGS 4096
 static atomic_bool g_failed;
 static uint64_t g_sent[SENSORS];
 static uint64_t g_got[SENSORS]; /* consumer only until joined */
@@ -59,10 +64,13 @@ static uint64_t mono_ns(void) {
 }
 
 static void *producer(void *arg) {
-    static const char *keys[SENSORS] = {"m,s=0", "m,s=1", "m,s=22", "m,s=333"};
+    /* Ids of different lengths; drain() finds the index after the '='. */
+    static const char *keys[SENSORS] = {"m,s=0", "m,s=1", "m,s=02", "m,s=003",
+                                        "m,s=4", "m,s=5", "m,s=06", "m,s=007",
+                                        "m,s=8", "m,s=9", "m,s=10", "m,s=011"};
     struct bd_point *pt = calloc(1, sizeof(*pt));
     uint64_t deadline = mono_ns() + (uint64_t)(g_seconds * 1e9);
-    uint64_t n = 0;
+    uint64_t n = 0, r = 0, in_round = 0;
     while (!atomic_load_explicit(&g_failed, memory_order_relaxed)) {
         if ((n & 255) == 0 && mono_ns() >= deadline) {
             break;
@@ -92,10 +100,11 @@ static void *producer(void *arg) {
         if (n % g_batch == 0) {
             bd_sensor_table_publish(g_table);
         }
-        if (n % ROUND_READINGS == 0) {
+        if (++in_round == (r % 8 == 7 ? LONG_ROUND_READINGS : ROUND_READINGS)) {
             /* End of a round: the last batch, then wait until the consumer has checked it. */
             bd_sensor_table_publish(g_table);
-            uint64_t r = n / ROUND_READINGS;
+            in_round = 0;
+            r++;
             /* Pairs with the acquire load in consumer(). */
             atomic_store_explicit(&g_round_end, r, memory_order_release);
             while (atomic_load_explicit(&g_round_ack, memory_order_acquire) != r) {
@@ -118,7 +127,7 @@ static void drain(struct bd_sensor *s) {
     int64_t ts;
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
     uint32_t n, cells;
-    unsigned i = s->id_len == 5 ? (unsigned)(s->id[4] - '0') : s->id_len == 6 ? 2 : 3;
+    unsigned i = (unsigned)atoi(s->id + 4);
     while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
         if (n != 1 || vals[0].v.u != g_got[i]) {
             fail("reading out of order, twice or lost", vals[0].v.u, g_got[i]);
@@ -177,7 +186,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     bd_config_defaults(&g_cfg);
-    /* The smallest pool: 16 segments of 30 readings (2 cells each) for 4 sensors, so pushes
+    /* The smallest pool: 16 segments of 30 readings (2 cells each) for 12 sensors, so pushes
      * run it dry and wait for segments to come back, idle ones included. */
     g_cfg.limits.memory = 32 * 1024;
     g_cfg.limits.max_sensors = SENSORS;

@@ -871,3 +871,163 @@ Test(sensor, past_three_quarters_new_sensors_wait_and_known_ones_go_on) {
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), -EAGAIN);
     cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0, "waiting is not dropping");
 }
+
+/* ---- A take that seals the producer's own segment -------------------------------------------
+ *
+ * A reading that needs a new segment may find the pool empty; the producer then takes back the
+ * idle segments the flusher reported, and its own may be among them: sealed and forgotten
+ * before the second take. The tests below drive that on one thread through the pool's take
+ * hook. Sensor k is "m,s=k"; its i-th reading carries k * 1000 + i.
+ */
+
+#define SEQ_SENSORS 9
+static int sent[SEQ_SENSORS];    /* readings accepted, per sensor */
+static int drained[SEQ_SENSORS]; /* readings drained, per sensor, each checked in order */
+static int takes;                /* bd_pool_take calls since the hook was set */
+static int fail_take;            /* this take (from 1) fails as if the pool were empty */
+static int flush_at_take;        /* before this take, the flusher drains every dirty sensor */
+
+static int accept_seq(int k) {
+    char key[16];
+    snprintf(key, sizeof(key), "m,s=%d", k);
+    point(key, "m", true, NOW);
+    add_float("v", k * 1000 + sent[k]);
+    int rc = bd_sensor_table_accept(table, &pt, NOW);
+    if (rc == 0) {
+        sent[k]++;
+    }
+    return rc;
+}
+
+/* The flusher's part: drain every dirty sensor; each reading must be the next one its sensor
+ * sent. Returns how many sensors were popped. */
+static int drain_dirty_seq(void) {
+    int popped = 0;
+    struct bd_sensor *s;
+    while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+        int k = atoi(strchr(s->id, '=') + 1);
+        cr_assert(k >= 0 && k < SEQ_SENSORS);
+        popped++;
+        int64_t ts;
+        struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+        uint32_t n, cells;
+        while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
+            cr_assert_lt(drained[k], sent[k], "sensor %d: more readings drained than sent", k);
+            cr_assert_eq(vals[0].v.f, k * 1000 + drained[k],
+                         "sensor %d: reading %d drained out of order, twice or never", k,
+                         drained[k]);
+            drained[k]++;
+            bd_sensor_consume(s, cells);
+        }
+    }
+    return popped;
+}
+
+/* Until nothing moves: the producer takes back idle segments, the flusher gives them back. */
+static void drain_until_quiet(void) {
+    do {
+        bd_sensor_table_publish(table);
+    } while (drain_dirty_seq() > 0);
+}
+
+static bool on_take(void *arg) {
+    (void)arg;
+    takes++;
+    if (takes == flush_at_take) {
+        drain_dirty_seq();
+    }
+    return takes == fail_take;
+}
+
+/* Every reading sent was drained once, in order, and every segment is back in the pool. */
+static void assert_all_drained_and_given_back(void) {
+    uint64_t total = 0;
+    for (int k = 0; k < SEQ_SENSORS; k++) {
+        cr_assert_eq(drained[k], sent[k], "sensor %d: %d readings accepted, %d drained", k, sent[k],
+                     drained[k]);
+        total += (uint64_t)sent[k];
+    }
+    cr_assert_eq(BD_STAT_GET(&stats, readings_accepted), total);
+    cr_assert_eq(bd_pool_in_use(&table->pool), 0, "segments taken and never given back");
+}
+
+/* Sensor 0 fills one segment (30 readings of 2 cells) and the flusher drains it: the producer's
+ * own segment, read to the end, is reported idle (the producer has not taken the report). */
+static void fill_one_segment_and_report_it_idle(void) {
+    memset(sent, 0, sizeof(sent));
+    memset(drained, 0, sizeof(drained));
+    cr_assert_eq(table->pool.seg_cells, 60);
+    for (int i = 0; i < 30; i++) {
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    cr_assert_eq(drain_dirty_seq(), 1);
+    cr_assert_eq(drained[0], 30);
+    struct bd_str key = S("m,s=0");
+    struct bd_sensor *s = lookup(table, &key, XXH3_64bits(key.ptr, key.len));
+    cr_assert_eq(atomic_load(&s->reclaim), 1, "reported idle, the report not yet taken");
+}
+
+Test(sensor, a_take_that_seals_the_producers_segment_while_the_flusher_runs_loses_nothing) {
+    cfg.limits.max_sensors = 16;
+    table_with(0, 0, 0);
+    struct bd_pool *pool = &table->pool;
+    fill_one_segment_and_report_it_idle();
+    /* Eight more sensors take the other 15 segments: one each, then two each for seven. */
+    for (int k = 1; k <= 8; k++) {
+        cr_assert_eq(accept_seq(k), 0);
+    }
+    for (int k = 1; k <= 7; k++) {
+        for (int i = 1; i < 60; i++) {
+            cr_assert_eq(accept_seq(k), 0, "sensor %d reading %d", k, i);
+        }
+    }
+    cr_assert_eq(bd_pool_in_use(pool), pool->n_segs, "the pool is full");
+
+    /* Sensor 0's next reading needs a segment. The first take finds the pool empty, so the
+     * producer takes back the idle report: it seals its own segment and forgets it. Before the
+     * second take the flusher (running meanwhile) drains every sensor, gives back the sealed
+     * segment and the ones their producers left, and the second take gets one of them. */
+    takes = 0;
+    fail_take = 0;
+    flush_at_take = 2;
+    bd_pool_set_take_hook(pool, on_take, NULL);
+    cr_assert_eq(accept_seq(0), 0);
+    bd_pool_set_take_hook(pool, NULL, NULL);
+    cr_assert_eq(takes, 2, "the first take found the pool empty, the second did not");
+    /* Sensor 0 goes on: the rest of that segment, and a reading in another. */
+    for (int i = 0; i < 30; i++) {
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    cr_assert_eq(sent[0], 61);
+    drain_until_quiet();
+    assert_all_drained_and_given_back();
+}
+
+Test(sensor, a_take_that_seals_the_producers_segment_starts_a_new_chain) {
+    table_with(0, 0, 0);
+    fill_one_segment_and_report_it_idle();
+    /* The first take fails (the pool looked full): the producer takes back the idle report,
+     * sealing its own segment; the second take succeeds. The new segment must not be linked
+     * behind the sealed one, whose published count carries the sealed bit. */
+    takes = 0;
+    fail_take = 1;
+    flush_at_take = 0;
+    bd_pool_set_take_hook(&table->pool, on_take, NULL);
+    cr_assert_eq(accept_seq(0), 0);
+    bd_pool_set_take_hook(&table->pool, NULL, NULL);
+    cr_assert_eq(takes, 2);
+    /* The rest of the new segment (a third would pass the sensor's share of 2: the sealed one
+     * is not given back before the flusher's next look). */
+    for (int i = 0; i < 29; i++) {
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    cr_assert_eq(sent[0], 60);
+    drain_until_quiet();
+    assert_all_drained_and_given_back();
+    /* And the queue goes on as usual. */
+    for (int i = 0; i < 40; i++) {
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    drain_until_quiet();
+    assert_all_drained_and_given_back();
+}
