@@ -7,6 +7,7 @@
  * Expected values come from the readings each test put into its record.
  */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -456,6 +457,33 @@ Test(replay, without_a_dead_letter_file_a_quarantine_is_still_counted) {
     cr_assert_eq(read_dead(NULL, 0), 0);
     bd_replay_free(rp);
     free_record(&r);
+}
+
+/* The flusher's limit on quarantine lines (five each ten seconds): a replay that quarantines
+ * many updates in a row logs a few of them, and counts every one. */
+Test(replay, quarantines_are_logged_rate_limited_and_all_counted) {
+    enum { RECORDS = 8, LIMIT = 5 };
+    fs.poison = "m,s=1";
+    cr_redirect_stderr();
+    for (int k = 0; k < RECORDS; k++) {
+        struct record r;
+        build_record(&r, poisoned, 3, SEQ + (uint64_t)k);
+        struct bd_replay *rp = load(&r);
+        enum bd_bulk_cause cause;
+        cr_assert(attempt(rp, &cause), "record %d settled", k);
+        bd_replay_free(rp);
+        free_record(&r);
+    }
+    fflush(stderr);
+    FILE *log = cr_get_redirected_stderr();
+    char line[2048];
+    int logged = 0;
+    while (fgets(line, sizeof(line), log) != NULL) {
+        logged += strstr(line, "MongoDB rejected the spooled update of bucket") != NULL;
+    }
+    cr_assert_eq(STAT(updates_quarantined), RECORDS, "every quarantine counted");
+    cr_assert_eq(read_dead(NULL, 0), RECORDS, "and kept in the dead-letter file");
+    cr_assert_eq(logged, LIMIT, "%d quarantine lines logged", logged);
 }
 
 /* ---- 10. the dead-letter file at its cap ----------------------------------------------------- */
