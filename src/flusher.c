@@ -307,12 +307,10 @@ void bd_flusher_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, boo
  * goes to the spool (the next follows it there): memory stays bounded, and what was accepted
  * reaches the disk within about two flush intervals. Whether the retry is due does not matter
  * for that: an attempt that blocks longer than its backoff (server selection) leaves it always
- * due. True when the batch is settled (the fill batch may be written next).
+ * due. The batch has updates pending; true once it is settled (the fill batch may be written
+ * next).
  */
 static bool retry(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
-    if (flusher_writer_settled(f)) {
-        return true; /* nothing waits: the next write is the first after failures */
-    }
     if (f->spool.disk != NULL && f->writer.attempt > 0 &&
         flusher_drain_fill_due(f, mono_ns, stopping) && flusher_spool_batch(f, wall_ms)) {
         flusher_spool_step(f, mono_ns, wall_ms, stopping);
@@ -363,7 +361,8 @@ static enum flusher_mode step(struct bd_flusher *f, int64_t mono_ns, int64_t wal
         flusher_spool_step(f, mono_ns, wall_ms, stopping);
         break;
     case FLUSHER_RETRYING:
-        if (retry(f, mono_ns, wall_ms, stopping)) {
+        /* Nothing may wait (the next write is then the first after failures). */
+        if (flusher_writer_settled(f) || retry(f, mono_ns, wall_ms, stopping)) {
             write_fill(f, mono_ns, wall_ms, stopping);
         }
         break;

@@ -573,8 +573,7 @@ bool flusher_writer_settled(const struct bd_flusher *f) {
 /* Write every pending delta; true when none is left pending. */
 static bool send_pending(struct bd_flusher *f, int64_t wall_ms) {
     bson_error_t berr;
-    struct bd_store_call call = {.kind = BD_CALL_PREPARE, .error = &berr};
-    if (!flusher_io_call(f, &call)) {
+    if (!flusher_io_prepare(f, &berr)) {
         flusher_writer_note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
         return false;
     }

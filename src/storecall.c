@@ -30,10 +30,6 @@ bool bd_store_call(struct bd_store *st, bd_store_runner run, void *run_arg,
                    struct bd_store_call *c) {
     c->st = st;
     c->ok = false;
-    if (run == NULL) {
-        bd_store_call_run(c);
-    } else {
-        run(run_arg, bd_store_call_run, c);
-    }
+    run(run_arg, bd_store_call_run, c);
     return c->ok;
 }

@@ -52,7 +52,7 @@ struct bd_summaries;
 /* What settling needs and the logs it keeps; one per flusher, shared with its replay. */
 struct bd_settle {
     struct bd_store *store;
-    bd_store_runner run; /* NULL: calls run inline */
+    bd_store_runner run; /* runs each store call (the flusher's I/O runner) */
     void *run_arg;
     struct bd_deadletter *dead; /* may be NULL */
     struct bd_stats *stats;

@@ -46,7 +46,7 @@ typedef void (*bd_store_runner)(void *run_arg, bd_io_fn fn, void *fn_arg);
 /* A bd_io_fn: makes the call c (a struct bd_store_call) on c->st. */
 void bd_store_call_run(void *c);
 
-/* Make call c on st through run(run_arg) (inline when run is NULL); returns c->ok. */
+/* Make call c on st through run(run_arg); returns c->ok. */
 bool bd_store_call(struct bd_store *st, bd_store_runner run, void *run_arg,
                    struct bd_store_call *c);
 
