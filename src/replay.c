@@ -18,23 +18,14 @@
 /* Fixed part of an update's entry: n_readings, flags, start, page, id length. */
 #define ENTRY_HEADER 24
 
-struct upd {
-    const char *sensor_id; /* NUL-terminated, in r->ids */
-    int64_t start_ms;
-    uint32_t page;
-    uint32_t n_readings;
-    bool done;
-    bool maybe_sent; /* BD_REPLAY_MAYBE_SENT, or an attempt of this replay was ambiguous */
-    uint8_t refusals;
-    uint8_t dup_checks;
-};
-
 struct bd_replay {
     uint8_t *data; /* the payload, copied */
     size_t len;
     uint64_t seq;
     uint32_t n;
-    struct upd *u;
+    /* Each update as the settle engine sees it: maybe_applied is BD_REPLAY_MAYBE_SENT, or an
+     * attempt of this replay was ambiguous. */
+    struct bd_settle_upd *u;
     bson_t *filters, *updates; /* views into data, BSON_ALIGNOF(bson_t) aligned arrays */
     char *ids;
     uint32_t chunk_max; /* flush.max_updates, halved after a driver refusal */
@@ -160,10 +151,10 @@ int bd_replay_load(struct bd_replay **out, const struct bd_spool_record *rec, st
     char *ids = r->ids;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *p = r->data + off;
-        struct upd *u = &r->u[i];
+        struct bd_settle_upd *u = &r->u[i];
         uint32_t id_len = bd_get_le32(p + 20);
         u->n_readings = bd_get_le32(p);
-        u->maybe_sent = (bd_get_le32(p + 4) & BD_REPLAY_MAYBE_SENT) != 0;
+        u->maybe_applied = (bd_get_le32(p + 4) & BD_REPLAY_MAYBE_SENT) != 0;
         u->start_ms = (int64_t)bd_get_le64(p + 8);
         u->page = bd_get_le32(p + 16);
         memcpy(ids, p + ENTRY_HEADER, id_len);
@@ -207,25 +198,13 @@ uint64_t bd_replay_seq(const struct bd_replay *r) {
     return r->seq;
 }
 
-/* The settle engine's view of the record's updates. */
+/* The settle engine's view of the record's updates: they are kept as it sees them. */
 static void upd_get(void *arg, uint32_t i, struct bd_settle_upd *v) {
-    const struct upd *u = &((const struct bd_replay *)arg)->u[i];
-    *v = (struct bd_settle_upd){.sensor_id = u->sensor_id,
-                                .start_ms = u->start_ms,
-                                .page = u->page,
-                                .n_readings = u->n_readings,
-                                .done = u->done,
-                                .maybe_applied = u->maybe_sent,
-                                .refusals = u->refusals,
-                                .dup_checks = u->dup_checks};
+    *v = ((const struct bd_replay *)arg)->u[i];
 }
 
 static void upd_put(void *arg, uint32_t i, const struct bd_settle_upd *v) {
-    struct upd *u = &((struct bd_replay *)arg)->u[i];
-    u->done = v->done;
-    u->maybe_sent = v->maybe_applied;
-    u->refusals = v->refusals;
-    u->dup_checks = v->dup_checks;
+    ((struct bd_replay *)arg)->u[i] = *v;
 }
 
 bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int64_t wall_ms,
@@ -238,7 +217,7 @@ bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int
     if (env->run_first_seq == 0 || r->seq < env->run_first_seq) {
         /* Spooled by an earlier run: its attempts after the spooling are not known. */
         for (uint32_t i = 0; i < r->n; i++) {
-            r->u[i].maybe_sent = true;
+            r->u[i].maybe_applied = true;
         }
     }
     /* Its updates cannot move to other pages: they were built, and numbered, when spooled. */
