@@ -4,6 +4,7 @@
 #include "bucketd/batch.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,8 +39,11 @@ int bd_batch_init(struct bd_batch *b) {
 static void unref(struct bd_batch *b, uint32_t from, uint32_t to) {
     for (uint32_t i = from; i < to; i++) {
         struct bd_sensor *s = b->deltas[i].sensor;
-        BD_ASSERT(s != NULL && s->flusher_refs > 0);
-        s->flusher_refs--;
+        BD_ASSERT(s != NULL);
+        uint32_t refs = atomic_load_explicit(&s->flusher_refs, memory_order_relaxed);
+        BD_ASSERT(refs > 0);
+        /* Relaxed: the last one gone lets the sensor be evicted; nothing else is published. */
+        atomic_store_explicit(&s->flusher_refs, refs - 1, memory_order_relaxed);
     }
 }
 
@@ -109,7 +113,12 @@ int64_t bd_batch_get(struct bd_batch *b, struct bd_sensor *s, int64_t start_ms, 
     /* Keep the buffers of a delta slot used by an earlier flush. */
     struct bd_delta keep = *d;
     bd_delta_init(d, s, start_ms, page);
-    s->flusher_refs++;
+    /* This thread alone writes it. Relaxed: a drain creates the delta before it reports the
+     * queue empty (sensor.c, report_idle's release), which the producer sees before it can find
+     * the sensor evictable. */
+    atomic_store_explicit(&s->flusher_refs,
+                          atomic_load_explicit(&s->flusher_refs, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     d->readings = keep.readings;
     d->cap_readings = keep.cap_readings;
     d->values = keep.values;

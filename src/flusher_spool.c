@@ -342,10 +342,27 @@ void flusher_spool_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, 
     }
 }
 
+/* A stop gives up the record being replayed. Still on disk, it is replayed at the next start;
+ * but drop_oldest may have deleted its segment (spool.h): what it holds not written is lost. */
+static void give_up_replay(struct bd_flusher *f) {
+    if (f->spool.replay == NULL || bd_spool_holds(f->spool.disk, f->spool.replay_id)) {
+        return;
+    }
+    uint64_t lost = bd_replay_pending_readings(f->spool.replay);
+    BD_STAT_ADD(f->stats, readings_lost, lost);
+    bd_error("%" PRIu64 " readings of a spooled batch were lost: the full spool in %s dropped "
+             "them from disk (spool.when_full: drop_oldest) while they were being replayed, and "
+             "MongoDB did not take them before the stop deadline",
+             lost, f->cfg->spool.dir);
+    bd_replay_free(f->spool.replay);
+    f->spool.replay = NULL;
+}
+
 void flusher_spool_everything(struct bd_flusher *f, int64_t wall_ms) {
     if (f->spool.disk == NULL) {
         return;
     }
+    give_up_replay(f);
     uint64_t before = BD_STAT_GET(f->stats, readings_spooled);
     /* Whatever is still queued joins the next batch, memory budget or not: this is the end. */
     f->budget = UINT64_MAX;

@@ -21,11 +21,15 @@
  *
  * Eviction. bd_sensor_table_sweep() looks at a part of the index at a time for sensors silent
  * for limits.sensor_idle whose queue is empty and handed back (no segment: wseg and first NULL;
- * not dirty, not on the re-check list, not reported idle). Such a sensor is taken out of the
- * index and pushed on the evict queue; the ingest thread never touches it again. The flusher
- * writes what it still holds for it, then pushes it on the dead queue, and the next sweep frees
- * it. Both queues hold each sensor once and at most evict_cap sensors are between eviction and
- * freeing, so neither fills.
+ * not dirty, not on the re-check list, not reported idle) and whose readings no delta of the
+ * flusher's batches holds any more (flusher_refs 0: the fill batch, the batch being written or
+ * waiting for its retry). Evicted while held, the sensor's page accounting would leave with it
+ * while a returning reading's new sensor began its own for the same bucket, and both deltas
+ * could go in one bulk under one sequence number (a false writer conflict) or overfill a page.
+ * Such a sensor is taken out of the index and pushed on the evict queue; the ingest thread
+ * never touches it again. The flusher writes what it still holds for it, then pushes it on the
+ * dead queue, and the next sweep frees it. Both queues hold each sensor once and at most
+ * evict_cap sensors are between eviction and freeing, so neither fills.
  *
  * Hand-off protocol. The producer pushes a reading (a release store, see the queue protocol) and then looks at
  * the sensor's dirty flag with a plain load (acquire: an ordinary load on x86), which costs no
@@ -546,6 +550,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     atomic_init(&s->reclaim, 0);
     atomic_init(&s->first, NULL);
     atomic_init(&s->segs_given, 0);
+    atomic_init(&s->flusher_refs, 0);
     slot_insert(t->slots, t->slot_mask, hash, s);
     t->count++;
     return s;
@@ -1110,17 +1115,23 @@ uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_r
 
 /* ---- Eviction (see the top of this file) ---------------------------------------------------- */
 
-/* Whether s may be evicted now: silent long enough, and nothing of its queue left anywhere. */
+/* Whether s may be evicted now: silent long enough, nothing of its queue left anywhere, and no
+ * delta of the flusher's batches holding its readings. */
 static bool evictable(const struct bd_sensor_table *t, const struct bd_sensor *s, uint32_t now) {
     if (now - s->seen < t->idle || s->recheck || s->wseg != NULL) {
         return false;
     }
     /* Acquire, pairing with the flusher's release clear (next_dirty) and release store of
      * reclaim: once both read 0 the flusher neither holds it in a queue nor will drain it
-     * unasked; first is NULL once the flusher took the chain (wseg NULL: the chain is sealed). */
+     * unasked; first is NULL once the flusher took the chain (wseg NULL: the chain is sealed).
+     * The flusher created the deltas of every reading it drained before it reported the queue
+     * empty (report_idle's release store of consumed, which take_back_idle acquired before it
+     * sealed the segment), so flusher_refs is read here no older than that: relaxed suffices.
+     * It only falls (the batches settled) until the sensor has readings again. */
     return atomic_load_explicit(&s->dirty, memory_order_acquire) == 0 &&
            atomic_load_explicit(&s->reclaim, memory_order_acquire) == 0 &&
-           atomic_load_explicit(&s->first, memory_order_acquire) == NULL;
+           atomic_load_explicit(&s->first, memory_order_acquire) == NULL &&
+           atomic_load_explicit(&s->flusher_refs, memory_order_relaxed) == 0;
 }
 
 void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {

@@ -442,11 +442,19 @@ static void remove_oldest(struct bd_spool *s, bool dropped) {
                 close(fd);
             }
         }
+        /* Except the record peek returned: its reader holds it and finishes it from memory
+         * (bd_spool_holds turns false), so counting it here would count readings as dropped
+         * that are written. */
+        if (s->peeked) {
+            records -= BD_MIN(records, 1);
+            readings -= BD_MIN(readings, s->peek_readings);
+        }
         s->st.dropped_records += records;
         s->st.dropped_readings += readings;
         bd_warn("spool: %s: spool.max_bytes (%" PRIu64 ") reached: dropped the oldest segment, "
-                "%" PRIu64 " unacknowledged records with %" PRIu64 " readings",
-                path, s->o.max_bytes, records, readings);
+                "%" PRIu64 " unacknowledged records with %" PRIu64 " readings%s",
+                path, s->o.max_bytes, records, readings,
+                s->peeked ? " (and the record being replayed, finished from memory)" : "");
     }
     close_reader(s);
     if (s->n == 1 && s->wfd >= 0) {
@@ -790,6 +798,10 @@ int bd_spool_ack(struct bd_spool *s, uint64_t id) {
 void bd_spool_set_max_bytes(struct bd_spool *s, uint64_t max_bytes) {
     /* Checked before every write, so a lower cap takes effect at the next append. */
     s->o.max_bytes = max_bytes == 0 ? UINT64_MAX : max_bytes;
+}
+
+bool bd_spool_holds(const struct bd_spool *s, uint64_t id) {
+    return s->peeked && s->peek_id == id;
 }
 
 bool bd_spool_empty(const struct bd_spool *s) {

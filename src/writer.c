@@ -84,18 +84,20 @@ static int read_state(struct bd_writer *w, struct bd_err *err) {
 }
 
 /*
- * Replace path with buf through tmp: written, renamed over path, and with sync durable before
- * returning (the data fsynced before the rename, the rename by an fsync of dir).
+ * Replace path with buf through tmp, durable before returning: written, fsynced, renamed over
+ * path, and the rename made durable by an fsync of dir. The data is synced even when only the
+ * rename's atomicity is wanted: renamed unsynced, a power loss could leave an empty or partial
+ * file where the old, synced one was (the filesystem may commit the rename before the data).
  */
 static int replace_file(const char *dir, const char *path, const char *tmp, const char *buf,
-                        size_t len, bool sync, struct bd_err *err) {
+                        size_t len, struct bd_err *err) {
     int rc = 0;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (fd < 0) {
         return bd_err_set(err, -errno, "%s: %s", tmp, strerror(errno));
     }
     rc = bd_write_all(fd, buf, len);
-    if (rc == 0 && sync && fsync(fd) < 0) {
+    if (rc == 0 && fsync(fd) < 0) {
         rc = -errno;
     }
     if (close(fd) < 0 && rc == 0) {
@@ -104,7 +106,7 @@ static int replace_file(const char *dir, const char *path, const char *tmp, cons
     if (rc == 0 && rename(tmp, path) < 0) {
         rc = -errno;
     }
-    if (rc == 0 && sync) {
+    if (rc == 0) {
         /* The rename itself must be durable, or a crash could bring back the older file. */
         int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd < 0 || fsync(dfd) < 0) {
@@ -121,8 +123,8 @@ static int replace_file(const char *dir, const char *path, const char *tmp, cons
     return 0;
 }
 
-/* Replace writer.state with the current values; with sync, durable before returning. */
-static int save_state(struct bd_writer *w, bool clean, bool sync, struct bd_err *err) {
+/* Replace writer.state with the current values, durable before returning. */
+static int save_state(struct bd_writer *w, bool clean, struct bd_err *err) {
     char buf[512];
     int len =
         snprintf(buf, sizeof(buf),
@@ -130,13 +132,13 @@ static int save_state(struct bd_writer *w, bool clean, bool sync, struct bd_err 
                  "\nmax_bucket_start_ms %" PRId64 "\nlast_ack_ms %" PRId64 "\nclean %d\n",
                  w->writer_id, w->reserved, w->max_bucket_start_ms, w->last_ack_ms, clean ? 1 : 0);
     BD_ASSERT(len > 0 && (size_t)len < sizeof(buf));
-    return replace_file(w->dir, w->state_path, w->tmp_path, buf, (size_t)len, sync, err);
+    return replace_file(w->dir, w->state_path, w->tmp_path, buf, (size_t)len, err);
 }
 
 static int reserve(struct bd_writer *w, uint64_t upto, struct bd_err *err) {
     uint64_t old = w->reserved;
     w->reserved = upto;
-    int rc = save_state(w, false, true, err);
+    int rc = save_state(w, false, err);
     if (rc < 0) {
         w->reserved = old;
     }
@@ -255,13 +257,13 @@ void bd_writer_acked(struct bd_writer *w, int64_t now_ms, int64_t max_start_ms) 
     }
     /* Written when a newer bucket was written (once per span, normally), else at most once per
      * BD_WRITER_ACK_SAVE_MS: not at every flush, since nothing should wear the disk while
-     * MongoDB keeps up. */
+     * MongoDB keeps up. Synced like every rewrite (replace_file): two fsyncs each time. */
     if (!advanced && now_ms >= w->saved_ack_ms &&
         now_ms - w->saved_ack_ms < BD_WRITER_ACK_SAVE_MS) {
         return;
     }
     w->saved_ack_ms = now_ms;
-    if (save_state(w, false, false, &err) < 0) {
+    if (save_state(w, false, &err) < 0) {
         if (bd_ratelimit_ok(&w->save_log, bd_mono_ns())) {
             bd_warn("%s", err.msg);
         }
@@ -277,7 +279,7 @@ void bd_writer_close(struct bd_writer *w, bool clean) {
         return;
     }
     struct bd_err err = {0};
-    if (save_state(w, clean, true, &err) < 0) {
+    if (save_state(w, clean, &err) < 0) {
         bd_error("%s", err.msg);
     }
     close(w->lock_fd);
@@ -442,7 +444,7 @@ int bd_writer_identity(const char *dir, const char *configured, struct bd_writer
     if (!kept || strcmp(out->kept, out->id) != 0) {
         char line[BD_WRITER_ID_MAX + 2];
         int len = snprintf(line, sizeof(line), "%s\n", out->id);
-        rc = replace_file(dir, path, tmp, line, (size_t)len, true, err);
+        rc = replace_file(dir, path, tmp, line, (size_t)len, err);
         if (rc < 0) {
             goto out;
         }

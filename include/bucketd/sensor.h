@@ -10,11 +10,12 @@
  *
  * Eviction (limits.sensor_idle): the ingest thread takes a sensor that has been idle that long,
  * whose queue is empty and handed back, out of its index and passes it to the flusher
- * (bd_sensor_table_next_evicted); a reading of the same series creates a new sensor. The flusher
- * keeps the evicted sensor as long as a batch it has not settled refers to it, then hands it
- * back (bd_sensor_table_release) and the ingest thread frees it. So the flusher may keep sensor
- * pointers until it releases them; everything else is freed by bd_sensor_table_free(), which
- * runs after both threads stopped.
+ * (bd_sensor_table_next_evicted); a reading of the same series creates a new sensor. A sensor
+ * that a delta of the flusher's batches still refers to is not evicted (the new sensor would
+ * start page accounting of its own for the same buckets). The flusher keeps the evicted sensor
+ * until nothing of it is left to write, then hands it back (bd_sensor_table_release) and the
+ * ingest thread frees it. So the flusher may keep sensor pointers until it releases them;
+ * everything else is freed by bd_sensor_table_free(), which runs after both threads stopped.
  */
 #ifndef BUCKETD_SENSOR_H
 #define BUCKETD_SENSOR_H
@@ -104,9 +105,10 @@ struct bd_sensor {
     bool flusher_evicted; /* handed over by bd_sensor_table_next_evicted */
     void *flusher_state;
     struct bd_sensor *flusher_next;
-    /* Deltas of the flusher's batches that refer to this sensor (batch.c): an evicted sensor
-     * is released only once none does. */
-    uint32_t flusher_refs;
+    /* Deltas of the flusher's batches that refer to this sensor (batch.c): the flusher alone
+     * writes it (relaxed); the ingest thread reads it before evicting (see Eviction in sensor.c).
+     * An evicted sensor is released only once none does. */
+    _Atomic uint32_t flusher_refs;
     struct bd_sensor *evicted_next; /* the flusher's list of evicted sensors not yet released */
     /* Bytes of this sensor's readings in the flusher's fill batch (fill_id), for its share. */
     uint64_t flusher_fill_bytes;

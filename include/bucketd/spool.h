@@ -84,7 +84,12 @@
  * drop_oldest deletes whole oldest segments, unacknowledged records included (counted in
  * dropped_records and dropped_readings, one bd_warn per segment); drop_newest refuses the new
  * record (-ENOSPC, counted as dropped); block refuses it (-ENOSPC, not counted: the caller holds
- * it and stops reading input).
+ * it and stops reading input). The record peek returned is the exception to drop_oldest's
+ * count: only the oldest segment can go (the read segment is the delete watermark), and it may
+ * be the only one, so the record under replay goes with it; but its reader has it in memory and
+ * goes on writing it, so it is not counted as dropped. bd_spool_holds then says it is gone: a
+ * reader that gives it up unfinished (a stop) counts what it did not write. A crash loses it
+ * uncounted, like everything else only in memory.
  *
  * Threads: one thread (the flusher, or a writer thread) owns a spool; nothing here is
  * thread-safe, bd_spool_get_stats included (the owner copies the numbers out for /metrics).
@@ -196,6 +201,10 @@ int bd_spool_peek(struct bd_spool *s, struct bd_spool_record *rec);
  * memory, and the next save carries it).
  */
 int bd_spool_ack(struct bd_spool *s, uint64_t id);
+
+/* Whether the record peek returned as id is still on disk unacknowledged: false once it is
+ * acknowledged, or once drop_oldest deleted its segment while it was being replayed. */
+bool bd_spool_holds(const struct bd_spool *s, uint64_t id);
 
 /* A new cap (a reload; 0: none), applied from the next append on: a spool already above it is
  * brought under it by that append as `full` says. */

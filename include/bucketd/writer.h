@@ -13,7 +13,8 @@
  *                 first start, one line, replaced atomically (bd_writer_identity);
  *   writer.lock   flock()ed while the daemon runs: a second daemon on the same directory is
  *                 refused at start-up;
- *   writer.state  text, replaced atomically (write, fsync, rename):
+ *   writer.state  text, replaced atomically and durably (write, fsync, rename, fsync of the
+ *                 directory), every time:
  *                   bucketd-writer 1
  *                   writer_id <id>
  *                   reserved <first sequence not yet handed out by any run>
@@ -105,8 +106,10 @@ int bd_writer_raise(struct bd_writer *w, uint64_t seen, struct bd_err *err);
 
 /*
  * A bulk write was acknowledged at wall time now_ms, covering buckets up to max_start_ms.
- * Rewrites the state file without fsync (it only feeds the restart report and the page
- * look-up horizon; the reservation was already synced).
+ * Rewrites the state file when a newer bucket was written, else at most once per
+ * BD_WRITER_ACK_SAVE_MS, synced like every rewrite: the file also holds the reservation, which
+ * a rename of unsynced data could lose in a power cut. A failure is logged (rate-limited); the
+ * old file stays.
  */
 void bd_writer_acked(struct bd_writer *w, int64_t now_ms, int64_t max_start_ms);
 

@@ -15,6 +15,9 @@ test_flusher_long_outage.py, which runs with the other long suites (label e2e_lo
 SplitBulkByCount and SplitBulkByBytes reproduce a defect of 0bed50e (a bulk libmongoc split
 into several commands, one failing whole after another answered a duplicate key, was counted
 stored), each with a test server of its own (maxWriteBatchSize 2, and the default).
+test_sensor_whose_readings_are_held_is_not_evicted reproduces a defect of 324dd31 (a sensor
+evicted while the flusher held its readings came back as a second sensor writing the same page
+under the same sequence number: a false writer conflict).
 
 Run: /usr/bin/python3 tests/e2e/test_flusher_regressions.py
 Environment (besides bdtest.py's): BUCKETD_INSPECT_BIN. With BUCKETD_TEST_MONGODB_URI the same
@@ -26,6 +29,7 @@ import collections
 import datetime
 import os
 import signal
+import socket
 import sys
 import time
 import unittest
@@ -512,6 +516,74 @@ class FlusherRegressions(RegressionCase):
         docs = self.documents(client, db)
         self.assertExactlyOnce(docs, sent, daemon=d)
         self.assertGreaterEqual(st.get("updates_already_applied", 0), 1, st)
+        self.assertStat(st, "readings_flushed", len(sent), d)
+        self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 3600), "invariants", d)
+
+    # -- 7. a sensor evicted while the flusher holds its readings -----------------------------
+
+    def test_sensor_whose_readings_are_held_is_not_evicted(self):
+        """limits.sensor_idle 2s, flush.max_delay 10m (the defect does not depend on its value;
+        a long one keeps the scenario whatever the machine's speed). Sensor "held" sends one
+        reading, which is written at once (its bucket began before the start: its pages are
+        read back, then known), then nine more, which wait in the flusher's fill batch for
+        max_delay. Sensor "witness" sends 120 readings (their page is written at once too); a
+        client sends comment lines meanwhile (every batch of lines lets the daemon take back
+        idle queue segments), until the witness is evicted: "held", silent longer, is as idle.
+        Its eleventh reading follows, in the same bucket, then SIGTERM. Every reading is stored
+        once, on one page of "held".
+
+        On 324dd31: "held" was evicted with its nine readings still in the fill batch; the
+        eleventh made a new sensor, which read the bucket's page 0 back (one reading) and put
+        its reading there; at the stop both deltas of page 0 went in one bulk under one
+        sequence number, the second drew E11000, its read-back found our own number and it was
+        quarantined as "another daemon is using writer_id": 131 sent, 130 stored,
+        writer_conflicts=1 readings_quarantined=1."""
+        uri, client, db = self.new_database()
+        mport = bdtest.free_port()
+        d = self.new_daemon(uri, db, extra={
+            "limits": {"sensor_idle": "2s"},
+            "flush": {"max_delay": "10m"},
+            "metrics": {"bind": "127.0.0.1:%d" % mport}}).start()
+        addr = d.addr("tcp")
+        base = hour_aligned_base(200 * MS, 30 * NS)
+        held = [reading("held,sensor=h1", "held", {"sensor": "h1"}, k + 1, base + k * MS,
+                        {"v": 0.5 * k, "seq": k + 1}) for k in range(11)]
+        witness = [reading("witness,sensor=w1", "witness", {"sensor": "w1"}, k + 1,
+                           base + 50 * MS + k * MS, {"v": float(k), "seq": k + 1})
+                   for k in range(120)]
+
+        send_tcp(addr, held[:1])
+        self.wait_stored(client, db, 1, d)
+        send_tcp(addr, held[1:10])
+        self.assertTrue(bdtest.wait_for(
+            lambda: bdtest.metric(mport, "bucketd_pending_readings") == 9, DEADLINE),
+            "the nine readings were not drained and held\n" + bdtest.log_tail(d.log(), 20))
+        send_tcp(addr, witness)
+        self.wait_stored(client, db, 1 + len(witness), d)
+
+        tick = socket.create_connection(addr)
+        self.addCleanup(tick.close)
+
+        def witness_evicted():
+            tick.sendall(b"# tick\n")
+            return (bdtest.metric(mport, "bucketd_sensors_evicted_total") or 0) >= 1
+        self.assertTrue(bdtest.wait_for(witness_evicted, DEADLINE, 0.2),
+                        "the witness was never evicted: %s sensors tracked\n%s" % (
+                            bdtest.metric(mport, "bucketd_sensors"),
+                            bdtest.log_tail(d.log(), 20)))
+
+        sent = held + witness
+        send_tcp(addr, held[10:])
+        self.assertTrue(bdtest.wait_for(
+            lambda: bdtest.metric(mport, "bucketd_readings_accepted_total") == len(sent),
+            DEADLINE), "the tenth reading was not accepted\n" + bdtest.log_tail(d.log(), 20))
+        st = d.stop()
+        docs = self.documents(client, db)
+        self.assertExactlyOnce(docs, sent, daemon=d)
+        self.assertEqual([(doc["page"], doc["count"]) for doc in docs
+                          if doc["sensor_id"] == "held,sensor=h1"], [(0, len(held))])
+        for name in ("writer_conflicts", "readings_quarantined", "readings_lost"):
+            self.assertStat(st, name, 0, d)
         self.assertStat(st, "readings_flushed", len(sent), d)
         self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 3600), "invariants", d)
 

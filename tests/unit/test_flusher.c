@@ -23,6 +23,7 @@
 #include "bucketd/deadletter.h"
 #include "bucketd/flusher.h"
 #include "bucketd/sensor.h"
+#include "bucketd/spool.h"
 #include "fake_store.h"
 
 #define MS BD_NS_PER_MS
@@ -625,6 +626,85 @@ Test(flusher, a_stop_releases_evicted_sensors_still_held) {
 }
 
 /*
+ * A sensor whose readings the flusher still holds is not evicted, however long it is silent:
+ * here they wait in the fill batch for flush.max_delay. Were it evicted, the same series
+ * sending again would be a new sensor with page accounting of its own for the same bucket,
+ * and both deltas would go in one bulk under one sequence number: the second draws a duplicate
+ * key, its read-back finds our own number, and it is quarantined as a writer conflict. Held,
+ * the sensor goes on: one update of one page. Once written, it is evicted.
+ */
+Test(flusher, a_sensor_whose_readings_wait_in_the_fill_batch_is_not_evicted) {
+    stop();
+    cfg.flush.max_delay_ms = 30000;
+    cfg.limits.sensor_idle_ms = 2000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 9; j++) {
+        accept1("held", j, t0 + j * 1000);
+    }
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* drained into the fill batch, held */
+    publish();                                     /* the producer seals its idle segment */
+    bd_flusher_step(flusher, mono, now_ms, false); /* and the flusher gives it back */
+    cr_assert_eq(fs.bulks, 0, "held for max_delay");
+    cr_assert_eq(STAT(pending_readings), 9);
+    now_ms += 3000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 0, "its readings are still held");
+
+    accept1("held", 9, t0 + 9000);
+    cr_assert_gt(run(10), 0);
+    cr_assert_eq(fake_stored(&fs, "held"), 10);
+    cr_assert_eq(STAT(readings_flushed), 10);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(readings_quarantined), 0);
+    cr_assert_eq(fs.n_docs, 1, "one page");
+    cr_assert_eq(fs.docs[0].updates, 1, "one update");
+
+    cr_assert_gt(run(10), 0); /* the producer seals its idle segment, the flusher gives it back */
+    now_ms += 3000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 1, "written: evicted");
+}
+
+/*
+ * The same while a batch waits for its retry: the sensor is not evicted while the batch holds
+ * its readings. Were it, its readings sent again later would fill page 0, and the series
+ * sending again in the meantime would be a new sensor taking the bucket for new, its readings
+ * drained onto page 0 too: a page over max_readings.
+ */
+Test(flusher, a_sensor_whose_readings_wait_for_a_retry_is_not_evicted) {
+    stop();
+    cfg.buckets.max_readings = 5;
+    cfg.limits.sensor_idle_ms = 2000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 4; j++) {
+        accept1("retried", j, t0 + j * 1000);
+    }
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* drained, sent, failed: waits for a retry */
+    cr_assert_eq(fs.bulks, 1);
+    cr_assert_gt(bd_flusher_retry_at(flusher), mono);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* before the retry: the segment goes back */
+    now_ms += 3000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 0, "its readings wait for the retry");
+
+    for (int j = 4; j < 8; j++) {
+        accept1("retried", j, t0 + j * 1000);
+    }
+    cr_assert_gt(run(20), 0);
+    cr_assert_eq(fake_stored(&fs, "retried"), 8);
+    cr_assert_leq(fake_max_count(&fs), 5, "a page holds at most max_readings readings");
+    cr_assert_eq(fs.n_docs, 2);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(readings_quarantined), 0);
+}
+
+/*
  * Fairness: a sensor with far more readings than the others takes at most an eighth of the
  * batches' memory in one batch while others wait; the others' readings go into that batch, its
  * rest into the next ones. Its readings come in six loads (its queue holds at most an eighth
@@ -1033,8 +1113,10 @@ Test(flusher, a_stop_gives_up_what_keeps_failing_and_cannot_be_spooled_and_count
 /*
  * Property: random readings of a few sensors, in and out of order, late and early, across
  * buckets, through outages (nothing sent), lost replies, racing inserts and jumps of the wall
- * clock, with a small page cap. After every settled flush: every accepted reading stored exactly
- * once, no page over the cap, no update without readings.
+ * clock, with a small page cap, and idle sensors evicted between flushes (limits.sensor_idle)
+ * while the flusher may still hold their readings (flush.max_delay, a retry). After every
+ * settled flush: every accepted reading stored exactly once, no page over the cap, no update
+ * without readings.
  */
 Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
     stop();
@@ -1043,6 +1125,9 @@ Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
     cfg.buckets.max_late_ms = 150000;
     cfg.buckets.max_future_ms = 30000;
     cfg.flush.max_updates = 5;
+    cfg.flush.max_delay_ms = 20000;
+    cfg.limits.sensor_idle_ms = 5000;
+    uint64_t evicted = 0;
     for (uint64_t seed = 1; seed <= 6; seed++) {
         start();
         uint64_t rng = seed * UINT64_C(0x9E3779B97F4A7C15);
@@ -1084,7 +1169,16 @@ Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
                 now_ms += 7000;
                 break;
             }
-            if (r % 3 == 0) {
+            if (r % 3 != 0) {
+                /* Part of a flush: drained (held, sent, or failed and waiting for its retry),
+                 * idle segments sealed and given back; then idle sensors are evicted. */
+                mono += (r >> 20) % 2 ? 1000 * MS : 0;
+                for (int k = 0; k < 2; k++) {
+                    publish();
+                    bd_flusher_step(flusher, mono, now_ms, false);
+                }
+                bd_sensor_table_sweep(table, now_ms * MS);
+            } else {
                 cr_assert_gt(run(60), 0, "seed %" PRIu64 " step %d", seed, step);
                 for (int i = 0; i < 4; i++) {
                     char id[16];
@@ -1098,11 +1192,13 @@ Test(flusher, property_random_arrivals_outages_and_clock_jumps) {
         cr_assert_eq(fs.empty_updates, 0);
         cr_assert_eq(STAT(updates_quarantined), 0);
         cr_assert_eq(STAT(writer_conflicts), 0);
+        evicted += STAT(sensors_evicted);
         stop();
         char cmd[128];
         snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
         cr_assert_eq(system(cmd), 0);
     }
+    cr_assert_gt(evicted, 0, "sensors were evicted and came back");
     start(); /* for teardown */
 }
 
@@ -1476,6 +1572,77 @@ Test(flusher, a_full_spool_with_drop_newest_drops_the_newest_batch_and_counts_it
     cr_assert_eq(STAT(readings_flushed), 10);
     cr_assert_eq(bd_flusher_abandon(flusher), 0);
     cr_assert_eq(STAT(readings_lost), 0, "dropped by the policy, counted there");
+}
+
+/*
+ * spool.when_full: drop_oldest while a record is being replayed: MongoDB away, batches A and B
+ * spooled, A's replay fails, batch C comes due and the full spool drops its oldest (only)
+ * segment, A and B in it. A is still in the replay's hands and is written from memory when
+ * MongoDB is back: not counted as dropped. B is dropped and counted, C written. Every reading
+ * accepted is stored or counted dropped, none both. Returns the readings of one batch.
+ */
+static int replaying_record_in_a_dropped_segment(void) {
+    /* The bytes of the spool holding two batches, from a spool with room for more. */
+    two_batches_while_away(UINT64_C(1) << 30);
+    uint64_t two = STAT(spool_bytes);
+    cr_assert_eq(STAT(readings_spooled), 12);
+    stop();
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/*", dir);
+    cr_assert_eq(system(cmd), 0);
+    cfg.spool.max_bytes = two + (two - BD_SPOOL_SEGMENT_HEADER_BYTES) / 4; /* not three */
+    cfg.spool.when_full = BD_SPOOL_FULL_DROP_OLDEST;
+    start();
+    fake_script(&fs, FAULT_UNREACHABLE, 0); /* A */
+    fake_script(&fs, FAULT_UNREACHABLE, 0); /* A's first replay */
+    send_more(2, 3, 0);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* A written, failed */
+    send_more(2, 3, 3);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false); /* B due: both to the spool */
+    cr_assert_eq(STAT(readings_spooled), 12);
+    cr_assert_eq(STAT(spool_dropped_readings), 0);
+    send_more(2, 3, 6);
+    publish();
+    mono = bd_flusher_retry_at(flusher);
+    bd_flusher_step(flusher, mono, now_ms, false); /* A's replay fails; C due: spooled */
+    cr_assert_eq(fs.bulks, 2, "A, then its replay");
+    cr_assert_eq(STAT(readings_spooled), 18);
+    cr_assert_gt(STAT(spool_dropped_readings), 0, "the segment holding A and B was dropped");
+    return 6;
+}
+
+Test(flusher, a_full_spool_dropping_the_record_being_replayed_counts_it_once) {
+    int batch = replaying_record_in_a_dropped_segment();
+    cr_assert_gt(run(20), 0);
+    char name[32];
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), i)), 3 + 3, "A and C");
+    }
+    cr_assert_eq(STAT(readings_flushed), 2 * batch);
+    cr_assert_eq(STAT(spool_dropped_readings), batch, "B alone: A was written");
+    cr_assert_eq(STAT(readings_flushed) + STAT(spool_dropped_readings), 3 * batch,
+                 "every reading accepted stored or counted dropped, none both");
+    cr_assert_eq(STAT(readings_lost), 0);
+}
+
+/* The same, but the stop's deadline passes with MongoDB still away: what the replay held of A
+ * is on no disk any more, so it is counted lost (not silently gone); C stays spooled. */
+Test(flusher, a_stop_gives_up_a_record_being_replayed_that_a_full_spool_dropped_and_counts_it) {
+    int batch = replaying_record_in_a_dropped_segment();
+    bd_flusher_abandon(flusher);
+    cr_assert_eq(STAT(readings_flushed), 0);
+    cr_assert_eq(STAT(spool_dropped_readings), batch, "B");
+    cr_assert_eq(STAT(readings_lost), batch, "A");
+    /* The next start replays C alone. */
+    restart();
+    cr_assert_gt(run(20), 0);
+    char name[32];
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), i)), 3, "C");
+    }
 }
 
 /* A batch over the spool's record size (16 MiB of updates) goes to disk as several records,

@@ -740,6 +740,8 @@ Test(spool, garbage_checkpoint_starts_at_the_oldest_segment) {
 
 #define CAP 4096
 
+/* The record being replayed (peeked) goes with its segment, but is not counted as dropped: its
+ * reader writes it from memory. */
 Test(spool, drop_oldest_keeps_the_files_under_the_cap) {
     struct bd_spool_opts o = opts(SEG, CAP, BD_SPOOL_SYNC_NONE, BD_SPOOL_DROP_OLDEST);
     struct bd_spool *s = open_ok(&o);
@@ -750,19 +752,21 @@ Test(spool, drop_oldest_keeps_the_files_under_the_cap) {
     append_ok(s, 0, 5, fixed_len);
     n += take(s, got + n, 2, fixed_len);
     cr_assert_eq(bd_spool_peek(s, &r), 0); /* seq 2, in the segment that will be dropped */
+    cr_assert(bd_spool_holds(s, r.id));
     for (uint64_t seq = 5; seq < 100; seq++) {
         cr_assert_eq(append_seq(s, seq, fixed_len), 0);
         cr_assert_leq(disk_bytes(NULL), CAP, "after seq %llu", (unsigned long long)seq);
         check_disk(s);
     }
+    cr_assert_not(bd_spool_holds(s, r.id), "its segment is gone");
     cr_assert_eq(bd_spool_ack(s, r.id), 0, "the peeked record was dropped: nothing to do");
     struct bd_spool_stats st;
     bd_spool_get_stats(s, &st);
     uint64_t first = 100 - st.records;
     cr_assert_eq(first % PER_SEG, 0, "whole segments went");
-    cr_assert_eq(st.dropped_records, first - 2);
+    cr_assert_eq(st.dropped_records, first - 3, "seq 3 on: seq 2 is its reader's");
     uint64_t readings = 0;
-    for (uint64_t seq = 2; seq < first; seq++) {
+    for (uint64_t seq = 3; seq < first; seq++) {
         readings += readings_of(seq);
     }
     cr_assert_eq(st.dropped_readings, readings);
@@ -794,6 +798,54 @@ Test(spool, drop_oldest_of_an_uncounted_segment_counts_it_from_disk) {
         cr_assert_eq(got[i], PER_SEG + i);
     }
     cr_assert_eq(got[n - 1], 100);
+    bd_spool_close(s);
+}
+
+/* The same with a segment an earlier run wrote (counted from disk when dropped) and the only
+ * segment there is: the record being replayed is not counted either way. */
+Test(spool, drop_oldest_never_counts_the_record_being_replayed) {
+    struct bd_spool_opts o = opts(SEG, 0, BD_SPOOL_SYNC_NONE, BD_SPOOL_DROP_OLDEST);
+    struct bd_spool *s = open_ok(&o);
+    append_ok(s, 0, 3 * PER_SEG, fixed_len);
+    bd_spool_close(s);
+    o.max_bytes = 3 * (BD_SPOOL_SEGMENT_HEADER_BYTES + PER_SEG * REC);
+    s = open_ok(&o);
+    struct bd_spool_record r;
+    cr_assert_eq(bd_spool_peek(s, &r), 0);
+    cr_assert_eq(r.seq, 0);
+    append_ok(s, 100, 101, fixed_len);
+    struct bd_spool_stats st;
+    bd_spool_get_stats(s, &st);
+    cr_assert_eq(st.dropped_records, PER_SEG - 1);
+    uint64_t readings = 0;
+    for (uint64_t seq = 1; seq < PER_SEG; seq++) {
+        readings += readings_of(seq);
+    }
+    cr_assert_eq(st.dropped_readings, readings);
+    cr_assert_not(bd_spool_holds(s, r.id));
+    cr_assert_eq(bd_spool_ack(s, r.id), 0);
+    bd_spool_close(s);
+
+    remove_dir();
+    make_dir();
+    uint64_t cap = BD_SPOOL_SEGMENT_HEADER_BYTES + 14 * REC + 10;
+    o = opts(1 << 20, cap, BD_SPOOL_SYNC_BATCH, BD_SPOOL_DROP_OLDEST);
+    s = open_ok(&o);
+    append_ok(s, 0, 14, fixed_len);
+    cr_assert_eq(bd_spool_peek(s, &r), 0);
+    cr_assert_eq(bd_spool_ack(s, r.id), 0);
+    cr_assert_eq(bd_spool_peek(s, &r), 0);
+    cr_assert_eq(r.seq, 1);
+    append_ok(s, 14, 15, fixed_len);
+    bd_spool_get_stats(s, &st);
+    cr_assert_eq(st.dropped_records, 12, "seqs 2 to 13");
+    readings = 0;
+    for (uint64_t seq = 2; seq < 14; seq++) {
+        readings += readings_of(seq);
+    }
+    cr_assert_eq(st.dropped_readings, readings);
+    cr_assert_not(bd_spool_holds(s, r.id));
+    expect_rest(s, 14, 15, fixed_len);
     bd_spool_close(s);
 }
 

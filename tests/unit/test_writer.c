@@ -1,10 +1,13 @@
-/* Writer sequence under spool.dir: monotonic across clean stops, crashes and torn files. */
+/* Writer sequence under spool.dir: monotonic across clean stops, crashes and torn files; every
+ * rewrite of writer.state synced before and after its rename (fsync seen through an override). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -391,4 +394,126 @@ Test(writer, acknowledgements_rewrite_the_state_file_at_most_once_a_minute) {
     bd_writer_acked(w, t0 + 130000, 7200000);
     bd_writer_close(w, true);
     cr_assert_eq(state_ack_ms("spool"), t0 + 130000);
+}
+
+/*
+ * fsync as the writer calls it in this test binary: an executable's own definition comes before
+ * the C library's, so the writer's calls land here. For files under `watch` it notes what each
+ * call made durable -- the temporary state file, complete, while writer.state still held the old
+ * text; or the directory, once writer.state held the new text -- and can fail instead (nothing
+ * synced, errno fail_errno) for the files whose name ends in fail_suffix. Everything else goes
+ * to the kernel.
+ */
+static struct {
+    char watch[400];
+    const char *fail_suffix;
+    int fail_errno;
+    char log[1024]; /* one letter per call: t (temp file), d (directory), ! (failed) */
+    char tmp_text[1024], state_text[1024];
+} fsyncs;
+
+static void watch_fsyncs(const char *sub) {
+    memset(&fsyncs, 0, sizeof(fsyncs));
+    snprintf(fsyncs.watch, sizeof(fsyncs.watch), "%s/%s", dir, sub);
+}
+
+static const char *file_text(const char *path, char *buf, size_t cap);
+
+int fsync(int fd) {
+    char link[64], path[PATH_MAX], other[PATH_MAX + 32];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof(path) - 1);
+    size_t w = strlen(fsyncs.watch);
+    if (n <= 0 || w == 0 || strncmp(path, fsyncs.watch, w) != 0 ||
+        (path[w] != '\0' && path[w] != '/')) {
+        return (int)syscall(SYS_fsync, fd);
+    }
+    path[n] = '\0';
+    size_t at = strlen(fsyncs.log);
+    if (fsyncs.fail_suffix != NULL && (size_t)n >= strlen(fsyncs.fail_suffix) &&
+        strcmp(path + n - strlen(fsyncs.fail_suffix), fsyncs.fail_suffix) == 0) {
+        fsyncs.log[at] = '!';
+        errno = fsyncs.fail_errno;
+        return -1;
+    }
+    bool is_dir = path[w] == '\0';
+    fsyncs.log[at] = is_dir ? 'd' : 't';
+    snprintf(other, sizeof(other), "%s/writer.state", fsyncs.watch);
+    if (file_text(other, fsyncs.state_text, sizeof(fsyncs.state_text)) == NULL) {
+        fsyncs.state_text[0] = '\0';
+    }
+    if (!is_dir && file_text(path, fsyncs.tmp_text, sizeof(fsyncs.tmp_text)) == NULL) {
+        fsyncs.tmp_text[0] = '\0';
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
+static const char *state_text(const char *sub, char *buf, size_t cap) {
+    char path[400];
+    snprintf(path, sizeof(path), "%s/%s/writer.state", dir, sub);
+    return file_text(path, buf, cap);
+}
+
+/*
+ * Every rewrite of writer.state is durable before it replaces the old one, the once-a-minute
+ * rewrite after an acknowledgement too: the temporary file is fsynced complete before the rename
+ * (else a power loss after the rename can leave an empty or partial writer.state where the
+ * synced reservation was), then the directory after it.
+ */
+Test(writer, an_acknowledgement_rewrites_the_state_file_through_fsync_and_rename) {
+    struct bd_writer *w = open_ok("spool");
+    next_ok(w);
+    char before[1024], after[1024];
+    cr_assert_not_null(state_text("spool", before, sizeof(before)));
+    watch_fsyncs("spool");
+    bd_writer_acked(w, 1000000, 3600000);
+    cr_assert_str_eq(fsyncs.log, "td", "the temp file, then the directory");
+    cr_assert_not_null(state_text("spool", after, sizeof(after)));
+    cr_assert_not_null(strstr(after, "last_ack_ms 1000000\n"));
+    cr_assert_str_eq(fsyncs.tmp_text, after, "the temp file was complete when synced");
+    cr_assert_str_eq(fsyncs.state_text, after, "the directory was synced after the rename");
+    char tmp[400];
+    snprintf(tmp, sizeof(tmp), "%s/spool/writer.state.tmp", dir);
+    cr_assert_eq(access(tmp, F_OK), -1, "no temp file left");
+    bd_writer_close(w, true);
+}
+
+/* An fsync that fails leaves the old writer.state in place (nothing unsynced is renamed over
+ * it) and is reported: by the call that reserves numbers, and in the log after an ack. */
+Test(writer, a_failed_fsync_keeps_the_old_state_file_and_is_reported) {
+    capture_log();
+    struct bd_writer *w = open_ok("spool");
+    next_ok(w);
+    char before[1024], now[1024], log[4096];
+    cr_assert_not_null(state_text("spool", before, sizeof(before)));
+    (void)logged(log, sizeof(log));
+
+    watch_fsyncs("spool");
+    fsyncs.fail_suffix = "/writer.state.tmp";
+    fsyncs.fail_errno = EIO;
+    bd_writer_acked(w, 1000000, 3600000);
+    cr_assert_str_eq(fsyncs.log, "!");
+    cr_assert_str_eq(state_text("spool", now, sizeof(now)), before, "the old file stays");
+    cr_assert_not_null(strstr(logged(log, sizeof(log)), "writer.state"), "%s", log);
+    cr_assert_not_null(strstr(log, strerror(EIO)), "%s", log);
+
+    /* The reservation of the next block fails and says why; the old file stays. */
+    uint64_t seq = 0;
+    struct bd_err err = {0};
+    int rc = 0;
+    for (uint64_t i = 0; i < BD_WRITER_BLOCK && rc == 0; i++) {
+        rc = bd_writer_next(w, &seq, &err);
+    }
+    cr_assert_eq(rc, -EIO, "%s", err.msg);
+    cr_assert_not_null(strstr(err.msg, "writer.state"), "%s", err.msg);
+    cr_assert_str_eq(state_text("spool", now, sizeof(now)), before);
+
+    /* A failed fsync of the directory after the rename is reported too. */
+    watch_fsyncs("spool");
+    fsyncs.fail_suffix = "/spool";
+    fsyncs.fail_errno = EIO;
+    cr_assert_eq(bd_writer_next(w, &seq, &err), -EIO);
+    cr_assert_str_eq(fsyncs.log, "t!");
+    watch_fsyncs("");
+    bd_writer_close(w, true);
 }
