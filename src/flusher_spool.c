@@ -1,6 +1,8 @@
 /*
- * The flusher and the on-disk spool: which batches go to disk and when, and replaying them.
- * Flusher thread only (src/flusher_int.h).
+ * The flusher's spool policy: which batches go to the on-disk spool and when, and replaying it.
+ * Flusher thread only (src/flusher_spool.h). Calls the writer side, the drain and the I/O runner
+ * below it; the replay of a record is replay.h's, settled by the same engine (settle.h) as the
+ * flusher's own writes.
  *
  * Rules, each there for ordering (a page's updates must reach MongoDB in sequence order):
  *   - A batch goes to the spool only when it is the batch being written and not in flight: a
@@ -23,7 +25,11 @@
 #include "bucketd/alloc.h"
 #include "bucketd/bucket.h"
 #include "bucketd/log.h"
+#include "flusher_drain.h"
 #include "flusher_int.h"
+#include "flusher_io.h"
+#include "flusher_spool.h"
+#include "flusher_writer.h"
 
 /* A record's payload is cut at this size: several records for one batch, in order. */
 #define SPOOL_RECORD_TARGET (UINT64_C(16) << 20)
@@ -32,6 +38,7 @@
 #define REPLAY_PER_STEP 16
 
 int flusher_spool_open(struct bd_flusher *f, struct bd_err *err) {
+    f->spool.log = (struct bd_ratelimit){.interval_ns = 10 * BD_NS_PER_S, .burst = 2};
     uint64_t interval_ms = 0;
     int sync = bd_config_spool_sync(f->cfg->spool.sync, &interval_ms);
     if (sync < 0) {
@@ -50,14 +57,14 @@ int flusher_spool_open(struct bd_flusher *f, struct bd_err *err) {
     if (f->store == NULL) {
         return 0; /* the blackhole sink keeps nothing */
     }
-    int rc = bd_spool_open(&f->spool, &o, err);
+    int rc = bd_spool_open(&f->spool.disk, &o, err);
     if (rc < 0) {
         return rc;
     }
-    if (!bd_spool_empty(f->spool)) {
+    if (!bd_spool_empty(f->spool.disk)) {
         struct bd_spool_stats st;
-        bd_spool_get_stats(f->spool, &st);
-        f->spool_oldest_ms = bd_now_ns() / BD_NS_PER_MS;
+        bd_spool_get_stats(f->spool.disk, &st);
+        f->spool.oldest_ms = bd_now_ns() / BD_NS_PER_MS;
         bd_info("spool %s holds %" PRIu64 " bytes in %" PRIu64
                 " segments from an earlier run: they are written to MongoDB first, oldest first",
                 f->cfg->spool.dir, st.bytes, st.segments);
@@ -66,24 +73,36 @@ int flusher_spool_open(struct bd_flusher *f, struct bd_err *err) {
 }
 
 void flusher_spool_close(struct bd_flusher *f) {
-    bd_replay_free(f->replay);
-    f->replay = NULL;
-    bd_replay_buf_close(&f->spool_buf);
-    bd_spool_close(f->spool);
-    f->spool = NULL;
+    bd_replay_free(f->spool.replay);
+    f->spool.replay = NULL;
+    bd_replay_buf_close(&f->spool.buf);
+    bd_spool_close(f->spool.disk);
+    f->spool.disk = NULL;
+}
+
+void flusher_spool_tick(struct bd_flusher *f, int64_t mono_ns) {
+    if (f->spool.disk != NULL) {
+        bd_spool_tick(f->spool.disk, mono_ns);
+    }
+}
+
+void flusher_spool_set_max_bytes(struct bd_flusher *f, uint64_t max_bytes) {
+    if (f->spool.disk != NULL) {
+        bd_spool_set_max_bytes(f->spool.disk, max_bytes);
+    }
 }
 
 bool flusher_spool_active(const struct bd_flusher *f) {
-    return f->spool != NULL && (f->replay != NULL || !bd_spool_empty(f->spool));
+    return f->spool.disk != NULL && (f->spool.replay != NULL || !bd_spool_empty(f->spool.disk));
 }
 
 int64_t flusher_spool_oldest_ms(const struct bd_flusher *f) {
-    return flusher_spool_active(f) ? f->spool_oldest_ms : 0;
+    return flusher_spool_active(f) ? f->spool.oldest_ms : 0;
 }
 
 void flusher_spool_stats(struct bd_flusher *f) {
     struct bd_spool_stats st;
-    bd_spool_get_stats(f->spool, &st);
+    bd_spool_get_stats(f->spool.disk, &st);
     atomic_store_explicit(&f->stats->spool_corrupt_records, st.corrupt_records,
                           memory_order_relaxed);
     atomic_store_explicit(&f->stats->spool_dropped_readings, st.dropped_readings,
@@ -97,10 +116,10 @@ void flusher_spool_stats(struct bd_flusher *f) {
 /* The sequence number for a batch about to be spooled, without asking MongoDB: possible when
  * the writer state knows the sequence and every page is known. */
 static bool prepare_offline(struct bd_flusher *f) {
-    if (f->have_seq) {
+    if (f->writer.have_seq) {
         return true;
     }
-    if (!f->seq_known) {
+    if (!f->writer.seq_known) {
         return false;
     }
     for (uint32_t i = 0; i < f->batch.n; i++) {
@@ -110,8 +129,8 @@ static bool prepare_offline(struct bd_flusher *f) {
         }
     }
     struct bd_err err = {0};
-    if (take_sequence(f, &err) < 0) {
-        if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+    if (flusher_writer_take_sequence(f, &err) < 0) {
+        if (bd_ratelimit_ok(&f->spool.log, bd_mono_ns())) {
             bd_error("cannot save the flush sequence before spooling: %s", err.msg);
         }
         return false;
@@ -121,20 +140,21 @@ static bool prepare_offline(struct bd_flusher *f) {
 
 /* Append the payload encoded so far as one record; the deltas in it, [from, to), are done. */
 static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_dis) {
-    struct bd_replay_buf *buf = &f->spool_buf;
+    struct bd_replay_buf *buf = &f->spool.buf;
     if (buf->n_updates == 0) {
         return true;
     }
     struct bd_spool_stats before, after;
-    bd_spool_get_stats(f->spool, &before);
-    int rc = bd_spool_append(f->spool, f->batch_seq, buf->n_readings, buf->data, buf->len);
-    bd_spool_get_stats(f->spool, &after);
+    bd_spool_get_stats(f->spool.disk, &before);
+    int rc =
+        bd_spool_append(f->spool.disk, f->writer.batch_seq, buf->n_readings, buf->data, buf->len);
+    bd_spool_get_stats(f->spool.disk, &after);
     /* -ENOSPC is the policy refusing at spool.max_bytes, or the disk itself being full: only
      * the disk's failure counts as a write error. */
     bool disk = after.write_errors > before.write_errors;
     if (rc == -ENOSPC && !disk && f->cfg->spool.when_full == BD_SPOOL_FULL_DROP_NEWEST) {
         /* The policy drops the newest: this batch (counted by the spool as dropped). */
-        if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+        if (bd_ratelimit_ok(&f->spool.log, bd_mono_ns())) {
             bd_error("the spool in %s is full (spool.max_bytes): %u readings dropped "
                      "(spool.when_full: drop_newest)",
                      f->cfg->spool.dir, buf->n_readings);
@@ -142,18 +162,18 @@ static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_
         rc = 0;
     } else if (rc == 0) {
         BD_STAT_ADD(f->stats, readings_spooled, buf->n_readings);
-        if (f->spool_oldest_ms == 0 || !flusher_spool_active(f)) {
+        if (f->spool.oldest_ms == 0 || !flusher_spool_active(f)) {
             /* The first record of a new backlog: its batch's oldest reading. */
             int64_t oldest = 0;
             for (uint32_t k = 0; k < n_dis; k++) {
                 int64_t t = f->batch.meta[dis[k]].first_ms;
                 oldest = t > 0 && (oldest == 0 || t < oldest) ? t : oldest;
             }
-            f->spool_oldest_ms = oldest > 0 ? oldest : bd_now_ns() / BD_NS_PER_MS;
+            f->spool.oldest_ms = oldest > 0 ? oldest : bd_now_ns() / BD_NS_PER_MS;
         }
     }
     if (rc < 0) {
-        if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+        if (bd_ratelimit_ok(&f->spool.log, bd_mono_ns())) {
             bd_error("cannot write %u readings to the spool in %s: %s; they stay in memory "
                      "(limits.memory) and are tried again",
                      buf->n_readings, f->cfg->spool.dir,
@@ -172,8 +192,8 @@ static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_
 }
 
 bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
-    if (f->spool == NULL || bd_batch_pending_readings(&f->batch) == 0) {
-        return f->spool != NULL;
+    if (f->spool.disk == NULL || bd_batch_pending_readings(&f->batch) == 0) {
+        return f->spool.disk != NULL;
     }
     if (!prepare_offline(f)) {
         return false;
@@ -190,7 +210,7 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
             f->batch.meta[di].done = true;
             continue;
         }
-        int rc = build_one(f, di, 0, wall_ms);
+        int rc = flusher_writer_build_one(f, di, 0, wall_ms);
         if (rc < 0) {
             ok = false;
             break;
@@ -199,11 +219,11 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
             continue; /* quarantined */
         }
         const struct bd_delta *d = &f->batch.deltas[di];
-        rc = bd_replay_buf_add(&f->spool_buf, d->sensor->id, d->start_ms, d->page, d->n_readings,
+        rc = bd_replay_buf_add(&f->spool.buf, d->sensor->id, d->start_ms, d->page, d->n_readings,
                                f->batch.meta[di].maybe_applied ? BD_REPLAY_MAYBE_SENT : 0,
-                               &f->selectors[0], &f->updates[0]);
-        bson_destroy(&f->selectors[0]);
-        bson_destroy(&f->updates[0]);
+                               &f->writer.selectors[0], &f->writer.updates[0]);
+        bson_destroy(&f->writer.selectors[0]);
+        bson_destroy(&f->writer.updates[0]);
         if (rc < 0) {
             ok = false;
             break;
@@ -220,7 +240,7 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
             dis = grown;
             dis[n_dis++] = di;
         }
-        if (f->spool_buf.len >= SPOOL_RECORD_TARGET) {
+        if (f->spool.buf.len >= SPOOL_RECORD_TARGET) {
             ok = append_record(f, dis, n_dis);
             n_dis = 0;
         }
@@ -228,108 +248,75 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
     if (ok) {
         ok = append_record(f, dis, n_dis);
     } else {
-        bd_replay_buf_reset(&f->spool_buf);
+        bd_replay_buf_reset(&f->spool.buf);
     }
     free(dis);
     if (ok && bd_batch_pending_readings(&f->batch) == 0) {
         /* Everything is on disk: the batch is settled as far as memory goes. The retry
          * schedule stays: the replay of the spool keeps to it. */
-        f->have_seq = false;
-        batch_done(f);
+        f->writer.have_seq = false;
+        flusher_writer_batch_done(f);
         return true;
     }
     return false;
 }
 
-struct prepare_call {
-    struct bd_store *st;
-    bson_error_t error;
-    bool ok;
-};
-
-static void prepare_run(void *arg) {
-    struct prepare_call *c = arg;
-    c->ok = c->st->ops->prepare(c->st, &c->error);
-}
-
-bool flusher_prepare_store(struct bd_flusher *f, bson_error_t *error) {
-    struct prepare_call pc = {.st = f->store};
-    flusher_run_io(f, prepare_run, &pc);
-    if (!pc.ok) {
-        *error = pc.error;
-    }
-    return pc.ok;
-}
-
 /* Replay records from the spool's head until one fails or enough were done for one step. */
 static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
-    struct bd_replay_env env = {.store = f->store,
-                                .run = flusher_run_io,
-                                .run_arg = f,
-                                .dead = f->dead,
-                                .stats = f->stats,
-                                .cfg = f->cfg,
-                                .sums = f->sums,
-                                .run_first_seq = f->run_first_seq};
+    struct bd_replay_env env = {.settle = &f->settle, .run_first_seq = f->writer.run_first_seq};
     bson_error_t perr;
-    if (!flusher_prepare_store(f, &perr)) {
-        note_failure(f, BD_CAUSE_UNREACHABLE, perr.message);
-        schedule_retry(f, mono_ns);
+    if (!flusher_io_prepare(f, &perr)) {
+        flusher_writer_note_failure(f, BD_CAUSE_UNREACHABLE, perr.message);
+        flusher_writer_schedule_retry(f, mono_ns);
         return;
     }
     for (int done = 0; done < REPLAY_PER_STEP; done++) {
-        if (f->replay == NULL) {
+        if (f->spool.replay == NULL) {
             struct bd_spool_record rec;
-            int rc = bd_spool_peek(f->spool, &rec);
+            int rc = bd_spool_peek(f->spool.disk, &rec);
             if (rc == -ENOENT) {
                 break;
             }
             if (rc < 0) {
-                if (bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+                if (bd_ratelimit_ok(&f->spool.log, bd_mono_ns())) {
                     bd_error("cannot read the spool in %s: %s; trying again", f->cfg->spool.dir,
                              strerror(-rc));
                 }
-                schedule_retry(f, mono_ns);
+                flusher_writer_schedule_retry(f, mono_ns);
                 return;
             }
             struct bd_err err = {0};
-            rc = bd_replay_load(&f->replay, &rec, &err);
+            rc = bd_replay_load(&f->spool.replay, &rec, &err);
             if (rc < 0) {
                 /* Its checksum held, so this is not a torn write: a bug or a foreign file. */
                 bd_error("%s: skipped", err.msg);
                 BD_STAT_ADD(f->stats, spool_corrupt_records, 1);
-                bd_spool_ack(f->spool, rec.id);
+                bd_spool_ack(f->spool.disk, rec.id);
                 continue;
             }
-            f->replay_id = rec.id;
+            f->spool.replay_id = rec.id;
         }
         enum bd_bulk_cause cause;
         char msg[512];
-        if (!bd_replay_attempt(f->replay, &env, wall_ms, &cause, msg, sizeof(msg))) {
-            note_failure(f, cause, msg);
-            schedule_retry(f, mono_ns);
+        if (!bd_replay_attempt(f->spool.replay, &env, wall_ms, &cause, msg, sizeof(msg))) {
+            flusher_writer_note_failure(f, cause, msg);
+            flusher_writer_schedule_retry(f, mono_ns);
             return;
         }
-        int rc = bd_spool_ack(f->spool, f->replay_id);
-        if (rc < 0 && bd_ratelimit_ok(&f->spool_log, bd_mono_ns())) {
+        int rc = bd_spool_ack(f->spool.disk, f->spool.replay_id);
+        if (rc < 0 && bd_ratelimit_ok(&f->spool.log, bd_mono_ns())) {
             bd_error("cannot record a replayed batch as done in %s: %s (it may be sent again "
                      "after a restart; MongoDB applies it once)",
                      f->cfg->spool.dir, strerror(-rc));
         }
-        bd_replay_free(f->replay);
-        f->replay = NULL;
+        bd_replay_free(f->spool.replay);
+        f->spool.replay = NULL;
         BD_STAT_ADD(f->stats, spool_records_replayed, 1);
     }
     if (!flusher_spool_active(f)) {
-        f->spool_oldest_ms = 0;
+        f->spool.oldest_ms = 0;
     }
-    if (f->attempt > 0) {
-        bd_info("MongoDB writes succeed again after %u failed attempts (replaying the spool)",
-                f->attempt);
-    }
-    f->attempt = 0;
-    f->retry_at = 0;
-    f->last_cause = BD_CAUSE_NONE;
+    flusher_writer_recovered(f, " (replaying the spool)");
 }
 
 void flusher_spool_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, bool stopping) {
@@ -337,7 +324,7 @@ void flusher_spool_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, 
     if (bd_batch_pending_readings(&f->batch) > 0) {
         flusher_spool_batch(f, wall_ms);
     }
-    if (mono_ns >= f->retry_at) {
+    if (mono_ns >= f->writer.retry_at) {
         replay(f, mono_ns, wall_ms);
     }
     if (!flusher_spool_active(f) || bd_batch_pending_readings(&f->batch) > 0) {
@@ -345,9 +332,10 @@ void flusher_spool_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, 
     }
     /* The next batch: onto the spool while MongoDB is away or memory runs short; else it
      * waits in memory for the replay to finish. */
-    bool away = f->retry_at != 0;
-    if (fill_due(f, mono_ns, stopping) && (away || over_budget(f) || stopping)) {
-        swap_in_fill(f);
+    bool away = f->writer.retry_at != 0;
+    if (flusher_drain_fill_due(f, mono_ns, stopping) &&
+        (away || flusher_over_budget(f) || stopping)) {
+        flusher_writer_swap_in_fill(f);
         BD_STAT_ADD(f->stats, flushes, 1);
         flusher_spool_batch(f, wall_ms);
         f->send_at = mono_ns + (int64_t)f->cfg->flush.interval_ms * BD_NS_PER_MS;
@@ -357,36 +345,36 @@ void flusher_spool_step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, 
 /* A stop gives up the record being replayed. Still on disk, it is replayed at the next start;
  * but drop_oldest may have deleted its segment (spool.h): what it holds not written is lost. */
 static void give_up_replay(struct bd_flusher *f) {
-    if (f->replay == NULL || bd_spool_holds(f->spool, f->replay_id)) {
+    if (f->spool.replay == NULL || bd_spool_holds(f->spool.disk, f->spool.replay_id)) {
         return;
     }
-    uint64_t lost = bd_replay_pending_readings(f->replay);
+    uint64_t lost = bd_replay_pending_readings(f->spool.replay);
     BD_STAT_ADD(f->stats, readings_lost, lost);
     bd_error("%" PRIu64 " readings of a spooled batch were lost: the full spool in %s dropped "
              "them from disk (spool.when_full: drop_oldest) while they were being replayed, and "
              "MongoDB did not take them before the stop deadline",
              lost, f->cfg->spool.dir);
-    bd_replay_free(f->replay);
-    f->replay = NULL;
+    bd_replay_free(f->spool.replay);
+    f->spool.replay = NULL;
 }
 
 void flusher_spool_everything(struct bd_flusher *f, int64_t wall_ms) {
-    if (f->spool == NULL) {
+    if (f->spool.disk == NULL) {
         return;
     }
     give_up_replay(f);
     uint64_t before = BD_STAT_GET(f->stats, readings_spooled);
     /* Whatever is still queued joins the next batch, memory budget or not: this is the end. */
     f->budget = UINT64_MAX;
-    flusher_drain(f, wall_ms);
+    flusher_drain_run(f, wall_ms);
     if (bd_batch_pending_readings(&f->batch) > 0 && !flusher_spool_batch(f, wall_ms)) {
         return; /* the older batch could not go: the next must not overtake it */
     }
     if (bd_batch_pending_readings(&f->fill) > 0) {
-        swap_in_fill(f);
+        flusher_writer_swap_in_fill(f);
         flusher_spool_batch(f, wall_ms);
     }
-    bd_spool_flush(f->spool);
+    bd_spool_flush(f->spool.disk);
     flusher_spool_stats(f);
     uint64_t spooled = BD_STAT_GET(f->stats, readings_spooled) - before;
     if (spooled > 0) {

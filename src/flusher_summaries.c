@@ -5,10 +5,14 @@
  * per aggregate, on the I/O thread (draining goes on meanwhile). A refresh that fails leaves its
  * buckets marked for the next round: nothing about the readings depends on it, so it is never
  * retried ahead of them. At a stop, the buckets marked are refreshed once everything else is
- * written; those that cannot be (MongoDB away, the deadline) are counted and logged.
- * Flusher thread only.
+ * written; those that cannot be (MongoDB away, the deadline) are counted and logged. The marks
+ * are the settle engine's (settle.h: f->settle.sums is this set). Flusher thread only; calls
+ * only the I/O runner below it.
  */
+#include "flusher_summaries.h"
+
 #include "flusher_int.h"
+#include "flusher_io.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -22,19 +26,21 @@ int flusher_summaries_open(struct bd_flusher *f, struct bd_err *err) {
         f->store->ops->refresh_summaries == NULL) {
         return 0;
     }
-    if (bd_summaries_new(&f->sums) < 0) {
+    if (bd_summaries_new(&f->sums.set) < 0) {
         return bd_err_set(err, -ENOMEM, "flusher: out of memory");
     }
-    f->sums_log.interval_ns = 10 * BD_NS_PER_S;
-    f->sums_log.burst = 1;
+    f->settle.sums = f->sums.set;
+    f->sums.log.interval_ns = 10 * BD_NS_PER_S;
+    f->sums.log.burst = 1;
     return 0;
 }
 
 void flusher_summaries_close(struct bd_flusher *f, const char *why) {
-    if (f->sums == NULL) {
+    if (f->sums.set == NULL) {
         return;
     }
-    uint64_t left = (uint64_t)bd_summaries_waiting(f->sums) + bd_summaries_in_round(f->sums);
+    uint64_t left =
+        (uint64_t)bd_summaries_waiting(f->sums.set) + bd_summaries_in_round(f->sums.set);
     if (left > 0) {
         BD_STAT_ADD(f->stats, summary_buckets_skipped, left);
         bd_warn("the summary documents of %" PRIu64 " buckets were not refreshed before %s; "
@@ -42,60 +48,37 @@ void flusher_summaries_close(struct bd_flusher *f, const char *why) {
                 "(bucketd-inspect summaries rebuilds them)",
                 left, why);
     }
-    bd_summaries_free(f->sums);
-    f->sums = NULL;
-}
-
-void flusher_summaries_mark(struct bd_flusher *f, const char *sensor_id, int64_t start_ms) {
-    if (f->sums != NULL && bd_summaries_mark(f->sums, sensor_id, start_ms) < 0) {
-        BD_STAT_ADD(f->stats, summary_buckets_skipped, 1);
-        if (bd_ratelimit_ok(&f->sums_log, bd_mono_ns())) {
-            char shown[BD_ESCAPE_CAP(256)];
-            bd_escape(shown, sizeof(shown), sensor_id, strlen(sensor_id), 0);
-            bd_error("out of memory: the summary document of a bucket of %s will not be "
-                     "refreshed until the bucket is written again",
-                     shown);
-        }
-    }
-}
-
-struct refresh_call {
-    struct bd_store *st;
-    const struct bd_page_key *keys;
-    uint32_t n;
-    bson_error_t *error;
-    bool ok;
-};
-
-static void refresh_run(void *arg) {
-    struct refresh_call *c = arg;
-    c->ok = c->st->ops->refresh_summaries(c->st, c->keys, c->n, c->error);
+    bd_summaries_free(f->sums.set);
+    f->sums.set = NULL;
+    f->settle.sums = NULL;
 }
 
 /* Is it time for a round: the interval passed (or a stop with everything else written), and no
  * batch waits for MongoDB. */
-static bool round_due(const struct bd_flusher *f, int64_t wall_ms, bool stopping) {
-    if (bd_batch_pending_readings(&f->batch) > 0 || f->attempt > 0 || flusher_spool_active(f)) {
+static bool round_due(const struct bd_flusher *f, enum flusher_mode mode, bool idle,
+                      int64_t wall_ms, bool stopping) {
+    if (mode != FLUSHER_WRITING) {
         return false;
     }
     if (stopping) {
-        return bd_flusher_idle((struct bd_flusher *)f);
+        return idle;
     }
-    return wall_ms >= f->sums_next_ms;
+    return wall_ms >= f->sums.next_ms;
 }
 
-void flusher_summaries_step(struct bd_flusher *f, int64_t wall_ms, bool stopping) {
-    if (f->sums == NULL) {
+void flusher_summaries_step(struct bd_flusher *f, enum flusher_mode mode, bool idle,
+                            int64_t wall_ms, bool stopping) {
+    if (f->sums.set == NULL) {
         return;
     }
-    if (f->sums_next_ms == 0) {
-        f->sums_next_ms = wall_ms + (int64_t)f->cfg->summaries.interval_ms; /* the first round */
+    if (f->sums.next_ms == 0) {
+        f->sums.next_ms = wall_ms + (int64_t)f->cfg->summaries.interval_ms; /* the first round */
     }
-    if (!round_due(f, wall_ms, stopping)) {
+    if (!round_due(f, mode, idle, wall_ms, stopping)) {
         return;
     }
-    f->sums_next_ms = wall_ms + (int64_t)f->cfg->summaries.interval_ms;
-    if (bd_summaries_begin(f->sums) == 0) {
+    f->sums.next_ms = wall_ms + (int64_t)f->cfg->summaries.interval_ms;
+    if (bd_summaries_begin(f->sums.set) == 0) {
         return;
     }
     const uint32_t max = BD_MAX(1, f->cfg->flush.max_updates);
@@ -107,28 +90,27 @@ void flusher_summaries_step(struct bd_flusher *f, int64_t wall_ms, bool stopping
     uint32_t n;
     /* At a stop, no aggregate starts past the stop's deadline: the rest is counted. */
     while ((!stopping || f->stop_by == 0 || bd_mono_ns() < f->stop_by) &&
-           (n = bd_summaries_next(f->sums, keys, max)) > 0) {
-        struct refresh_call call = {.st = f->store, .keys = keys, .n = n, .error = &berr};
-        flusher_run_io(f, refresh_run, &call);
-        if (!call.ok) {
+           (n = bd_summaries_next(f->sums.set, keys, max)) > 0) {
+        struct bd_store_call call = {.kind = BD_CALL_REFRESH, .keys = keys, .n = n, .error = &berr};
+        if (!flusher_io_call(f, &call)) {
             BD_STAT_ADD(f->stats, summary_refresh_errors, 1);
-            if (bd_ratelimit_ok(&f->sums_log, bd_mono_ns())) {
+            if (bd_ratelimit_ok(&f->sums.log, bd_mono_ns())) {
                 bd_error("refreshing the summary documents of %u buckets failed (code %u: %s); "
                          "trying again in %" PRIu64 " ms",
                          n, berr.code, berr.message, f->cfg->summaries.interval_ms);
             }
-            uint32_t lost = bd_summaries_requeue(f->sums);
+            uint32_t lost = bd_summaries_requeue(f->sums.set);
             BD_STAT_ADD(f->stats, summary_buckets_skipped, lost);
             break;
         }
-        bd_summaries_advance(f->sums, n);
+        bd_summaries_advance(f->sums.set, n);
         BD_STAT_ADD(f->stats, summary_refreshes, 1);
         BD_STAT_ADD(f->stats, summary_buckets_refreshed, n);
         if (!stopping) {
             /* Readings drained meanwhile come first: the rest of the round goes on at the
              * next step. */
-            if (bd_summaries_in_round(f->sums) > 0) {
-                f->sums_next_ms = wall_ms;
+            if (bd_summaries_in_round(f->sums.set) > 0) {
+                f->sums.next_ms = wall_ms;
             }
             break;
         }
@@ -137,5 +119,26 @@ void flusher_summaries_step(struct bd_flusher *f, int64_t wall_ms, bool stopping
 }
 
 uint32_t flusher_summaries_pending(const struct bd_flusher *f) {
-    return f->sums == NULL ? 0 : bd_summaries_waiting(f->sums) + bd_summaries_in_round(f->sums);
+    return f->sums.set == NULL
+               ? 0
+               : bd_summaries_waiting(f->sums.set) + bd_summaries_in_round(f->sums.set);
+}
+
+void flusher_summaries_adopt(struct bd_flusher *f, const struct bd_config *prev, int64_t wall_ms) {
+    uint64_t was = prev->summaries.interval_ms, now = f->cfg->summaries.interval_ms;
+    if (was != 0 && now == 0) {
+        flusher_summaries_close(f, "summaries were turned off (summaries.interval: 0)");
+        return;
+    }
+    if (was == 0 && now != 0) {
+        struct bd_err err = {0};
+        if (flusher_summaries_open(f, &err) < 0) {
+            bd_error("%s: summaries stay off until the next reload", err.msg);
+        }
+        f->sums.next_ms = 0; /* the first round is one interval from the next step */
+        return;
+    }
+    if (f->sums.set != NULL && now < was && f->sums.next_ms > wall_ms + (int64_t)now) {
+        f->sums.next_ms = wall_ms + (int64_t)now; /* a shorter interval counts from now */
+    }
 }

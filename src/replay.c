@@ -13,34 +13,19 @@
 
 #include "bucketd/alloc.h"
 #include "bucketd/bucket.h"
-#include "bucketd/escape.h"
 #include "bucketd/log.h"
-#include "bucketd/summaries.h"
-
-/* As the flusher: refusals before quarantine, duplicate keys without our number before it. */
-#define MAX_REFUSALS 8
-#define MAX_DUP_CHECKS 3
 
 /* Fixed part of an update's entry: n_readings, flags, start, page, id length. */
 #define ENTRY_HEADER 24
-
-struct upd {
-    const char *sensor_id; /* NUL-terminated, in r->ids */
-    int64_t start_ms;
-    uint32_t page;
-    uint32_t n_readings;
-    bool done;
-    bool maybe_sent; /* BD_REPLAY_MAYBE_SENT, or an attempt of this replay was ambiguous */
-    uint8_t refusals;
-    uint8_t dup_checks;
-};
 
 struct bd_replay {
     uint8_t *data; /* the payload, copied */
     size_t len;
     uint64_t seq;
     uint32_t n;
-    struct upd *u;
+    /* Each update as the settle engine sees it: maybe_applied is BD_REPLAY_MAYBE_SENT, or an
+     * attempt of this replay was ambiguous. */
+    struct bd_settle_upd *u;
     bson_t *filters, *updates; /* views into data, BSON_ALIGNOF(bson_t) aligned arrays */
     char *ids;
     uint32_t chunk_max; /* flush.max_updates, halved after a driver refusal */
@@ -166,10 +151,10 @@ int bd_replay_load(struct bd_replay **out, const struct bd_spool_record *rec, st
     char *ids = r->ids;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *p = r->data + off;
-        struct upd *u = &r->u[i];
+        struct bd_settle_upd *u = &r->u[i];
         uint32_t id_len = bd_get_le32(p + 20);
         u->n_readings = bd_get_le32(p);
-        u->maybe_sent = (bd_get_le32(p + 4) & BD_REPLAY_MAYBE_SENT) != 0;
+        u->maybe_applied = (bd_get_le32(p + 4) & BD_REPLAY_MAYBE_SENT) != 0;
         u->start_ms = (int64_t)bd_get_le64(p + 8);
         u->page = bd_get_le32(p + 16);
         memcpy(ids, p + ENTRY_HEADER, id_len);
@@ -213,157 +198,35 @@ uint64_t bd_replay_seq(const struct bd_replay *r) {
     return r->seq;
 }
 
-static void settle_applied(struct bd_replay *r, const struct bd_replay_env *env, uint32_t i) {
-    r->u[i].done = true;
-    BD_STAT_ADD(env->stats, readings_flushed, r->u[i].n_readings);
-    if (env->sums != NULL &&
-        bd_summaries_mark(env->sums, r->u[i].sensor_id, r->u[i].start_ms) < 0) {
-        BD_STAT_ADD(env->stats, summary_buckets_skipped, 1);
-    }
+/* The settle engine's view of the record's updates: they are kept as it sees them. */
+static void upd_get(void *arg, uint32_t i, struct bd_settle_upd *v) {
+    *v = ((const struct bd_replay *)arg)->u[i];
 }
 
-static void quarantine(struct bd_replay *r, const struct bd_replay_env *env, uint32_t i,
-                       int64_t code, const char *why, int64_t wall_ms, bool conflict) {
-    struct upd *u = &r->u[i];
-    char id[BD_BUCKET_ID_MAX], shown[BD_ESCAPE_CAP(BD_BUCKET_ID_MAX)];
-    bd_bucket_id(id, sizeof(id), u->sensor_id, u->start_ms, u->page);
-    bd_escape_str(shown, sizeof(shown), id); /* the id holds the sensor id, sent by anyone */
-    u->done = true;
-    BD_STAT_ADD(env->stats, updates_quarantined, 1);
-    BD_STAT_ADD(env->stats, readings_quarantined, u->n_readings);
-    if (conflict) {
-        BD_STAT_ADD(env->stats, writer_conflicts, 1);
-        bd_error("bucket %s already holds sequence %" PRIu64 " or newer of writer_id %s, which "
-                 "this daemon never sent: another daemon is using writer_id %s; give each daemon "
-                 "its own (%u spooled readings not written)",
-                 shown, r->seq, env->cfg->writer_id, env->cfg->writer_id, u->n_readings);
-    } else {
-        bd_error("MongoDB rejected the spooled update of bucket %s for good (%u readings "
-                 "quarantined%s): code %" PRId64 ": %s",
-                 shown, u->n_readings, env->dead != NULL ? ", kept in the dead-letter file" : "",
-                 code, why);
-    }
-    if (env->dead != NULL) {
-        struct bd_err err = {0};
-        struct bd_deadletter_record rec = {.time_ms = wall_ms,
-                                           .writer_id = env->cfg->writer_id,
-                                           .seq = r->seq,
-                                           .database = env->cfg->mongodb.database,
-                                           .collection = env->cfg->mongodb.collection,
-                                           .bucket_id = id,
-                                           .n_readings = u->n_readings,
-                                           .code = code,
-                                           .message = why,
-                                           .filter = &r->filters[i],
-                                           .update = &r->updates[i]};
-        if (bd_deadletter_append(env->dead, &rec, &err) < 0) {
-            BD_STAT_ADD(env->stats, deadletter_write_errors, 1);
-            BD_STAT_ADD(env->stats, deadletter_dropped_readings, u->n_readings);
-            bd_error("cannot keep the quarantined update of bucket %s in %s (%u readings kept "
-                     "nowhere): %s",
-                     shown, bd_deadletter_path(env->dead), u->n_readings, err.msg);
-        }
-    }
-}
-
-/* One store call, run through env->run. */
-struct call {
-    struct bd_store *st;
-    bool find; /* find_pages, else bulk_upsert */
-    const bson_t **sels, **upds;
-    uint32_t n;
-    bson_t *reply;
-    const struct bd_page_key *keys;
-    bd_store_page_cb cb;
-    void *cb_arg;
-    bson_error_t *error;
-    bool ok;
-};
-
-static void call_run(void *arg) {
-    struct call *c = arg;
-    if (c->find) {
-        c->ok = c->st->ops->find_pages(c->st, c->keys, c->n, c->cb, c->cb_arg, c->error);
-    } else {
-        c->ok = c->st->ops->bulk_upsert(c->st, c->sels, c->upds, c->n, c->reply, c->error);
-    }
-}
-
-struct readback {
-    const struct bd_replay *r;
-    const uint32_t *idx;
-    uint32_t n;
-    uint64_t *seen;
-};
-
-static void readback_page(void *arg, const struct bd_page_info *info) {
-    struct readback *rb = arg;
-    for (uint32_t k = 0; k < rb->n; k++) {
-        const struct upd *u = &rb->r->u[rb->idx[k]];
-        if (u->start_ms == info->start_ms && (int64_t)u->page == info->page &&
-            strcmp(u->sensor_id, info->sensor_id) == 0) {
-            rb->seen[k] = info->writer_seq;
-        }
-    }
-}
-
-/* Duplicate-key answers: the page holds our number (or a later one) -> applied before. */
-static void settle_duplicates(struct bd_replay *r, const struct bd_replay_env *env,
-                              const uint32_t *idx, uint32_t n, int64_t wall_ms) {
-    struct bd_page_key *keys = bd_calloc(n, sizeof(*keys));
-    uint64_t *seen = bd_calloc(n, sizeof(*seen));
-    bson_error_t berr;
-    if (keys == NULL || seen == NULL) {
-        goto out; /* asked again with the next attempt */
-    }
-    for (uint32_t k = 0; k < n; k++) {
-        keys[k] = (struct bd_page_key){.sensor_id = r->u[idx[k]].sensor_id,
-                                       .start_ms = r->u[idx[k]].start_ms};
-    }
-    struct readback rb = {.r = r, .idx = idx, .n = n, .seen = seen};
-    struct call c = {.st = env->store,
-                     .find = true,
-                     .keys = keys,
-                     .n = n,
-                     .cb = readback_page,
-                     .cb_arg = &rb,
-                     .error = &berr};
-    BD_STAT_ADD(env->stats, page_lookups, 1);
-    env->run(env->run_arg, call_run, &c);
-    if (!c.ok) {
-        goto out;
-    }
-    for (uint32_t k = 0; k < n; k++) {
-        uint32_t i = idx[k];
-        if (seen[k] >= r->seq && r->u[i].maybe_sent) {
-            BD_STAT_ADD(env->stats, updates_already_applied, 1);
-            settle_applied(r, env, i);
-        } else if (seen[k] >= r->seq) {
-            quarantine(r, env, i, 11000, "the page holds this writer's sequence already", wall_ms,
-                       true);
-        } else if (++r->u[i].dup_checks >= MAX_DUP_CHECKS) {
-            quarantine(r, env, i, 11000,
-                       "duplicate key again and again, without this writer's sequence in the page",
-                       wall_ms, false);
-        }
-    }
-out:
-    free(keys);
-    free(seen);
+static void upd_put(void *arg, uint32_t i, const struct bd_settle_upd *v) {
+    ((struct bd_replay *)arg)->u[i] = *v;
 }
 
 bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int64_t wall_ms,
                        enum bd_bulk_cause *cause, char *msg, size_t msg_cap) {
-    const uint32_t max = env->cfg->flush.max_updates;
+    struct bd_settle *s = env->settle;
+    const uint32_t max = s->cfg->flush.max_updates;
     if (r->chunk_max == 0) {
         r->chunk_max = max;
     }
     if (env->run_first_seq == 0 || r->seq < env->run_first_seq) {
         /* Spooled by an earlier run: its attempts after the spooling are not known. */
         for (uint32_t i = 0; i < r->n; i++) {
-            r->u[i].maybe_sent = true;
+            r->u[i].maybe_applied = true;
         }
     }
+    /* Its updates cannot move to other pages: they were built, and numbered, when spooled. */
+    const struct bd_settle_host host = {.arg = r,
+                                        .get = upd_get,
+                                        .put = upd_put,
+                                        .relocate = NULL,
+                                        .seq = r->seq,
+                                        .what = "spooled "};
     uint32_t *idx = bd_calloc(max, sizeof(*idx));
     uint32_t *dups = bd_calloc(max, sizeof(*dups));
     const bson_t **sels = bd_calloc(max, sizeof(*sels));
@@ -392,78 +255,23 @@ bool bd_replay_attempt(struct bd_replay *r, const struct bd_replay_env *env, int
         if (n == 0) {
             break;
         }
-        bson_t reply;
-        bson_error_t berr = {0};
-        struct call c = {
-            .st = env->store, .sels = sels, .upds = upds, .n = n, .reply = &reply, .error = &berr};
-        int64_t start_ns = bd_mono_ns();
-        env->run(env->run_arg, call_run, &c);
-        bd_outcome_classify(c.ok, &reply, &berr, n, outs, bulk);
-        bson_destroy(&reply);
-        if (bulk->reached > 0) {
-            BD_STAT_ADD(env->stats, bulk_writes, 1);
-            BD_STAT_ADD(env->stats, updates_sent, bulk->reached);
-            for (uint32_t k = 0; k < n; k++) {
-                bd_histogram_observe(&env->stats->update_readings, &bd_hist_update_readings,
-                                     r->u[idx[k]].n_readings);
-            }
-        }
-        if (bulk->cause != BD_CAUSE_CLIENT) {
-            bd_stats_bulk_done(env->stats, start_ns,
-                               bulk->cause == BD_CAUSE_NONE || bulk->cause == BD_CAUSE_SERVER);
-        }
-        if (bulk->cause == BD_CAUSE_CLIENT && !bulk->partly_executed) {
-            /* Refused before sending, without saying which: halve until it is alone. */
-            if (n > 1) {
-                r->chunk_max = BD_MAX(1, n / 2);
-                next = idx[0];
-                continue;
-            }
-            outs[0].kind = BD_OUTCOME_PERMANENT;
-            outs[0].code = (int32_t)bulk->code;
-        }
-        if (bulk->cause != BD_CAUSE_NONE) {
-            *cause = bulk->cause;
+        const struct bd_settle_chunk chunk = {.n = n,
+                                              .items = idx,
+                                              .filters = sels,
+                                              .updates = upds,
+                                              .outcomes = outs,
+                                              .readback = dups};
+        uint32_t chunk_max = r->chunk_max;
+        enum bd_bulk_cause c = bd_settle_send(s, &host, &chunk, &r->chunk_max, bulk, wall_ms);
+        if (c != BD_CAUSE_NONE) {
+            *cause = c;
             snprintf(msg, msg_cap, "%s", bulk->message);
         }
-        uint32_t n_dups = 0;
-        for (uint32_t k = 0; k < n; k++) {
-            uint32_t i = idx[k];
-            const char *why = bd_outcome_message(bulk, &outs[k]);
-            if (*why == '\0') {
-                why = bulk->message;
-            }
-            int64_t code = outs[k].code != 0 ? outs[k].code : bulk->code;
-            switch ((enum bd_outcome)outs[k].kind) {
-            case BD_OUTCOME_APPLIED:
-                settle_applied(r, env, i);
-                break;
-            case BD_OUTCOME_AMBIGUOUS:
-                r->u[i].maybe_sent = true;
-                break;
-            case BD_OUTCOME_NOT_SENT:
-            case BD_OUTCOME_RETRY:
-            case BD_OUTCOME_CONFIG: /* the deployment must change: kept, retried, logged */
-                break;
-            case BD_OUTCOME_DUPLICATE:
-                dups[n_dups++] = i;
-                break;
-            case BD_OUTCOME_TOO_LARGE:
-            case BD_OUTCOME_REFUSED:
-                if (++r->u[i].refusals >= MAX_REFUSALS) {
-                    quarantine(r, env, i, code, why, wall_ms, false);
-                }
-                break;
-            case BD_OUTCOME_PERMANENT:
-                quarantine(r, env, i, code, why, wall_ms, false);
-                break;
-            }
-        }
-        if (n_dups > 0) {
-            settle_duplicates(r, env, dups, n_dups, wall_ms);
-        }
-        if (bulk->cause == BD_CAUSE_UNREACHABLE || bulk->cause == BD_CAUSE_CONNECTION) {
+        if (c == BD_CAUSE_UNREACHABLE || c == BD_CAUSE_CONNECTION) {
             break; /* the rest waits for the next attempt */
+        }
+        if (r->chunk_max < chunk_max) {
+            next = idx[0]; /* halved after a driver refusal: the same updates, fewer a bulk */
         }
     }
 out:

@@ -18,9 +18,12 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 export MONGOC_DISABLE_SHM=1
 
 # The flusher and what its decisions are made of (DESIGN.md §3, the seams of the flusher);
-# queries holds the summaries' aggregate and the buckets' filter (once in summaries and store).
-flusher_modules="flusher flusher_evict flusher_reload flusher_spool flusher_summaries outcome
-pages batch bucket replay store io writer deadletter summaries queries spool alloc"
+# queries holds the summaries' aggregate and the buckets' filter (once in summaries and store);
+# flusher_* are the flusher's parts (src/flusher_int.h), settle the engine it shares with replay
+# (once in flusher and replay), storecall the store-call runner.
+flusher_modules="flusher flusher_reload flusher_spool flusher_writer flusher_summaries flusher_drain
+flusher_io settle storecall outcome pages batch bucket replay store io writer deadletter summaries
+queries spool alloc"
 
 all=0
 [ "${1:-}" = "--all" ] && all=1

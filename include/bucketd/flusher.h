@@ -4,8 +4,8 @@
  * (pages.h keeps the page accounting, batch.h the pending deltas) and, once per flush.interval,
  * writes them with unordered bulks of upserts through a store (store.h: MongoDB, or a scripted
  * one in unit tests): one update per bucket page per interval. What became of each update
- * (outcome.h) decides whether it is settled, sent again, split over new pages or quarantined
- * (deadletter.h).
+ * (outcome.h) decides, by the settle engine's rules (settle.h, the same for the spool replay),
+ * whether it is settled, sent again, split over new pages or quarantined (deadletter.h).
  *
  * Two batches: the one being written (in flight, or waiting for its retry) and the next one,
  * which the drain keeps filling meanwhile -- the store calls run on an I/O thread (io.h), so a

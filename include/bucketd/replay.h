@@ -13,18 +13,20 @@
  *   u32 id length,
  *   the sensor id's bytes, the filter (BSON), the update (BSON).
  *
- * Settling a replayed update is the flusher's rule set without the page moves: applied, or
+ * Settling a replayed update is the flusher's (settle.h, one engine for both) without the page
+ * moves: the updates were numbered and built when they were spooled, so a size refusal counts
+ * as a refusal, bounded, and an update the driver refuses alone is quarantined. Applied, or
  * proved applied by reading the page's w.<writer_id> back after a duplicate key, is settled. A
  * page that holds this batch's number although no attempt of the update can have reached
- * MongoDB was written by another daemon using this writer_id: a conflict (counted, quarantined).
- * Whether an attempt may have reached MongoDB is known for records spooled by this run (the
- * flag below, then every replay attempt); a record an earlier run spooled counts as possibly
- * applied already, since a crash may have come after a send.
- * connection failures and transient errors are retried without limit; refusals are retried a
- * bounded number of times, then the update is quarantined (dead-letter file) like any other.
+ * MongoDB was written by another daemon using this writer_id: a conflict (counted,
+ * quarantined). Whether an attempt may have reached MongoDB is known for records spooled by
+ * this run (the flag below, then every replay attempt); a record an earlier run spooled counts
+ * as possibly applied already, since a crash may have come after a send. Connection failures
+ * and transient errors are retried without limit; refusals are retried a bounded number of
+ * times, then the update is quarantined (dead-letter file) like any other.
  *
- * Flusher thread only; the store calls run through the runner the flusher passes (its I/O
- * thread, draining meanwhile).
+ * Flusher thread only; the store calls run through the settle engine's runner (the flusher's
+ * I/O thread, draining meanwhile).
  */
 #ifndef BUCKETD_REPLAY_H
 #define BUCKETD_REPLAY_H
@@ -34,13 +36,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bucketd/config.h"
-#include "bucketd/deadletter.h"
-#include "bucketd/io.h"
 #include "bucketd/outcome.h"
+#include "bucketd/settle.h"
 #include "bucketd/spool.h"
-#include "bucketd/stats.h"
-#include "bucketd/store.h"
 
 /* A growing payload. */
 struct bd_replay_buf {
@@ -61,17 +59,10 @@ void bd_replay_buf_reset(struct bd_replay_buf *buf);
 void bd_replay_buf_close(struct bd_replay_buf *buf);
 
 /* What replaying needs from the flusher. */
-struct bd_summaries;
-
 struct bd_replay_env {
-    struct bd_store *store;
-    /* Runs fn(fn_arg) -- one store call -- and returns when it returned. */
-    void (*run)(void *run_arg, bd_io_fn fn, void *fn_arg);
-    void *run_arg;
-    struct bd_deadletter *dead; /* may be NULL */
-    struct bd_stats *stats;
-    const struct bd_config *cfg;
-    struct bd_summaries *sums; /* buckets written are marked here; may be NULL */
+    /* The settle engine (store, runner, dead letters, stats, configuration, summaries, and the
+     * log limits), shared with the flusher's own writes. */
+    struct bd_settle *settle;
     /* The first sequence number this run took (0: none yet). Records with a number from it on
      * were spooled by this run, so their flags are known to be right; numbers are never
      * reused across runs (writer.h). */

@@ -7,6 +7,7 @@
  * Expected values come from the readings each test put into its record.
  */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -44,6 +45,7 @@ static struct bd_sensor_table *table;
 static struct fake_store fs;
 static struct bd_deadletter *dead;
 static struct bd_summaries *sums;
+static struct bd_settle settle; /* what the flusher shares with its replay */
 static struct bd_replay_env env;
 static uint32_t record_flags; /* the flags build_record gives every update */
 static char dir[64];
@@ -78,12 +80,14 @@ static void setup(void) {
     fake_init(&fs, cfg.writer_id);
     cr_assert_eq(bd_deadletter_open(&dead, dir, &err), 0, "%s", err.msg);
     cr_assert_eq(bd_summaries_new(&sums), 0);
-    env = (struct bd_replay_env){.store = &fs.base,
-                                 .run = run_here,
-                                 .dead = dead,
-                                 .stats = &stats,
-                                 .cfg = &cfg,
-                                 .sums = NULL};
+    settle = (struct bd_settle){.store = &fs.base,
+                                .run = run_here,
+                                .dead = dead,
+                                .stats = &stats,
+                                .cfg = &cfg,
+                                .sums = NULL};
+    bd_settle_init(&settle);
+    env = (struct bd_replay_env){.settle = &settle};
 }
 
 static void teardown(void) {
@@ -340,7 +344,7 @@ static const struct spec three[] = {
 
 static void applied_then_replayed(uint32_t max_updates) {
     cfg.flush.max_updates = max_updates;
-    env.sums = sums;
+    settle.sums = sums;
     struct record r;
     build_record(&r, three, 3, SEQ);
     struct bd_replay *rp = load(&r);
@@ -438,7 +442,7 @@ Test(replay, a_permanent_refusal_quarantines_one_update_at_once_and_stores_the_r
 }
 
 Test(replay, without_a_dead_letter_file_a_quarantine_is_still_counted) {
-    env.dead = NULL;
+    settle.dead = NULL;
     fs.poison = "m,s=2";
     struct record r;
     build_record(&r, poisoned, 3, SEQ);
@@ -453,6 +457,33 @@ Test(replay, without_a_dead_letter_file_a_quarantine_is_still_counted) {
     cr_assert_eq(read_dead(NULL, 0), 0);
     bd_replay_free(rp);
     free_record(&r);
+}
+
+/* The flusher's limit on quarantine lines (five each ten seconds): a replay that quarantines
+ * many updates in a row logs a few of them, and counts every one. */
+Test(replay, quarantines_are_logged_rate_limited_and_all_counted) {
+    enum { RECORDS = 8, LIMIT = 5 };
+    fs.poison = "m,s=1";
+    cr_redirect_stderr();
+    for (int k = 0; k < RECORDS; k++) {
+        struct record r;
+        build_record(&r, poisoned, 3, SEQ + (uint64_t)k);
+        struct bd_replay *rp = load(&r);
+        enum bd_bulk_cause cause;
+        cr_assert(attempt(rp, &cause), "record %d settled", k);
+        bd_replay_free(rp);
+        free_record(&r);
+    }
+    fflush(stderr);
+    FILE *log = cr_get_redirected_stderr();
+    char line[2048];
+    int logged = 0;
+    while (fgets(line, sizeof(line), log) != NULL) {
+        logged += strstr(line, "MongoDB rejected the spooled update of bucket") != NULL;
+    }
+    cr_assert_eq(STAT(updates_quarantined), RECORDS, "every quarantine counted");
+    cr_assert_eq(read_dead(NULL, 0), RECORDS, "and kept in the dead-letter file");
+    cr_assert_eq(logged, LIMIT, "%d quarantine lines logged", logged);
 }
 
 /* ---- 10. the dead-letter file at its cap ----------------------------------------------------- */
@@ -1301,7 +1332,7 @@ static void sweep_store(void) {
     fake_put(&fs, "m,s=1", hour_ms, 0, 2, SEQ); /* applied before a crash */
     bd_summaries_free(sums);
     cr_assert_eq(bd_summaries_new(&sums), 0);
-    env.sums = sums;
+    settle.sums = sums;
 }
 
 Test(replay, each_allocation_failure_in_an_attempt_delays_but_never_loses_or_duplicates) {
