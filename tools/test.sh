@@ -110,6 +110,21 @@ skip_stage() { # stage, reason
 
 stage "plain build"
 configure_build build
+# Layers only call down (src/README.md): no two files of src/ may depend on each other in a
+# circle, by the object files' symbols and the includes of another module's header. The check is
+# the one beside the repository (../shared/tools/layers.py); CI always has it.
+stage "layers"
+layers="$root/../shared/tools/layers.py"
+if [ -f "$layers" ]; then
+  echo "== layers: $(/usr/bin/python3 "$layers" build src | tail -n 1)"
+  /usr/bin/python3 "$layers" build src >/dev/null || {
+    /usr/bin/python3 "$layers" build src
+    echo "a circle among the files of src/: a lower layer calls a higher one (src/README.md)" >&2
+    exit 1
+  }
+else
+  skip_stage layers "no ../shared/tools/layers.py beside the repository"
+fi
 stage "plain tests"
 run_ctest build plain "plain build: unit, end-to-end and stress tests"
 
