@@ -12,6 +12,8 @@
 #   . tools/apt.sh
 #   bd_apt_install PKG...      # installs those of PKG... not installed yet (one update first)
 #   bd_apt_get ARGS...         # apt-get ARGS..., as root (sudo when not root), waiting for locks
+#   bd_apt_sources             # sets codename (this machine's Debian release) and sources (its
+#                              # apt source files): what a fresh root of this release is made from
 
 BD_APT_SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -61,4 +63,16 @@ bd_apt_install() { # packages...
         BD_APT_UPDATED=1
     fi
     bd_apt_get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+bd_apt_sources() { # sets codename and the array sources
+    local f
+    codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
+    sources=()
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+        /etc/apt/sources.list.d/*.sources; do
+        if [ -s "$f" ]; then
+            sources+=("$f")
+        fi
+    done
 }

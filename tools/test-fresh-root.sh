@@ -24,13 +24,7 @@ fi
 . tools/apt.sh
 bd_apt_install mmdebstrap
 
-codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
-sources=()
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-    if [ -s "$f" ]; then
-        sources+=("$f")
-    fi
-done
+bd_apt_sources # codename, sources
 if [ -z "$codename" ] || [ ${#sources[@]} -eq 0 ]; then
     echo "test-fresh-root: no Debian release or apt sources on this machine" >&2
     exit 2

@@ -67,13 +67,7 @@ fail() {
 bd_apt_install lintian mmdebstrap arch-test dpkg-dev
 
 # The fresh roots: the machine's Debian release, from its own apt sources.
-codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
-sources=()
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-    if [ -s "$f" ]; then
-        sources+=("$f")
-    fi
-done
+bd_apt_sources # codename, sources
 
 # --- Build ---------------------------------------------------------------------------------
 
