@@ -41,6 +41,7 @@ struct conn {
     bool peer_counted;
     uint64_t last_active_ms; /* uv_now() when it last completed a line, for the idle sweep */
     bool paused;             /* reading stopped by backpressure */
+    bool out_blocked;        /* TLS: reading stopped while the peer leaves our output unread */
     bool eof;                /* the peer finished sending; close once the buffer is consumed */
     struct bd_tls *tls;      /* TLS listener: the session (tcp_tls.c); NULL on plain ones */
     uint64_t accepted_ms;    /* TLS: uv_now() at accept, for the handshake deadline */
@@ -233,6 +234,8 @@ int ingest_conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure);
 int ingest_conn_drain(struct conn *c, int64_t now_ns, bool backpressure);
 int ingest_conn_finish(struct conn *c, int64_t now_ns);
 void ingest_conn_pause(struct conn *c);
+/* Read again (the peer has read our TLS output); a connection that cannot is closed. */
+void ingest_conn_read_start(struct conn *c);
 void ingest_conn_close(struct conn *c);
 
 /* ---- tcp_tls.c ---- */

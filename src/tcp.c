@@ -43,6 +43,7 @@ struct rejected {
 };
 
 static void conn_close(struct conn *c);
+static void conn_read_start(struct conn *c);
 
 static void on_conn_closed(uv_handle_t *h) {
     struct conn *c = h->data;
@@ -313,6 +314,15 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             BD_STAT_ADD(in->stats, tcp_sensor_pauses, 1);
         }
         conn_pause(c);
+    }
+}
+
+/* Read again after a pause; a connection that cannot is closed. */
+static void conn_read_start(struct conn *c) {
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
+    if (rc < 0) {
+        bd_warn("%s: cannot resume reading: %s", c->l->name, uv_strerror(rc));
+        conn_close(c);
     }
 }
 
@@ -656,10 +666,8 @@ bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns) {
         }
         conn_unpause(c);
         c->last_active_ms = uv_now(in->loop);
-        rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
-        if (rc < 0) {
-            bd_warn("%s: cannot resume reading: %s", l->name, uv_strerror(rc));
-            conn_close(c);
+        if (!c->out_blocked) {
+            conn_read_start(c); /* else once the peer has read our output (tcp_tls.c) */
         }
     }
     return true;
@@ -697,4 +705,8 @@ void ingest_conn_pause(struct conn *c) {
 
 void ingest_conn_close(struct conn *c) {
     conn_close(c);
+}
+
+void ingest_conn_read_start(struct conn *c) {
+    conn_read_start(c);
 }

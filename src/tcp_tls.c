@@ -23,6 +23,18 @@
 /* The longest a handshake may take, if idle_timeout is not shorter. */
 #define HANDSHAKE_TIMEOUT_MS 10000
 
+/*
+ * Output bytes a connection may have queued (written by neither uv_try_write nor the kernel)
+ * before it stops reading, and the level they must fall to before it reads again. The server
+ * answers some records with records of its own (a KeyUpdate that asks for one, a TLS 1.2
+ * renegotiation attempt), so a peer that sends them and never reads would otherwise make
+ * the queue grow without bound. Stopping the reads stops the input that makes the output:
+ * backpressure, as on plain TCP. The queue then holds at most this plus what one read's
+ * ciphertext (at most max_line + 4 KiB) answers.
+ */
+#define OUT_QUEUE_MAX (64 * 1024)
+#define OUT_QUEUE_RESUME (OUT_QUEUE_MAX / 2)
+
 /* Bytes for the peer whose write is in flight; freed by on_written. */
 struct out_req {
     uv_write_t req;
@@ -30,8 +42,19 @@ struct out_req {
 };
 
 static void on_written(uv_write_t *req, int status) {
-    (void)status; /* a failed write shows up as a read error or the close that caused it */
+    uv_stream_t *s = req->handle;
+    struct conn *c = s->data;
     free((struct out_req *)req);
+    /* A failed write shows up as a read error or the close that caused it: a connection that
+     * stopped reading for its output reads again to see it. */
+    if (!c->out_blocked || uv_is_closing((uv_handle_t *)s) ||
+        (status == 0 && uv_stream_get_write_queue_size(s) > OUT_QUEUE_RESUME)) {
+        return;
+    }
+    c->out_blocked = false;
+    if (!c->paused && !c->eof) {
+        ingest_conn_read_start(c);
+    }
 }
 
 /* Send what the session has for the peer (handshake messages, alerts, close_notify). */
@@ -60,6 +83,16 @@ static void send_output(struct conn *c) {
     }
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
         free(w);
+        return;
+    }
+    if (!c->out_blocked && !c->eof &&
+        uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > OUT_QUEUE_MAX) {
+        /* The peer does not read what we send: read nothing more until it does (on_written).
+         * A paused connection is not read either; the first of the two to end leaves it
+         * to the other. */
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->out_blocked = true;
+        BD_STAT_ADD(c->l->in->stats, tls_output_pauses, 1);
     }
 }
 
