@@ -1,29 +1,22 @@
 /*
- * Listeners: UDP datagrams and TCP line streams turned into parsed points for the sensor table.
- * This file holds the part every listener shares (lifetime, one listener's open and close, bad
- * line samples, lines to the sensor table) and the public API; UDP is in udp.c, TCP in tcp.c,
- * the kernel's UDP counters in kstats.c (see src/ingest_int.h).
+ * The ingest stage's public API (include/bucketd/ingest.h) and its top layer: UDP datagrams and
+ * TCP line streams turned into parsed points for the sensor table. This file keeps the set of
+ * listeners (opened at start, changed by a reload), the stop, abort and resume that go over all
+ * of them, and the kernel's UDP counters while a UDP listener is open. Below it, udp.c and
+ * tcp.c run the listeners, kstats.c the counters, and the ingest core (ingest_core.c) what they
+ * share; src/ingest_int.h maps the files. Nothing below calls back up here except through the
+ * callbacks handed down (the stopped callback of a stop, the sockets kstats.c asks about).
  *
- * Threads: everything in these files runs on the ingest thread, the one that owns the uv loop
- * handed to bd_ingest_new(); nothing here is touched from any other thread, so there are no
- * locks or atomics apart from the stats counters.
+ * Threads: the ingest thread only, the one that owns the uv loop handed to bd_ingest_new().
  *
- * Ownership: struct bd_ingest owns an array of listeners and, when one of them is UDP, the timer
- * and buffers that read the kernel's UDP counters from /proc. Each listener owns its uv handle,
- * one parser, one struct bd_point (heap: about 12 KiB), for UDP one 20 x 64 KiB receive slab,
- * and for TCP an idle-sweep timer and its connections. Each connection is one heap block (struct
- * plus a receive buffer of limits.max_line + CONN_SLACK bytes) allocated at accept and freed by
- * its close callback. Nothing is allocated per datagram or per line.
- *
- * A reload changes the listener set (bd_ingest_set_listeners): a new listener opens in a free
- * slot; a removed one closes its socket (UDP: after reading out its buffer, as at a stop) and,
- * TCP, keeps its connections until their senders close them, so that nothing they send is
- * lost; its slot is free again once its handles have closed.
- *
- * Lifetime: every uv handle that is open counts in in->open_handles and its close callback
- * decrements it. The struct is destroyed when it has been released (bd_ingest_free, or a failed
- * bd_ingest_new) and no handle is left open, so a close callback never sees freed memory, even
- * if the owner frees before running the loop.
+ * Ownership: struct bd_ingest owns its listener slots (ingest_core.c) and, with a UDP listener,
+ * the kernel counters' object (kstats.c). A reload changes the listener set
+ * (bd_ingest_set_listeners): a new listener opens in a free slot; a removed one closes its
+ * socket (UDP: after reading out its buffer, as at a stop) and, TCP, keeps its connections
+ * until their senders close them, so that nothing they send is lost; its slot is free again
+ * once its handles have closed. The struct is destroyed once released (bd_ingest_free, or a
+ * failed bd_ingest_new) and its last handle has closed, even if the owner frees before running
+ * the loop.
  */
 #include "bucketd/ingest.h"
 
@@ -35,248 +28,15 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "bucketd/escape.h"
 #include "bucketd/log.h"
-#include "bucketd/parse.h"
-#include "ingest_int.h"
-
-/* Bad-line samples: a few per listener every 10 s, whatever the input rate. */
-#define SAMPLE_BURST 5
-#define SAMPLE_INTERVAL_NS (10 * BD_NS_PER_S)
-/* Bytes of an offending line quoted in a sample. */
-#define SAMPLE_QUOTE 96
-
-/* Listener slots: every listener a configuration may have, and as many removed ones still
- * finishing their connections. */
-#define LISTENER_SLOTS (2 * BD_MAX_LISTENERS)
+#include "ingest_core.h"
+#include "kstats_int.h"
+#include "tcp.h"
+#include "tcp_tls.h"
+#include "udp.h"
 
 /* ---------------------------------------------------------------------------------------- */
-/* Lifetime                                                                                 */
-
-void ingest_listener_release(struct listener *l) {
-    BD_ASSERT(l->conns == NULL);
-    if (l->parser_ok) {
-        bd_parser_close(&l->parser);
-        l->parser_ok = false;
-    }
-    free(l->point);
-    l->point = NULL;
-    free(l->slab);
-    l->slab = NULL;
-    bd_tls_ctx_free(l->tls);
-    l->tls = NULL;
-    bd_peer_counts_close(&l->peers);
-}
-
-static void destroy(struct bd_ingest *in) {
-    BD_ASSERT(in->open_handles == 0);
-    for (uint32_t i = 0; i < in->n_listeners; i++) {
-        ingest_listener_release(&in->listeners[i]);
-    }
-    free(in->listeners);
-    ingest_kstats_free(in);
-    free(in);
-}
-
-void ingest_handle_closed(struct bd_ingest *in) {
-    BD_ASSERT(in->open_handles > 0);
-    in->open_handles--;
-    if (in->open_handles == 0 && in->released) {
-        destroy(in);
-    }
-}
-
-/* A removed listener whose handles and connections are all gone gives its slot back. */
-static void maybe_free_slot(struct listener *l) {
-    if (l->in_use && !l->active && l->closing == 0 && !l->h_open && !l->sweep_open &&
-        l->conns == NULL) {
-        ingest_listener_release(l);
-        l->in_use = false;
-    }
-}
-
-void ingest_on_listener_handle_closed(uv_handle_t *h) {
-    struct listener *l = h->data;
-    struct bd_ingest *in = l->in;
-    BD_ASSERT(l->closing > 0);
-    l->closing--;
-    maybe_free_slot(l);
-    ingest_handle_closed(in);
-}
-
-static void close_handle(struct listener *l, uv_handle_t *h) {
-    l->closing++;
-    uv_close(h, ingest_on_listener_handle_closed);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Log helpers                                                                              */
-
-void ingest_format_addr(const struct sockaddr *sa, char *out, size_t cap) {
-    char host[INET6_ADDRSTRLEN] = "?";
-    if (sa == NULL) {
-        snprintf(out, cap, "?");
-        return;
-    }
-    if (sa->sa_family == AF_INET) {
-        const struct sockaddr_in *a4 = (const struct sockaddr_in *)sa;
-        uv_ip4_name(a4, host, sizeof(host));
-        snprintf(out, cap, "%s:%u", host, (unsigned)ntohs(a4->sin_port));
-    } else if (sa->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)sa;
-        uv_ip6_name(a6, host, sizeof(host));
-        snprintf(out, cap, "[%s]:%u", host, (unsigned)ntohs(a6->sin6_port));
-    } else {
-        snprintf(out, cap, "(family %d)", (int)sa->sa_family);
-    }
-}
-
-/*
- * Quote at most SAMPLE_QUOTE bytes of untrusted input so a sample can never forge log lines,
- * carry terminal escapes or break the quoting (bd_escape; the quote and backslash too).
- */
-static void sanitise(const char *line, size_t len, char *out, size_t cap) {
-    bd_escape(out, cap, line, BD_MIN(len, (size_t)SAMPLE_QUOTE), 0);
-}
-
-int64_t ingest_loop_now_ns(const struct listener *l) {
-    /* The loop's cached monotonic time is good enough for rate limiting and costs nothing. */
-    return (int64_t)uv_now(l->in->loop) * BD_NS_PER_MS;
-}
-
-void ingest_sample_bad_line(struct listener *l, const struct sockaddr *peer, const char *reason,
-                            const char *line, size_t len) {
-    if (!bd_ratelimit_ok(&l->rl_lines, ingest_loop_now_ns(l))) {
-        return;
-    }
-    char who[PEER_LEN];
-    char quoted[SAMPLE_QUOTE * 4 + 8];
-    ingest_format_addr(peer, who, sizeof(who));
-    sanitise(line, len, quoted, sizeof(quoted));
-    /* Say how many samples the limiter swallowed since the last one, so the rate is visible. */
-    char more[48] = "";
-    uint64_t suppressed = l->rl_lines.suppressed - l->rl_lines_reported;
-    l->rl_lines_reported = l->rl_lines.suppressed;
-    if (suppressed > 0) {
-        snprintf(more, sizeof(more), " (%llu similar not logged)", (unsigned long long)suppressed);
-    }
-    bd_warn("%s: bad line from %s: %s (%zu bytes): \"%s\"%s%s", l->name, who, reason, len, quoted,
-            len > SAMPLE_QUOTE ? "..." : "", more);
-}
-
-static const char *parse_reason(int rc) {
-    switch (rc) {
-    case BD_PARSE_ETOO_MANY_FIELDS:
-        return "too many fields";
-    case BD_PARSE_ETOO_MANY_TAGS:
-        return "too many tags";
-    case BD_PARSE_ERANGE:
-        return "value out of range";
-    default:
-        return "syntax error";
-    }
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Lines                                                                                    */
-
-const char *ingest_too_long_reason(const struct listener *l) {
-    /* A stream cannot resynchronise on a line it did not keep, so TCP gives up the connection. */
-    return l->cfg.proto == BD_PROTO_TCP ? "line longer than limits.max_line, connection closed"
-                                        : "line longer than limits.max_line";
-}
-
-/*
- * What the parser made of one line (text, without its '\n'): counted, sampled if bad, and if
- * good handed to the sensor table. Returns 0, -E2BIG when the line exceeds max_line (TCP
- * closes the connection on it, UDP just moves to the next line), or INGEST_BUSY (TCP only) when
- * its sensor is busy and the line must be offered again later.
- */
-static int line_result(struct listener *l, int rc, const char *errmsg, struct bd_str line,
-                       const struct sockaddr *peer, int64_t now_ns) {
-    struct bd_ingest *in = l->in;
-    if (rc == BD_PARSE_SKIP) {
-        return 0;
-    }
-    if (rc == BD_PARSE_ETOO_LONG) {
-        BD_STAT_ADD(in->stats, lines, 1);
-        BD_STAT_ADD(in->stats, drop_line_too_long, 1);
-        ingest_sample_bad_line(l, peer, ingest_too_long_reason(l), line.ptr, line.len);
-        return -E2BIG;
-    }
-    if (rc < 0) {
-        BD_STAT_ADD(in->stats, lines, 1);
-        if (rc == BD_PARSE_ETOO_MANY_FIELDS) {
-            BD_STAT_ADD(in->stats, drop_too_many_fields, 1);
-        } else {
-            BD_STAT_ADD(in->stats, drop_parse_error, 1);
-        }
-        ingest_sample_bad_line(l, peer, errmsg != NULL ? errmsg : parse_reason(rc), line.ptr,
-                               line.len);
-        return 0;
-    }
-    /* Every refusal (time window, names, limits, pool full) is counted by the table itself,
-     * except a busy sensor's: a TCP line waits for it (counted once it goes through), a UDP
-     * reading is dropped. */
-    if (bd_sensor_table_accept(in->table, l->point, now_ns) == -EAGAIN) {
-        if (l->cfg.proto == BD_PROTO_TCP) {
-            return INGEST_BUSY;
-        }
-        BD_STAT_ADD(in->stats, drop_sensor_busy, 1);
-    }
-    BD_STAT_ADD(in->stats, lines, 1);
-    return 0;
-}
-
-void ingest_not_allowed(struct listener *l, const struct sockaddr *peer) {
-    BD_STAT_ADD(l->in->stats, drop_not_allowed, 1);
-    l->n_not_allowed++;
-    if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
-        char who[PEER_LEN];
-        ingest_format_addr(peer, who, sizeof(who));
-        bd_warn("%s: %s from %s dropped: not in allow", l->name,
-                l->cfg.proto == BD_PROTO_UDP ? "datagram" : "connection", who);
-    }
-}
-
-/* One line without its '\n', on its own (a TCP stream's unterminated last line). */
-int ingest_handle_line(struct listener *l, const char *line, size_t len,
-                       const struct sockaddr *peer, int64_t now_ns) {
-    const char *errmsg = NULL;
-    int rc = bd_parse_line(&l->parser, line, len, l->point, &errmsg);
-    return line_result(l, rc, errmsg, (struct bd_str){line, len}, peer, now_ns);
-}
-
-/*
- * The next line of the batch begun on the listener's parser (bd_parse_begin); BD_PARSE_END
- * when there is none, else what line_result() returns for it.
- */
-int ingest_next_line_of_batch(struct listener *l, const struct sockaddr *peer, int64_t now_ns) {
-    const char *errmsg = NULL;
-    struct bd_str line;
-    int rc = bd_parse_next(&l->parser, l->point, &line, &errmsg);
-    if (rc == BD_PARSE_END) {
-        return BD_PARSE_END;
-    }
-    return line_result(l, rc, errmsg, line, peer, now_ns);
-}
-
-void ingest_maybe_stopped(struct bd_ingest *in) {
-    if (!in->stopping || in->stopped_cb == NULL) {
-        return;
-    }
-    for (uint32_t i = 0; i < in->n_listeners; i++) {
-        if (in->listeners[i].conns != NULL) {
-            return;
-        }
-    }
-    bd_ingest_stopped_cb cb = in->stopped_cb;
-    in->stopped_cb = NULL;
-    cb(in->stopped_arg);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* One listener                                                                             */
+/* Listeners                                                                                */
 
 static void log_bound(const struct listener *l) {
     struct sockaddr_storage local;
@@ -292,29 +52,17 @@ static void log_bound(const struct listener *l) {
             bd_format_name(l->cfg.format), bd_precision_name(l->cfg.precision));
 }
 
-int ingest_listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
+/*
+ * One listener, the slot l of in->listeners (zeroed): what every listener has (ingest core),
+ * then its socket bound and read (udp.c, tcp.c). On failure the handles already opened stay
+ * for listener_close(); ingest_listener_release() frees the rest once they have closed.
+ */
+static int listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
                          const struct bd_listener_config *cfg, struct bd_err *err) {
-    l->in = in;
-    l->idx = idx;
-    l->cfg = *cfg;
-    l->in_use = true;
-    l->active = true;
-    /* Numbered from 1, as a person counts the entries of the listeners list. */
-    snprintf(l->name, sizeof(l->name), "listener %u (%s %s)", idx + 1, bd_proto_name(l->cfg.proto),
-             l->cfg.bind);
-    l->rl_lines = (struct bd_ratelimit){.interval_ns = SAMPLE_INTERVAL_NS, .burst = SAMPLE_BURST};
-    l->rl_events = l->rl_lines;
-
-    int rc = bd_parser_init(&l->parser, l->cfg.format, l->cfg.precision, in->max_line);
+    int rc = ingest_listener_init(in, l, idx, cfg, err);
     if (rc < 0) {
-        return bd_err_set(err, rc, "%s: cannot set up the parser: %s", l->name, strerror(-rc));
+        return rc;
     }
-    l->parser_ok = true;
-    l->point = malloc(sizeof(*l->point));
-    if (l->point == NULL) {
-        return bd_err_set(err, -ENOMEM, "%s: out of memory", l->name);
-    }
-
     rc = l->cfg.proto == BD_PROTO_UDP ? ingest_udp_open(l, err) : ingest_tcp_open(l, err);
     if (rc < 0) {
         return rc;
@@ -323,36 +71,63 @@ int ingest_listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
     return 0;
 }
 
-/* The listening socket alone (a removed TCP listener keeps its connections and their sweep). */
-static void close_socket(struct listener *l) {
-    if (l->h_open) {
-        if (l->cfg.proto == BD_PROTO_UDP) {
-            uv_udp_recv_stop(&l->h.udp);
-        }
-        close_handle(l, &l->h.handle);
-        l->h_open = false;
+/*
+ * Stop one listener: close its socket, then (TCP) its idle sweep, and stop reading its
+ * connections and finish what they hold (a connection that has to wait for ring space stays,
+ * paused, for resume or abort). A UDP listener's socket buffer is read out first by
+ * ingest_udp_drain_at_stop(). Idempotent.
+ */
+static void listener_close(struct listener *l) {
+    ingest_listener_close_socket(l);
+    if (l->cfg.proto == BD_PROTO_TCP) {
+        ingest_tcp_close(l);
     }
 }
 
-void ingest_listener_close(struct listener *l) {
-    close_socket(l);
-    if (l->sweep_open) {
-        close_handle(l, (uv_handle_t *)&l->sweep);
-        l->sweep_open = false;
-    }
-    ingest_tcp_stop_conns(l);
-}
-
-void ingest_listener_conns_gone(struct listener *l) {
-    if (l->active || l->in->stopping) {
+/* During a stop: call the stopped callback once no listener has a connection left. */
+static void maybe_stopped(struct bd_ingest *in) {
+    if (!in->stopping || in->stopped_cb == NULL) {
         return;
     }
-    bd_info("%s: the last connection left open at its removal has closed", l->name);
-    if (l->sweep_open) {
-        close_handle(l, (uv_handle_t *)&l->sweep);
-        l->sweep_open = false;
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        if (in->listeners[i].conns != NULL) {
+            return;
+        }
     }
-    maybe_free_slot(l);
+    bd_ingest_stopped_cb cb = in->stopped_cb;
+    in->stopped_cb = NULL;
+    cb(in->stopped_arg);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Kernel counters                                                                          */
+
+/* kstats.c asks which slots hold an open UDP socket. */
+static uint32_t kstats_sockets(void *arg, struct ingest_kstats_socket *out, uint32_t cap) {
+    struct bd_ingest *in = arg;
+    BD_ASSERT(in->n_listeners <= cap);
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        const struct listener *l = &in->listeners[i];
+        bool udp = l->cfg.proto == BD_PROTO_UDP && l->h_open && l->sock_inode != 0;
+        out[i] = (struct ingest_kstats_socket){udp ? l->sock_inode : 0,
+                                               l->cfg.addr.ss_family == AF_INET6};
+    }
+    return in->n_listeners;
+}
+
+/* With a UDP listener, and not yet: the kernel counters' baseline and timer. */
+static int kstats_start(struct bd_ingest *in, struct bd_err *err) {
+    bool udp = false;
+    if (in->kstats != NULL || in->stopping) {
+        return 0; /* started already (a reload adding a UDP listener asks again) */
+    }
+    for (uint32_t i = 0; i < in->n_listeners; i++) {
+        udp |= in->listeners[i].cfg.proto == BD_PROTO_UDP;
+    }
+    if (!udp) {
+        return 0;
+    }
+    return ingest_kstats_new(&in->kstats, in, in->cap_listeners, kstats_sockets, in, err);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -384,12 +159,12 @@ int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_confi
 
     for (uint32_t i = 0; i < cfg->n_listeners; i++) {
         in->n_listeners = i + 1; /* so the cleanup below sees this one too */
-        rc = ingest_listener_open(in, &in->listeners[i], i, &cfg->listeners[i], err);
+        rc = listener_open(in, &in->listeners[i], i, &cfg->listeners[i], err);
         if (rc < 0) {
             goto out;
         }
     }
-    rc = ingest_kstats_start(in, err);
+    rc = kstats_start(in, err);
     if (rc < 0) {
         goto out;
     }
@@ -422,12 +197,13 @@ void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {
         }
     }
     /* The last reading, while our sockets still exist, for the stats printed at the stop. */
-    ingest_kstats_update(in);
-    ingest_kstats_stop(in);
+    ingest_kstats_update(in->kstats);
+    ingest_kstats_close(in->kstats);
+    in->kstats = NULL;
     for (uint32_t i = 0; i < in->n_listeners; i++) {
-        ingest_listener_close(&in->listeners[i]);
+        listener_close(&in->listeners[i]);
     }
-    ingest_maybe_stopped(in);
+    maybe_stopped(in);
 }
 
 void bd_ingest_abort(struct bd_ingest *in) {
@@ -437,7 +213,7 @@ void bd_ingest_abort(struct bd_ingest *in) {
     for (uint32_t i = 0; i < in->n_listeners; i++) {
         ingest_tcp_abort_conns(&in->listeners[i]);
     }
-    ingest_maybe_stopped(in);
+    maybe_stopped(in);
 }
 
 void bd_ingest_resume(struct bd_ingest *in) {
@@ -456,7 +232,7 @@ void bd_ingest_resume(struct bd_ingest *in) {
             return;
         }
     }
-    ingest_maybe_stopped(in);
+    maybe_stopped(in);
 }
 
 void bd_ingest_free(struct bd_ingest *in) {
@@ -466,10 +242,7 @@ void bd_ingest_free(struct bd_ingest *in) {
     /* Tolerate a free without a stop: close now and let the last close callback destroy. */
     bd_ingest_stop(in, NULL, NULL);
     bd_ingest_abort(in);
-    in->released = true;
-    if (in->open_handles == 0) {
-        destroy(in);
-    }
+    ingest_release(in);
 }
 
 uint32_t bd_ingest_connections(const struct bd_ingest *in) {
@@ -532,14 +305,14 @@ static void remove_listener(struct listener *l) {
         ingest_udp_drain_at_stop(l, "at its removal");
     }
     if (l->conns == NULL) {
-        ingest_listener_close(l);
+        listener_close(l);
         bd_info("%s: removed", l->name);
     } else {
-        close_socket(l);
+        ingest_listener_close_socket(l);
         bd_info("%s: removed; its %u open connections stay until their senders close them", l->name,
                 l->n_conns);
     }
-    maybe_free_slot(l);
+    ingest_listener_maybe_free(l);
 }
 
 /* A listener a reload added, in a free slot. */
@@ -558,17 +331,17 @@ static int add_listener(struct bd_ingest *in, const struct bd_listener_config *l
     struct listener *l = &in->listeners[i];
     memset(l, 0, sizeof(*l));
     in->n_listeners = BD_MAX(in->n_listeners, i + 1);
-    int rc = ingest_listener_open(in, l, i, lc, err);
+    int rc = listener_open(in, l, i, lc, err);
     if (rc < 0) {
         l->active = false;
-        ingest_listener_close(l); /* what it opened; the slot frees itself once closed */
-        maybe_free_slot(l);
+        listener_close(l); /* what it opened; the slot frees itself once closed */
+        ingest_listener_maybe_free(l);
         return rc;
     }
     /* The kernel's drop counters read this socket from now on (started here when it is the
      * first UDP listener). Without them the listener still works. */
     struct bd_err kerr = {0};
-    if (ingest_kstats_start(in, &kerr) < 0) {
+    if (kstats_start(in, &kerr) < 0) {
         bd_warn("%s: %s; the kernel's UDP drop counters are not read", l->name, kerr.msg);
     }
     return 0;
@@ -594,7 +367,8 @@ int bd_ingest_set_listeners(struct bd_ingest *in, struct bd_config *cfg) {
         udp_goes |= l->active && l->cfg.proto == BD_PROTO_UDP && !kept(l, cfg);
     }
     if (udp_goes) {
-        ingest_kstats_update(in); /* the drops of sockets about to close, while they exist */
+        ingest_kstats_update(
+            in->kstats); /* the drops of sockets about to close, while they exist */
     }
     for (uint32_t i = 0; i < in->n_listeners; i++) {
         struct listener *l = &in->listeners[i];

@@ -1,14 +1,28 @@
 /*
- * The listeners' internals, shared by their source files:
- *   ingest.c  the shared part: lifetime of struct bd_ingest and its handles, one listener's
- *             open and close (reusable per listener), bad-line samples, lines to the sensor
- *             table, and the public API of include/bucketd/ingest.h;
- *   udp.c     UDP listeners: recvmmsg into the slab, backpressure, the read-out at stop;
- *   tcp.c     TCP listeners and their connections: framing, backpressure, idle sweep;
- *   tcp_tls.c TLS on TCP connections (listeners[].tls): ciphertext in, plaintext into the
- *             connection's buffer, handshake bytes out, the handshake deadline;
- *   kstats.c  the kernel's UDP counters from /proc (the parsers of ingest.h and the timer).
- * Everything here runs on the ingest thread, the one that owns the uv loop.
+ * The ingest stage's shared types: struct bd_ingest and the listener slots it holds. Types
+ * only; each file's calls are declared in its own header, and each file calls only the files
+ * below it (a higher one only through a callback it was handed):
+ *
+ *   ingest.c       the public API (include/bucketd/ingest.h): the listener set and its reloads,
+ *                  stop, abort, resume, introspection; opens and closes listeners through udp.c
+ *                  and tcp.c, and the kernel counters through kstats.c
+ *   udp.c          UDP listeners (src/udp.h): recvmmsg into the slab, backpressure, the read-out
+ *                  at stop
+ *   tcp.c          TCP listeners and their connections (src/tcp.h): admission, framing,
+ *                  backpressure, the idle sweep; on a TLS listener it feeds each connection's
+ *                  filter the ciphertext it reads and writes out what the filter has to send
+ *   tcp_tls.c      TLS as that filter (src/tcp_tls.h): a listener's server context, and per
+ *                  connection ciphertext in, plaintext and bytes to send out, the handshake's
+ *                  deadline and its counters
+ *   kstats.c       the kernel's UDP counters (src/kstats_int.h; parsers in
+ *                  include/bucketd/kstats.h): its own buffers and timer, the sockets to look
+ *                  for asked of ingest.c through a callback
+ *   ingest_core.c  the core under all of them (src/ingest_core.h): listener slots and the
+ *                  lifetime of every uv handle, lines to the parser and the sensor table, bad
+ *                  line samples, allow refusals, address formatting
+ *
+ * Threads: everything in these files runs on the ingest thread, the one that owns the uv loop
+ * handed to bd_ingest_new(); there are no locks, and no atomics apart from the stats counters.
  */
 #ifndef BUCKETD_INGEST_INT_H
 #define BUCKETD_INGEST_INT_H
@@ -27,35 +41,12 @@
 /* At stop, how long a UDP listener may spend reading what its socket buffer still holds. */
 #define UDP_STOP_DRAIN_NS (500 * BD_NS_PER_MS)
 
-/* Longest "[v6 address]:port" we format. */
-#define PEER_LEN 64
+/* Listener slots: every listener a configuration may have, and as many removed ones still
+ * finishing their connections. */
+#define LISTENER_SLOTS (2 * BD_MAX_LISTENERS)
 
-struct listener;
-
-struct conn {
-    uv_tcp_t tcp; /* tcp.data points back here */
-    struct listener *l;
-    struct conn *prev, *next; /* l->conns; unlinked once closing */
-    struct sockaddr_storage peer;
-    struct bd_addr128 peer_key; /* what l->peers counts it under, when peer_counted */
-    bool peer_counted;
-    uint64_t last_active_ms; /* uv_now() when it last completed a line, for the idle sweep */
-    bool paused;             /* reading stopped by backpressure */
-    bool eof;                /* the peer finished sending; close once the buffer is consumed */
-    struct bd_tls *tls;      /* TLS listener: the session (tcp_tls.c); NULL on plain ones */
-    uint64_t accepted_ms;    /* TLS: uv_now() at accept, for the handshake deadline */
-    bool filled;             /* the last read filled the room it was given: grow (tcp.c) */
-    /*
-     * buf[start, len) is received and not yet consumed; buf[start, scan) is known to hold no
-     * '\n', so memchr never rescans bytes of a line that arrives in many reads. buf grows on
-     * demand up to max_line + CONN_SLACK and is given back by the idle sweep (tcp.c); NULL
-     * with cap 0 while there is nothing in it.
-     */
-    size_t start, scan, len, cap;
-    size_t peak;    /* most bytes held at once since the last sweep */
-    bool peak_read; /* something was read since the last sweep */
-    char *buf;
-};
+struct conn;          /* a TCP connection (tcp.c) */
+struct ingest_kstats; /* the kernel's UDP counters (kstats.c) */
 
 struct listener {
     struct bd_ingest *in;
@@ -89,7 +80,6 @@ struct listener {
     char *slab;          /* UDP only */
     bool udp_paused;     /* UDP: reading stopped for a congested ring (see udp_maybe_pause) */
     uint64_t sock_inode; /* UDP: of the socket, to find it in /proc/net/udp; 0 if unknown */
-    uint64_t drops_seen; /* UDP: its kernel drops already added to udp_socket_drops */
 
     /*
      * TCP idle timeout: one sweeping timer per listener rather than a timer per connection.
@@ -100,7 +90,7 @@ struct listener {
      */
     uv_timer_t sweep;
     bool sweep_open;
-    struct conn *conns;
+    struct conn *conns; /* tcp.c's list; NULL when none is open */
     uint32_t n_conns;
     uint32_t n_paused;
     struct bd_peer_counts peers; /* TCP: open connections per source (max_connections_per_ip) */
@@ -129,139 +119,18 @@ struct bd_ingest {
     uint32_t n_listeners;
     uint32_t cap_listeners; /* LISTENER_SLOTS */
 
-    /* Kernel UDP counters (only with a UDP listener; see ingest.h). */
-    uv_timer_t kstats_timer;
-    bool kstats_open;
-    char *kstats_buf;                 /* KSTATS_BUF bytes (kstats.c) */
-    struct bd_udp_sock *kstats_socks; /* one per listener */
-    struct bd_udp_snmp snmp_last;     /* the values already accounted for */
-    bool snmp_known;                  /* snmp_last holds a reading (the first is the baseline) */
-    struct bd_udp_snmp snmp6_last;    /* the same for IPv6 (/proc/net/snmp6) */
-    bool snmp6_known;
-    bool kstats_warned;
+    /* The kernel's UDP counters while a UDP listener is open and the stop has not come (see
+     * ingest.h); freed by kstats.c once its timer has closed. */
+    struct ingest_kstats *kstats;
 
     int64_t udp_stop_drain_ns; /* UDP_STOP_DRAIN_NS; shorter in tests */
 
-    uint32_t open_handles;
+    uint32_t open_handles; /* uv handles open, listeners', connections' and kstats' alike */
     bool stopping;
     /* Called once, when a stop has no connection left draining its buffer. */
     bd_ingest_stopped_cb stopped_cb;
     void *stopped_arg;
     bool released; /* the owner let go; destroy once open_handles reaches 0 */
 };
-
-/* ---- ingest.c ---- */
-
-/* An open handle of in closed (every close callback ends here); destroys in when it was the
- * last one and the owner has let go. */
-void ingest_handle_closed(struct bd_ingest *in);
-/* Close callback of a listener's own handles (socket, idle sweep). */
-void ingest_on_listener_handle_closed(uv_handle_t *h);
-/* The last connection of l went (tcp.c): a listener a reload removed closes its idle sweep. */
-void ingest_listener_conns_gone(struct listener *l);
-
-/*
- * One listener, the slot l of in->listeners (zeroed): its name, parser and point, and its socket
- * bound and read (udp.c, tcp.c). On failure the handles already opened stay for
- * ingest_listener_close(); ingest_listener_release() frees the rest once they have closed.
- */
-int ingest_listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
-                         const struct bd_listener_config *cfg, struct bd_err *err);
-/*
- * Stop one listener: close its socket and idle sweep, stop reading its connections and finish
- * what they hold (a connection that has to wait for ring space stays, paused, for resume or
- * abort). A UDP listener's socket buffer is read out first by ingest_udp_drain_at_stop().
- * Idempotent.
- */
-void ingest_listener_close(struct listener *l);
-/* Free what the listener owns once its handles and connections have closed. */
-void ingest_listener_release(struct listener *l);
-
-/* "addr:port" or "[addr]:port" of sa, "?" for NULL. */
-void ingest_format_addr(const struct sockaddr *sa, char *out, size_t cap);
-/* The loop's cached monotonic time (ns): good enough for rate limiting and costs nothing. */
-int64_t ingest_loop_now_ns(const struct listener *l);
-/* A bad line, quoted and rate limited (a few per listener every 10 s). */
-void ingest_sample_bad_line(struct listener *l, const struct sockaddr *peer, const char *reason,
-                            const char *line, size_t len);
-const char *ingest_too_long_reason(const struct listener *l);
-/* A datagram or connection from a sender outside l->cfg.allow: counted and logged (rate
- * limited) with its address. */
-void ingest_not_allowed(struct listener *l, const struct sockaddr *peer);
-/* A TCP line whose sensor is busy (bd_sensor_table_accept: -EAGAIN): nothing of it was taken
- * or counted; the connection stops reading and offers it again when resumed. */
-#define INGEST_BUSY 1
-
-/* One line without its '\n', on its own (a TCP stream's unterminated last line): 0, -E2BIG
- * when it exceeds max_line, or INGEST_BUSY. */
-int ingest_handle_line(struct listener *l, const char *line, size_t len,
-                       const struct sockaddr *peer, int64_t now_ns);
-/* The next line of the batch begun on the listener's parser (bd_parse_begin): BD_PARSE_END when
- * there is none, else 0, -E2BIG or INGEST_BUSY as for ingest_handle_line(). */
-int ingest_next_line_of_batch(struct listener *l, const struct sockaddr *peer, int64_t now_ns);
-/* During a stop: call the stopped callback once no listener has a connection left. */
-void ingest_maybe_stopped(struct bd_ingest *in);
-
-/* ---- udp.c ---- */
-
-/* Allocate the slab, bind, set the receive buffer and start reading. */
-int ingest_udp_open(struct listener *l, struct bd_err *err);
-/* Read again once the congestion is gone or the flusher has stalled (bd_ingest_resume). */
-void ingest_udp_maybe_resume(struct listener *l);
-/* At stop (or removal), before the socket closes: read out what its receive buffer still holds.
- * when ("at stop", "at its removal") is for the log. */
-void ingest_udp_drain_at_stop(struct listener *l, const char *when);
-
-/* ---- tcp.c ---- */
-
-/* Bind, listen and start the idle sweep. */
-int ingest_tcp_open(struct listener *l, struct bd_err *err);
-/* Stop reading every connection of l and finish what each holds (see ingest_listener_close). */
-void ingest_tcp_stop_conns(struct listener *l);
-/* The stop deadline passed: close every connection of l, counting what it never processed. */
-void ingest_tcp_abort_conns(struct listener *l);
-/* Resume or finish the paused connections of l; false when the rings are congested again and
- * bd_ingest_resume() must stop there. *now_ns is read once, when first needed. */
-bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns);
-
-/* For tcp_tls.c: the connection steps of tcp.c (see there). */
-/* Room at the end of the connection's buffer for more plaintext: compacted, and grown (up to
- * max_line + slack) when less than the slack is free; false when there is none at all (out of
- * memory). */
-bool ingest_conn_room(struct conn *c);
-int ingest_conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure);
-int ingest_conn_drain(struct conn *c, int64_t now_ns, bool backpressure);
-int ingest_conn_finish(struct conn *c, int64_t now_ns);
-void ingest_conn_pause(struct conn *c);
-void ingest_conn_close(struct conn *c);
-
-/* ---- tcp_tls.c ---- */
-
-/* A TLS listener's server context (l->tls), when l->cfg has tls; 0 otherwise. */
-int ingest_tls_listener_open(struct listener *l, struct bd_err *err);
-/* A reload kept l: read its certificate and key again; on failure the running context stays. */
-void ingest_tls_listener_reload(struct listener *l);
-/* A connection accepted on a TLS listener: its session. */
-int ingest_tls_conn_start(struct conn *c);
-/* on_conn_read of a TLS connection (nread != 0): ciphertext or the end of the stream. */
-void ingest_tls_on_read(struct conn *c, ssize_t nread);
-/* conn_drain of a TLS connection: the buffered lines, then as much more plaintext as the session
- * holds, under the same backpressure. -EPROTO when the session failed (counted and logged). */
-int ingest_tls_drain(struct conn *c, int64_t now_ns, bool backpressure);
-/* The handshake deadline of the listener: min(10 s, idle_timeout). */
-uint64_t ingest_tls_handshake_timeout_ms(const struct listener *l);
-/* True (counted and logged) when c is still in its handshake past the deadline: close it. */
-bool ingest_tls_handshake_overdue(struct conn *c, uint64_t now_ms);
-
-/* ---- kstats.c ---- */
-
-/* With a UDP listener: the buffers, the baseline reading and the timer. */
-int ingest_kstats_start(struct bd_ingest *in, struct bd_err *err);
-/* Brings the three counters up to date (a few small reads of /proc, never per packet). */
-void ingest_kstats_update(struct bd_ingest *in);
-/* Close the timer (at stop). */
-void ingest_kstats_stop(struct bd_ingest *in);
-/* Free the buffers (at destroy). */
-void ingest_kstats_free(struct bd_ingest *in);
 
 #endif

@@ -1,8 +1,17 @@
 /*
- * The kernel's UDP counters (see include/bucketd/ingest.h): the parsers of /proc text, and the
- * timer that reads /proc once a second into the stats while a UDP listener is open. Ingest
- * thread only (src/ingest_int.h).
+ * The kernel's UDP counters (what they mean: include/bucketd/ingest.h): the parsers of /proc
+ * text (include/bucketd/kstats.h), and the object the ingest stage keeps while a UDP listener is
+ * open (src/kstats_int.h), whose timer reads /proc once a second into the stats.
+ *
+ * Threads: the ingest thread only (src/ingest_int.h); the stats are written with relaxed
+ * atomic adds, as every counter. Ownership: struct ingest_kstats owns its read buffer, the
+ * sockets its owner described and what it has already counted of each; it is allocated by
+ * ingest_kstats_new() and frees itself when its timer has closed. Which sockets are bucketd's
+ * it asks its owner (ingest.c) through the callback it was handed; below it, only the ingest
+ * core (the handle count).
  */
+#include "bucketd/kstats.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -10,13 +19,33 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "ingest_int.h"
+#include "ingest_core.h"
+#include "kstats_int.h"
 
 /* How often the kernel's UDP counters are read. */
 #define KSTATS_INTERVAL_MS 1000
 /* /proc text is read through this buffer: all of /proc/net/snmp (about 1.6 KiB), or a run of
  * whole lines of /proc/net/udp (about 130 bytes a socket; a busy host lists thousands). */
 #define KSTATS_BUF 16384
+
+struct ingest_kstats {
+    struct bd_ingest *in; /* whose handle the timer is; its stats */
+    uv_timer_t timer;
+    ingest_kstats_sockets_cb sockets;
+    void *arg;
+    uint32_t cap;                        /* slots */
+    struct ingest_kstats_socket *wanted; /* cap: what sockets() said at the last update */
+    struct bd_kstats_sock *socks;        /* cap: the same, for the parser */
+    uint64_t *seen_inode;                /* cap: the socket drops_seen belongs to */
+    uint64_t *drops_seen;                /* cap: its drops already added to udp_socket_drops */
+    uint32_t n;                          /* slots in use at the last update */
+    struct bd_kstats_snmp snmp_last;     /* the values already accounted for */
+    bool snmp_known;                     /* snmp_last holds a reading (the first is the baseline) */
+    struct bd_kstats_snmp snmp6_last;    /* the same for IPv6 (/proc/net/snmp6) */
+    bool snmp6_known;
+    bool warned;
+    char buf[KSTATS_BUF];
+};
 
 /* The next line of text[*pos, len) without its '\n'; false at the end. */
 static bool next_line(const char *text, size_t len, size_t *pos, struct bd_str *line) {
@@ -64,7 +93,7 @@ static bool token_u64(struct bd_str tok, uint64_t *out) {
     return tok.len > 0;
 }
 
-int bd_ingest_parse_snmp(const char *text, size_t len, struct bd_udp_snmp *out) {
+int bd_kstats_parse_snmp(const char *text, size_t len, struct bd_kstats_snmp *out) {
     struct bd_str names = {NULL, 0};
     struct bd_str values = {NULL, 0};
     struct bd_str line;
@@ -97,7 +126,7 @@ int bd_ingest_parse_snmp(const char *text, size_t len, struct bd_udp_snmp *out) 
     return got == 3 ? 0 : -EINVAL;
 }
 
-int bd_ingest_parse_snmp6(const char *text, size_t len, struct bd_udp_snmp *out) {
+int bd_kstats_parse_snmp6(const char *text, size_t len, struct bd_kstats_snmp *out) {
     unsigned got = 0;
     size_t pos = 0;
     struct bd_str line;
@@ -122,7 +151,7 @@ int bd_ingest_parse_snmp6(const char *text, size_t len, struct bd_udp_snmp *out)
 #define UDP_COL_INODE 9
 #define UDP_COL_DROPS 12
 
-size_t bd_ingest_parse_udp_drops(const char *text, size_t len, struct bd_udp_sock *socks,
+size_t bd_kstats_parse_udp_drops(const char *text, size_t len, struct bd_kstats_sock *socks,
                                  size_t n) {
     size_t matched = 0;
     size_t pos = 0;
@@ -153,9 +182,9 @@ size_t bd_ingest_parse_udp_drops(const char *text, size_t len, struct bd_udp_soc
     return matched;
 }
 
-static void kstats_warn(struct bd_ingest *in, const char *path, int rc) {
-    if (!in->kstats_warned) {
-        in->kstats_warned = true;
+static void kstats_warn(struct ingest_kstats *k, const char *path, int rc) {
+    if (!k->warned) {
+        k->warned = true;
         bd_warn("cannot read %s (%s): the kernel's UDP drop counters (udp_socket_drops, "
                 "udp_kernel_rcvbuf_errors, udp_kernel_in_errors) are not counted",
                 path, strerror(-rc));
@@ -164,24 +193,23 @@ static void kstats_warn(struct bd_ingest *in, const char *path, int rc) {
 
 /* What read_proc() does with a /proc file. */
 enum proc_kind {
-    PROC_UDP_SOCKETS, /* /proc/net/udp{,6}: runs of whole lines to bd_ingest_parse_udp_drops */
-    PROC_SNMP,        /* /proc/net/snmp, whole, to bd_ingest_parse_snmp */
-    PROC_SNMP6,       /* /proc/net/snmp6, whole, to bd_ingest_parse_snmp6 */
+    PROC_UDP_SOCKETS, /* /proc/net/udp{,6}: runs of whole lines to bd_kstats_parse_udp_drops */
+    PROC_SNMP,        /* /proc/net/snmp, whole, to bd_kstats_parse_snmp */
+    PROC_SNMP6,       /* /proc/net/snmp6, whole, to bd_kstats_parse_snmp6 */
 };
 
 /*
- * Reads path through in->kstats_buf, handing each run of whole lines to
- * bd_ingest_parse_udp_drops(), or the whole file (which must then fit) to the snmp parser its
- * kind names. 0 or a negative errno.
+ * Reads path through k->buf, handing each run of whole lines to bd_kstats_parse_udp_drops(), or
+ * the whole file (which must then fit) to the snmp parser its kind names. 0 or a negative errno.
  */
-static int read_proc(struct bd_ingest *in, const char *path, enum proc_kind kind,
-                     struct bd_udp_snmp *snmp) {
+static int read_proc(struct ingest_kstats *k, const char *path, enum proc_kind kind,
+                     struct bd_kstats_snmp *snmp) {
     bool whole_file = kind != PROC_UDP_SOCKETS;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         return -errno;
     }
-    char *buf = in->kstats_buf;
+    char *buf = k->buf;
     size_t have = 0;
     int rc = 0;
     for (;;) {
@@ -205,16 +233,16 @@ static int read_proc(struct bd_ingest *in, const char *path, enum proc_kind kind
          * newline cannot be a socket's line and is dropped). */
         const char *nl = memrchr(buf, '\n', have);
         size_t whole = nl != NULL ? (size_t)(nl - buf) + 1 : (have == KSTATS_BUF ? have : 0);
-        bd_ingest_parse_udp_drops(buf, whole, in->kstats_socks, in->n_listeners);
+        bd_kstats_parse_udp_drops(buf, whole, k->socks, k->n);
         memmove(buf, buf + whole, have - whole);
         have -= whole;
     }
     close(fd);
     if (rc == 0 && whole_file) {
-        rc = kind == PROC_SNMP ? bd_ingest_parse_snmp(buf, have, snmp)
-                               : bd_ingest_parse_snmp6(buf, have, snmp);
+        rc = kind == PROC_SNMP ? bd_kstats_parse_snmp(buf, have, snmp)
+                               : bd_kstats_parse_snmp6(buf, have, snmp);
     } else if (rc == 0) {
-        bd_ingest_parse_udp_drops(buf, have, in->kstats_socks, in->n_listeners);
+        bd_kstats_parse_udp_drops(buf, have, k->socks, k->n);
     }
     return rc;
 }
@@ -231,112 +259,124 @@ static void add_growth(_Atomic uint64_t *counter, uint64_t cur, uint64_t *last) 
  * The host-wide counters, IPv4 (/proc/net/snmp) and IPv6 (/proc/net/snmp6) apart, each against
  * its own last reading. A kernel without IPv6 has no snmp6: that is no error.
  */
-static void kstats_read_snmp_file(struct bd_ingest *in, const char *path, enum proc_kind kind,
-                                  struct bd_udp_snmp *last, bool *known) {
-    struct bd_udp_snmp cur;
-    int rc = read_proc(in, path, kind, &cur);
+static void kstats_read_snmp_file(struct ingest_kstats *k, const char *path, enum proc_kind kind,
+                                  struct bd_kstats_snmp *last, bool *known) {
+    struct bd_stats *stats = k->in->stats;
+    struct bd_kstats_snmp cur;
+    int rc = read_proc(k, path, kind, &cur);
     if (rc < 0) {
         if (!(kind == PROC_SNMP6 && rc == -ENOENT)) {
-            kstats_warn(in, path, rc);
+            kstats_warn(k, path, rc);
         }
         return;
     }
     if (*known) {
-        add_growth(&in->stats->udp_kernel_rcvbuf_errors, cur.rcvbuf_errors, &last->rcvbuf_errors);
-        add_growth(&in->stats->udp_kernel_in_errors, cur.in_errors, &last->in_errors);
+        add_growth(&stats->udp_kernel_rcvbuf_errors, cur.rcvbuf_errors, &last->rcvbuf_errors);
+        add_growth(&stats->udp_kernel_in_errors, cur.in_errors, &last->in_errors);
     }
     *last = cur;
     *known = true;
 }
 
-static void kstats_read_snmp(struct bd_ingest *in) {
-    kstats_read_snmp_file(in, "/proc/net/snmp", PROC_SNMP, &in->snmp_last, &in->snmp_known);
-    kstats_read_snmp_file(in, "/proc/net/snmp6", PROC_SNMP6, &in->snmp6_last, &in->snmp6_known);
+static void kstats_read_snmp(struct ingest_kstats *k) {
+    kstats_read_snmp_file(k, "/proc/net/snmp", PROC_SNMP, &k->snmp_last, &k->snmp_known);
+    kstats_read_snmp_file(k, "/proc/net/snmp6", PROC_SNMP6, &k->snmp6_last, &k->snmp6_known);
 }
 
-static void kstats_read_sockets(struct bd_ingest *in) {
+static void kstats_read_sockets(struct ingest_kstats *k) {
     bool v4 = false;
     bool v6 = false;
-    for (uint32_t i = 0; i < in->n_listeners; i++) {
-        struct listener *l = &in->listeners[i];
-        bool udp = l->cfg.proto == BD_PROTO_UDP && l->h_open && l->sock_inode != 0;
-        in->kstats_socks[i] = (struct bd_udp_sock){udp ? l->sock_inode : 0, 0, false};
-        v4 |= udp && l->cfg.addr.ss_family == AF_INET;
-        v6 |= udp && l->cfg.addr.ss_family == AF_INET6;
+    memset(k->wanted, 0, k->cap * sizeof(*k->wanted));
+    k->n = k->sockets(k->arg, k->wanted, k->cap);
+    BD_ASSERT(k->n <= k->cap);
+    for (uint32_t i = 0; i < k->n; i++) {
+        uint64_t inode = k->wanted[i].inode;
+        k->socks[i] = (struct bd_kstats_sock){inode, 0, false};
+        if (k->seen_inode[i] != inode) {
+            /* Another socket in this slot: it has added nothing yet. */
+            k->seen_inode[i] = inode;
+            k->drops_seen[i] = 0;
+        }
+        v4 |= inode != 0 && !k->wanted[i].v6;
+        v6 |= inode != 0 && k->wanted[i].v6;
     }
-    int rc = v4 ? read_proc(in, "/proc/net/udp", PROC_UDP_SOCKETS, NULL) : 0;
+    int rc = v4 ? read_proc(k, "/proc/net/udp", PROC_UDP_SOCKETS, NULL) : 0;
     if (rc < 0) {
-        kstats_warn(in, "/proc/net/udp", rc);
+        kstats_warn(k, "/proc/net/udp", rc);
     }
-    rc = v6 ? read_proc(in, "/proc/net/udp6", PROC_UDP_SOCKETS, NULL) : 0;
+    rc = v6 ? read_proc(k, "/proc/net/udp6", PROC_UDP_SOCKETS, NULL) : 0;
     if (rc < 0) {
-        kstats_warn(in, "/proc/net/udp6", rc);
+        kstats_warn(k, "/proc/net/udp6", rc);
     }
-    for (uint32_t i = 0; i < in->n_listeners; i++) {
-        if (in->kstats_socks[i].found) {
-            add_growth(&in->stats->udp_socket_drops, in->kstats_socks[i].drops,
-                       &in->listeners[i].drops_seen);
+    for (uint32_t i = 0; i < k->n; i++) {
+        if (k->socks[i].found) {
+            add_growth(&k->in->stats->udp_socket_drops, k->socks[i].drops, &k->drops_seen[i]);
         }
     }
 }
 
-void ingest_kstats_update(struct bd_ingest *in) {
-    if (in->kstats_buf != NULL) {
-        kstats_read_snmp(in);
-        kstats_read_sockets(in);
+void ingest_kstats_update(struct ingest_kstats *k) {
+    if (k != NULL) {
+        kstats_read_snmp(k);
+        kstats_read_sockets(k);
     }
 }
 
+static void kstats_free(struct ingest_kstats *k) {
+    free(k->wanted);
+    free(k->socks);
+    free(k->seen_inode);
+    free(k->drops_seen);
+    free(k);
+}
+
 static void on_kstats_timer_closed(uv_handle_t *h) {
-    ingest_handle_closed(h->data);
+    struct ingest_kstats *k = h->data;
+    struct bd_ingest *in = k->in;
+    kstats_free(k);
+    ingest_handle_closed(in);
 }
 
 static void on_kstats_timer(uv_timer_t *t) {
     ingest_kstats_update(t->data);
 }
 
-int ingest_kstats_start(struct bd_ingest *in, struct bd_err *err) {
-    bool udp = false;
-    if (in->kstats_buf != NULL) {
-        return 0; /* started already (a reload adding a UDP listener asks again) */
-    }
-    for (uint32_t i = 0; i < in->n_listeners; i++) {
-        udp |= in->listeners[i].cfg.proto == BD_PROTO_UDP;
-    }
-    if (!udp) {
-        return 0;
-    }
-    in->kstats_buf = malloc(KSTATS_BUF);
-    in->kstats_socks = calloc(in->cap_listeners, sizeof(*in->kstats_socks));
-    if (in->kstats_buf == NULL || in->kstats_socks == NULL) {
-        ingest_kstats_free(in); /* none or both: the update reads through both */
+int ingest_kstats_new(struct ingest_kstats **out, struct bd_ingest *in, uint32_t n_slots,
+                      ingest_kstats_sockets_cb sockets, void *arg, struct bd_err *err) {
+    *out = NULL;
+    struct ingest_kstats *k = calloc(1, sizeof(*k));
+    if (k == NULL) {
         return bd_err_set(err, -ENOMEM, "ingest: out of memory");
     }
-    ingest_kstats_update(in);
-    uv_timer_init(in->loop, &in->kstats_timer);
-    in->kstats_timer.data = in;
-    in->kstats_open = true;
-    in->open_handles++;
+    k->in = in;
+    k->sockets = sockets;
+    k->arg = arg;
+    k->cap = n_slots;
+    k->wanted = calloc(n_slots, sizeof(*k->wanted));
+    k->socks = calloc(n_slots, sizeof(*k->socks));
+    k->seen_inode = calloc(n_slots, sizeof(*k->seen_inode));
+    k->drops_seen = calloc(n_slots, sizeof(*k->drops_seen));
+    if (k->wanted == NULL || k->socks == NULL || k->seen_inode == NULL || k->drops_seen == NULL) {
+        kstats_free(k);
+        return bd_err_set(err, -ENOMEM, "ingest: out of memory");
+    }
+    ingest_kstats_update(k);
+    uv_timer_init(in->loop, &k->timer);
+    k->timer.data = k;
+    ingest_handle_opened(in);
     /* Unreferenced: the counters alone must not keep the loop running. */
-    uv_unref((uv_handle_t *)&in->kstats_timer);
-    int rc =
-        uv_timer_start(&in->kstats_timer, on_kstats_timer, KSTATS_INTERVAL_MS, KSTATS_INTERVAL_MS);
+    uv_unref((uv_handle_t *)&k->timer);
+    int rc = uv_timer_start(&k->timer, on_kstats_timer, KSTATS_INTERVAL_MS, KSTATS_INTERVAL_MS);
     if (rc < 0) {
+        ingest_kstats_close(k);
         return bd_err_set(err, rc, "ingest: kernel counters timer: %s", uv_strerror(rc));
     }
+    *out = k;
     return 0;
 }
 
-void ingest_kstats_stop(struct bd_ingest *in) {
-    if (in->kstats_open) {
-        uv_close((uv_handle_t *)&in->kstats_timer, on_kstats_timer_closed);
-        in->kstats_open = false;
+void ingest_kstats_close(struct ingest_kstats *k) {
+    if (k != NULL) {
+        uv_close((uv_handle_t *)&k->timer, on_kstats_timer_closed);
     }
-}
-
-void ingest_kstats_free(struct bd_ingest *in) {
-    free(in->kstats_buf);
-    in->kstats_buf = NULL;
-    free(in->kstats_socks);
-    in->kstats_socks = NULL;
 }

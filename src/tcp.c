@@ -1,10 +1,19 @@
 /*
- * TCP listeners and their connections: who may connect (allow, max_connections,
+ * TCP listeners and their connections (src/tcp.h): who may connect (allow, max_connections,
  * max_connections_per_ip, all decided at accept, before a byte is read), newline framing in a
  * per-connection buffer that grows on demand, backpressure by pausing a connection's reads,
- * and the sweep that closes idle connections and gives back buffer memory. Ingest thread only
- * (src/ingest_int.h).
+ * and the sweep that closes idle connections and gives back buffer memory. On a TLS listener
+ * each connection has a filter (src/tcp_tls.h): what is read goes into it, plaintext comes out
+ * into the line buffer, and what it has for the peer is written here, under a cap on what may
+ * wait to be sent (see OUT_QUEUE_MAX). Lines go down to the ingest core (src/ingest_core.h).
+ *
+ * Threads: the ingest thread only (src/ingest_int.h). Ownership: each connection is one heap
+ * block (struct conn) with its receive buffer and, with TLS, its filter, allocated at accept
+ * and freed by its close callback; bytes being written are one block per write, freed by its
+ * callback.
  */
+#include "tcp.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +21,8 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
-#include "ingest_int.h"
+#include "ingest_core.h"
+#include "tcp_tls.h"
 
 /*
  * Room beyond max_line in a connection buffer. A pending partial line never exceeds max_line
@@ -36,6 +46,43 @@
 /* Descriptors beyond the TCP connections: listeners, MongoDB, spool, metrics, the loop. */
 #define NOFILE_RESERVE 256
 
+/*
+ * Output bytes a connection may have queued (written by neither uv_try_write nor the kernel)
+ * before it stops reading, and the level they must fall to before it reads again. Only TLS
+ * writes: the session answers some records with records of its own (a KeyUpdate that asks for
+ * one, a TLS 1.2 renegotiation attempt), so a peer that sends them and never reads would
+ * otherwise make the queue grow without bound. Stopping the reads stops the input that makes
+ * the output: backpressure, as for lines. The queue then holds at most this plus what one
+ * read's ciphertext (at most max_line + CONN_SLACK) answers.
+ */
+#define OUT_QUEUE_MAX (64 * 1024)
+#define OUT_QUEUE_RESUME (OUT_QUEUE_MAX / 2)
+
+struct conn {
+    uv_tcp_t tcp; /* tcp.data points back here */
+    struct listener *l;
+    struct conn *prev, *next; /* l->conns; unlinked once closing */
+    struct sockaddr_storage peer;
+    struct bd_addr128 peer_key; /* what l->peers counts it under, when peer_counted */
+    bool peer_counted;
+    uint64_t last_active_ms; /* uv_now() when it last completed a line, for the idle sweep */
+    bool paused;             /* reading stopped by backpressure */
+    bool out_blocked;        /* reading stopped while the peer leaves our output unread */
+    bool eof;                /* the peer finished sending; close once the buffer is consumed */
+    struct ingest_tls *tls;  /* TLS listener: the connection's filter; NULL on plain ones */
+    bool filled;             /* the last read filled the room it was given: grow */
+    /*
+     * buf[start, len) is received and not yet consumed; buf[start, scan) is known to hold no
+     * '\n', so memchr never rescans bytes of a line that arrives in many reads. buf grows on
+     * demand up to max_line + CONN_SLACK and is given back by the idle sweep; NULL with cap 0
+     * while there is nothing in it.
+     */
+    size_t start, scan, len, cap;
+    size_t peak;    /* most bytes held at once since the last sweep */
+    bool peak_read; /* something was read since the last sweep */
+    char *buf;
+};
+
 /* A refused connection needs a handle of its own only until its close callback runs. */
 struct rejected {
     uv_tcp_t tcp;
@@ -43,11 +90,12 @@ struct rejected {
 };
 
 static void conn_close(struct conn *c);
+static void conn_read_start(struct conn *c);
 
 static void on_conn_closed(uv_handle_t *h) {
     struct conn *c = h->data;
     struct bd_ingest *in = c->l->in;
-    bd_tls_free(c->tls);
+    ingest_tls_free(c->tls);
     free(c->buf);
     free(c);
     ingest_handle_closed(in);
@@ -140,9 +188,150 @@ static int conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
     return 0;
 }
 
+/* Move the pending bytes to the front of the buffer. */
+static void conn_compact(struct conn *c) {
+    if (c->start > 0) {
+        size_t pending = c->len - c->start;
+        memmove(c->buf, c->buf + c->start, pending);
+        c->scan -= c->start;
+        c->len = pending;
+        c->start = 0;
+    }
+}
+
+/* The buffer at cap bytes (compacted first); false, buffer unchanged, when out of memory. */
+static bool conn_resize(struct conn *c, size_t cap) {
+    conn_compact(c);
+    BD_ASSERT(cap > c->len);
+    char *b = realloc(c->buf, cap);
+    if (b == NULL) {
+        return false;
+    }
+    c->buf = b;
+    c->cap = cap;
+    return true;
+}
+
+/* Room at the end of the buffer for more plaintext: compacted, and grown (up to max_line +
+ * slack) when less than the slack is free; false when there is none at all (out of memory). */
+static bool conn_room(struct conn *c) {
+    conn_compact(c);
+    size_t max = c->l->in->max_line + CONN_SLACK;
+    if (c->cap - c->len >= CONN_SLACK || c->cap >= max) {
+        return c->len < c->cap;
+    }
+    size_t want = BD_MAX((size_t)CONN_BUF_MIN, c->cap);
+    while (want - c->len < CONN_SLACK && want < max) {
+        want = BD_MIN(want * 2, max);
+    }
+    return conn_resize(c, want) || c->len < c->cap;
+}
+
+/* Bytes for the peer whose write is in flight; freed by on_written. */
+struct out_req {
+    uv_write_t req;
+    char data[];
+};
+
+static void on_written(uv_write_t *req, int status) {
+    uv_stream_t *s = req->handle;
+    struct conn *c = s->data;
+    free((struct out_req *)req);
+    /* A failed write shows up as a read error or the close that caused it: a connection that
+     * stopped reading for its output reads again to see it. */
+    if (!c->out_blocked || uv_is_closing((uv_handle_t *)s) ||
+        (status == 0 && uv_stream_get_write_queue_size(s) > OUT_QUEUE_RESUME)) {
+        return;
+    }
+    c->out_blocked = false;
+    if (!c->paused && !c->eof) {
+        conn_read_start(c);
+    }
+}
+
+/* Send what the TLS filter has for the peer (handshake messages, alerts, close_notify):
+ * uv_try_write, the remainder queued with uv_write in a block freed by its callback. */
+static void conn_send_output(struct conn *c) {
+    size_t n = ingest_tls_output_len(c->tls);
+    if (n == 0) {
+        return;
+    }
+    struct out_req *w = malloc(sizeof(*w) + n);
+    if (w == NULL) {
+        char sink[256];
+        while (ingest_tls_take_output(c->tls, sink, sizeof(sink)) > 0) {
+        }
+        return; /* the handshake cannot go on; the deadline closes the connection */
+    }
+    n = ingest_tls_take_output(c->tls, w->data, n);
+    uv_buf_t b = uv_buf_init(w->data, (unsigned)n);
+    int sent = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    if (sent == (int)n || (sent < 0 && sent != UV_EAGAIN)) {
+        free(w);
+        return;
+    }
+    if (sent > 0) {
+        b.base += sent;
+        b.len -= (size_t)sent;
+    }
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
+        free(w);
+        return;
+    }
+    if (!c->out_blocked && !c->eof &&
+        uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > OUT_QUEUE_MAX) {
+        /* The peer does not read what we send: read nothing more until it does (on_written).
+         * A paused connection is not read either; the first of the two to end leaves it
+         * to the other. */
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->out_blocked = true;
+        BD_STAT_ADD(c->l->in->stats, tls_output_pauses, 1);
+    }
+}
+
+/*
+ * conn_drain_lines on a TLS connection: the buffered lines, then as much more plaintext as the
+ * filter holds, under the same backpressure. The filter is asked for more only when the lines
+ * are consumed, so a connection that pauses keeps its plaintext in the buffer and the rest
+ * still encrypted in the filter. -EPROTO when the session failed (counted and logged there).
+ */
+static int conn_drain_tls(struct conn *c, int64_t now_ns, bool backpressure) {
+    for (;;) {
+        int rc = conn_drain_lines(c, now_ns, backpressure);
+        if (rc != 0) {
+            return rc;
+        }
+        /* Only a partial line (at most max_line) is left: room after it, the buffer grown
+         * if need be (buffers grow on demand). */
+        if (!conn_room(c)) {
+            bd_warn("%s: out of memory for TLS input; closing a connection", c->l->name);
+            return -ENOMEM;
+        }
+        ssize_t n = ingest_tls_read(c->tls, c->buf + c->len, c->cap - c->len);
+        conn_send_output(c);
+        if (n > 0) {
+            c->len += (size_t)n;
+            continue;
+        }
+        if (n == 0) {
+            return 0;
+        }
+        if (n == INGEST_TLS_CLOSED) {
+            /* close_notify: the end of the stream, as a TCP EOF; answered with ours. */
+            if (!c->eof) {
+                c->eof = true;
+                ingest_tls_shutdown(c->tls);
+                conn_send_output(c);
+            }
+            return 0;
+        }
+        return -EPROTO;
+    }
+}
+
 /* conn_drain_lines, as one batch of the sensor table's hand-off (see sensor.h). */
 static int conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
-    int rc = c->tls != NULL ? ingest_tls_drain(c, now_ns, backpressure)
+    int rc = c->tls != NULL ? conn_drain_tls(c, now_ns, backpressure)
                             : conn_drain_lines(c, now_ns, backpressure);
     bd_sensor_table_publish(c->l->in->table);
     return rc;
@@ -187,30 +376,6 @@ static int conn_finish(struct conn *c, int64_t now_ns) {
     }
     conn_close(c);
     return 0;
-}
-
-/* Move the pending bytes to the front of the buffer. */
-static void conn_compact(struct conn *c) {
-    if (c->start > 0) {
-        size_t pending = c->len - c->start;
-        memmove(c->buf, c->buf + c->start, pending);
-        c->scan -= c->start;
-        c->len = pending;
-        c->start = 0;
-    }
-}
-
-/* The buffer at cap bytes (compacted first); false, buffer unchanged, when out of memory. */
-static bool conn_resize(struct conn *c, size_t cap) {
-    conn_compact(c);
-    BD_ASSERT(cap > c->len);
-    char *b = realloc(c->buf, cap);
-    if (b == NULL) {
-        return false;
-    }
-    c->buf = b;
-    c->cap = cap;
-    return true;
 }
 
 static void on_conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -268,6 +433,28 @@ static void conn_trim(struct conn *c) {
     }
 }
 
+/* nread bytes of ciphertext read into the free end of the buffer (on_conn_alloc). */
+static void conn_read_tls(struct conn *c, ssize_t nread) {
+    struct listener *l = c->l;
+    /* Not last_active_ms: only a complete line shows the sender is alive. */
+    BD_STAT_ADD(l->in->stats, tcp_bytes, (uint64_t)nread);
+    /* The filter copies the ciphertext out, and the plaintext takes its place. */
+    if (ingest_tls_feed(c->tls, c->buf + c->len, (size_t)nread) < 0) {
+        bd_warn("%s: out of memory for TLS input; closing a connection", l->name);
+        conn_close(c);
+        return;
+    }
+    int64_t now_ns = bd_now_ns();
+    int rc = conn_drain(c, now_ns, true);
+    if (rc < 0) {
+        conn_close(c);
+    } else if (rc > 0) {
+        conn_pause(c);
+    } else if (c->eof && conn_finish(c, now_ns) > 0) {
+        conn_pause(c); /* close_notify came */
+    }
+}
+
 static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     struct conn *c = s->data;
     struct listener *l = c->l;
@@ -277,14 +464,11 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (nread == 0) {
         return; /* EAGAIN */
     }
-    if (c->tls != NULL) {
-        ingest_tls_on_read(c, nread);
-        return;
-    }
     if (nread < 0) {
         if (nread == UV_EOF) {
             /* Whatever is buffered is still owed to the rings, under the same backpressure:
-             * a congested connection waits (paused) until bd_ingest_resume() finishes it. */
+             * a congested connection waits (paused) until bd_ingest_resume() finishes it. On
+             * TLS, an EOF without close_notify keeps what was decrypted, as a plain one does. */
             c->eof = true;
             if (conn_finish(c, bd_now_ns()) > 0) {
                 conn_pause(c);
@@ -296,6 +480,10 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             bd_debug("%s: connection from %s: %s", l->name, who, uv_strerror((int)nread));
         }
         conn_close(c);
+        return;
+    }
+    if (c->tls != NULL) {
+        conn_read_tls(c, nread);
         return;
     }
 
@@ -313,6 +501,33 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             BD_STAT_ADD(in->stats, tcp_sensor_pauses, 1);
         }
         conn_pause(c);
+    }
+}
+
+static void close_sweep(struct listener *l) {
+    if (l->sweep_open) {
+        ingest_listener_close_handle(l, (uv_handle_t *)&l->sweep);
+        l->sweep_open = false;
+    }
+}
+
+/* The last connection of l went: a listener a reload removed closes its idle sweep, and its
+ * slot is free once that has closed. */
+static void conns_gone(struct listener *l) {
+    if (l->active || l->in->stopping) {
+        return;
+    }
+    bd_info("%s: the last connection left open at its removal has closed", l->name);
+    close_sweep(l);
+    ingest_listener_maybe_free(l);
+}
+
+/* Read again after a pause; a connection that cannot is closed. */
+static void conn_read_start(struct conn *c) {
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
+    if (rc < 0) {
+        bd_warn("%s: cannot resume reading: %s", c->l->name, uv_strerror(rc));
+        conn_close(c);
     }
 }
 
@@ -336,7 +551,7 @@ static void conn_close(struct conn *c) {
     /* uv_close closes the descriptor right away; only the memory waits for the callback. */
     uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
     if (l->conns == NULL) {
-        ingest_listener_conns_gone(l);
+        conns_gone(l);
     }
 }
 
@@ -350,7 +565,7 @@ static void reject(struct listener *l, uv_stream_t *server) {
     r->in = in;
     uv_tcp_init(in->loop, &r->tcp); /* without an address family it cannot fail */
     r->tcp.data = r;
-    in->open_handles++;
+    ingest_handle_opened(in);
     /*
      * Accepting and closing at once, instead of leaving the connection in the backlog, tells
      * the client straight away and keeps the backlog free for connections we will take.
@@ -429,7 +644,7 @@ static void on_tcp_connection(uv_stream_t *server, int status) {
     c->l = l;
     uv_tcp_init(in->loop, &c->tcp); /* without an address family it cannot fail */
     c->tcp.data = c;
-    in->open_handles++;
+    ingest_handle_opened(in);
 
     /* Linked first so that conn_close() below undoes exactly one thing on any failure. */
     c->next = l->conns;
@@ -451,7 +666,8 @@ static void on_tcp_connection(uv_stream_t *server, int status) {
         conn_close(c); /* before anything is read */
         return;
     }
-    if (l->tls != NULL && (rc = ingest_tls_conn_start(c)) < 0) {
+    if (l->tls != NULL && (rc = ingest_tls_new(&c->tls, l, (const struct sockaddr *)&c->peer,
+                                               uv_now(in->loop))) < 0) {
         goto out;
     }
     c->last_active_ms = uv_now(in->loop);
@@ -480,7 +696,7 @@ static void on_sweep(uv_timer_t *t) {
     struct conn *next = NULL;
     for (struct conn *c = l->conns; c != NULL; c = next) {
         next = c->next;
-        if (c->tls != NULL && ingest_tls_handshake_overdue(c, now)) {
+        if (c->tls != NULL && ingest_tls_handshake_overdue(c->tls, now)) {
             conn_close(c);
             continue;
         }
@@ -551,7 +767,7 @@ int ingest_tcp_open(struct listener *l, struct bd_err *err) {
     }
     l->h.handle.data = l;
     l->h_open = true;
-    in->open_handles++;
+    ingest_handle_opened(in);
 
     /* libuv defers EADDRINUSE from bind to listen, so both report the same way. */
     rc = uv_tcp_bind(&l->h.tcp, sa, 0);
@@ -581,7 +797,7 @@ int ingest_tcp_open(struct listener *l, struct bd_err *err) {
         uv_timer_init(in->loop, &l->sweep);
         l->sweep.data = l;
         l->sweep_open = true;
-        in->open_handles++;
+        ingest_handle_opened(in);
         /* Unreferenced: an idle sweep alone must not keep the loop running. */
         uv_unref((uv_handle_t *)&l->sweep);
         rc = uv_timer_start(&l->sweep, on_sweep, every, every);
@@ -594,7 +810,8 @@ out:
     return rc;
 }
 
-void ingest_tcp_stop_conns(struct listener *l) {
+void ingest_tcp_close(struct listener *l) {
+    close_sweep(l);
     int64_t now_ns = l->conns != NULL ? bd_now_ns() : 0;
     struct conn *next = NULL;
     for (struct conn *c = l->conns; c != NULL; c = next) {
@@ -613,7 +830,7 @@ void ingest_tcp_abort_conns(struct listener *l) {
         struct conn *c = l->conns;
         BD_STAT_ADD(l->in->stats, tcp_unread_at_stop,
                     (c->len - c->start) + unread_in_kernel(c) +
-                        (c->tls != NULL ? bd_tls_unread(c->tls) : 0));
+                        (c->tls != NULL ? ingest_tls_unread(c->tls) : 0));
         conn_close(c);
     }
 }
@@ -656,45 +873,9 @@ bool ingest_tcp_resume_conns(struct listener *l, int64_t *now_ns) {
         }
         conn_unpause(c);
         c->last_active_ms = uv_now(in->loop);
-        rc = uv_read_start((uv_stream_t *)&c->tcp, on_conn_alloc, on_conn_read);
-        if (rc < 0) {
-            bd_warn("%s: cannot resume reading: %s", l->name, uv_strerror(rc));
-            conn_close(c);
+        if (!c->out_blocked) {
+            conn_read_start(c); /* else once the peer has read our output (on_written) */
         }
     }
     return true;
-}
-
-/* The connection steps tcp_tls.c builds on (declared in ingest_int.h). */
-bool ingest_conn_room(struct conn *c) {
-    conn_compact(c);
-    size_t max = c->l->in->max_line + CONN_SLACK;
-    if (c->cap - c->len >= CONN_SLACK || c->cap >= max) {
-        return c->len < c->cap;
-    }
-    size_t want = BD_MAX((size_t)CONN_BUF_MIN, c->cap);
-    while (want - c->len < CONN_SLACK && want < max) {
-        want = BD_MIN(want * 2, max);
-    }
-    return conn_resize(c, want) || c->len < c->cap;
-}
-
-int ingest_conn_drain_lines(struct conn *c, int64_t now_ns, bool backpressure) {
-    return conn_drain_lines(c, now_ns, backpressure);
-}
-
-int ingest_conn_drain(struct conn *c, int64_t now_ns, bool backpressure) {
-    return conn_drain(c, now_ns, backpressure);
-}
-
-int ingest_conn_finish(struct conn *c, int64_t now_ns) {
-    return conn_finish(c, now_ns);
-}
-
-void ingest_conn_pause(struct conn *c) {
-    conn_pause(c);
-}
-
-void ingest_conn_close(struct conn *c) {
-    conn_close(c);
 }

@@ -1,88 +1,42 @@
 /*
- * TLS on TCP connections (listeners[].tls): the glue between a connection of tcp.c and its
- * session (include/bucketd/tls.h). Ingest thread only (src/ingest_int.h).
+ * TLS on TCP listeners (listeners[].tls) as a filter of a connection (src/tcp_tls.h): a
+ * listener's server context, and per connection one OpenSSL session between memory buffers
+ * (include/bucketd/tls.h) with what the ingest stage adds to it: counting and logging the
+ * handshakes and failures under the listener's name, and the handshake deadline.
  *
- * Ciphertext is read where plain text would be (on_conn_alloc hands out the free end of the
- * connection's line buffer) and fed to the session at once, which copies it; the plaintext is
- * then decrypted into that same free end and framed into lines exactly as on a plain
- * connection. A drain takes the complete lines first and asks the session for more only when
- * they are consumed, so when the rings are congested the connection pauses with its plaintext in
- * the buffer and the rest still encrypted in the session, and a resume or a stop picks both up in
- * order. Handshake messages and alerts go out as they appear: uv_try_write, the remainder queued
- * with uv_write in a block freed by its callback.
+ * tcp.c drives it like a BIO pair: the ciphertext it reads goes in (ingest_tls_feed, copied),
+ * plaintext comes out into the free end of the connection's line buffer (ingest_tls_read), and
+ * what the session has for the peer (handshake messages, alerts, KeyUpdates, close_notify) is
+ * taken out and written by tcp.c (ingest_tls_take_output), which also decides when to read
+ * again. The filter never sees the socket or the connection and calls nothing of tcp.c; so a
+ * connection paused by backpressure keeps its undecrypted ciphertext here, and a resume or a
+ * stop picks it up in order.
  *
- * A connection still in its handshake after ingest_tls_handshake_timeout_ms() is closed by the
- * listener's sweep (tcp.c), so half-open handshakes cannot hold connection slots.
+ * Threads: the ingest thread only. Ownership: a filter is one heap block with its session,
+ * created at accept and freed by the connection's close callback; a listener's context is the
+ * listener's (l->tls), and each session holds a reference of its own, so a context a reload
+ * replaced lives on until its last connection closes.
  */
+#include "tcp_tls.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ingest_int.h"
+#include "ingest_core.h"
 
 /* The longest a handshake may take, if idle_timeout is not shorter. */
 #define HANDSHAKE_TIMEOUT_MS 10000
 
-/* Bytes for the peer whose write is in flight; freed by on_written. */
-struct out_req {
-    uv_write_t req;
-    char data[];
+struct ingest_tls {
+    struct bd_tls *session;
+    struct listener *l;
+    const struct sockaddr *peer; /* the connection's, for the logs */
+    uint64_t accepted_ms;        /* uv_now() at accept, for the handshake deadline */
 };
 
-static void on_written(uv_write_t *req, int status) {
-    (void)status; /* a failed write shows up as a read error or the close that caused it */
-    free((struct out_req *)req);
-}
-
-/* Send what the session has for the peer (handshake messages, alerts, close_notify). */
-static void send_output(struct conn *c) {
-    size_t n = bd_tls_output_len(c->tls);
-    if (n == 0) {
-        return;
-    }
-    struct out_req *w = malloc(sizeof(*w) + n);
-    if (w == NULL) {
-        char sink[256];
-        while (bd_tls_take_output(c->tls, sink, sizeof(sink)) > 0) {
-        }
-        return; /* the handshake cannot go on; the deadline closes the connection */
-    }
-    n = bd_tls_take_output(c->tls, w->data, n);
-    uv_buf_t b = uv_buf_init(w->data, (unsigned)n);
-    int sent = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-    if (sent == (int)n || (sent < 0 && sent != UV_EAGAIN)) {
-        free(w);
-        return;
-    }
-    if (sent > 0) {
-        b.base += sent;
-        b.len -= (size_t)sent;
-    }
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
-        free(w);
-    }
-}
-
-static void peer_text(const struct conn *c, char *who, size_t cap) {
-    ingest_format_addr((const struct sockaddr *)&c->peer, who, cap);
-}
-
-/* A session that failed: counted by whether it got past its handshake, logged rate limited. */
-static void report_failure(struct conn *c) {
-    struct listener *l = c->l;
-    bool handshake = !bd_tls_established(c->tls);
-    if (handshake) {
-        BD_STAT_ADD(l->in->stats, tls_handshake_failures, 1);
-    } else {
-        BD_STAT_ADD(l->in->stats, tls_errors, 1);
-    }
-    if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
-        char who[PEER_LEN];
-        peer_text(c, who, sizeof(who));
-        bd_warn("%s: TLS %s with %s failed, closing: %s", l->name,
-                handshake ? "handshake" : "session", who, bd_tls_reason(c->tls));
-    }
-}
+/* ---------------------------------------------------------------------------------------- */
+/* A listener's context                                                                     */
 
 /* What the listener now serves, and a warning when its certificate has expired. */
 static void log_certificate(const struct listener *l, const char *when) {
@@ -131,112 +85,106 @@ void ingest_tls_listener_reload(struct listener *l) {
     log_certificate(l, "reload: ");
 }
 
-int ingest_tls_conn_start(struct conn *c) {
-    c->accepted_ms = uv_now(c->l->in->loop);
-    return bd_tls_new(&c->tls, c->l->tls);
-}
-
-int ingest_tls_drain(struct conn *c, int64_t now_ns, bool backpressure) {
-    struct listener *l = c->l;
-    for (;;) {
-        int rc = ingest_conn_drain_lines(c, now_ns, backpressure);
-        if (rc != 0) {
-            return rc;
-        }
-        /* Only a partial line (at most max_line) is left: room after it, the buffer grown
-         * if need be (buffers grow on demand, tcp.c). */
-        if (!ingest_conn_room(c)) {
-            bd_warn("%s: out of memory for TLS input; closing a connection", l->name);
-            return -ENOMEM;
-        }
-        bool was = bd_tls_established(c->tls);
-        ssize_t n = bd_tls_read(c->tls, c->buf + c->len, c->cap - c->len);
-        send_output(c);
-        if (!was && bd_tls_established(c->tls)) {
-            BD_STAT_ADD(l->in->stats, tls_handshakes, 1);
-            if (bd_log_get_level() >= BD_LOG_DEBUG) {
-                char who[PEER_LEN];
-                peer_text(c, who, sizeof(who));
-                bd_debug("%s: TLS handshake with %s complete", l->name, who);
-            }
-        }
-        if (n > 0) {
-            c->len += (size_t)n;
-            continue;
-        }
-        if (n == 0) {
-            return 0;
-        }
-        if (n == BD_TLS_CLOSED) {
-            /* close_notify: the end of the stream, as a TCP EOF; answered with ours. */
-            if (!c->eof) {
-                c->eof = true;
-                bd_tls_shutdown(c->tls);
-                send_output(c);
-            }
-            return 0;
-        }
-        report_failure(c);
-        return -EPROTO;
-    }
-}
-
-void ingest_tls_on_read(struct conn *c, ssize_t nread) {
-    struct listener *l = c->l;
-    struct bd_ingest *in = l->in;
-    int rc = 0;
-
-    if (nread < 0) {
-        if (nread != UV_EOF) {
-            char who[PEER_LEN];
-            peer_text(c, who, sizeof(who));
-            bd_debug("%s: connection from %s: %s", l->name, who, uv_strerror((int)nread));
-            ingest_conn_close(c);
-            return;
-        }
-        /* TCP EOF without close_notify: what was decrypted is kept, as on a plain connection. */
-        c->eof = true;
-        if (ingest_conn_finish(c, bd_now_ns()) > 0) {
-            ingest_conn_pause(c);
-        }
-        return;
-    }
-
-    /* Not last_active_ms: only a complete line shows the sender is alive (tcp.c). */
-    BD_STAT_ADD(in->stats, tcp_bytes, (uint64_t)nread);
-    /* The ciphertext sits at the free end of the buffer (on_conn_alloc); the session copies it
-     * out, and the plaintext takes its place. */
-    if (bd_tls_feed(c->tls, c->buf + c->len, (size_t)nread) < 0) {
-        bd_warn("%s: out of memory for TLS input; closing a connection", l->name);
-        ingest_conn_close(c);
-        return;
-    }
-    int64_t now_ns = bd_now_ns();
-    rc = ingest_conn_drain(c, now_ns, true);
-    if (rc < 0) {
-        ingest_conn_close(c);
-    } else if (rc > 0) {
-        ingest_conn_pause(c);
-    } else if (c->eof && ingest_conn_finish(c, now_ns) > 0) {
-        ingest_conn_pause(c);
-    }
-}
-
 uint64_t ingest_tls_handshake_timeout_ms(const struct listener *l) {
     uint64_t idle = l->cfg.idle_timeout_ms;
     return idle > 0 ? BD_MIN(idle, (uint64_t)HANDSHAKE_TIMEOUT_MS) : HANDSHAKE_TIMEOUT_MS;
 }
 
-bool ingest_tls_handshake_overdue(struct conn *c, uint64_t now_ms) {
-    struct listener *l = c->l;
+/* ---------------------------------------------------------------------------------------- */
+/* A connection's filter                                                                    */
+
+int ingest_tls_new(struct ingest_tls **out, struct listener *l, const struct sockaddr *peer,
+                   uint64_t now_ms) {
+    struct ingest_tls *t = calloc(1, sizeof(*t));
+    *out = NULL;
+    if (t == NULL) {
+        return -ENOMEM;
+    }
+    int rc = bd_tls_new(&t->session, l->tls);
+    if (rc < 0) {
+        free(t);
+        return rc;
+    }
+    t->l = l;
+    t->peer = peer;
+    t->accepted_ms = now_ms;
+    *out = t;
+    return 0;
+}
+
+void ingest_tls_free(struct ingest_tls *t) {
+    if (t != NULL) {
+        bd_tls_free(t->session);
+        free(t);
+    }
+}
+
+int ingest_tls_feed(struct ingest_tls *t, const void *data, size_t len) {
+    return bd_tls_feed(t->session, data, len);
+}
+
+/* A session that failed: counted by whether it got past its handshake, logged rate limited. */
+static void report_failure(struct ingest_tls *t) {
+    struct listener *l = t->l;
+    bool handshake = !bd_tls_established(t->session);
+    if (handshake) {
+        BD_STAT_ADD(l->in->stats, tls_handshake_failures, 1);
+    } else {
+        BD_STAT_ADD(l->in->stats, tls_errors, 1);
+    }
+    if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
+        char who[PEER_LEN];
+        ingest_format_addr(t->peer, who, sizeof(who));
+        bd_warn("%s: TLS %s with %s failed, closing: %s", l->name,
+                handshake ? "handshake" : "session", who, bd_tls_reason(t->session));
+    }
+}
+
+ssize_t ingest_tls_read(struct ingest_tls *t, char *buf, size_t cap) {
+    struct listener *l = t->l;
+    bool was = bd_tls_established(t->session);
+    ssize_t n = bd_tls_read(t->session, buf, cap);
+    if (!was && bd_tls_established(t->session)) {
+        BD_STAT_ADD(l->in->stats, tls_handshakes, 1);
+        if (bd_log_get_level() >= BD_LOG_DEBUG) {
+            char who[PEER_LEN];
+            ingest_format_addr(t->peer, who, sizeof(who));
+            bd_debug("%s: TLS handshake with %s complete", l->name, who);
+        }
+    }
+    if (n >= 0 || n == BD_TLS_CLOSED) {
+        return n == BD_TLS_CLOSED ? INGEST_TLS_CLOSED : n;
+    }
+    report_failure(t);
+    return -EPROTO;
+}
+
+size_t ingest_tls_output_len(const struct ingest_tls *t) {
+    return bd_tls_output_len(t->session);
+}
+
+size_t ingest_tls_take_output(struct ingest_tls *t, char *buf, size_t cap) {
+    return bd_tls_take_output(t->session, buf, cap);
+}
+
+void ingest_tls_shutdown(struct ingest_tls *t) {
+    bd_tls_shutdown(t->session);
+}
+
+size_t ingest_tls_unread(const struct ingest_tls *t) {
+    return bd_tls_unread(t->session);
+}
+
+bool ingest_tls_handshake_overdue(struct ingest_tls *t, uint64_t now_ms) {
+    struct listener *l = t->l;
     uint64_t limit = ingest_tls_handshake_timeout_ms(l);
-    if (bd_tls_established(c->tls) || now_ms - c->accepted_ms < limit) {
+    if (bd_tls_established(t->session) || now_ms - t->accepted_ms < limit) {
         return false;
     }
     BD_STAT_ADD(l->in->stats, tls_handshake_timeouts, 1);
     if (bd_ratelimit_ok(&l->rl_events, ingest_loop_now_ns(l))) {
         char who[PEER_LEN];
-        peer_text(c, who, sizeof(who));
+        ingest_format_addr(t->peer, who, sizeof(who));
         bd_warn("%s: TLS handshake with %s not finished within %llu ms, closing", l->name, who,
                 (unsigned long long)limit);
     }

@@ -1,8 +1,14 @@
 /*
- * UDP listeners: libuv recvmmsg into a preallocated slab, one datagram at a time to the parser,
- * backpressure by pausing the socket, and the read-out of the socket buffer at stop. Ingest
- * thread only (src/ingest_int.h).
+ * UDP listeners (src/udp.h): libuv recvmmsg into a preallocated slab, one datagram at a time to
+ * the parser through the ingest core (src/ingest_core.h), allow checks before the parser sees a
+ * byte, backpressure by pausing the socket, and the read-out of the socket buffer at stop.
+ *
+ * Threads: the ingest thread only (src/ingest_int.h). Ownership: the listener's slab (20 x 64
+ * KiB) is allocated at open and freed with the listener (ingest_listener_release); nothing is
+ * allocated per datagram.
  */
+#include "udp.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -10,7 +16,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
-#include "ingest_int.h"
+#include "ingest_core.h"
 
 /*
  * libuv 1.44 cuts a recvmmsg buffer into 64 KiB slots, one datagram each, and reads at most 20
@@ -199,7 +205,7 @@ int ingest_udp_open(struct listener *l, struct bd_err *err) {
     }
     l->h.handle.data = l;
     l->h_open = true;
-    in->open_handles++;
+    ingest_handle_opened(in);
 
     rc = uv_udp_bind(&l->h.udp, sa, 0);
     if (rc < 0) {

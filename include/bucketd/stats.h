@@ -36,6 +36,7 @@
     X(tls_handshake_failures, "TLS connections closed: handshake failed (plain text, bad or missing client certificate, protocol error)") \
     X(tls_handshake_timeouts, "TLS connections closed: handshake not finished in time")       \
     X(tls_errors, "TLS connections closed: the session failed after its handshake")        \
+    X(tls_output_pauses, "times a TLS connection stopped reading: its peer left 64 KiB of TLS output unread") \
     X(lines, "non-empty, non-comment input lines")                                        \
     X(readings_accepted, "readings accepted into a sensor queue")                           \
     X(drop_line_too_long, "lines dropped: longer than limits.max_line")                    \

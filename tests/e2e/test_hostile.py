@@ -69,8 +69,8 @@ GOOD_OFFSET = 700000
 # bucketd-sim's series keys: "m<k>[,rack=..],sensor=s<number>,site=...".
 GOOD_ID_RE = re.compile(r"^m\d+,(?:rack=[^,]*,)?sensor=s(\d+),site=")
 
-# Every counted line ("lines") ends in exactly one of these counters (src/ingest.c
-# handle_line and src/sensor.c bd_sensor_table_accept), so their sum equals "lines".
+# Every counted line ("lines") ends in exactly one of these counters (src/ingest_core.c
+# line_result and src/sensor.c bd_sensor_table_accept), so their sum equals "lines".
 LINE_OUTCOMES = ("drop_line_too_long", "drop_parse_error", "drop_too_many_fields",
                  "drop_no_numeric", "drop_bad_name", "drop_field_limit", "drop_too_old",
                  "drop_too_new", "drop_buffer_full", "drop_sensor_limit", "readings_accepted")
@@ -150,7 +150,7 @@ def send_ignoring_reset(sock, data):
 
 def finish_connection(sock, timeout=CLOSE_DEADLINE):
     """Half-close our side and wait for bucketd to close its side, which it does only after
-    it has consumed every byte we sent (src/ingest.c: conn_finish). Returns the outcome."""
+    it has consumed every byte we sent (src/tcp.c: conn_finish). Returns the outcome."""
     try:
         sock.shutdown(socket.SHUT_WR)
     except OSError:

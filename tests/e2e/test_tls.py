@@ -8,6 +8,7 @@ and the daemon's counters are polled at /metrics.
 """
 
 import os
+import select
 import shutil
 import socket
 import ssl
@@ -24,6 +25,9 @@ import bdtest  # noqa: E402
 
 DEADLINE = 60.0
 BASE_NS = (int(time.time()) // 3600) * 3600 * bdtest.NS_PER_S  # this hour: never too old
+# A TLS 1.3 client that floods KeyUpdate requests (tests/e2e/tls_keyupdate_flood.c).
+FLOOD_BIN = (os.environ.get("BUCKETD_TLS_FLOOD_BIN") or
+             os.path.join(bdtest.REPO, "build", "tls_keyupdate_flood"))
 
 
 def openssl(*args, cwd):
@@ -266,6 +270,74 @@ class TestTLS(TLSCase):
         self.assertStat(stats, "tcp_unread_at_stop", len(torn), d)
         self.assertStat(stats, "readings_accepted", n, d)
         self.assertEqual(self.seqs(client, db, "open"), list(range(n)))
+
+    def test_keyupdate_flood_leaves_memory_bounded(self):
+        # A client asks for a KeyUpdate again and again and never reads the server's answers,
+        # with a comment line after every 256 requests. Each answer is output for a peer that
+        # does not read it: the daemon must stop reading that connection once 64 KiB of it are
+        # queued (tls_output_pauses) rather than queue an answer per request, and a connection
+        # it does not read completes no line, so the comments cannot keep it from the idle
+        # timeout. 1,000,000 requests answered and queued hold about 30 MiB.
+        updates, every = 1000000, 256
+        if not os.access(FLOOD_BIN, os.X_OK):
+            raise RuntimeError("%s not built (set BUCKETD_TLS_FLOOD_BIN)" % FLOOD_BIN)
+        d, client, db = self.start(listener={"idle_timeout": "5s"})
+        pid = d.proc.pid
+        # A first session and line, so that what a first connection sets up once is in the
+        # baseline; then the peak RSS is reset to the RSS of now.
+        self.send_tls(d, lines_for("warm", 10))
+        self.wait_seqs(d, client, db, "warm", 10)
+        with open("/proc/%d/clear_refs" % pid, "w") as f:
+            f.write("5")
+        base_kib = bdtest.proc_status_kib(pid, "VmRSS")
+
+        host, port = d.addr("tls")
+        flood = subprocess.Popen([FLOOD_BIN, host, str(port), str(updates), str(every)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            # Its one line comes when it has sent every request or the daemon closed the
+            # connection; it holds the connection open until its stdin closes.
+            ready, _, _ = select.select([flood.stdout], [], [], DEADLINE * 10)
+            self.assertTrue(ready, "the flood client did not finish")
+            report = flood.stdout.readline().decode().split()
+            peak_kib = bdtest.proc_status_kib(pid, "VmHWM")
+        finally:
+            flood.stdin.close()
+            flood.wait(timeout=DEADLINE)
+            flood.stdout.close()
+        self.assertEqual(flood.returncode, 0)
+        grew_kib = peak_kib - base_kib
+        sys.stderr.write("\nKeyUpdate flood: client %s; peak RSS %d KiB over the %d KiB before\n"
+                         % (" ".join(report), grew_kib, base_kib))
+
+        why = bdtest.rss_not_applicable(pid)
+        if why is None:
+            # Bounded: 64 KiB of queued output, a read's worth of ciphertext, the session.
+            self.assertLess(grew_kib, 4096, "peak RSS grew by %d KiB during the flood"
+                            % grew_kib)
+        # The comment lines did not keep the connection from the idle timeout: the daemon
+        # closed it long before the client got its requests out.
+        self.assertEqual(report[0], "closed", "the connection outlived %d KeyUpdate requests"
+                         % updates)
+        self.assertLess(int(report[1]), updates)
+        self.wait_metric(d, "tcp_idle_closed", 1)
+        pauses = self.metric("tls_output_pauses")
+        if why is None:
+            # ... because the daemon stopped reading once 64 KiB of answers waited.
+            self.assertGreaterEqual(pauses, 1)
+        else:
+            # A sanitizer makes each KeyUpdate cost milliseconds, and one turn of the loop
+            # (up to 32 reads of a connection) can then outlast the idle timeout, which may so
+            # close the connection before the answers reach the cap. Each KeyUpdate also frees
+            # and allocates cipher state that the sanitizer's quarantine holds: RSS says
+            # nothing here.
+            sys.stderr.write("%s: RSS bound not checked; tls_output_pauses %d\n" % (why, pauses))
+
+        stats = d.stop()
+        self.assertStat(stats, "tls_handshakes", 2, d)
+        self.assertStat(stats, "tls_errors", 0, d)
+        self.assertStat(stats, "tcp_idle_closed", 1, d)
+        self.assertStat(stats, "readings_accepted", 10, d)
 
     def peer_cn(self, d):
         raw = socket.create_connection(d.addr("tls"), timeout=DEADLINE)
