@@ -116,12 +116,14 @@ configure_build build
 stage "layers"
 layers="$root/../shared/tools/layers.py"
 if [ -f "$layers" ]; then
-  echo "== layers: $(/usr/bin/python3 "$layers" build src | tail -n 1)"
-  /usr/bin/python3 "$layers" build src >/dev/null || {
-    /usr/bin/python3 "$layers" build src
+  layers_rc=0
+  layers_out="$(/usr/bin/python3 "$layers" build src)" || layers_rc=$?
+  if [ "$layers_rc" -ne 0 ]; then
+    printf '%s\n' "$layers_out"
     echo "a circle among the files of src/: a lower layer calls a higher one (src/README.md)" >&2
     exit 1
-  }
+  fi
+  echo "== layers: $(printf '%s\n' "$layers_out" | tail -n 1)"
 else
   skip_stage layers "no ../shared/tools/layers.py beside the repository"
 fi
