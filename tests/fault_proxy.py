@@ -32,7 +32,8 @@ Faults (one at a time, switchable at runtime while connections are open):
               that _id into the same database and collection over its own connection to the
               server (`fields` added to {_id}, or `document` as given), waits for the insert's
               reply, and only then forwards the client's request (held meanwhile; later requests
-              of that connection wait behind it).  The client's upsert then finds the racing
+              of that connection wait behind it, and so does every write on the other
+              connections: a retry on a new connection must not reach the server first).  The client's upsert then finds the racing
               document: if its filter has conditions that document does not meet, it tries to
               insert and gets duplicate key (11000), as it would from a concurrent writer.
               Options: match_id, fields, document, count (statements raced, then back to pass).
@@ -444,6 +445,7 @@ class FaultProxy(object):
         self._race_lock = threading.Lock()
         self._race_error = None
         self._race_threads = []
+        self._races_in_flight = 0  # racing inserts without their reply yet: writes wait
         self.listen_host = listen_host
         self.port = int(listen_port)
         self._log_fn = log
@@ -899,6 +901,8 @@ class FaultProxy(object):
                     if d.upstream and not entry[4] and self._fault.kind == RACE_INSERT and \
                             self._start_race(link, entry):
                         break  # held until the racing insert has its reply
+                    if d.upstream and self._races_in_flight and entry[2].is_write:
+                        break  # no write overtakes a racing insert (from any connection)
                     _, data, msg, _, _ = d.held.popleft()
                     d.held_bytes -= len(data)
                     if d.upstream:
@@ -977,6 +981,7 @@ class FaultProxy(object):
         entry[0] = float('inf')
         self._log('link %d: race_insert of %d document(s) into %s.%s before forwarding',
                   link.id, len(docs), db, coll)
+        self._races_in_flight += 1
         t = threading.Thread(target=self._race, args=(link, entry, db, coll, docs),
                              name='fault-proxy-race:%d' % self.port, daemon=True)
         self._race_threads = [x for x in self._race_threads if x.is_alive()] + [t]
@@ -998,6 +1003,7 @@ class FaultProxy(object):
             error = '%s: %s' % (type(e).__name__, e)
 
         def release():
+            self._races_in_flight -= 1
             self._counters['race_inserts'] += inserted
             if error is not None:
                 self._counters['race_insert_errors'] += len(docs) - inserted

@@ -503,6 +503,39 @@ class RaceInsertTest(ProxyCase):
                          (1, 0, 1))
         self.assertIn('DuplicateKeyError', stats['race_insert_error'])
 
+    def test_no_write_overtakes_a_slow_racing_insert(self):
+        """A second client's upsert of the same _id, sent on its own connection while the
+        racing insert is still on its way (the server holds it 1.5 s), waits for it: both
+        upserts then meet the racing document, as when a retry on a new connection follows a
+        write that timed out."""
+        self.proxy.set_fault('race_insert', match_id='r7', fields={'v': 0}, count=1)
+        self.addCleanup(lambda: direct.admin.command('configureFailPoint', 'failCommand',
+                                                     mode='off'))
+        direct.admin.command('configureFailPoint', 'failCommand', mode={'times': 1},
+                             data={'failCommands': ['insert'],
+                                   'appName': 'fault_proxy race_insert',
+                                   'blockConnection': True, 'blockTimeMS': 1500})
+        other = self.connect()[db_name][self._testMethodName]
+        other.find_one({})  # its own connection, open before the race starts
+        outcomes = {}
+
+        def upsert(name, coll):
+            try:
+                coll.update_one({'_id': 'r7', 'v': {'$ne': 0}}, {'$set': {name: True}},
+                                upsert=True)
+                outcomes[name] = 'stored'
+            except DuplicateKeyError:
+                outcomes[name] = 'duplicate key'
+        first = threading.Thread(target=upsert, args=('first', self.coll))
+        first.start()
+        self.assertTrue(wait_for(lambda: self.proxy.stats()['races'] == 1, 10))
+        upsert('second', other)
+        first.join(20)
+        self.assertEqual(outcomes, {'first': 'duplicate key', 'second': 'duplicate key'})
+        stats = self.proxy.stats()
+        self.assertEqual((stats['race_inserts'], stats['race_insert_errors']), (1, 0), stats)
+        self.assertEqual(self.truth.find_one({'_id': 'r7'}), {'_id': 'r7', 'v': 0})
+
     def test_whole_document_and_bad_arguments(self):
         self.proxy.set_fault('race_insert', match_id='r6',
                              document={'v': 0, 'nested': {'x': [1, 2]}}, count=1)
