@@ -55,6 +55,20 @@
 #include "flusher_int.h"
 #include "flusher_writer.h"
 
+static void (*point_fn)(int point, void *arg);
+static void *point_arg;
+
+void bd_flusher_place_hook(void (*fn)(int point, void *arg), void *arg) {
+    point_fn = fn;
+    point_arg = arg;
+}
+
+void flusher_place_point(int point) {
+    if (point_fn != NULL) {
+        point_fn(point, point_arg);
+    }
+}
+
 /* Build every pending delta of the batch being written into the placed form. */
 static bool build(struct bd_flusher *f, int64_t wall_ms) {
     /* Deltas split while building are appended to the batch: the loop reaches them too. */
@@ -88,6 +102,9 @@ enum flusher_place_result flusher_place_record(struct bd_flusher *f,
     struct bd_err err = {0};
     struct bd_unplaced *u = NULL;
     int rc = bd_unplaced_load(&u, rec->data, rec->len, &f->lim, &err);
+    if (rc == 0) {
+        flusher_place_point(BD_PLACE_LOADED);
+    }
     if (rc == -EBADMSG) {
         bd_error("%s: skipped (%" PRIu32 " readings)", err.msg, rec->n_readings);
         return FLUSHER_PLACE_BAD;
@@ -115,6 +132,7 @@ enum flusher_place_result flusher_place_record(struct bd_flusher *f,
     if (buf->n_updates == 0) {
         return FLUSHER_PLACE_OK; /* every update was quarantined while building */
     }
+    flusher_place_point(BD_PLACE_NUMBERED);
     struct bd_placing pl = {.segment = rec->segment,
                             .offset = rec->offset,
                             .seq = seq,
@@ -124,6 +142,7 @@ enum flusher_place_result flusher_place_record(struct bd_flusher *f,
     rc = bd_placing_save(f->cfg->spool.dir, &pl, &err);
     if (rc == 0) {
         f->place.journaled = true;
+        flusher_place_point(BD_PLACE_JOURNALED);
         struct bd_spool_record placed = {.id = rec->id,
                                          .seq = seq,
                                          .n_readings = buf->n_readings,
@@ -201,6 +220,7 @@ void flusher_place_retire(struct bd_flusher *f) {
         return;
     }
     f->place.journaled = false;
+    flusher_place_point(BD_PLACE_RETIRED);
 }
 
 void flusher_place_close(struct bd_flusher *f) {

@@ -44,4 +44,7 @@ void flusher_place_retire(struct bd_flusher *f);
 
 void flusher_place_close(struct bd_flusher *f);
 
+/* The test hook's points (bd_flusher_place_hook): a no-op unless a test set one. */
+void flusher_place_point(int point);
+
 #endif

@@ -191,6 +191,7 @@ static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_
         if (!placed) {
             BD_STAT_ADD(f->stats, readings_spooled_unplaced, buf->n_readings);
             f->spool.unplaced_ahead = true;
+            flusher_place_point(BD_PLACE_APPENDED);
         }
         if (f->spool.oldest_ms == 0 || !flusher_spool_active(f)) {
             /* The first record of a new backlog: its batch's oldest reading. */
@@ -344,7 +345,13 @@ static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
             flusher_writer_schedule_retry(f, mono_ns);
             return;
         }
+        if (f->place.journaled) {
+            flusher_place_point(BD_PLACE_SENT);
+        }
         int rc = bd_spool_ack(f->spool.disk, f->spool.replay_id);
+        if (f->place.journaled) {
+            flusher_place_point(BD_PLACE_ACKED);
+        }
         if (rc < 0 && bd_ratelimit_ok(&f->spool.log, bd_mono_ns())) {
             bd_error("cannot record a replayed batch as done in %s: %s (it may be sent again "
                      "after a restart; MongoDB applies it once)",

@@ -196,13 +196,17 @@ static uint64_t spool_file_bytes(void) {
     return n;
 }
 
-/* A new flusher and sensor table over the same spool directory and the same stored model (a
- * restart of the daemon; the test store stays). */
-static void restart(void) {
+/* The daemon's end without a stop (a crash plays with the files before restart_new). */
+static void restart_free(void) {
     bd_flusher_free(flusher);
     flusher = NULL;
     bd_sensor_table_free(table);
     table = NULL;
+}
+
+/* A new flusher and sensor table over the same spool directory and the same stored model (the
+ * test store stays), its scripted faults cleared. */
+static void restart_new(void) {
     struct bd_err err = {0};
     memset(&stats, 0, sizeof(stats));
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0, "%s", err.msg);
@@ -210,6 +214,12 @@ static void restart(void) {
     cr_assert_eq(bd_flusher_new_with_store(&flusher, &cfg, table, &stats, &fs.base, &err), 0, "%s",
                  err.msg);
     bd_flusher_seed(flusher, 12345);
+}
+
+/* A restart of the daemon over the same spool directory. */
+static void restart(void) {
+    restart_free();
+    restart_new();
 }
 
 static const char **long_names(int n, size_t len) {

@@ -332,3 +332,267 @@ Test(flusher_spool, a_batch_larger_than_a_spool_record_is_spooled_in_several) {
  * (input pauses on the pool) and the readings wait in their queues. Once MongoDB is back every
  * accepted reading is stored once and the stall ends.
  */
+
+/* ---- unplaced records: a first start offline, and a crash at every point of their life ---- */
+
+/* A first start (nothing in spool.dir: no writer state) with spool_timing(). */
+static void first_start(void) {
+    stop();
+    spool_timing();
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/* %s/.[!.]*", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    start();
+}
+
+/* MongoDB away since the first start: the sequence cannot be learnt, so the failed batch and
+ * the next go to the spool unplaced (3 sensors, 4 then 5 readings each). */
+static void spool_unplaced_offline(void) {
+    fs.find_fails = true;
+    for (int i = 0; i < 8; i++) {
+        fake_script(&fs, FAULT_UNREACHABLE, 0);
+    }
+    send_sensors(3, 4);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false); /* the sequence look-up fails */
+    send_more(3, 5, 4);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false);
+}
+
+/* MongoDB back. */
+static void back_online(void) {
+    fs.find_fails = false;
+    fs.next_fault = fs.n_faults = 0;
+}
+
+Test(flusher_spool, a_first_start_offline_spools_unplaced_and_writes_once_when_mongodb_answers) {
+    first_start();
+    spool_unplaced_offline();
+    cr_assert_eq(STAT(readings_spooled), 27, "spooled %" PRIu64 ", pending %" PRIu64 ", bulks %u",
+                 STAT(readings_spooled), STAT(pending_readings), fs.bulks);
+    cr_assert_eq(STAT(readings_spooled_unplaced), 27,
+                 "no sequence: nothing could be placed (%" PRIu64 ")",
+                 STAT(readings_spooled_unplaced));
+    cr_assert_eq(STAT(pending_readings), 0, "nothing left in memory");
+    cr_assert_eq(fs.bulks, 0, "nothing sent without a sequence");
+    back_online();
+    cr_assert_gt(run(50), 0);
+    assert_stored(3, 9);
+    cr_assert_eq(STAT(spool_records_placed), 2);
+    cr_assert_eq(STAT(spool_records_replayed), 2);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_lt(fs.seqs[0], fs.seqs[fs.bulks - 1], "each record placed under its own number");
+    char path[128];
+    snprintf(path, sizeof(path), "%s/%s", dir, BD_PLACING_FILE);
+    cr_assert_neq(access(path, F_OK), 0, "the placing journal is retired");
+}
+
+Test(flusher_spool, batches_behind_an_unplaced_record_are_spooled_unplaced_too) {
+    first_start();
+    spool_unplaced_offline();
+    /* The sequence is known now (MongoDB answered a look-up) but the spool holds unplaced
+     * records: a batch spooled behind them must not take a number before they do. */
+    fs.find_fails = false;
+    fake_script(&fs, FAULT_UNREACHABLE, 0);
+    send_more(3, 2, 9);
+    publish();
+    mono += 20 * MS;
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_spooled_unplaced), STAT(readings_spooled));
+    back_online();
+    cr_assert_gt(run(50), 0);
+    assert_stored(3, 11);
+    for (uint32_t i = 1; i < fs.bulks; i++) {
+        cr_assert_geq(fs.seqs[i], fs.seqs[i - 1], "bulk %u out of sequence order", i);
+    }
+    cr_assert_eq(STAT(writer_conflicts), 0);
+}
+
+static int crash_point = -1;
+static bool crashed;
+static char snap[80];
+static uint64_t journal_seq;
+
+/* The crash: the spool directory as it is at this point is what the next start finds (a
+ * killed process's writes are in the page cache); nothing more reaches the collection. */
+static void crash_hook(int point, void *arg) {
+    (void)arg;
+    if (crashed || point != crash_point) {
+        return;
+    }
+    crashed = true;
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s && cp -a %s %s", snap, dir, snap);
+    cr_assert_eq(system(cmd), 0);
+    struct bd_placing pl;
+    struct bd_err err = {0};
+    journal_seq = bd_placing_load(snap, &pl, &err) == 0 ? pl.seq : 0;
+    bd_placing_clear(&pl);
+    fs.find_fails = true;
+    fs.next_fault = fs.n_faults = 0;
+    for (int i = 0; i < 60; i++) {
+        fake_script(&fs, FAULT_UNREACHABLE, 0);
+    }
+}
+
+static void crash_and_restart(int point, const char *sync, bool lost_reply) {
+    snprintf(cfg.spool.sync, sizeof(cfg.spool.sync), "%s", sync);
+    first_start();
+    snprintf(snap, sizeof(snap), "%s.snap", dir);
+    crash_point = point;
+    crashed = false;
+    journal_seq = 0;
+    bd_flusher_place_hook(crash_hook, NULL);
+    spool_unplaced_offline();
+    if (!crashed) {
+        back_online();
+        if (lost_reply) {
+            fake_script(&fs, FAULT_LOST_REPLY, 0); /* the first placed bulk: applied, no reply */
+        }
+        publish();
+        for (int i = 0; i < 100 && !crashed; i++) {
+            bd_flusher_step(flusher, mono, now_ms, false);
+            int64_t retry = bd_flusher_retry_at(flusher);
+            mono = retry > mono ? retry : mono + 1;
+        }
+    }
+    bd_flusher_place_hook(NULL, NULL);
+    cr_assert(crashed, "point %d (sync %s) never reached", point, sync);
+    uint32_t bulks_before = fs.bulks;
+    restart_free();
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s && mv %s %s", dir, snap, dir);
+    cr_assert_eq(system(cmd), 0);
+    back_online();
+    restart_new();
+    cr_assert_gt(run(50), 0, "point %d (sync %s): not idle after the restart", point, sync);
+    /* Every reading whose record was appended is stored exactly once: at the first point only
+     * the first batch was on disk when the process died. */
+    assert_stored(3, point == BD_PLACE_APPENDED ? 4 : 9);
+    cr_assert_eq(STAT(writer_conflicts), 0, "point %d (sync %s)", point, sync);
+    cr_assert_eq(STAT(updates_quarantined), 0);
+    cr_assert_eq(STAT(readings_lost), 0);
+    if (point >= BD_PLACE_JOURNALED && point <= BD_PLACE_SENT) {
+        cr_assert_neq(journal_seq, 0, "point %d: the journal was durable", point);
+        cr_assert_gt(fs.bulks, bulks_before);
+        cr_assert_eq(fs.seqs[bulks_before], journal_seq,
+                     "point %d (sync %s): resumed under the journal's number", point, sync);
+    }
+    char path[128];
+    snprintf(path, sizeof(path), "%s/%s", dir, BD_PLACING_FILE);
+    cr_assert_neq(access(path, F_OK), 0, "the placing journal is retired in the end");
+}
+
+Test(flusher_spool, a_crash_at_every_point_of_an_unplaced_record_stores_each_reading_once) {
+    static const char *const syncs[] = {"batch", "none"};
+    for (size_t k = 0; k < sizeof(syncs) / sizeof(syncs[0]); k++) {
+        for (int point = BD_PLACE_APPENDED; point <= BD_PLACE_RETIRED; point++) {
+            crash_and_restart(point, syncs[k], false);
+        }
+    }
+}
+
+Test(flusher_spool, a_crash_after_a_lost_reply_of_a_placed_record_stores_each_reading_once) {
+    crash_and_restart(BD_PLACE_JOURNALED, "batch", true);
+    crash_and_restart(BD_PLACE_SENT, "batch", true);
+    crash_and_restart(BD_PLACE_ACKED, "none", true);
+}
+
+Test(flusher_spool,
+     an_evicted_sensor_returning_while_mongodb_is_away_is_spooled_and_keeps_its_cap) {
+    stop();
+    spool_timing();
+    cfg.buckets.max_readings = 5;
+    cfg.limits.sensor_idle_ms = 60000;
+    start();
+    int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    for (int j = 0; j < 3; j++) {
+        accept1("ev", j, t0 + j * 1000);
+    }
+    cr_assert_gt(run(10), 0);
+    cr_assert_gt(run(10), 0); /* the idle segment handed back */
+    now_ms += 61000;
+    bd_sensor_table_sweep(table, now_ms * MS);
+    cr_assert_eq(STAT(sensors_evicted), 1);
+    cr_assert_gt(run(10), 0); /* released */
+
+    /* Back while MongoDB is away: its bucket's pages are unknown (the evicted sensor wrote
+     * them), so the batches go to the spool unplaced. */
+    fs.find_fails = true;
+    for (int i = 0; i < 8; i++) {
+        fake_script(&fs, FAULT_UNREACHABLE, 0);
+    }
+    for (int j = 0; j < 4; j++) {
+        accept1("ev", 10 + j, t0 + 10000 + j * 1000);
+    }
+    publish();
+    mono += 1000 * MS; /* due: written, and the write fails */
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(pending_readings), 4);
+    for (int j = 0; j < 4; j++) {
+        accept1("ev", 20 + j, t0 + 20000 + j * 1000);
+    }
+    publish();
+    mono += 20 * MS; /* the next batch is due: the failed one goes to the spool, then it */
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_spooled_unplaced), 8,
+                 "unknown pages: spooled unplaced (%" PRIu64 " of %" PRIu64 ", pending %" PRIu64
+                 ", bulks %u)",
+                 STAT(readings_spooled_unplaced), STAT(readings_spooled), STAT(pending_readings),
+                 fs.bulks);
+    cr_assert_eq(STAT(pending_readings), 0, "nothing waits in memory");
+    /* A restart before MongoDB is back: the spool is all that is left. */
+    restart();
+    back_online();
+    cr_assert_gt(run(50), 0);
+    cr_assert_eq(fake_stored(&fs, "ev"), 11);
+    cr_assert_leq(fake_max_count(&fs), 5, "a page holds at most max_readings readings");
+    cr_assert_eq(STAT(spool_records_placed), 2);
+    cr_assert_eq(STAT(writer_conflicts), 0);
+}
+
+/* Every allocation of spooling a batch unplaced, and then of placing it, failing in turn: the
+ * step is delayed, never a reading lost or written twice. */
+Test(flusher_spool, each_allocation_failure_spooling_and_placing_unplaced_is_safe) {
+    for (int phase = 0; phase < 2; phase++) {
+        long allocations = -1;
+        for (long k = -1; k < allocations + 2; k++) {
+            first_start();
+            if (phase == 0) {
+                /* The spooling step: the second step of spool_unplaced_offline. */
+                fs.find_fails = true;
+                for (int i = 0; i < 8; i++) {
+                    fake_script(&fs, FAULT_UNREACHABLE, 0);
+                }
+                send_sensors(3, 4);
+                publish();
+                bd_flusher_step(flusher, mono, now_ms, false);
+                send_more(3, 5, 4);
+                publish();
+                mono += 20 * MS;
+                bd_alloc_fail_after(k < 0 ? -1 : k, 0);
+                bd_flusher_step(flusher, mono, now_ms, false);
+            } else {
+                spool_unplaced_offline();
+                back_online();
+                mono = bd_flusher_retry_at(flusher) + 1;
+                bd_alloc_fail_after(k < 0 ? -1 : k, 0);
+                bd_flusher_step(flusher, mono, now_ms, false); /* the placing step */
+            }
+            long counted = bd_alloc_fail_after(-1, 0);
+            if (k < 0) {
+                allocations = counted;
+                cr_assert_gt(allocations, 3, "phase %d", phase);
+            }
+            back_online();
+            cr_assert_gt(run(60), 0, "phase %d, allocation %ld", phase, k);
+            assert_stored(3, 9);
+            cr_assert_eq(STAT(readings_lost), 0);
+            cr_assert_eq(STAT(writer_conflicts), 0, "phase %d, allocation %ld", phase, k);
+            cr_assert_eq(STAT(updates_quarantined), 0);
+        }
+    }
+}
