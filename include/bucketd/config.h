@@ -112,6 +112,7 @@ struct bd_config {
         char bind[128];              /* default "127.0.0.1:9273"; "" disables */
         uint64_t unhealthy_after_ms; /* /healthz: MongoDB unreachable this long; default 1m */
         uint32_t spool_high_water;   /* /healthz: percent of spool.max_bytes; default 80 */
+        uint64_t silent_after_ms;    /* bucketd_sensors_silent: no reading this long; 15m */
     } metrics;
 
     struct {
