@@ -2145,13 +2145,32 @@ static int cmd_sensors(struct conn *c, const struct options *o, const struct set
                        struct bd_err *err) {
     int64_t now_ms = bd_now_ns() / BD_NS_PER_MS;
     int64_t cutoff_ms = now_ms - (int64_t)o->silent_ms;
-    bson_t *pipeline =
-        BCON_NEW("pipeline", "[", "{", "$sort", "{", "sensor_id", BCON_INT32(1), "bucket_start",
-                 BCON_INT32(-1), "}", "}", "{", "$group", "{", "_id", BCON_UTF8("$sensor_id"),
-                 "bucket_start", "{", "$first", BCON_UTF8("$bucket_start"), "}", "bucket_end", "{",
-                 "$first", BCON_UTF8("$bucket_end"), "}", "}", "}", "{", "$match", "{",
-                 "bucket_end", "{", "$lt", BCON_DATE_TIME(cutoff_ms), "}", "}", "}", "{", "$sort",
-                 "{", "bucket_end", BCON_INT32(1), "_id", BCON_INT32(1), "}", "}", "]");
+    bson_t *stages[4] = {
+        BCON_NEW("$sort", "{", "sensor_id", BCON_INT32(1), "bucket_start", BCON_INT32(-1), "}"),
+        BCON_NEW("$group", "{", "_id", BCON_UTF8("$sensor_id"), "bucket_start", "{", "$first",
+                 BCON_UTF8("$bucket_start"), "}", "bucket_end", "{", "$first",
+                 BCON_UTF8("$bucket_end"), "}", "}"),
+        BCON_NEW("$sort", "{", "bucket_end", BCON_INT32(1), "_id", BCON_INT32(1), "}"),
+        /* Without --silent: every sensor. */
+        o->given[OPT_SILENT]
+            ? BCON_NEW("$match", "{", "bucket_end", "{", "$lt", BCON_DATE_TIME(cutoff_ms), "}", "}")
+            : NULL,
+    };
+    bson_t *pipeline = bson_new();
+    bson_t arr;
+    BSON_APPEND_ARRAY_BEGIN(pipeline, "pipeline", &arr);
+    static const int order[] = {0, 1, 3, 2}; /* the cutoff before the final sort */
+    uint32_t k = 0;
+    for (size_t i = 0; i < BD_ARRAY_LEN(order); i++) {
+        if (stages[order[i]] != NULL) {
+            char key[16];
+            const char *kp;
+            bson_uint32_to_string(k++, &kp, key, sizeof(key));
+            BSON_APPEND_DOCUMENT(&arr, kp, stages[order[i]]);
+            bson_destroy(stages[order[i]]);
+        }
+    }
+    bson_append_array_end(pipeline, &arr);
     bson_t *opts = BCON_NEW("allowDiskUse", BCON_BOOL(true));
     mongoc_collection_t *sums =
         mongoc_client_get_collection(c->client, s->database, s->summary_collection);
