@@ -27,8 +27,10 @@
 
 #define BD_SENSORLIST_LIMIT_DEFAULT 100
 #define BD_SENSORLIST_LIMIT_MAX 1000
-/* A page ends early once its body passes this size (long ids); "next" continues it. */
-#define BD_SENSORLIST_BODY_MAX (1024 * 1024)
+/* A page ends early once its body passes this size (long ids; a page of 1000 ids of 40 bytes
+ * is about 100 KiB), so that the 32 connections of the server hold at most a few MiB of
+ * responses; "next" continues it. */
+#define BD_SENSORLIST_BODY_MAX (256 * 1024)
 
 struct bd_sensorlist_query {
     bool silent; /* silent= given */

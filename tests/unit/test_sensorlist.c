@@ -146,7 +146,7 @@ Test(sensorlist, page_json_escapes_ids_and_gives_the_next_cursor) {
 }
 
 Test(sensorlist, a_page_of_long_ids_stops_at_the_body_cap) {
-    /* 1000 ids of 900 control bytes: 5.4 MB escaped; the page stops past 1 MiB. */
+    /* 1000 ids of 900 control bytes: 5.4 MB escaped; the page stops past BODY_MAX. */
     char id[900];
     memset(id, 0x02, sizeof(id));
     struct bd_sensor *s = fake_sensor(id, sizeof(id));
