@@ -127,7 +127,7 @@ static const char usage[] =
     "each sensor's last reading to the millisecond; this knows its newest bucket). Needs\n"
     "summaries (summaries.interval above 0).\n"
     "  --silent DURATION     only the sensors whose newest bucket ended more than DURATION\n"
-    "                        ago (15m, 2h, 3d): quiet at least that long\n"
+    "                        ago (15m, 2h, 72h): quiet at least that long\n"
     "\n"
     "dead-letter list: the updates MongoDB refused for good, one line per record:\n"
     "  <time refused> <record id> <bucket _id> <N> readings code <C>: <message>\n"
@@ -661,7 +661,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
     }
     if (o->given[OPT_SILENT] && (bd_parse_duration_ms(o->value[OPT_SILENT], &o->silent_ms) < 0 ||
                                  o->silent_ms > (uint64_t)INT64_MAX / 2)) {
-        return bad_usage("--silent: '%s' is not a duration (15m, 2h, 3d)", o->value[OPT_SILENT]);
+        return bad_usage("--silent: '%s' is not a duration (15m, 2h, 72h)", o->value[OPT_SILENT]);
     }
     return 0;
 }
