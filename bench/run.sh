@@ -11,7 +11,7 @@
 #   --build DIR Release build directory (default build-bench/ in the repository)
 #   --only LIST comma-separated subset:
 #               parser,udp,tcp,memory,latency,standin,peers,slowdb,replay,writecost,summaries,
-#               metrics,tls,idleconns,hostile
+#               metrics,tls,idleconns,hostile,reboot
 #   --outage S  how long MongoDB is away before the replay row (default 600, --quick 30)
 #   --writecost S   how long the 1 Hz sensors of the write-cost row send (default 300,
 #               --quick 60)

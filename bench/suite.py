@@ -1764,6 +1764,12 @@ class Suite(object):
             'spool.dir, polled every second; drained = that end, from the moment MongoDB came '
             'back%s' % (outage, '; --quick: into the sink only' if self.quick else ''))
 
+    # -- 17. reboot during an outage (bench/reboot.py) ------------------------------------------
+    def fig_reboot(self):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import reboot
+        reboot.fig_reboot(self, sys.modules[__name__])
+
     # -- 7. peers ---------------------------------------------------------------------------
     def peer_load(self):
         """The one load every contender gets: a burst of UDP readings with unique seq fields."""
@@ -2855,7 +2861,8 @@ class Suite(object):
                 ('slowdb', self.fig_slowdb), ('replay', self.fig_replay),
                 ('writecost', self.fig_writecost), ('summaries', self.fig_summaries),
                 ('metrics', self.fig_metrics), ('tls', self.fig_tls),
-                ('idleconns', self.fig_idleconns), ('hostile', self.fig_hostile)]
+                ('idleconns', self.fig_idleconns), ('hostile', self.fig_hostile),
+                ('reboot', self.fig_reboot)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
                  'standin': '6. into the stand-in', 'peers': '7. peers',
@@ -2865,7 +2872,8 @@ class Suite(object):
                  'summaries': '12. dashboard read cost (summaries)',
                  'metrics': '13. /metrics', 'tls': '14. TLS vs plain TCP',
                  'idleconns': '15. idle TCP connections (memory)',
-                 'hostile': '16. hostile senders'}
+                 'hostile': '16. hostile senders',
+                 'reboot': '17. reboot during an outage'}
         disk_done = False
         for key, fn in figs:
             if key == 'writecost' and not disk_done:
@@ -3081,7 +3089,7 @@ def main():
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
                     'standin,peers,slowdb,replay,writecost,summaries,metrics,tls,idleconns,'
-                    'hostile')
+                    'hostile,reboot')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')

@@ -414,6 +414,7 @@ void flusher_spool_everything(struct bd_flusher *f, int64_t wall_ms) {
     }
     give_up_replay(f);
     uint64_t before = BD_STAT_GET(f->stats, readings_spooled);
+    uint64_t before_unplaced = BD_STAT_GET(f->stats, readings_spooled_unplaced);
     /* Whatever is still queued joins the next batch, memory budget or not: this is the end. */
     f->budget = UINT64_MAX;
     flusher_drain_run(f, wall_ms);
@@ -427,9 +428,11 @@ void flusher_spool_everything(struct bd_flusher *f, int64_t wall_ms) {
     bd_spool_flush(f->spool.disk);
     flusher_spool_stats(f);
     uint64_t spooled = BD_STAT_GET(f->stats, readings_spooled) - before;
+    uint64_t unplaced = BD_STAT_GET(f->stats, readings_spooled_unplaced) - before_unplaced;
     if (spooled > 0) {
-        bd_warn("%" PRIu64 " readings MongoDB did not take were written to the spool in %s: "
-                "the next start writes them first",
-                spooled, f->cfg->spool.dir);
+        bd_warn("%" PRIu64 " readings MongoDB did not take were written to the spool in %s "
+                "(%" PRIu64 " of them unplaced: their pages or sequence number are learnt from "
+                "MongoDB first): the next start writes them first",
+                spooled, f->cfg->spool.dir, unplaced);
     }
 }
