@@ -28,8 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bdtest  # noqa: E402
 from bdtest import send_readings as sr  # noqa: E402
 
-SHIM = os.environ.get("BUCKETD_CLOCK_SHIM") or os.path.join(bdtest.REPO, "build", "tests",
-                                                            "clock_shim.so")
 HOUR_NS = 3600 * bdtest.NS_PER_S
 DEADLINE = 30.0
 
@@ -54,8 +52,6 @@ class ClockCase(bdtest.E2ECase):
 
     def setUp(self):
         super().setUp()
-        if not os.path.exists(SHIM):
-            self.fail("the clock shim is not built: %s (set BUCKETD_CLOCK_SHIM)" % SHIM)
         self.control = os.path.join(self.workdir, "clock-control")
 
     def play(self, offset_ns, synced):
@@ -68,11 +64,7 @@ class ClockCase(bdtest.E2ECase):
     def start(self, wait_for_sync="10m", **kw):
         uri, client, db = self.new_database()
         self.metrics_port = bdtest.free_port()
-        env = {"LD_PRELOAD": SHIM, "BD_CLOCK_SHIM_FILE": self.control}
-        # ASan wants its runtime first in the library list; the shim comes before it here.
-        asan = os.environ.get("ASAN_OPTIONS", "")
-        env["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "verify_asan_link_order=0"
-        d = self.daemon(uri, db, env=env,
+        d = self.daemon(uri, db, env=bdtest.clock_shim_env(self.control),
                         extra={"metrics": {"bind": "127.0.0.1:%d" % self.metrics_port},
                                "time": {"wait_for_sync": wait_for_sync}}, **kw)
         d.start()
