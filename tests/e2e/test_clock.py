@@ -9,6 +9,8 @@ the kernel's synchronisation status (adjtimex) and a wrong wall clock from a con
   without a step sets the gauge to 0 and keeps the trust;
 - the wait bound: never synchronised, it trusts the clock after time.wait_for_sync ("timeout",
   logged once), and a reload of the key ends a wait already past the new bound;
+- the floor: a clock the kernel calls synchronised but earlier than the last write writer.state
+  says this writer acknowledged is not trusted until it passes that time;
 - a clock right from the start changes nothing: trusted at once, one log line, and readings
   sent over UDP and TCP are stored exactly once in their buckets.
 
@@ -21,6 +23,7 @@ import json
 import os
 import re
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,12 +64,14 @@ class ClockCase(bdtest.E2ECase):
             f.write("%d %d\n" % (offset_ns, 1 if synced else 0))
         os.replace(tmp, self.control)
 
-    def start(self, wait_for_sync="10m", **kw):
+    def start(self, wait_for_sync="10m", before_start=None, **kw):
         uri, client, db = self.new_database()
         self.metrics_port = bdtest.free_port()
         d = self.daemon(uri, db, env=bdtest.clock_shim_env(self.control),
                         extra={"metrics": {"bind": "127.0.0.1:%d" % self.metrics_port},
                                "time": {"wait_for_sync": wait_for_sync}}, **kw)
+        if before_start is not None:
+            before_start(d)
         d.start()
         return d, client, db
 
@@ -147,6 +152,29 @@ class ClockCase(bdtest.E2ECase):
         self.wait_gauge(d, "bucketd_clock_trusted", 1)
         status, h = healthz(self.metrics_port)
         self.assertEqual(h["clock"], "timeout", h)
+        d.stop()
+
+    def test_floor_of_writer_state(self):
+        # The previous run acknowledged a write 1 hour ahead of the (played) true time.
+        ack_ms = time.time_ns() // bdtest.NS_PER_MS + 3600 * 1000
+
+        def write_state(d):
+            spool = d.config["spool"]["dir"]
+            os.makedirs(spool, exist_ok=True)
+            with open(os.path.join(spool, "writer.state"), "w") as f:
+                f.write("bucketd-writer 1\nwriter_id %s\nreserved 4097\nmax_bucket_start_ms 0\n"
+                        "last_ack_ms %d\nclean 1\n" % (d.config["writer_id"], ack_ms))
+        self.play(0, True)
+        d, _, _ = self.start(before_start=write_state)
+        self.assertEqual(self.gauge("bucketd_clock_synchronized"), 0)
+        self.assertEqual(self.gauge("bucketd_clock_trusted"), 0)
+        self.assertEqual(healthz(self.metrics_port)[1]["clock"], "waiting")
+        self.assertIn("earlier than the last write this writer had acknowledged (writer.state)",
+                      d.log())
+        # NTP steps the clock 2 hours forwards: past the floor, trusted.
+        self.play(2 * HOUR_NS, True)
+        self.wait_gauge(d, "bucketd_clock_synchronized", 1)
+        self.assertEqual(healthz(self.metrics_port)[1]["clock"], "synchronized")
         d.stop()
 
     def test_right_clock_from_the_start_changes_nothing(self):
