@@ -4,6 +4,7 @@
 #include "bucketd/common.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +77,40 @@ int bd_mkdir_p(const char *dir, mode_t mode, struct bd_err *err) {
     if (mkdir(p, mode) < 0 && errno != EEXIST) {
         int e = errno;
         return bd_err_set(err, -e, "spool.dir %s: cannot create: %s", dir, strerror(e));
+    }
+    return 0;
+}
+
+int bd_replace_file(const char *dir, const char *path, const char *tmp, const void *buf, size_t len,
+                    mode_t mode, struct bd_err *err) {
+    int rc = 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0) {
+        return bd_err_set(err, -errno, "%s: %s", tmp, strerror(errno));
+    }
+    rc = bd_write_all(fd, buf, len);
+    if (rc == 0 && fsync(fd) < 0) {
+        rc = -errno;
+    }
+    if (close(fd) < 0 && rc == 0) {
+        rc = -errno;
+    }
+    if (rc == 0 && rename(tmp, path) < 0) {
+        rc = -errno;
+    }
+    if (rc == 0) {
+        /* The rename itself must be durable, or a crash could bring back the older file. */
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) < 0) {
+            rc = -errno;
+        }
+        if (dfd >= 0) {
+            close(dfd);
+        }
+    }
+    if (rc < 0) {
+        unlink(tmp);
+        return bd_err_set(err, rc, "cannot write %s: %s", path, strerror(-rc));
     }
     return 0;
 }

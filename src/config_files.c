@@ -213,4 +213,17 @@ void bd_config_warnings(const struct bd_config *cfg, bd_config_warn_cb cb, void 
     bd_mongo_uri_warnings(cfg->mongodb.uri,
                           cfg->mongodb.uri_file[0] != '\0' ? "mongodb.uri_file" : "mongodb.uri", cb,
                           arg);
+    /* Not an error: a file that set limits.sensor_idle low before metrics.silent_after existed
+     * must still load with the new key's default. */
+    if (cfg->metrics.silent_after_ms > 0 && cfg->limits.sensor_idle_ms > 0 &&
+        cfg->metrics.silent_after_ms >= cfg->limits.sensor_idle_ms) {
+        char a[32], b[32];
+        bd_units_format_duration_ms(cfg->metrics.silent_after_ms, a, sizeof(a));
+        bd_units_format_duration_ms(cfg->limits.sensor_idle_ms, b, sizeof(b));
+        snprintf(msg, sizeof(msg),
+                 "metrics.silent_after (%s) is not below limits.sensor_idle (%s): a sensor is "
+                 "forgotten before it counts as silent, so bucketd_sensors_silent stays 0",
+                 a, b);
+        cb(arg, msg);
+    }
 }

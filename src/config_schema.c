@@ -195,6 +195,10 @@ const struct key_def config_schema[] = {
      .max = 100, .def = "80",
      .help = "/healthz answers 503 while the spool holds more than this percent of "
              "spool.max_bytes"},
+    {.path = "metrics.silent_after", .type = T_DURATION, CFG(metrics.silent_after_ms), .min = 0,
+     .max = 30 * BD_MS_PER_DAY, .def = "15m", .flags = KF_RELOAD,
+     .help = "bucketd_sensors_silent counts the sensors tracked with no reading this long (keep "
+             "it below limits.sensor_idle, which forgets them); 0 drops the gauge"},
     {.path = "time.wait_for_sync", .type = T_DURATION, CFG(time.wait_for_sync_ms), .min = 0,
      .max = 7 * BD_MS_PER_DAY, .def = "10m", .flags = KF_RELOAD,
      .help = "how long to wait for the kernel to report the wall clock synchronised (NTP) "

@@ -166,3 +166,53 @@ size_t bd_escape_json(char *out, size_t cap, const char *in, size_t len) {
     out[o] = '\0';
     return i;
 }
+
+size_t bd_escape_json_string(char *out, size_t cap, const char *in, size_t len) {
+    const unsigned char *p = (const unsigned char *)in;
+    size_t i = 0, o = 0;
+    if (cap == 0) {
+        return 0;
+    }
+    while (i < len) {
+        char esc[16];
+        size_t used = 1, elen;
+        const char *src = esc;
+        uint32_t cp = 0;
+        unsigned char ch = p[i];
+        if (ch == '"' || ch == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)ch;
+            elen = 2;
+        } else if (ch < 0x20 || ch == 0x7f) {
+            elen = hex_escape(esc, 'u', ch, 4);
+        } else if (ch < 0x80) {
+            src = (const char *)p + i;
+            elen = 1;
+        } else if ((used = utf8_char(p + i, len - i, &cp)) == 0) {
+            /* Not UTF-8, which JSON cannot carry: the text the logs show, "\xNN". */
+            used = 1;
+            esc[0] = '\\';
+            elen = 1 + hex_escape(esc + 1, 'x', ch, 2);
+        } else if (invisible(cp)) {
+            if (cp > 0xffff) {
+                /* JSON spells a character beyond the BMP as a UTF-16 surrogate pair. */
+                uint32_t v = cp - 0x10000;
+                elen = hex_escape(esc, 'u', 0xd800 + (v >> 10), 4);
+                elen += hex_escape(esc + elen, 'u', 0xdc00 + (v & 0x3ff), 4);
+            } else {
+                elen = hex_escape(esc, 'u', cp, 4);
+            }
+        } else {
+            src = (const char *)p + i;
+            elen = used;
+        }
+        if (o + elen >= cap) {
+            break;
+        }
+        memcpy(out + o, src, elen);
+        o += elen;
+        i += used;
+    }
+    out[o] = '\0';
+    return i;
+}

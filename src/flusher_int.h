@@ -6,6 +6,7 @@
  *   flusher.c            the thread, bd_flusher_step and its mode, the life cycle
  *   flusher_reload.c     a configuration handed over by a reload        (struct flusher_reload)
  *   flusher_spool.c      the spool policy and its replay                (struct flusher_spool)
+ *   flusher_place.c      placing unplaced spool records at replay       (struct flusher_place)
  *   flusher_writer.c     placement, sequence, building, settling, retry (struct flusher_writer)
  *   flusher_summaries.c  the summary refreshes                          (struct flusher_sums)
  *   flusher_drain.c      sensor queues into the fill batch, eviction    (struct flusher_drain)
@@ -29,6 +30,7 @@
 #include "flusher_drain.h"
 #include "flusher_io.h"
 #include "flusher_mode.h"
+#include "flusher_place.h"
 #include "flusher_reload.h"
 #include "flusher_spool.h"
 #include "flusher_summaries.h"
@@ -83,6 +85,7 @@ struct bd_flusher {
     struct flusher_sums sums;
     struct flusher_writer writer;
     struct flusher_spool spool;
+    struct flusher_place place;
     struct flusher_reload reload;
 };
 

@@ -1,21 +1,25 @@
 /*
  * The flusher's spool policy: which batches go to the on-disk spool and when, and replaying it.
- * Flusher thread only (src/flusher_spool.h). Calls the writer side, the drain and the I/O runner
- * below it; the replay of a record is replay.h's, settled by the same engine (settle.h) as the
- * flusher's own writes.
+ * Flusher thread only (src/flusher_spool.h). Calls the placing of unplaced records, the writer
+ * side, the drain and the I/O runner below it; the replay of a record is replay.h's, settled by
+ * the same engine (settle.h) as the flusher's own writes.
  *
  * Rules, each there for ordering (a page's updates must reach MongoDB in sequence order):
  *   - A batch goes to the spool only when it is the batch being written and not in flight: a
  *     failed batch once the next one is due too, every later batch while the spool holds
- *     anything, and at a stop's deadline. Its pending updates are built with its sequence number
- *     and appended as one record (several for a huge batch), all in order behind older ones.
+ *     anything, and at a stop's deadline. Appended as one record (several for a huge batch),
+ *     all in order behind older ones, in one of two forms:
+ *       placed    its updates built with its sequence number (replay.h), when it has its
+ *                 number already or can take one without MongoDB: the sequence and every page
+ *                 known, and no unplaced record ahead of it;
+ *       unplaced  its readings as drained (unplaced.h), otherwise -- a bucket's pages or the
+ *                 sequence unknown (a restart, an evicted sensor, a first start offline), or an
+ *                 unplaced record ahead. Placed and numbered when replayed (flusher_place.c).
+ *     So whatever bucketd knows of MongoDB, every batch that must leave memory can.
  *   - While the spool holds records, nothing is written to MongoDB directly: the spool is
  *     replayed oldest first, and the batches behind it wait in memory while the replay keeps up,
  *     or are appended to the spool when MongoDB is still away (the replay's last attempt
  *     failed) or memory runs short.
- *   - Page look-ups need the collection to hold everything this writer sent: a batch with pages
- *     still unknown (buckets of an earlier run, after a restart) is not spooled; it waits in
- *     memory until the spool is replayed, then is looked up and written as usual.
  * Nothing is written to disk while MongoDB takes every batch when it is due.
  */
 #include <errno.h>
@@ -25,14 +29,18 @@
 #include "bucketd/alloc.h"
 #include "bucketd/bucket.h"
 #include "bucketd/log.h"
+#include "bucketd/unplaced.h"
 #include "flusher_drain.h"
 #include "flusher_int.h"
 #include "flusher_io.h"
+#include "flusher_place.h"
 #include "flusher_spool.h"
 #include "flusher_writer.h"
 
-/* A record's payload is cut at this size: several records for one batch, in order. */
+/* A record's payload is cut at this size: several records for one batch, in order. Smaller
+ * for unplaced records, whose placed form (BSON) is larger and is held whole at replay. */
 #define SPOOL_RECORD_TARGET (UINT64_C(16) << 20)
+#define UNPLACED_RECORD_TARGET (UINT64_C(4) << 20)
 
 /* Records replayed per step at most: a step also drains and must come back soon. */
 #define REPLAY_PER_STEP 16
@@ -68,11 +76,24 @@ int flusher_spool_open(struct bd_flusher *f, struct bd_err *err) {
         bd_info("spool %s holds %" PRIu64 " bytes in %" PRIu64
                 " segments from an earlier run: they are written to MongoDB first, oldest first",
                 f->cfg->spool.dir, st.bytes, st.segments);
+        /* Its records may be unplaced: what is spooled behind them must be too. */
+        f->spool.unplaced_ahead = true;
+    }
+    struct bd_spool_record head;
+    rc = bd_spool_peek(f->spool.disk, &head);
+    rc = flusher_place_resume(f, rc == 0 ? &head : NULL, &f->spool.replay);
+    if (rc < 0) {
+        return bd_err_set(err, rc, "cannot read the placing journal in %s: %s", f->cfg->spool.dir,
+                          strerror(-rc));
+    }
+    if (f->spool.replay != NULL) {
+        f->spool.replay_id = head.id;
     }
     return 0;
 }
 
 void flusher_spool_close(struct bd_flusher *f) {
+    flusher_place_close(f);
     bd_replay_free(f->spool.replay);
     f->spool.replay = NULL;
     bd_replay_buf_close(&f->spool.buf);
@@ -113,13 +134,16 @@ void flusher_spool_stats(struct bd_flusher *f) {
     BD_GAUGE_SET(f->stats, spool_readings, st.readings);
 }
 
-/* The sequence number for a batch about to be spooled, without asking MongoDB: possible when
- * the writer state knows the sequence and every page is known. */
-static bool prepare_offline(struct bd_flusher *f) {
+/*
+ * Whether the batch about to be spooled goes placed (numbered now, without asking MongoDB): it
+ * has its number already, or the sequence and every page are known and no unplaced record is
+ * ahead of it (flusher_place.c, Ordering). Otherwise it goes unplaced.
+ */
+static bool placed_offline(struct bd_flusher *f) {
     if (f->writer.have_seq) {
         return true;
     }
-    if (!f->writer.seq_known) {
+    if (!f->writer.seq_known || f->spool.unplaced_ahead) {
         return false;
     }
     for (uint32_t i = 0; i < f->batch.n; i++) {
@@ -131,7 +155,9 @@ static bool prepare_offline(struct bd_flusher *f) {
     struct bd_err err = {0};
     if (flusher_writer_take_sequence(f, &err) < 0) {
         if (bd_ratelimit_ok(&f->spool.log, bd_mono_ns())) {
-            bd_error("cannot save the flush sequence before spooling: %s", err.msg);
+            bd_error("cannot save the flush sequence before spooling: %s; the batch is spooled "
+                     "unplaced",
+                     err.msg);
         }
         return false;
     }
@@ -139,15 +165,15 @@ static bool prepare_offline(struct bd_flusher *f) {
 }
 
 /* Append the payload encoded so far as one record; the deltas in it, [from, to), are done. */
-static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_dis) {
+static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_dis, bool placed) {
     struct bd_replay_buf *buf = &f->spool.buf;
     if (buf->n_updates == 0) {
         return true;
     }
     struct bd_spool_stats before, after;
     bd_spool_get_stats(f->spool.disk, &before);
-    int rc =
-        bd_spool_append(f->spool.disk, f->writer.batch_seq, buf->n_readings, buf->data, buf->len);
+    int rc = bd_spool_append(f->spool.disk, placed ? f->writer.batch_seq : 0, buf->n_readings,
+                             placed ? 0 : BD_SPOOL_UNPLACED, buf->data, buf->len);
     bd_spool_get_stats(f->spool.disk, &after);
     /* -ENOSPC is the policy refusing at spool.max_bytes, or the disk itself being full: only
      * the disk's failure counts as a write error. */
@@ -162,6 +188,11 @@ static bool append_record(struct bd_flusher *f, const uint32_t *dis, uint32_t n_
         rc = 0;
     } else if (rc == 0) {
         BD_STAT_ADD(f->stats, readings_spooled, buf->n_readings);
+        if (!placed) {
+            BD_STAT_ADD(f->stats, readings_spooled_unplaced, buf->n_readings);
+            f->spool.unplaced_ahead = true;
+            flusher_place_point(BD_PLACE_APPENDED);
+        }
         if (f->spool.oldest_ms == 0 || !flusher_spool_active(f)) {
             /* The first record of a new backlog: its batch's oldest reading. */
             int64_t oldest = 0;
@@ -195,9 +226,8 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
     if (f->spool.disk == NULL || bd_batch_pending_readings(&f->batch) == 0) {
         return f->spool.disk != NULL;
     }
-    if (!prepare_offline(f)) {
-        return false;
-    }
+    const bool placed = placed_offline(f);
+    const uint64_t target = placed ? SPOOL_RECORD_TARGET : UNPLACED_RECORD_TARGET;
     bool ok = true;
     uint32_t *dis = bd_malloc((size_t)(f->batch.n ? f->batch.n : 1) * sizeof(*dis));
     uint32_t n_dis = 0;
@@ -206,27 +236,21 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
     }
     /* Deltas split while building are appended to the batch: the loop reaches them too. */
     for (uint32_t di = 0; ok && di < f->batch.n; di++) {
-        if (f->batch.meta[di].done || f->batch.deltas[di].n_readings == 0) {
+        int rc;
+        if (placed) {
+            rc = flusher_writer_build_into(f, di, &f->spool.buf, wall_ms);
+        } else if (f->batch.meta[di].done || f->batch.deltas[di].n_readings == 0) {
             f->batch.meta[di].done = true;
-            continue;
+            rc = 1;
+        } else {
+            rc = bd_unplaced_add(&f->spool.buf, &f->batch.deltas[di]);
         }
-        int rc = flusher_writer_build_one(f, di, 0, wall_ms);
         if (rc < 0) {
             ok = false;
             break;
         }
         if (rc == 1) {
-            continue; /* quarantined */
-        }
-        const struct bd_delta *d = &f->batch.deltas[di];
-        rc = bd_replay_buf_add(&f->spool.buf, d->sensor->id, d->start_ms, d->page, d->n_readings,
-                               f->batch.meta[di].maybe_applied ? BD_REPLAY_MAYBE_SENT : 0,
-                               &f->writer.selectors[0], &f->writer.updates[0]);
-        bson_destroy(&f->writer.selectors[0]);
-        bson_destroy(&f->writer.updates[0]);
-        if (rc < 0) {
-            ok = false;
-            break;
+            continue; /* nothing of it to spool (done, split, quarantined) */
         }
         if (n_dis == 0 || dis[n_dis - 1] != di) {
             uint32_t *grown = dis;
@@ -240,13 +264,13 @@ bool flusher_spool_batch(struct bd_flusher *f, int64_t wall_ms) {
             dis = grown;
             dis[n_dis++] = di;
         }
-        if (f->spool.buf.len >= SPOOL_RECORD_TARGET) {
-            ok = append_record(f, dis, n_dis);
+        if (f->spool.buf.len >= target) {
+            ok = append_record(f, dis, n_dis, placed);
             n_dis = 0;
         }
     }
     if (ok) {
-        ok = append_record(f, dis, n_dis);
+        ok = append_record(f, dis, n_dis, placed);
     } else {
         bd_replay_buf_reset(&f->spool.buf);
     }
@@ -286,10 +310,28 @@ static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
                 return;
             }
             struct bd_err err = {0};
-            rc = bd_replay_load(&f->spool.replay, &rec, &err);
+            if ((rec.flags & BD_SPOOL_UNPLACED) != 0) {
+                enum flusher_place_result pr =
+                    flusher_place_record(f, &rec, wall_ms, &f->spool.replay);
+                if (pr == FLUSHER_PLACE_WAIT) {
+                    flusher_writer_schedule_retry(f, mono_ns);
+                    return;
+                }
+                rc = pr == FLUSHER_PLACE_BAD ? -EBADMSG : 0;
+                if (rc == 0 && f->spool.replay == NULL) {
+                    /* Nothing of it left to write (quarantined while building). */
+                    bd_spool_ack(f->spool.disk, rec.id);
+                    flusher_place_retire(f);
+                    continue;
+                }
+            } else {
+                rc = bd_replay_load(&f->spool.replay, &rec, &err);
+                if (rc < 0) {
+                    bd_error("%s: skipped", err.msg);
+                }
+            }
             if (rc < 0) {
                 /* Its checksum held, so this is not a torn write: a bug or a foreign file. */
-                bd_error("%s: skipped", err.msg);
                 BD_STAT_ADD(f->stats, spool_corrupt_records, 1);
                 bd_spool_ack(f->spool.disk, rec.id);
                 continue;
@@ -303,7 +345,13 @@ static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
             flusher_writer_schedule_retry(f, mono_ns);
             return;
         }
+        if (f->place.journaled) {
+            flusher_place_point(BD_PLACE_SENT);
+        }
         int rc = bd_spool_ack(f->spool.disk, f->spool.replay_id);
+        if (f->place.journaled) {
+            flusher_place_point(BD_PLACE_ACKED);
+        }
         if (rc < 0 && bd_ratelimit_ok(&f->spool.log, bd_mono_ns())) {
             bd_error("cannot record a replayed batch as done in %s: %s (it may be sent again "
                      "after a restart; MongoDB applies it once)",
@@ -312,9 +360,11 @@ static void replay(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms) {
         bd_replay_free(f->spool.replay);
         f->spool.replay = NULL;
         BD_STAT_ADD(f->stats, spool_records_replayed, 1);
+        flusher_place_retire(f); /* when it was an unplaced record */
     }
     if (!flusher_spool_active(f)) {
         f->spool.oldest_ms = 0;
+        f->spool.unplaced_ahead = false;
     }
     flusher_writer_recovered(f, " (replaying the spool)");
 }

@@ -23,6 +23,8 @@ struct flusher_spool {
     struct bd_ratelimit log;
     /* Wall clock of the oldest reading in the spool, as far as this run knows (0: empty). */
     int64_t oldest_ms;
+    /* The spool may hold an unplaced record: what is spooled behind it goes unplaced too. */
+    bool unplaced_ahead;
 };
 
 int flusher_spool_open(struct bd_flusher *f, struct bd_err *err);

@@ -313,6 +313,25 @@ int flusher_writer_build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int6
     }
 }
 
+int flusher_writer_build_into(struct bd_flusher *f, uint32_t di, struct bd_replay_buf *buf,
+                              int64_t wall_ms) {
+    if (f->batch.meta[di].done || f->batch.deltas[di].n_readings == 0) {
+        f->batch.meta[di].done = true;
+        return 1;
+    }
+    int rc = flusher_writer_build_one(f, di, 0, wall_ms);
+    if (rc != 0) {
+        return rc;
+    }
+    const struct bd_delta *d = &f->batch.deltas[di];
+    rc = bd_replay_buf_add(buf, d->sensor->id, d->start_ms, d->page, d->n_readings,
+                           f->batch.meta[di].maybe_applied ? BD_REPLAY_MAYBE_SENT : 0,
+                           &f->writer.selectors[0], &f->writer.updates[0]);
+    bson_destroy(&f->writer.selectors[0]);
+    bson_destroy(&f->writer.updates[0]);
+    return rc;
+}
+
 /*
  * Send the chunk f->writer.ops[0..n) (built in f->writer.selectors/updates) and settle it. Returns the cause
  * of a failure, BD_CAUSE_NONE if every update applied.
@@ -549,7 +568,7 @@ int flusher_writer_take_sequence(struct bd_flusher *f, struct bd_err *err) {
 }
 
 /* Before a batch's first attempt: the sequence and the pages must be right. */
-static bool prepare_batch(struct bd_flusher *f) {
+bool flusher_writer_prepare(struct bd_flusher *f) {
     struct bd_err err = {0};
     if (!recover_sequence(f) || !learn_pages(f)) {
         return false;
@@ -577,7 +596,7 @@ static bool send_pending(struct bd_flusher *f, int64_t wall_ms) {
         flusher_writer_note_failure(f, BD_CAUSE_UNREACHABLE, berr.message);
         return false;
     }
-    if (!f->writer.have_seq && !prepare_batch(f)) {
+    if (!f->writer.have_seq && !flusher_writer_prepare(f)) {
         return false;
     }
     uint32_t next = 0;

@@ -13,6 +13,7 @@
 
 #include "bucketd/config.h"
 #include "bucketd/outcome.h"
+#include "bucketd/replay.h"
 #include "bucketd/writer.h"
 
 struct bd_flusher;
@@ -52,11 +53,20 @@ void flusher_writer_chunk_free(struct bd_flusher *f);
  * grow). */
 void flusher_writer_adopt_max_updates(struct bd_flusher *f, struct bd_config *next);
 
+/* Before the batch's first attempt: the sequence recovered from the collection when unknown,
+ * the pages of its unknown buckets looked up, its number taken. false (the failure noted and
+ * logged) when MongoDB or the writer state failed; nothing sent. */
+bool flusher_writer_prepare(struct bd_flusher *f);
 /* The batch being written takes the next number of the writer sequence (saved first). */
 int flusher_writer_take_sequence(struct bd_flusher *f, struct bd_err *err);
 /* Build the update of delta di into chunk position n. 0: built; 1: not to be sent now (split,
  * or quarantined); -ENOMEM. */
 int flusher_writer_build_one(struct bd_flusher *f, uint32_t di, uint32_t n, int64_t wall_ms);
+/* Build the update of delta di and append it to buf, as a spool record holds it (replay.h).
+ * 0: added; 1: nothing to add (done, empty, split -- its readings come round again -- or
+ * quarantined); -ENOMEM. */
+int flusher_writer_build_into(struct bd_flusher *f, uint32_t di, struct bd_replay_buf *buf,
+                              int64_t wall_ms);
 void flusher_writer_note_failure(struct bd_flusher *f, enum bd_bulk_cause cause, const char *msg);
 void flusher_writer_schedule_retry(struct bd_flusher *f, int64_t mono_ns);
 /* Writes succeed again (logged once after failures, with how appended). */

@@ -353,7 +353,9 @@ static void handle_request(struct conn *c) {
     }
     c->resp.status = 200;
     c->resp.content_type = "text/plain; charset=utf-8";
-    route->fn(route->arg, &c->resp);
+    struct bd_http_request req = {.query = q != NULL ? q + 1 : target + target_len,
+                                  .query_len = q != NULL ? target_len - path_len - 1 : 0};
+    route->fn(route->arg, &req, &c->resp);
     send_response(c, head, NULL);
 }
 

@@ -100,6 +100,8 @@
 _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field");
+_Static_assert(offsetof(struct bd_sensor, n_tags) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
+               "last_ns and accepted are written with every reading: in the producer's line");
 
 /* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume.
  * At the high mark no new sensor is created: see bd_sensor_table_accept. */
@@ -169,7 +171,8 @@ struct bd_sensor_table {
     uint32_t max_name;     /* bytes; 0: no limit */
     uint64_t max_memory;   /* limits.sensor_memory; 0: no limit */
     uint64_t memory;       /* charged to the sensors that exist (or await freeing) */
-    uint32_t idle;         /* limits.sensor_idle in units of 2^30 ns; 0: never evict */
+    int64_t idle_ns;       /* limits.sensor_idle; 0: never evict */
+    uint64_t next_serial;  /* the next sensor's serial */
     uint32_t share_segs;   /* the most segments one sensor's queue may hold */
     bool share_wake_armed; /* a sensor at its share wakes the flusher (once per segment taken) */
     uint32_t sweep_at;     /* next index slot the sweep looks at */
@@ -211,9 +214,7 @@ static void take_limits(struct bd_sensor_table *t, const struct bd_config *cfg) 
     t->max_fields = cfg->limits.max_fields;
     t->max_name = cfg->limits.max_name;
     t->max_memory = cfg->limits.sensor_memory;
-    /* In units of 2^30 ns, rounded up, at least 1 when set. */
-    uint64_t idle_ns = cfg->limits.sensor_idle_ms * BD_NS_PER_MS;
-    t->idle = idle_ns == 0 ? 0 : (uint32_t)BD_MIN((idle_ns + (1u << 30) - 1) >> 30, UINT32_MAX);
+    t->idle_ns = (int64_t)cfg->limits.sensor_idle_ms * BD_NS_PER_MS;
     t->max_late_ns = (int64_t)cfg->buckets.max_late_ms * BD_NS_PER_MS;
     t->max_future_ns = (int64_t)cfg->buckets.max_future_ms * BD_NS_PER_MS;
 }
@@ -543,6 +544,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     BD_ASSERT((size_t)(p - m) <= meta);
     s->hash = hash;
     s->table = t;
+    s->serial = t->next_serial++;
     s->mem_cost = (uint32_t)cost;
     t->memory += cost;
     atomic_init(&s->n_fields, 0);
@@ -905,6 +907,7 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
         if (s == NULL) {
             return -ENOSPC;
         }
+        s->last_ns = now_ns; /* seen, even if its first reading does not fit */
     }
     /* The cells' line was last read by the flusher: ask for it now, the field checks below
      * run while it comes. */
@@ -954,7 +957,10 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
         mark_dirty(t, s);
         return rc;
     }
-    s->seen = (uint32_t)((uint64_t)now_ns >> 30);
+    if (now_ns > s->last_ns) {
+        s->last_ns = now_ns; /* a wall clock stepped back does not reorder /sensors' pages */
+    }
+    s->accepted++;
     BD_STAT_ADD(t->stats, readings_accepted, 1);
     mark_dirty(t, s);
     return 0;
@@ -1117,8 +1123,8 @@ uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_r
 
 /* Whether s may be evicted now: silent long enough, nothing of its queue left anywhere, and no
  * delta of the flusher's batches holding its readings. */
-static bool evictable(const struct bd_sensor_table *t, const struct bd_sensor *s, uint32_t now) {
-    if (now - s->seen < t->idle || s->recheck || s->wseg != NULL) {
+static bool evictable(const struct bd_sensor_table *t, const struct bd_sensor *s, int64_t now_ns) {
+    if (now_ns - s->last_ns < t->idle_ns || s->recheck || s->wseg != NULL) {
         return false;
     }
     /* Acquire, pairing with the flusher's release clear (next_dirty) and release store of
@@ -1143,19 +1149,18 @@ void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {
         sensor_free(t, s);
         t->n_evicting--;
     }
-    if (t->idle == 0 || t->count == 0 ||
+    if (t->idle_ns == 0 || t->count == 0 ||
         now_ns - t->swept_ns < (t->sweep_all ? SWEEP_SOON_NS : SWEEP_EVERY_NS)) {
         return;
     }
     t->swept_ns = now_ns;
-    const uint32_t now = (uint32_t)((uint64_t)now_ns >> 30);
     uint32_t todo = t->sweep_all ? t->slot_mask + 1 : BD_MIN(t->slot_mask + 1, SWEEP_SLOTS);
     t->sweep_all = false;
     uint32_t evicted = 0;
     uint32_t i = t->sweep_at & t->slot_mask;
     while (todo > 0 && t->n_evicting < t->evict_cap) {
         struct bd_sensor *s = t->slots[i].s;
-        if (s != NULL && evictable(t, s, now)) {
+        if (s != NULL && evictable(t, s, now_ns)) {
             /* The entry shifted into slot i (if any) is looked at next, so i stays. */
             slot_remove(t->slots, t->slot_mask, i);
             t->count--;
@@ -1193,4 +1198,88 @@ void bd_sensor_table_release(struct bd_sensor_table *t, struct bd_sensor *s) {
     struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
     bool ok = bd_ring_push(&t->dead, &c, 1);
     BD_ASSERT(ok); /* at most evict_cap sensors between eviction and freeing */
+}
+
+/* ---- Listing (GET /sensors) ----------------------------------------------------------------- */
+
+static bool pos_less(const struct bd_sensor_pos *a, const struct bd_sensor_pos *b) {
+    return a->last_ns < b->last_ns || (a->last_ns == b->last_ns && a->serial < b->serial);
+}
+
+/* out[0..n) is a max-heap by position: move out[i] down to its place. */
+static void heap_down(struct bd_sensor_info *h, uint32_t n, uint32_t i) {
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, top = i;
+        if (l < n && pos_less(&h[top].pos, &h[l].pos)) {
+            top = l;
+        }
+        if (r < n && pos_less(&h[top].pos, &h[r].pos)) {
+            top = r;
+        }
+        if (top == i) {
+            return;
+        }
+        struct bd_sensor_info tmp = h[i];
+        h[i] = h[top];
+        h[top] = tmp;
+        i = top;
+    }
+}
+
+static void heap_up(struct bd_sensor_info *h, uint32_t i) {
+    while (i > 0) {
+        uint32_t parent = (i - 1) / 2;
+        if (!pos_less(&h[parent].pos, &h[i].pos)) {
+            return;
+        }
+        struct bd_sensor_info tmp = h[i];
+        h[i] = h[parent];
+        h[parent] = tmp;
+        i = parent;
+    }
+}
+
+uint32_t bd_sensor_table_list(const struct bd_sensor_table *t, const struct bd_sensor_pos *after,
+                              int64_t before_ns, struct bd_sensor_info *out, uint32_t cap,
+                              bool *more) {
+    /* The cap smallest positions past `after`: a max-heap of them, whose root is the one a
+     * smaller candidate replaces. */
+    uint32_t n = 0;
+    uint64_t matched = 0;
+    for (uint32_t i = 0; i <= t->slot_mask; i++) {
+        const struct bd_sensor *s = t->slots[i].s;
+        if (s == NULL || s->last_ns >= before_ns) {
+            continue;
+        }
+        struct bd_sensor_info c = {.s = s, .pos = {s->last_ns, s->serial}, .accepted = s->accepted};
+        if (after != NULL && !pos_less(after, &c.pos)) {
+            continue;
+        }
+        matched++;
+        if (n < cap) {
+            out[n] = c;
+            heap_up(out, n++);
+        } else if (cap > 0 && pos_less(&c.pos, &out[0].pos)) {
+            out[0] = c;
+            heap_down(out, n, 0);
+        }
+    }
+    *more = matched > n;
+    /* Heap sort: the largest goes last. */
+    for (uint32_t k = n; k > 1; k--) {
+        struct bd_sensor_info tmp = out[0];
+        out[0] = out[k - 1];
+        out[k - 1] = tmp;
+        heap_down(out, k - 1, 0);
+    }
+    return n;
+}
+
+uint32_t bd_sensor_table_count_silent(const struct bd_sensor_table *t, int64_t before_ns) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i <= t->slot_mask; i++) {
+        const struct bd_sensor *s = t->slots[i].s;
+        n += s != NULL && s->last_ns < before_ns;
+    }
+    return n;
 }

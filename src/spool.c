@@ -70,7 +70,8 @@ struct bd_spool {
     uint64_t rd_off; /* first unacknowledged byte in segs[0] */
     bool peeked;     /* peek_* describe the record peek returned, still unacknowledged */
     uint64_t peek_id, peek_next, peek_readings;
-    uint64_t peek_seq;
+    uint64_t peek_seq, peek_off;
+    uint32_t peek_flags;
     size_t peek_len;
     uint64_t last_id;
     uint8_t *buf; /* payload being checked or delivered */
@@ -119,13 +120,13 @@ static bool seg_header_ok(const uint8_t *h, uint64_t no) {
            bd_get_le32(h + 28) == bd_crc32c(0, h, 28);
 }
 
-static void encode_rec_header(uint8_t *h, uint64_t seq, uint32_t n_readings, const void *data,
-                              size_t len) {
+static void encode_rec_header(uint8_t *h, uint64_t seq, uint32_t n_readings, uint32_t flags,
+                              const void *data, size_t len) {
     memcpy(h, REC_MAGIC, 4);
     bd_put_le32(h + 4, (uint32_t)len);
     bd_put_le64(h + 8, seq);
     bd_put_le32(h + 16, n_readings);
-    bd_put_le32(h + 20, 0);
+    bd_put_le32(h + 20, flags);
     bd_put_le32(h + 24, bd_crc32c(0, h, 24));
     bd_put_le32(h + 28, bd_crc32c(bd_crc32c(0, h, 28), data, len));
 }
@@ -238,6 +239,7 @@ struct rec_hdr {
     uint32_t len;
     uint64_t seq;
     uint32_t n_readings;
+    uint32_t flags;
 };
 
 /*
@@ -261,6 +263,7 @@ static int check_record(struct bd_spool *s, int fd, uint64_t off, uint64_t end, 
     h->len = bd_get_le32(b + 4);
     h->seq = bd_get_le64(b + 8);
     h->n_readings = bd_get_le32(b + 16);
+    h->flags = bd_get_le32(b + 20);
     if (h->len > BD_SPOOL_MAX_RECORD || end - off - REC_HDR < h->len) {
         return 0;
     }
@@ -555,8 +558,8 @@ out:
     return 0;
 }
 
-int bd_spool_append(struct bd_spool *s, uint64_t seq, uint32_t n_readings, const void *data,
-                    size_t len) {
+int bd_spool_append(struct bd_spool *s, uint64_t seq, uint32_t n_readings, uint32_t flags,
+                    const void *data, size_t len) {
     if (len > BD_SPOOL_MAX_RECORD || REC_HDR + SEG_HDR + (uint64_t)len > s->o.max_bytes) {
         return -EMSGSIZE;
     }
@@ -591,7 +594,7 @@ int bd_spool_append(struct bd_spool *s, uint64_t seq, uint32_t n_readings, const
     if (rc < 0) {
         return rc;
     }
-    encode_rec_header(s->wbuf, seq, n_readings, data, len);
+    encode_rec_header(s->wbuf, seq, n_readings, flags, data, len);
     if (len > 0) {
         memcpy(s->wbuf + REC_HDR, data, len);
     }
@@ -710,6 +713,9 @@ int bd_spool_peek(struct bd_spool *s, struct bd_spool_record *rec) {
             *rec = (struct bd_spool_record){.id = s->peek_id,
                                             .seq = s->peek_seq,
                                             .n_readings = (uint32_t)s->peek_readings,
+                                            .flags = s->peek_flags,
+                                            .segment = s->segs[0].no,
+                                            .offset = s->peek_off,
                                             .data = s->buf,
                                             .len = s->peek_len};
             return 0;
@@ -748,6 +754,8 @@ int bd_spool_peek(struct bd_spool *s, struct bd_spool_record *rec) {
             s->peek_id = ++s->last_id;
             s->peek_next = off + REC_HDR + h.len;
             s->peek_seq = h.seq;
+            s->peek_off = off;
+            s->peek_flags = h.flags;
             s->peek_readings = h.n_readings;
             s->peek_len = h.len;
             s->st.replayed++;

@@ -83,46 +83,6 @@ static int read_state(struct bd_writer *w, struct bd_err *err) {
     return 0;
 }
 
-/*
- * Replace path with buf through tmp, durable before returning: written, fsynced, renamed over
- * path, and the rename made durable by an fsync of dir. The data is synced even when only the
- * rename's atomicity is wanted: renamed unsynced, a power loss could leave an empty or partial
- * file where the old, synced one was (the filesystem may commit the rename before the data).
- */
-static int replace_file(const char *dir, const char *path, const char *tmp, const char *buf,
-                        size_t len, struct bd_err *err) {
-    int rc = 0;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (fd < 0) {
-        return bd_err_set(err, -errno, "%s: %s", tmp, strerror(errno));
-    }
-    rc = bd_write_all(fd, buf, len);
-    if (rc == 0 && fsync(fd) < 0) {
-        rc = -errno;
-    }
-    if (close(fd) < 0 && rc == 0) {
-        rc = -errno;
-    }
-    if (rc == 0 && rename(tmp, path) < 0) {
-        rc = -errno;
-    }
-    if (rc == 0) {
-        /* The rename itself must be durable, or a crash could bring back the older file. */
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0 || fsync(dfd) < 0) {
-            rc = -errno;
-        }
-        if (dfd >= 0) {
-            close(dfd);
-        }
-    }
-    if (rc < 0) {
-        unlink(tmp);
-        return bd_err_set(err, rc, "cannot write %s: %s", path, strerror(-rc));
-    }
-    return 0;
-}
-
 /* Replace writer.state with the current values, durable before returning. */
 static int save_state(struct bd_writer *w, bool clean, struct bd_err *err) {
     char buf[512];
@@ -132,7 +92,7 @@ static int save_state(struct bd_writer *w, bool clean, struct bd_err *err) {
                  "\nmax_bucket_start_ms %" PRId64 "\nlast_ack_ms %" PRId64 "\nclean %d\n",
                  w->writer_id, w->reserved, w->max_bucket_start_ms, w->last_ack_ms, clean ? 1 : 0);
     BD_ASSERT(len > 0 && (size_t)len < sizeof(buf));
-    return replace_file(w->dir, w->state_path, w->tmp_path, buf, (size_t)len, err);
+    return bd_replace_file(w->dir, w->state_path, w->tmp_path, buf, (size_t)len, 0640, err);
 }
 
 static int reserve(struct bd_writer *w, uint64_t upto, struct bd_err *err) {
@@ -454,7 +414,7 @@ int bd_writer_identity(const char *dir, const char *configured, struct bd_writer
     if (!kept || strcmp(out->kept, out->id) != 0) {
         char line[BD_WRITER_ID_MAX + 2];
         int len = snprintf(line, sizeof(line), "%s\n", out->id);
-        rc = replace_file(dir, path, tmp, line, (size_t)len, err);
+        rc = bd_replace_file(dir, path, tmp, line, (size_t)len, 0640, err);
         if (rc < 0) {
             goto out;
         }

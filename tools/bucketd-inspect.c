@@ -6,6 +6,9 @@
  *            per line) or as a table of hourly figures combined over the pages of each bucket;
  *   verify   scans the collection (or one sensor) and reports every document that breaks an
  *            invariant of the schema, one line per problem;
+ *   sensors  lists the sensors of the summary collection by their newest bucket, oldest first;
+ *            with --silent, only those whose newest bucket ended longer ago (a daemon that
+ *            restarted no longer knows when its sensors last reported);
  *   dead-letter list|replay
  *            shows the updates MongoDB refused for good (<spool.dir>/dead-letter.jsonl, see
  *            include/bucketd/deadletter.h) and sends them again once the cause is fixed. Replay
@@ -60,6 +63,7 @@ static const char usage[] =
     "       bucketd-inspect [CONNECTION] verify [--sensor ID] [--max-readings N]\n"
     "                       [--span DURATION] [--summaries]\n"
     "       bucketd-inspect [CONNECTION] summaries rebuild [--sensor ID] [--from T] [--to T]\n"
+    "       bucketd-inspect [CONNECTION] sensors [--silent DURATION]\n"
     "       bucketd-inspect [CONNECTION] dead-letter list [--file PATH]\n"
     "       bucketd-inspect [CONNECTION] dead-letter replay [--file PATH] [--dry-run]\n"
     "       bucketd-inspect --help | --version\n"
@@ -116,6 +120,14 @@ static const char usage[] =
     "it writes (one aggregate ending in $merge, with mongodb.write_concern); for summaries\n"
     "a crash or an unreachable MongoDB left stale. Safe to run at any time, also while the\n"
     "daemon runs. Prints how many summary documents the range holds afterwards.\n"
+    "\n"
+    "sensors: the sensors of the summary collection, the one whose newest bucket is the\n"
+    "oldest first, one line each: <newest bucket_start> <newest bucket_end> <sensor id>,\n"
+    "then 'N sensors'. For a daemon that restarted (GET /sensors of a running one knows\n"
+    "each sensor's last reading to the millisecond; this knows its newest bucket). Needs\n"
+    "summaries (summaries.interval above 0).\n"
+    "  --silent DURATION     only the sensors whose newest bucket ended more than DURATION\n"
+    "                        ago (15m, 2h, 72h): quiet at least that long\n"
     "\n"
     "dead-letter list: the updates MongoDB refused for good, one line per record:\n"
     "  <time refused> <record id> <bucket _id> <N> readings code <C>: <message>\n"
@@ -424,7 +436,8 @@ enum command {
     CMD_VERIFY,
     CMD_DL_LIST,
     CMD_DL_REPLAY,
-    CMD_SUMMARIES_REBUILD
+    CMD_SUMMARIES_REBUILD,
+    CMD_SENSORS
 };
 
 static const char *const command_names[] = {
@@ -434,6 +447,7 @@ static const char *const command_names[] = {
     [CMD_DL_LIST] = "dead-letter list",
     [CMD_DL_REPLAY] = "dead-letter replay",
     [CMD_SUMMARIES_REBUILD] = "summaries rebuild",
+    [CMD_SENSORS] = "sensors",
 };
 
 enum opt_id {
@@ -454,6 +468,7 @@ enum opt_id {
     OPT_FILE,
     OPT_DRY_RUN,
     OPT_SUMMARIES,
+    OPT_SILENT,
     OPT_HELP,
     OPT_VERSION,
     N_OPTS
@@ -465,6 +480,7 @@ enum opt_id {
 #define FOR_DL_LIST (1u << CMD_DL_LIST)
 #define FOR_DL_REPLAY (1u << CMD_DL_REPLAY)
 #define FOR_SUMMARIES (1u << CMD_SUMMARIES_REBUILD)
+#define FOR_SENSORS (1u << CMD_SENSORS)
 
 static const struct opt_def {
     const char *name;
@@ -489,6 +505,7 @@ static const struct opt_def {
     [OPT_FILE] = {"--file", NULL, true, FOR_DL_LIST | FOR_DL_REPLAY},
     [OPT_DRY_RUN] = {"--dry-run", NULL, false, FOR_DL_REPLAY},
     [OPT_SUMMARIES] = {"--summaries", NULL, false, FOR_VERIFY},
+    [OPT_SILENT] = {"--silent", NULL, true, FOR_SENSORS},
     [OPT_HELP] = {"--help", "-h", false, FOR_ANY},
     [OPT_VERSION] = {"--version", NULL, false, FOR_ANY},
 };
@@ -498,6 +515,7 @@ struct options {
     const char *value[N_OPTS]; /* last value given, NULL if the option was not given */
     bool given[N_OPTS];
     int64_t from_ms, to_ms;
+    uint64_t silent_ms;
     bool table;
     bool raw_names;
 };
@@ -581,8 +599,10 @@ static int parse_args(int argc, char **argv, struct options *o) {
                 dead_letter = true;
             } else if (strcmp(a, "summaries") == 0) {
                 summaries = true;
+            } else if (strcmp(a, "sensors") == 0) {
+                o->cmd = CMD_SENSORS;
             } else {
-                return bad_usage("unknown command '%s' (buckets, verify, summaries or "
+                return bad_usage("unknown command '%s' (buckets, verify, summaries, sensors or "
                                  "dead-letter)",
                                  a);
             }
@@ -617,7 +637,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
         return bad_usage("summaries needs a command (rebuild)");
     }
     if (o->cmd == CMD_NONE) {
-        return bad_usage("no command given (buckets, verify, summaries or dead-letter)");
+        return bad_usage("no command given (buckets, verify, summaries, sensors or dead-letter)");
     }
     for (int k = 0; k < N_OPTS; k++) {
         if (o->given[k] && opt_defs[k].cmds != FOR_ANY && !(opt_defs[k].cmds & (1u << o->cmd))) {
@@ -638,6 +658,10 @@ static int parse_args(int argc, char **argv, struct options *o) {
     }
     if (o->given[OPT_TO] && parse_time(o->value[OPT_TO], &o->to_ms) < 0) {
         return bad_usage("--to: '%s' is not RFC 3339 or unix seconds", o->value[OPT_TO]);
+    }
+    if (o->given[OPT_SILENT] && (bd_parse_duration_ms(o->value[OPT_SILENT], &o->silent_ms) < 0 ||
+                                 o->silent_ms > (uint64_t)INT64_MAX / 2)) {
+        return bad_usage("--silent: '%s' is not a duration (15m, 2h, 72h)", o->value[OPT_SILENT]);
     }
     return 0;
 }
@@ -2109,6 +2133,99 @@ out:
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* sensors                                                                                  */
+
+/*
+ * Each sensor's newest summary: sorted by the summary collection's {sensor_id, bucket_start}
+ * index (descending bucket_start), the first document of each sensor_id group; those whose
+ * bucket ended before the cutoff; oldest first. A summary exists for every bucket with pages
+ * once the daemon refreshed it (summaries.interval).
+ */
+static int cmd_sensors(struct conn *c, const struct options *o, const struct settings *s,
+                       struct bd_err *err) {
+    int64_t now_ms = bd_now_ns() / BD_NS_PER_MS;
+    int64_t cutoff_ms = now_ms - (int64_t)o->silent_ms;
+    bson_t *stages[4] = {
+        BCON_NEW("$sort", "{", "sensor_id", BCON_INT32(1), "bucket_start", BCON_INT32(-1), "}"),
+        BCON_NEW("$group", "{", "_id", BCON_UTF8("$sensor_id"), "bucket_start", "{", "$first",
+                 BCON_UTF8("$bucket_start"), "}", "bucket_end", "{", "$first",
+                 BCON_UTF8("$bucket_end"), "}", "}"),
+        BCON_NEW("$sort", "{", "bucket_end", BCON_INT32(1), "_id", BCON_INT32(1), "}"),
+        /* Without --silent: every sensor. */
+        o->given[OPT_SILENT]
+            ? BCON_NEW("$match", "{", "bucket_end", "{", "$lt", BCON_DATE_TIME(cutoff_ms), "}", "}")
+            : NULL,
+    };
+    bson_t *pipeline = bson_new();
+    bson_t arr;
+    BSON_APPEND_ARRAY_BEGIN(pipeline, "pipeline", &arr);
+    static const int order[] = {0, 1, 3, 2}; /* the cutoff before the final sort */
+    uint32_t k = 0;
+    for (size_t i = 0; i < BD_ARRAY_LEN(order); i++) {
+        if (stages[order[i]] != NULL) {
+            char key[16];
+            const char *kp;
+            bson_uint32_to_string(k++, &kp, key, sizeof(key));
+            BSON_APPEND_DOCUMENT(&arr, kp, stages[order[i]]);
+            bson_destroy(stages[order[i]]);
+        }
+    }
+    bson_append_array_end(pipeline, &arr);
+    bson_t *opts = BCON_NEW("allowDiskUse", BCON_BOOL(true));
+    mongoc_collection_t *sums =
+        mongoc_client_get_collection(c->client, s->database, s->summary_collection);
+    mongoc_cursor_t *cur =
+        mongoc_collection_aggregate(sums, MONGOC_QUERY_NONE, pipeline, opts, NULL);
+    const bson_t *doc;
+    uint64_t n = 0;
+    int rc = 0;
+    while (mongoc_cursor_next(cur, &doc)) {
+        bson_iter_t it;
+        const char *id = NULL;
+        int64_t start = 0, end = 0;
+        if (bson_iter_init_find(&it, doc, "_id") && BSON_ITER_HOLDS_UTF8(&it)) {
+            id = bson_iter_utf8(&it, NULL);
+        }
+        if (bson_iter_init_find(&it, doc, "bucket_start") && BSON_ITER_HOLDS_DATE_TIME(&it)) {
+            start = bson_iter_date_time(&it);
+        }
+        if (bson_iter_init_find(&it, doc, "bucket_end") && BSON_ITER_HOLDS_DATE_TIME(&it)) {
+            end = bson_iter_date_time(&it);
+        }
+        if (id == NULL) {
+            continue; /* not a summary bucketd wrote */
+        }
+        char t1[48], t2[48];
+        fmt_time(start, t1, sizeof(t1));
+        fmt_time(end, t2, sizeof(t2));
+        printf("%s %s ", t1, t2);
+        put_safe(id);
+        putchar('\n');
+        n++;
+    }
+    bson_error_t berr;
+    if (mongoc_cursor_error(cur, &berr)) {
+        rc = (berr.domain == MONGOC_ERROR_SERVER_SELECTION || berr.domain == MONGOC_ERROR_STREAM)
+                 ? bd_err_set(err, -EIO, "cannot reach MongoDB: %s", berr.message)
+                 : bd_err_set(err, -EIO, "reading %s.%s failed: %s", s->database,
+                              s->summary_collection, berr.message);
+    } else if (o->given[OPT_SILENT]) {
+        char cut[48];
+        fmt_time(cutoff_ms, cut, sizeof(cut));
+        printf("%" PRIu64 " sensors whose newest bucket ended before %s (silent for more than "
+               "%s)\n",
+               n, cut, o->value[OPT_SILENT]);
+    } else {
+        printf("%" PRIu64 " sensors\n", n);
+    }
+    mongoc_cursor_destroy(cur);
+    mongoc_collection_destroy(sums);
+    bson_destroy(opts);
+    bson_destroy(pipeline);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* dead-letter                                                                              */
 
 /* One record of the dead-letter file. Strings and the two sub-documents point into doc. */
@@ -2636,6 +2753,9 @@ int main(int argc, char **argv) {
             break;
         case CMD_SUMMARIES_REBUILD:
             rc = cmd_summaries_rebuild(&c, &o, &s, &err);
+            break;
+        case CMD_SENSORS:
+            rc = cmd_sensors(&c, &o, &s, &err);
             break;
         default:
             rc = cmd_dead_letter(&c, &o, &s, &status, &err);

@@ -40,6 +40,16 @@ int bd_mkdir_p(const char *dir, mode_t mode, struct bd_err *err);
 /* write(2) all of buf, retrying short writes and EINTR. 0 or -errno. */
 int bd_write_all(int fd, const void *buf, size_t len);
 
+/*
+ * Replace path with buf through tmp (created with mode), durable before returning: written,
+ * fsynced, renamed over path, and the rename made durable by an fsync of dir. The data is synced
+ * even when only the rename's atomicity is wanted: renamed unsynced, a power loss could leave an
+ * empty or partial file where the old, synced one was (the filesystem may commit the rename
+ * before the data). 0, or the negative errno with err naming path (tmp removed).
+ */
+int bd_replace_file(const char *dir, const char *path, const char *tmp, const void *buf, size_t len,
+                    mode_t mode, struct bd_err *err);
+
 /* Little-endian integers in byte buffers (on-disk formats), whatever the host's order. */
 static inline void bd_put_le32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) {

@@ -112,6 +112,7 @@ struct bd_config {
         char bind[128];              /* default "127.0.0.1:9273"; "" disables */
         uint64_t unhealthy_after_ms; /* /healthz: MongoDB unreachable this long; default 1m */
         uint32_t spool_high_water;   /* /healthz: percent of spool.max_bytes; default 80 */
+        uint64_t silent_after_ms;    /* bucketd_sensors_silent: no reading this long; 15m */
     } metrics;
 
     struct {
@@ -161,7 +162,8 @@ int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err);
  * What a loaded configuration should be warned about, without failing it (--check-config
  * prints these, the daemon logs them at start): a file holding the MongoDB password readable by
  * more than the daemon (bd_creds_exposed), and URI options that weaken TLS or send credentials
- * in clear (bd_mongo_uri_warnings). cb is called once per warning, with a whole sentence.
+ * in clear (bd_mongo_uri_warnings), and a metrics.silent_after not below limits.sensor_idle (the
+ * gauge could never count a sensor). cb is called once per warning, with a whole sentence.
  */
 typedef void (*bd_config_warn_cb)(void *arg, const char *msg);
 void bd_config_warnings(const struct bd_config *cfg, bd_config_warn_cb cb, void *arg);

@@ -43,6 +43,17 @@ const char *bd_escape_str(char *out, size_t cap, const char *in);
  */
 size_t bd_escape_json(char *out, size_t cap, const char *in, size_t len);
 
+/*
+ * Untrusted text as the inside of a JSON string (the quotes are the caller's), always valid
+ * JSON: '"' and '\\' escaped as JSON does, C0 controls and DEL as \u00NN, the characters above
+ * kept from a terminal (C1, bidi, invisible) as \uNNNN; other UTF-8 unchanged, so the value
+ * decodes to the text itself. A byte that is not UTF-8 becomes the text "\xNN" (its backslash
+ * escaped), as the logs show it. Same contract as bd_escape for cap, truncation and the return
+ * value; BD_ESCAPE_JSON_CAP(n) bytes always suffice.
+ */
+size_t bd_escape_json_string(char *out, size_t cap, const char *in, size_t len);
+#define BD_ESCAPE_JSON_CAP(n) ((n)*6 + 1)
+
 /* Room for the escape of n input bytes without truncation: "\xNN" is the worst case, 4 per
  * byte ("\u009b" is 3 per byte of its character, "\U000e0041" 2.5). */
 #define BD_ESCAPE_CAP(n) ((n)*4 + 1)

@@ -88,6 +88,22 @@ void bd_flusher_seed(struct bd_flusher *f, uint64_t seed);
 int64_t bd_flusher_retry_at(const struct bd_flusher *f);
 
 /*
+ * Test hook: the points of an unplaced spool record's life (src/flusher_place.c), in order.
+ * fn(point, arg) is called on the flusher thread when one is reached (all flushers of the
+ * process); NULL turns it off. Unit tests copy the spool directory there to play a crash.
+ */
+enum bd_flusher_place_point {
+    BD_PLACE_APPENDED,  /* an unplaced record appended (and synced as spool.sync says) */
+    BD_PLACE_LOADED,    /* at the head of the spool, loaded for placing */
+    BD_PLACE_NUMBERED,  /* placed, numbered (writer state saved) and built, not journaled */
+    BD_PLACE_JOURNALED, /* its placed form durable in the placing journal, nothing sent */
+    BD_PLACE_SENT,      /* every placed update settled with MongoDB, the record not acked */
+    BD_PLACE_ACKED,     /* acknowledged in the spool, the journal still there */
+    BD_PLACE_RETIRED,   /* the acknowledgement durable, the journal removed */
+};
+void bd_flusher_place_hook(void (*fn)(int point, void *arg), void *arg);
+
+/*
  * Give up writing what is not settled: put it on the spool (drained queues included), and count
  * what cannot be spooled in readings_lost, logging how many and why (MongoDB unreachable,
  * refusing, or still retrying; a full or failing spool). Returns the number lost.

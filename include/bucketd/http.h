@@ -1,7 +1,7 @@
 /*
- * A small HTTP/1.x server on the ingest thread's uv loop, for /metrics and /healthz: GET and
- * HEAD of a few known paths, one request per connection (the response says Connection: close
- * and the connection closes once it is written). Everything is bounded, so a hostile or broken
+ * A small HTTP/1.x server on the ingest thread's uv loop, for /metrics, /healthz and /sensors:
+ * GET and HEAD of a few known paths, one request per connection (the response says Connection:
+ * close and the connection closes once it is written). Everything is bounded, so a hostile or broken
  * client costs the loop a few microseconds per event and never more memory than the limits:
  *
  *   max_connections   open connections at most; one more is accepted, answered 503 with a
@@ -56,10 +56,19 @@ bool bd_http_body_append(struct bd_http_response *r, const char *s, size_t n);
 bool bd_http_body_printf(struct bd_http_response *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-typedef void (*bd_http_handler)(void *arg, struct bd_http_response *resp);
+/* What a handler is told of the request: its query string, the text after the first '?' of
+ * the request target as sent (not decoded; query_len 0 without one), within max_head_bytes. */
+struct bd_http_request {
+    const char *query;
+    size_t query_len;
+};
+
+typedef void (*bd_http_handler)(void *arg, const struct bd_http_request *req,
+                                struct bd_http_response *resp);
 
 struct bd_http_route {
-    const char *path; /* "/metrics"; a query string ("?...") is ignored */
+    const char *path; /* "/metrics": matched without the query string ("?..."), which is the
+                       * handler's to read or ignore */
     bd_http_handler fn;
     void *arg;
 };

@@ -1,12 +1,13 @@
 /*
- * /metrics (Prometheus text exposition, format 0.0.4) and /healthz (one line of JSON) on
- * metrics.bind, served by the HTTP server of http.h on the ingest thread's uv loop.
+ * /metrics (Prometheus text exposition, format 0.0.4), /healthz (one line of JSON) and /sensors
+ * (the sensors tracked, sensorlist.h) on metrics.bind, served by the HTTP server of http.h on
+ * the ingest thread's uv loop, the thread that owns the sensor table.
  *
  * What is exported (README "Metrics and health" lists every name):
  *   - every counter of stats.h as bucketd_<name>_total, except the drop_* counters, which are
  *     one counter bucketd_dropped_total{reason="<name without drop_>"};
  *   - every gauge of stats.h as bucketd_<name> (oldest_pending_age_ms in seconds), and the
- *     sensors tracked, the spool's limits, MongoDB reachable, the time of the last successful
+ *     sensors tracked and those silent past metrics.silent_after, the spool's limits, MongoDB reachable, the time of the last successful
  *     write and the seconds since, health as a 0/1 gauge, one series per listener
  *     ({proto, bind} labels) and the HTTP server's own counters; the wall clock's state
  *     (clock.h: synchronised, trusted, steps seen);
@@ -53,6 +54,8 @@ struct bd_metrics_view {
     const struct bd_stats *stats;
     const char *version;
     uint32_t sensors, max_sensors;
+    uint64_t silent_after_ms; /* metrics.silent_after; 0: bucketd_sensors_silent not exported */
+    uint32_t sensors_silent;  /* sensors whose last reading is older than that */
     uint64_t sensor_memory, sensor_memory_max; /* bytes: now, limits.sensor_memory */
     uint64_t pool_segment_bytes;
     bool mongodb; /* the sink is MongoDB: its gauges and the spool's are exported */
@@ -93,7 +96,7 @@ bool bd_metrics_append_label_value(struct bd_http_response *out, const char *val
 struct bd_metrics;
 
 /*
- * Listen on cfg->metrics.bind and serve /metrics and /healthz from stats, table and ingest
+ * Listen on cfg->metrics.bind and serve /metrics, /healthz and /sensors from stats, table and ingest
  * (all outliving the server; ingest may be NULL). With an empty metrics.bind, *out is NULL
  * and 0 is returned. Errors name metrics.bind.
  */

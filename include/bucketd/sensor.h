@@ -69,15 +69,19 @@ struct bd_sensor {
     _Atomic(struct bd_seg *) first;
     struct bd_sensor_table *table;
     char *measurement;
-    char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
-    char **tag_values;
+    /* Ingest thread only: when the last reading was accepted (wall clock, ns; never moves
+     * back), for eviction and /sensors, and how many were. Stored with every reading, in the
+     * line the reading writes anyway. */
+    int64_t last_ns;
+    uint64_t accepted;
     uint32_t n_tags;
-    /* Ingest thread only: when the last reading was accepted, in units of 2^30 ns (about a
-     * second) of the wall clock, for eviction. Stored with every reading, in the line the
-     * reading writes anyway. */
-    uint32_t seen;
 
     /* Cold. */
+    char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
+    char **tag_values;
+    /* Creation order, unique over the table's life: orders sensors of equal last_ns for
+     * /sensors' paging. */
+    uint64_t serial;
     /* The names as BSON keys (escaped as names.h says), NUL-terminated, through
      * bd_sensor_field_name(); entries below n_fields are immutable. The first few live in the
      * sensor, the rest in names_more (allocated once, never moved: the flusher reads it while
@@ -258,6 +262,36 @@ uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_r
 static inline void bd_sensor_consume(struct bd_sensor *s, uint32_t cells) {
     s->rpos += cells;
 }
+
+/* ---- Listing (GET /sensors, bucketd_sensors_silent) ---- */
+
+/* A place in the listing order: last_ns, then serial (unique), ascending. */
+struct bd_sensor_pos {
+    int64_t last_ns;
+    uint64_t serial;
+};
+
+/* One sensor listed. s stays valid while the ingest thread does not return to its loop (only
+ * its own sweep frees sensors). */
+struct bd_sensor_info {
+    const struct bd_sensor *s;
+    struct bd_sensor_pos pos;
+    uint64_t accepted;
+};
+
+/*
+ * Ingest thread: the sensors tracked whose last reading is older than before_ns (wall clock;
+ * INT64_MAX: every sensor) and that come after *after (NULL: from the first), in the listing
+ * order, the first cap of them into out[0..cap). Returns how many; *more says whether others
+ * follow. One pass over the index with a bounded heap: time linear in the index size (at most
+ * twice limits.max_sensors slots), memory out alone; allocates nothing.
+ */
+uint32_t bd_sensor_table_list(const struct bd_sensor_table *t, const struct bd_sensor_pos *after,
+                              int64_t before_ns, struct bd_sensor_info *out, uint32_t cap,
+                              bool *more);
+
+/* Ingest thread: how many sensors tracked have their last reading older than before_ns. */
+uint32_t bd_sensor_table_count_silent(const struct bd_sensor_table *t, int64_t before_ns);
 
 /* Visit every sensor (any thread, once the ingest thread has stopped). */
 void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),

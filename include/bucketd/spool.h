@@ -150,6 +150,10 @@ struct bd_spool_record {
     uint64_t id; /* for bd_spool_ack; opaque, unique within one open */
     uint64_t seq;
     uint32_t n_readings;
+    uint32_t flags; /* as appended */
+    /* Where it is on disk: its segment's number and its offset there. Unlike id, stable across
+     * opens until the record is acknowledged (positions only grow). */
+    uint64_t segment, offset;
     const uint8_t *data;
     size_t len;
 };
@@ -162,7 +166,8 @@ struct bd_spool_record {
 int bd_spool_open(struct bd_spool **out, const struct bd_spool_opts *o, struct bd_err *err);
 
 /*
- * Append one record (seq: the writer's flush sequence; n_readings: for the drop counters).
+ * Append one record (seq: the writer's flush sequence; n_readings: for the drop counters; flags:
+ * the caller's, given back by peek).
  * Returns 0; -ENOSPC when the spool is full and the policy refuses (drop_newest, block: nothing
  * written); -EMSGSIZE when the record can never fit (len above BD_SPOOL_MAX_RECORD, or one
  * record and a segment header above max_bytes: nothing written, nothing dropped); or the
@@ -171,8 +176,8 @@ int bd_spool_open(struct bd_spool **out, const struct bd_spool_opts *o, struct b
  * recovery skip, and the next append starts a new segment). With sync=batch the record is
  * durable when 0 is returned.
  */
-int bd_spool_append(struct bd_spool *s, uint64_t seq, uint32_t n_readings, const void *data,
-                    size_t len);
+int bd_spool_append(struct bd_spool *s, uint64_t seq, uint32_t n_readings, uint32_t flags,
+                    const void *data, size_t len);
 
 /*
  * Policy-driven durability, to be called regularly with the caller's monotonic clock: with

@@ -74,6 +74,9 @@
     X(page_lookups, "queries learning the pages of buckets written before this start")       \
     X(readings_spooled, "readings written to the on-disk spool (MongoDB away or behind)")    \
     X(spool_records_replayed, "spool records written to MongoDB and acknowledged")          \
+    X(readings_spooled_unplaced,                                                             \
+      "readings spooled before their pages or sequence number were known (placed at replay)") \
+    X(spool_records_placed, "unplaced spool records placed, numbered and journaled at replay") \
     X(spool_corrupt_records, "spool records skipped for a bad checksum (each counted once)") \
     X(spool_dropped_readings, "readings dropped from a full spool (spool.when_full)")        \
     X(spool_write_errors, "spool writes or syncs that failed (disk full, I/O error)")        \

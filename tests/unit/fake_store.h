@@ -11,6 +11,7 @@
 #include <mongoc/mongoc.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -567,6 +568,11 @@ static void fake_put(struct fake_store *fs, const char *sensor_id, int64_t start
 }
 
 static void fake_script(struct fake_store *fs, enum fake_fault fault, int32_t code) {
+    if (fs->n_faults >= sizeof(fs->faults) / sizeof(fs->faults[0])) {
+        fprintf(stderr, "fake_script: more than %zu faults scripted\n",
+                sizeof(fs->faults) / sizeof(fs->faults[0]));
+        abort();
+    }
     fs->faults[fs->n_faults] = fault;
     fs->fault_codes[fs->n_faults] = code;
     fs->n_faults++;

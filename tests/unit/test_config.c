@@ -266,6 +266,7 @@ Test(config, defaults) {
     cr_assert_str_eq(cfg.metrics.bind, "127.0.0.1:9273");
     cr_assert_eq(cfg.metrics.unhealthy_after_ms, 60000);
     cr_assert_eq(cfg.metrics.spool_high_water, 80);
+    cr_assert_eq(cfg.metrics.silent_after_ms, 15 * 60000);
     cr_assert_eq(cfg.time.wait_for_sync_ms, 600000);
     cr_assert_eq(cfg.log.level, BD_LOG_INFO);
     cr_assert_eq(cfg.limits.max_sensors, 100000);
@@ -415,6 +416,8 @@ Test(config, out_of_bounds) {
         {"metrics:\n  spool_high_water: 0\n", "metrics.spool_high_water",
          "out of range (1 to 100)"},
         {"metrics:\n  spool_high_water: 101\n", "metrics.spool_high_water", "out of range"},
+        {"metrics:\n  silent_after: 721h\n", "metrics.silent_after", "out of range"},
+        {"metrics:\n  silent_after: 15\n", "metrics.silent_after", "is not a duration"},
         {"time:\n  wait_for_sync: 169h\n", "time.wait_for_sync", "out of range (0 to 168h)"},
         {"time:\n  wait_for_sync: 10\n", "time.wait_for_sync", "is not a duration"},
         {"time:\n  wait_for_sync: -1s\n", "time.wait_for_sync", ""},
@@ -1046,4 +1049,37 @@ Test(config, reload_merge_applies_allow_of_a_kept_listener) {
     cr_assert_eq(merge(&out, &next, &cur, &ch, &err), 0, "%s", err.msg);
     cr_assert_str_eq(ch.text, "listeners[0].allow|[\"10.0.0.0/8\"]|(absent: everyone)|applied\n");
     cr_assert_eq(cur.listeners[0].allow.n, 0);
+}
+
+static void collect_warning(void *arg, const char *msg) {
+    struct changes *w = arg;
+    size_t used = strlen(w->text);
+    snprintf(w->text + used, sizeof(w->text) - used, "%s\n", msg);
+    w->n++;
+}
+
+Test(config, silent_after_loads_reloads_and_warns_when_not_below_sensor_idle) {
+    struct bd_config cur, next, out;
+    struct bd_err err = {0};
+    struct changes ch, warned = {0};
+    expect_ok(LISTENER "metrics:\n  silent_after: 90s\n", &cur);
+    cr_assert_eq(cur.metrics.silent_after_ms, 90000);
+    bd_config_warnings(&cur, collect_warning, &warned);
+    cr_assert_eq(warned.n, 0, "%s", warned.text);
+    expect_ok(LISTENER "metrics:\n  silent_after: 0\n", &next);
+    cr_assert_eq(merge(&cur, &next, &out, &ch, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(ch.text, "metrics.silent_after|90s|0|applied\n");
+    cr_assert_eq(out.metrics.silent_after_ms, 0);
+    /* Not below limits.sensor_idle: loads, with a warning naming both keys. */
+    expect_ok(LISTENER "metrics:\n  silent_after: 1h\nlimits:\n  sensor_idle: 1h\n", &cur);
+    bd_config_warnings(&cur, collect_warning, &warned);
+    cr_assert_eq(warned.n, 1);
+    cr_assert_not_null(strstr(warned.text, "metrics.silent_after (1h) is not below "
+                                           "limits.sensor_idle (1h)"),
+                       "%s", warned.text);
+    /* sensor_idle 0 never forgets: no warning. */
+    memset(&warned, 0, sizeof(warned));
+    expect_ok(LISTENER "metrics:\n  silent_after: 1h\nlimits:\n  sensor_idle: 0\n", &cur);
+    bd_config_warnings(&cur, collect_warning, &warned);
+    cr_assert_eq(warned.n, 0, "%s", warned.text);
 }

@@ -134,3 +134,41 @@ Test(escape, escape_str) {
     char out[64];
     cr_assert_str_eq(bd_escape_str(out, sizeof(out), "s\xe2\x80\xae"), "s\\u202e");
 }
+
+/* bd_escape_json_string of a NUL-terminated string, into a buffer big enough. */
+static const char *jstr(const char *in, size_t len) {
+    static char out[512];
+    size_t used = bd_escape_json_string(out, sizeof(out), in, len);
+    cr_assert_eq(used, len);
+    return out;
+}
+
+Test(escape, json_string_quotes_backslashes_and_controls) {
+    cr_assert_str_eq(jstr("plain id", 8), "plain id");
+    cr_assert_str_eq(jstr("temp\xc3\xa9rature", 12), "temp\xc3\xa9rature", "UTF-8 unchanged");
+    cr_assert_str_eq(jstr("a\"b\\c", 5), "a\\\"b\\\\c");
+    cr_assert_str_eq(jstr("\x01\n\x1f\x7f", 4), "\\u0001\\u000a\\u001f\\u007f");
+    cr_assert_str_eq(jstr("a\0b", 3), "a\\u0000b");
+}
+
+Test(escape, json_string_terminal_characters_and_invalid_utf8) {
+    /* CSI, RLO: \uNNNN; a tag character: its surrogate pair. */
+    cr_assert_str_eq(jstr("\xc2\x9b"
+                          "2J\xe2\x80\xae",
+                          7),
+                     "\\u009b2J\\u202e");
+    cr_assert_str_eq(jstr("\xf3\xa0\x80\x81", 4), "\\udb40\\udc01");
+    /* Not UTF-8: the logs' "\xNN", its backslash escaped for JSON. */
+    cr_assert_str_eq(jstr("a\xff", 2), "a\\\\xff");
+    cr_assert_str_eq(jstr("\xc3", 1), "\\\\xc3");
+}
+
+Test(escape, json_string_worst_case_fits_and_truncation_is_whole) {
+    char in[64], out[BD_ESCAPE_JSON_CAP(64)];
+    memset(in, 0x01, sizeof(in));
+    cr_assert_eq(bd_escape_json_string(out, sizeof(out), in, sizeof(in)), sizeof(in));
+    cr_assert_eq(strlen(out), 6 * sizeof(in));
+    char small[10];
+    cr_assert_eq(bd_escape_json_string(small, sizeof(small), "\x01\x02", 2), 1);
+    cr_assert_str_eq(small, "\\u0001");
+}

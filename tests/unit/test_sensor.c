@@ -1031,3 +1031,108 @@ Test(sensor, a_take_that_seals_the_producers_segment_starts_a_new_chain) {
     drain_until_quiet();
     assert_all_drained_and_given_back();
 }
+
+/* ---- Listing (/sensors) ---- */
+
+static void many_sensors_table(void) {
+    cfg.limits.max_sensors = 64;
+    cfg.limits.memory = 512 * 1024;
+    table_with(0, 0, 0);
+}
+
+static void accept_at(const char *id, int64_t now) {
+    point(id, "m", true, now);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, now), 0, "%s", id);
+}
+
+Test(sensor, list_is_oldest_first_with_counts_and_the_silent_filter) {
+    many_sensors_table();
+    accept_at("m,s=b", NOW + 2 * BD_NS_PER_S);
+    accept_at("m,s=a", NOW + 1 * BD_NS_PER_S);
+    accept_at("m,s=c", NOW + 3 * BD_NS_PER_S);
+    accept_at("m,s=a", NOW + 4 * BD_NS_PER_S); /* a moves to the end */
+    accept_at("m,s=a", NOW + 4 * BD_NS_PER_S);
+
+    struct bd_sensor_info v[8];
+    bool more = true;
+    uint32_t n = bd_sensor_table_list(table, NULL, INT64_MAX, v, 8, &more);
+    cr_assert_eq(n, 3);
+    cr_assert_not(more);
+    cr_assert_str_eq(v[0].s->id, "m,s=b");
+    cr_assert_str_eq(v[1].s->id, "m,s=c");
+    cr_assert_str_eq(v[2].s->id, "m,s=a");
+    cr_assert_eq(v[0].pos.last_ns, NOW + 2 * BD_NS_PER_S);
+    cr_assert_eq(v[2].pos.last_ns, NOW + 4 * BD_NS_PER_S);
+    cr_assert_eq(v[0].accepted, 1);
+    cr_assert_eq(v[2].accepted, 3);
+
+    /* Silent: last reading strictly older than the bound. */
+    n = bd_sensor_table_list(table, NULL, NOW + 3 * BD_NS_PER_S, v, 8, &more);
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(v[0].s->id, "m,s=b");
+    cr_assert_eq(bd_sensor_table_count_silent(table, NOW + 3 * BD_NS_PER_S), 1);
+    cr_assert_eq(bd_sensor_table_count_silent(table, NOW + 3 * BD_NS_PER_S + 1), 2);
+    cr_assert_eq(bd_sensor_table_count_silent(table, NOW), 0);
+
+    /* A cap below the matches: the first ones, and more. */
+    n = bd_sensor_table_list(table, NULL, INT64_MAX, v, 2, &more);
+    cr_assert_eq(n, 2);
+    cr_assert(more);
+    cr_assert_str_eq(v[1].s->id, "m,s=c");
+}
+
+Test(sensor, last_seen_never_moves_back_with_the_wall_clock) {
+    many_sensors_table();
+    accept_at("m,s=a", NOW);
+    accept_at("m,s=a", NOW - 10 * BD_NS_PER_S); /* the clock stepped back */
+    struct bd_sensor_info v[2];
+    bool more;
+    cr_assert_eq(bd_sensor_table_list(table, NULL, INT64_MAX, v, 2, &more), 1);
+    cr_assert_eq(v[0].pos.last_ns, NOW);
+    cr_assert_eq(v[0].accepted, 2);
+}
+
+Test(sensor, paging_with_ties_lists_every_sensor_exactly_once) {
+    many_sensors_table();
+    /* 40 sensors over 4 instants: ten share each last_ns, so pages split ties. */
+    char ids[40][16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "m,s=%d", i);
+        accept_at(ids[i], NOW + (i % 4) * BD_NS_PER_MS);
+    }
+    int seen[40] = {0};
+    struct bd_sensor_pos after = {0, 0}, last = {INT64_MIN, 0};
+    bool first = true, more = true;
+    int pages = 0, late = 0;
+    while (more) {
+        struct bd_sensor_info v[7];
+        uint32_t n = bd_sensor_table_list(table, first ? NULL : &after, INT64_MAX, v, 7, &more);
+        first = false;
+        pages++;
+        cr_assert_leq(pages, 6, "41 sensors in pages of 7");
+        for (uint32_t k = 0; k < n; k++) {
+            cr_assert(pos_less(&last, &v[k].pos), "strictly ascending across pages");
+            last = v[k].pos;
+            if (strcmp(v[k].s->id, "m,s=late") == 0) {
+                late++;
+                continue;
+            }
+            int idx = atoi(strchr(v[k].s->id, '=') + 1);
+            seen[idx]++;
+        }
+        if (n > 0) {
+            after = v[n - 1].pos;
+        }
+        /* A sensor created between pages comes after everything listed: on a later page. */
+        if (pages == 2) {
+            accept_at("m,s=late", NOW + 10 * BD_NS_PER_MS);
+        }
+    }
+    for (int i = 0; i < 40; i++) {
+        cr_assert_eq(seen[i], 1, "sensor %d listed %d times", i, seen[i]);
+    }
+    cr_assert_eq(late, 1);
+    cr_assert_eq(last.last_ns, NOW + 10 * BD_NS_PER_MS, "the late sensor closes the list");
+    cr_assert_eq(pages, 6);
+}

@@ -87,7 +87,7 @@ static int append_seq(struct bd_spool *s, uint64_t seq, size_t (*len_of)(uint64_
     for (size_t i = 0; i < len; i++) {
         buf[i] = byte_of(seq, i);
     }
-    return bd_spool_append(s, seq, readings_of(seq), buf, len);
+    return bd_spool_append(s, seq, readings_of(seq), 0, buf, len);
 }
 
 static void append_ok(struct bd_spool *s, uint64_t from, uint64_t to, size_t (*len_of)(uint64_t)) {
@@ -264,7 +264,7 @@ Test(spool, fifo_across_rotations) {
 
     /* A record bigger than a segment gets one of its own. */
     uint8_t *big = calloc(1, 5000);
-    cr_assert_eq(bd_spool_append(s, 1000, 3, big, 5000), 0);
+    cr_assert_eq(bd_spool_append(s, 1000, 3, 0, big, 5000), 0);
     cr_assert_eq(append_seq(s, 1001, varied_len), 0);
     bd_spool_get_stats(s, &st);
     cr_assert_eq(st.segments, 2, "the finished segment went when the big record started one");
@@ -921,7 +921,7 @@ Test(spool, record_that_can_never_fit_is_refused) {
     struct bd_spool *s = open_ok(&o);
     static uint8_t big[2000];
     append_ok(s, 0, 3, fixed_len);
-    cr_assert_eq(bd_spool_append(s, 9, 1, big, sizeof(big)), -EMSGSIZE);
+    cr_assert_eq(bd_spool_append(s, 9, 1, 0, big, sizeof(big)), -EMSGSIZE);
     struct bd_spool_stats st;
     bd_spool_get_stats(s, &st);
     cr_assert_eq(st.dropped_records, 0);
@@ -1082,7 +1082,7 @@ Test(spool, start_up_reads_only_the_newest_segment) {
     for (uint64_t seq = 0; seq < total; seq++) {
         uint8_t buf[BIG];
         memset(buf, (int)seq, sizeof(buf));
-        cr_assert_eq(bd_spool_append(s, seq, 1, buf, sizeof(buf)), 0);
+        cr_assert_eq(bd_spool_append(s, seq, 1, 0, buf, sizeof(buf)), 0);
     }
     bd_spool_close(s);
 
