@@ -199,6 +199,10 @@ const struct key_def config_schema[] = {
      .max = 30 * BD_MS_PER_DAY, .def = "15m", .flags = KF_RELOAD,
      .help = "bucketd_sensors_silent counts the sensors tracked with no reading this long (keep "
              "it below limits.sensor_idle, which forgets them); 0 drops the gauge"},
+    {.path = "time.wait_for_sync", .type = T_DURATION, CFG(time.wait_for_sync_ms), .min = 0,
+     .max = 7 * BD_MS_PER_DAY, .def = "10m", .flags = KF_RELOAD,
+     .help = "how long to wait for the kernel to report the wall clock synchronised (NTP) "
+             "before trusting it as it is; 0 trusts it at once"},
     {.path = "log.level", .type = T_LOGLEVEL, CFG(log.level), .def = "info",
      .names = level_names, .flags = KF_RELOAD, .help = "least severe level logged"},
     {.path = "limits.max_sensors", .type = T_UINT, CFG(limits.max_sensors), .min = 1,

@@ -25,6 +25,7 @@
 #include <systemd/sd-daemon.h>
 #include <uv.h>
 
+#include "bucketd/clock.h"
 #include "bucketd/flusher.h"
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
@@ -45,6 +46,10 @@ struct daemon {
     uv_async_t drained;
     uv_timer_t watchdog; /* pings systemd when the unit sets WatchdogSec */
     bool watchdog_on;
+    /* Whether the wall clock is trusted (clock.h): polled on clock_timer, read by any thread. */
+    struct bd_clock *clock;
+    uv_timer_t clock_timer;
+    bool clock_timer_on;
     /* Guards uv_async_send against the handle being closed (flusher thread vs loop). */
     pthread_mutex_t drained_mu;
     bool drained_open;
@@ -112,6 +117,10 @@ static void begin_stop(struct daemon *d, const char *why) {
     if (d->watchdog_on) {
         uv_close((uv_handle_t *)&d->watchdog, NULL);
     }
+    if (d->clock_timer_on) {
+        uv_close((uv_handle_t *)&d->clock_timer, NULL);
+        d->clock_timer_on = false;
+    }
     /* TCP lines already received may still wait for ring space: the flusher keeps draining
      * and its doorbell (d->drained) keeps resuming them until ingest reports it is done. */
     uv_timer_init(&d->loop, &d->stop_timer);
@@ -156,6 +165,36 @@ static void start_watchdog(struct daemon *d) {
     d->watchdog_on = true;
 }
 
+static void on_clock_timer(uv_timer_t *t) {
+    struct daemon *d = t->data;
+    bd_clock_poll(d->clock);
+}
+
+/*
+ * The clock's floor: the wall time of the last write this writer acknowledged, as writer.state
+ * keeps it (read before the flusher opens the writer), or the build time when that is later or
+ * there is none.
+ */
+static int new_clock(struct daemon *d, struct bd_err *err) {
+    struct bd_clock_opts opts = {.wait_for_sync_ms = d->cfg->time.wait_for_sync_ms,
+                                 .floor_wall_ms = bd_clock_build_time_s() * 1000,
+                                 .floor_what = "the build time"};
+    struct bd_writer_prev prev;
+    if (d->cfg->sink == BD_SINK_MONGODB && bd_writer_peek(d->cfg->spool.dir, &prev) == 0 &&
+        prev.last_ack_ms > opts.floor_wall_ms) {
+        opts.floor_wall_ms = prev.last_ack_ms;
+        opts.floor_what = "the last write this writer had acknowledged (writer.state)";
+    }
+    return bd_clock_new(&d->clock, bd_clock_system_source(), &opts, err);
+}
+
+static void start_clock_timer(struct daemon *d) {
+    uv_timer_init(&d->loop, &d->clock_timer);
+    d->clock_timer.data = d;
+    uv_timer_start(&d->clock_timer, on_clock_timer, BD_CLOCK_POLL_MS, BD_CLOCK_POLL_MS);
+    d->clock_timer_on = true;
+}
+
 static void log_stats(const struct bd_stats *st, const struct bd_sensor_table *table) {
     char line[4096];
     bd_stats_format(st, line, sizeof(line));
@@ -192,6 +231,10 @@ int bd_daemon_run(const struct bd_config *cfg) {
         }
         snprintf(d->run_cfg.writer_id, sizeof(d->run_cfg.writer_id), "%s", id.id);
     }
+    if (new_clock(d, &err) < 0) {
+        bd_error("%s", err.msg);
+        goto out;
+    }
     if (bd_sensor_table_new(&d->table, cfg, &d->stats, &err) < 0 ||
         bd_flusher_new(&d->flusher, cfg, d->table, &d->stats, &err) < 0) {
         bd_error("%s", err.msg);
@@ -210,6 +253,8 @@ int bd_daemon_run(const struct bd_config *cfg) {
         bd_error("%s", err.msg);
         goto out;
     }
+    bd_metrics_set_clock(d->metrics, d->clock);
+    start_clock_timer(d);
     uv_signal_init(&d->loop, &d->sig_term);
     uv_signal_init(&d->loop, &d->sig_int);
     uv_signal_init(&d->loop, &d->sig_hup);
@@ -224,7 +269,8 @@ int bd_daemon_run(const struct bd_config *cfg) {
                                         .table = d->table,
                                         .flusher = d->flusher,
                                         .ingest = d->ingest,
-                                        .stats = &d->stats};
+                                        .stats = &d->stats,
+                                        .clock = d->clock};
     if (bd_reload_new(&d->reload, &d->loop, &targets, &err) < 0) {
         bd_error("%s", err.msg);
         begin_stop(d, "start-up failure");
@@ -272,6 +318,7 @@ out:
     bd_flusher_free(d->flusher);
     bd_reload_free(d->reload);
     bd_sensor_table_free(d->table);
+    bd_clock_free(d->clock);
     mongoc_cleanup();
     pthread_mutex_destroy(&d->drained_mu);
     free(d);

@@ -226,6 +226,11 @@ void bd_health_render(const struct bd_metrics_view *v, struct bd_http_response *
         bd_http_body_printf(out, ",\"spool_bytes\":%" PRIu64 ",\"spool_high_water_bytes\":%" PRIu64,
                             load_u64(&st->spool_bytes), spool_high_water_bytes(v));
     }
+    if (v->clock) {
+        bd_http_body_printf(out, ",\"clock\":\"%s\",\"clock_synchronized\":%s",
+                            bd_clock_state_name(v->clock_state),
+                            v->clock_synchronized ? "true" : "false");
+    }
     bd_http_body_printf(out,
                         ",\"spool_corrupt_records\":%" PRIu64 ",\"pending_readings\":%" PRIu64
                         ",\"oldest_pending_age_seconds\":%.3f}\n",
@@ -311,6 +316,20 @@ void bd_metrics_render(const struct bd_metrics_view *v, struct bd_http_response 
     metric_u64(out, PREFIX "healthy", "1 while /healthz answers 200, 0 while it answers 503",
                "gauge", health.healthy);
 
+    if (v->clock) {
+        metric_u64(out, PREFIX "clock_synchronized",
+                   "1 while the kernel reports the wall clock synchronised (adjtimex) and it "
+                   "reads no earlier than this writer's last acknowledged write or the build time",
+                   "gauge", v->clock_synchronized);
+        metric_u64(out, PREFIX "clock_trusted",
+                   "1 while readings are stamped and judged with the wall clock: synchronised, or "
+                   "trusted by timeout after time.wait_for_sync",
+                   "gauge", v->clock_state != BD_CLOCK_WAITING);
+        metric_u64(out, PREFIX "clock_steps_total",
+                   "steps of the wall clock of more than 1 s against the boot-time clock",
+                   "counter", v->clock_steps);
+    }
+
     histogram(out, PREFIX "bulk_write_duration_seconds",
               "time a bulk write to MongoDB took, every attempt (from the flusher's call to the "
               "answer)",
@@ -387,6 +406,7 @@ struct bd_metrics {
     const struct bd_stats *stats;
     const struct bd_sensor_table *table;
     const struct bd_ingest *ingest;
+    const struct bd_clock *clock; /* NULL: not exported */
     int64_t start_mono_ns, start_wall_ms;
     struct bd_http *http;
     struct bd_http_route routes[3];
@@ -433,6 +453,12 @@ static void view_now(const struct bd_metrics *m, struct bd_metrics_view *v, bool
     if (m->http != NULL) {
         v->http = bd_http_counters(m->http);
         v->http_open = bd_http_open_connections(m->http);
+    }
+    if (m->clock != NULL) {
+        v->clock = true;
+        v->clock_state = bd_clock_state(m->clock);
+        v->clock_synchronized = bd_clock_synchronized(m->clock);
+        v->clock_steps = bd_clock_steps(m->clock);
     }
 }
 
@@ -524,6 +550,12 @@ void bd_metrics_free(struct bd_metrics *m) {
     }
     bd_http_free(m->http);
     free(m);
+}
+
+void bd_metrics_set_clock(struct bd_metrics *m, const struct bd_clock *clock) {
+    if (m != NULL) {
+        m->clock = clock;
+    }
 }
 
 int bd_metrics_port(const struct bd_metrics *m) {

@@ -126,6 +126,10 @@ void bd_reload_run(struct bd_reload *r) {
 
     bd_log_set_level((enum bd_log_level)next->log.level);
     bd_sensor_table_set_limits(r->t.table, next);
+    if (r->t.clock != NULL) {
+        bd_clock_set_wait(r->t.clock, next->time.wait_for_sync_ms);
+        bd_clock_poll(r->t.clock); /* a wait already past the new bound ends now */
+    }
     if (bd_ingest_set_listeners(r->t.ingest, next) < 0) {
         r->not_applied++; /* a listener that could not be opened: logged, left out of next */
     }

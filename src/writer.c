@@ -294,22 +294,32 @@ static int read_id_file(const char *path, char *id, struct bd_err *err) {
     return 1;
 }
 
-/* The writer id writer.state names, if it parses and the id is valid. */
-static bool state_writer_id(const char *dir, char *id) {
+int bd_writer_peek(const char *dir, struct bd_writer_prev *out) {
     char path[1100], buf[1024];
-    struct bd_writer_prev prev = {0};
+    memset(out, 0, sizeof(*out));
     snprintf(path, sizeof(path), "%s/writer.state", dir);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        return false;
+        return -errno;
     }
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    int saved = errno;
     close(fd);
-    if (n <= 0) {
-        return false;
+    if (n < 0) {
+        return -saved;
     }
     buf[n] = '\0';
-    if (parse_state(buf, &prev) < 0 || !valid_id(prev.writer_id)) {
+    if (parse_state(buf, out) < 0) {
+        memset(out, 0, sizeof(*out));
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* The writer id writer.state names, if it parses and the id is valid. */
+static bool state_writer_id(const char *dir, char *id) {
+    struct bd_writer_prev prev;
+    if (bd_writer_peek(dir, &prev) < 0 || !valid_id(prev.writer_id)) {
         return false;
     }
     memcpy(id, prev.writer_id, strlen(prev.writer_id) + 1); /* valid_id bounds its length */

@@ -120,6 +120,10 @@ struct bd_config {
     } log;
 
     struct {
+        uint64_t wait_for_sync_ms; /* trust an unsynchronised clock after this; default 10m */
+    } time;
+
+    struct {
         uint32_t max_sensors;    /* default 100000 */
         uint64_t memory;         /* buffer pool + pending batches, default 64 MiB */
         uint32_t ring_size;      /* no longer used; accepted for older configs */

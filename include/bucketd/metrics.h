@@ -9,7 +9,8 @@
  *   - every gauge of stats.h as bucketd_<name> (oldest_pending_age_ms in seconds), and the
  *     sensors tracked and those silent past metrics.silent_after, the spool's limits, MongoDB reachable, the time of the last successful
  *     write and the seconds since, health as a 0/1 gauge, one series per listener
- *     ({proto, bind} labels) and the HTTP server's own counters;
+ *     ({proto, bind} labels) and the HTTP server's own counters; the wall clock's state
+ *     (clock.h: synchronised, trusted, steps seen);
  *   - histograms of bulk-write latency (seconds) and readings per update.
  * The counters are read with relaxed loads: a scrape is a snapshot that may be a few events
  * stale, never torn per value. The flusher thread writes what it owns (stats.h); the rest
@@ -18,7 +19,8 @@
  * Health (/healthz and bucketd_healthy): unhealthy, with a reason each, when MongoDB has been
  * unreachable longer than metrics.unhealthy_after, when the spool holds more than
  * metrics.spool_high_water percent of spool.max_bytes, or when corrupt spool records were
- * found since the start (they were skipped; the log names them).
+ * found since the start (they were skipped; the log names them). The clock's state is in
+ * /healthz's JSON too, never a reason by itself.
  *
  * The rendering functions are pure over struct bd_metrics_view, for unit tests.
  */
@@ -29,6 +31,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "bucketd/clock.h"
 #include "bucketd/config.h"
 #include "bucketd/http.h"
 #include "bucketd/stats.h"
@@ -65,6 +68,10 @@ struct bd_metrics_view {
     struct bd_metrics_listener listeners[BD_MAX_LISTENERS];
     const struct bd_http_counters *http; /* NULL: not exported */
     uint32_t http_open;
+    bool clock; /* the clock's fields below are set (exported) */
+    enum bd_clock_state clock_state;
+    bool clock_synchronized;
+    uint64_t clock_steps;
 };
 
 /* The exposition text of view into out (Content-Type text/plain; version=0.0.4). */
@@ -98,6 +105,8 @@ int bd_metrics_new(struct bd_metrics **out, uv_loop_t *loop, const struct bd_con
                    const struct bd_ingest *ingest, struct bd_err *err);
 /* Close (the memory goes with the last close callback: run the loop). NULL is a no-op. */
 void bd_metrics_free(struct bd_metrics *m);
+/* The clock whose state /metrics and /healthz show (outliving the server). NULL m: no-op. */
+void bd_metrics_set_clock(struct bd_metrics *m, const struct bd_clock *clock);
 /* The bound port, or a negative errno. */
 int bd_metrics_port(const struct bd_metrics *m);
 /* The view a scrape would read now (tests, benchmarks). */

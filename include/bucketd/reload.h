@@ -8,7 +8,7 @@
  * log and keeps its running value until a restart. Each thread then gets the new values at a
  * point where it reads none of them:
  *   - the loop thread (this module runs on it): log.level, the sensor table's limits and time
- *     window, the listener set (added listeners are opened, removed ones closed as at a stop);
+ *     window, the clock's time.wait_for_sync, the listener set (added listeners are opened, removed ones closed as at a stop);
  *   - the flusher thread: a copy of the whole configuration, adopted at the start of its next
  *     step (bd_flusher_reconfigure, flusher_reload.c), which passes the store its part.
  * Once the flusher runs the new configuration, the reload is complete: "reload complete" is
@@ -22,6 +22,7 @@
 
 #include <uv.h>
 
+#include "bucketd/clock.h"
 #include "bucketd/config.h"
 #include "bucketd/flusher.h"
 #include "bucketd/ingest.h"
@@ -37,6 +38,7 @@ struct bd_reload_targets {
     struct bd_flusher *flusher;
     struct bd_ingest *ingest;
     struct bd_stats *stats;
+    struct bd_clock *clock; /* time.wait_for_sync; NULL: none */
 };
 
 /* Sets the flusher's reconfigured callback; the handles live on loop. */

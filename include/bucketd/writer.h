@@ -87,6 +87,14 @@ struct bd_writer_prev {
 };
 
 /*
+ * What <dir>/writer.state holds now, read without taking writer.lock (the file is only ever
+ * replaced whole, by a rename): for a reader before the flusher opens the writer, such as the
+ * clock's floor (its last_ack_ms). -ENOENT without one, -EINVAL if it does not parse (*out is
+ * then all 0).
+ */
+int bd_writer_peek(const char *dir, struct bd_writer_prev *out);
+
+/*
  * Create spool.dir if missing, lock it, read the previous state and persist a first block.
  * Errors (another daemon holds the lock, directory not writable) are fatal to start-up and
  * name the path.

@@ -7,6 +7,7 @@ Environment:
   BUCKETD_BIN               daemon binary (default <repo>/build/bucketd)
   BUCKETD_SOURCE_DIR        repository root (default: two levels above this file)
   BUCKETD_TEST_MONGODB_URI  use this MongoDB instead of the test server
+  BUCKETD_CLOCK_SHIM        tests/e2e/clock_shim.c built (default <repo>/build/tests/clock_shim.so)
   BUCKETD_E2E_KEEP=1        keep each test's temporary directory (config, log, spool)
 
 Pieces:
@@ -39,6 +40,8 @@ REPO = os.environ.get("BUCKETD_SOURCE_DIR") or os.path.dirname(os.path.dirname(H
 BIN = os.environ.get("BUCKETD_BIN") or os.path.join(REPO, "build", "bucketd")
 INSPECT = (os.environ.get("BUCKETD_INSPECT_BIN") or
            os.path.join(REPO, "build", "bucketd-inspect"))
+CLOCK_SHIM = (os.environ.get("BUCKETD_CLOCK_SHIM") or
+              os.path.join(REPO, "build", "tests", "clock_shim.so"))
 
 for _p in (HERE, os.path.dirname(HERE), os.path.join(REPO, "tools")):  # tests/: fault_proxy
     if _p not in sys.path:
@@ -91,6 +94,23 @@ def wait_for(cond, timeout, interval=0.05):
 
 _PLAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 _YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+
+
+def clock_shim_env(control=None):
+    """Environment for a daemon under the clock shim (tests/e2e/clock_shim.c): the wall clock
+    offset and the kernel's synchronisation status the file `control` holds ("<offset_ns>
+    <synced>"); without one, the real wall clock, reported synchronised whatever the test
+    machine's kernel says."""
+    if not os.path.exists(CLOCK_SHIM):
+        raise AssertionError("the clock shim is not built: %s (set BUCKETD_CLOCK_SHIM)"
+                             % CLOCK_SHIM)
+    env = {"LD_PRELOAD": CLOCK_SHIM}
+    if control is not None:
+        env["BD_CLOCK_SHIM_FILE"] = control
+    # ASan wants its runtime first in the library list; the shim comes before it here.
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    env["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "verify_asan_link_order=0"
+    return env
 
 
 def yaml_scalar(v):

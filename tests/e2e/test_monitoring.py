@@ -14,7 +14,8 @@
   scrapes): every metric name the rules and the dashboard use is in its scrape (histograms by
   their _bucket, _sum and _count), and so is every label value they match on; loaded into
   promtool as series, the scrapes give every dashboard query and recording rule some data, and
-  no alert fires on the healthy daemon. So renaming a metric, or a drop reason, fails here.
+  no alert fires on the healthy daemon (run under the clock shim, tests/e2e/clock_shim.c, which
+  reports its wall clock synchronised whether or not the test machine's is). So renaming a metric, or a drop reason, fails here.
 
 A PromQL selector here is found by a small lexer (selectors()), not by Prometheus's parser;
 promtool has parsed every expression first, and test_lexer pins what the lexer finds.
@@ -548,7 +549,8 @@ class RealScrape(bdtest.E2ECase):
         readings sent and written before each."""
         uri, client, db = self.new_database()
         port = bdtest.free_port()
-        d = self.daemon(uri, db, extra={"metrics": {"bind": "127.0.0.1:%d" % port}})
+        d = self.daemon(uri, db, extra={"metrics": {"bind": "127.0.0.1:%d" % port}},
+                        env=bdtest.clock_shim_env())
         d.start()
         texts, sent = [], 0
         for k in range(self.SCRAPES):

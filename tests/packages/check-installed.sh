@@ -10,7 +10,7 @@
 # must install them, not remove bucketd); then bucketd --version and --check-config of the
 # shipped config, the tools, the monitoring files, the man pages, the service neither enabled
 # nor started, systemd-analyze verify of the installed unit, its systemd-analyze security
-# exposure (at most 1.5), the sysctl drop-in and what the postinst did to net.core.rmem_max, a
+# exposure (at most 1.6), the sysctl drop-in and what the postinst did to net.core.rmem_max, a
 # reinstall that keeps an edited conffile, and a purge. "programs" (a root without systemd and man-db: the
 # arm64 one, where every package's scripts run under qemu) leaves out the man pages and the
 # unit's checks, which are the same files in every architecture's package.
@@ -123,11 +123,11 @@ if [ "$mode" = full ]; then
     fi
     systemd-analyze security --offline=true "$unit" >/tmp/security.log 2>&1 || true
     exposure="$(sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p' /tmp/security.log)"
-    if [ -n "$exposure" ] && awk -v e="$exposure" 'BEGIN { exit !(e <= 1.5) }'; then
-        ok "systemd-analyze security: exposure $exposure (at most 1.5)"
+    if [ -n "$exposure" ] && awk -v e="$exposure" 'BEGIN { exit !(e <= 1.6) }'; then
+        ok "systemd-analyze security: exposure $exposure (at most 1.6)"
     else
         tail -5 /tmp/security.log >&2
-        fail "systemd-analyze security: exposure '$exposure', more than 1.5"
+        fail "systemd-analyze security: exposure '$exposure', more than 1.6"
     fi
 
 fi

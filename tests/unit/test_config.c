@@ -267,6 +267,7 @@ Test(config, defaults) {
     cr_assert_eq(cfg.metrics.unhealthy_after_ms, 60000);
     cr_assert_eq(cfg.metrics.spool_high_water, 80);
     cr_assert_eq(cfg.metrics.silent_after_ms, 15 * 60000);
+    cr_assert_eq(cfg.time.wait_for_sync_ms, 600000);
     cr_assert_eq(cfg.log.level, BD_LOG_INFO);
     cr_assert_eq(cfg.limits.max_sensors, 100000);
     cr_assert_eq(cfg.limits.ring_size, 256);
@@ -317,7 +318,7 @@ Test(config, enum_names) {
 Test(config, unknown_key_lists_valid_keys) {
     expect_fail(LISTENER "bogus: 1\n", "4:1", "bogus",
                 "unknown key; valid keys here: writer_id, listeners, sink, mongodb, buckets, "
-                "flush, summaries, spool, metrics, log, limits");
+                "flush, summaries, spool, metrics, time, log, limits");
 }
 
 Test(config, summary_collection_defaults_to_the_collection_name_with_a_suffix) {
@@ -417,6 +418,9 @@ Test(config, out_of_bounds) {
         {"metrics:\n  spool_high_water: 101\n", "metrics.spool_high_water", "out of range"},
         {"metrics:\n  silent_after: 721h\n", "metrics.silent_after", "out of range"},
         {"metrics:\n  silent_after: 15\n", "metrics.silent_after", "is not a duration"},
+        {"time:\n  wait_for_sync: 169h\n", "time.wait_for_sync", "out of range (0 to 168h)"},
+        {"time:\n  wait_for_sync: 10\n", "time.wait_for_sync", "is not a duration"},
+        {"time:\n  wait_for_sync: -1s\n", "time.wait_for_sync", ""},
         {"writer_id: gw.example.com\n", "writer_id", "letters, digits"},
         {"writer_id: \"\"\n", "writer_id", "must not be empty"},
     };
@@ -699,7 +703,8 @@ Test(config, reload_merge_applies_reloadable_keys_and_names_the_others) {
                        "buckets:\n  max_late: 2h\n  retention: 720h\n  span: 15m\n"
                        "mongodb:\n  database: other\n  write_concern: \"1\"\n"
                        "  uri: \"mongodb://user:secret@db:27017/\"\n"
-                       "limits:\n  max_sensors: 10\n  memory: 1MiB\n",
+                       "limits:\n  max_sensors: 10\n  memory: 1MiB\n"
+                       "time:\n  wait_for_sync: 0\n",
               &next);
     cr_assert_eq(merge(&cur, &next, &out, &ch, &err), 0, "%s", err.msg);
     /* A URI may hold a password: its change is named, its value never shown. */
@@ -711,6 +716,7 @@ Test(config, reload_merge_applies_reloadable_keys_and_names_the_others) {
                               "buckets.retention|0|720h|applied\n"
                               "flush.interval|1s|2s|applied\n"
                               "flush.max_updates|1000|50|applied\n"
+                              "time.wait_for_sync|10m|0|applied\n"
                               "log.level|info|debug|applied\n"
                               "limits.max_sensors|100000|10|applied\n"
                               "limits.memory|64MiB|1MiB|restart\n");
@@ -721,6 +727,7 @@ Test(config, reload_merge_applies_reloadable_keys_and_names_the_others) {
     cr_assert_eq(out.buckets.retention_ms, UINT64_C(720) * 3600000);
     cr_assert_str_eq(out.mongodb.write_concern, "1");
     cr_assert_eq(out.limits.max_sensors, 10);
+    cr_assert_eq(out.time.wait_for_sync_ms, 0);
     /* Kept until a restart. */
     cr_assert_str_eq(out.mongodb.database, "telemetry");
     cr_assert_eq(out.buckets.span_ms, 3600000);

@@ -144,6 +144,7 @@ Test(metrics, families_are_well_formed) {
     struct bd_http_counters http = {.connections = 7, .rejected = 1};
     http.responses[0] = 6;
     v.http = &http;
+    v.clock = true;
     char *text = render(&v);
     char family[128] = "";
     int n_help = 0, n_type = 0;
@@ -341,6 +342,60 @@ Test(health, healthy_then_each_reason) {
     free(body);
     bd_health_eval(&v, &h);
     cr_assert_eq(h.n_reasons, 2);
+}
+
+/* The clock's state: gauges in /metrics, the state in /healthz, never a failure by itself. */
+Test(health, clock_state_is_shown_not_a_failure) {
+    struct bd_metrics_view v;
+    view_init(&v);
+    int status = 0;
+    char *text = render(&v);
+    cr_assert_eq(count_prefix(text, "bucketd_clock_"), 0, "no clock: nothing exported");
+    free(text);
+    char *body = health(&v, &status);
+    cr_assert_null(strstr(body, "clock"), "%s", body);
+    free(body);
+
+    v.clock = true;
+    v.clock_state = BD_CLOCK_WAITING;
+    v.clock_synchronized = false;
+    v.clock_steps = 0;
+    text = render(&v);
+    cr_assert_eq(count_lines(text, "# TYPE bucketd_clock_synchronized gauge"), 1, "%s", text);
+    cr_assert_eq(count_lines(text, "bucketd_clock_synchronized 0"), 1);
+    cr_assert_eq(count_lines(text, "bucketd_clock_trusted 0"), 1);
+    cr_assert_eq(count_lines(text, "# TYPE bucketd_clock_steps_total counter"), 1);
+    cr_assert_eq(count_lines(text, "bucketd_clock_steps_total 0"), 1);
+    cr_assert_eq(count_lines(text, "bucketd_healthy 1"), 1);
+    free(text);
+    body = health(&v, &status);
+    cr_assert_eq(status, 200, "%s", body);
+    cr_assert_not_null(strstr(body, "\"clock\":\"waiting\",\"clock_synchronized\":false"), "%s",
+                       body);
+    free(body);
+
+    v.clock_state = BD_CLOCK_TIMED_OUT;
+    v.clock_steps = 2;
+    text = render(&v);
+    cr_assert_eq(count_lines(text, "bucketd_clock_synchronized 0"), 1);
+    cr_assert_eq(count_lines(text, "bucketd_clock_trusted 1"), 1);
+    cr_assert_eq(count_lines(text, "bucketd_clock_steps_total 2"), 1);
+    free(text);
+    body = health(&v, &status);
+    cr_assert_not_null(strstr(body, "\"clock\":\"timeout\",\"clock_synchronized\":false"), "%s",
+                       body);
+    free(body);
+
+    v.clock_state = BD_CLOCK_SYNCED;
+    v.clock_synchronized = true;
+    text = render(&v);
+    cr_assert_eq(count_lines(text, "bucketd_clock_synchronized 1"), 1);
+    cr_assert_eq(count_lines(text, "bucketd_clock_trusted 1"), 1);
+    free(text);
+    body = health(&v, &status);
+    cr_assert_not_null(strstr(body, "\"clock\":\"synchronized\",\"clock_synchronized\":true"), "%s",
+                       body);
+    free(body);
 }
 
 Test(health, blackhole_sink_has_no_mongodb_reasons) {
