@@ -6,13 +6,16 @@
 #   bench/run.sh [--quick] [--build DIR] [--only LIST] [--outage SECONDS]
 #                [--writecost SECONDS] [--summary-hours N] [--no-netns]
 #
-#   --quick     reduced suite (short steps, fewer search steps, 10k instead of 100k sensors,
-#               no peers, a 30 s outage) that finishes in a few minutes; its report is not saved
+#   --quick     reduced suite that finishes in under a minute: short steps, fewer search steps
+#               and rounds, fewer sensors, the first idle-connection case, no peers, an outage
+#               until the spool holds records, no write-cost row (unless --only or --writecost
+#               names it); its report is not saved
 #   --build DIR Release build directory (default build-bench/ in the repository)
 #   --only LIST comma-separated subset:
 #               parser,udp,tcp,memory,latency,standin,peers,slowdb,replay,writecost,summaries,
 #               metrics,tls,idleconns,hostile,reboot
-#   --outage S  how long MongoDB is away before the replay row (default 600, --quick 30)
+#   --outage S  how long MongoDB is away before the replay row (default 600; --quick: until
+#               the spool holds records for 1 s) and the reboot row (default 600, --quick 30)
 #   --writecost S   how long the 1 Hz sensors of the write-cost row send (default 300,
 #               --quick 60)
 #   --summary-hours N   past hours of 1 Hz readings for the summaries row (default 48,
@@ -51,7 +54,7 @@ while [ $# -gt 0 ]; do
         --summary-hours) summary_hours=$2; shift ;;
         --summary-hours=*) summary_hours=${1#--summary-hours=} ;;
         --no-netns) netns=0 ;;
-        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift

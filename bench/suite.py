@@ -826,16 +826,26 @@ class Suite(object):
         self.standin = None
         self.t_start = time.monotonic()
         q = self.quick
-        self.step_s = 1.0 if q else 4.0
-        self.search_steps = 3 if q else 6
+        self.step_s = 0.5 if q else 4.0
+        # --quick checks that every part of the suite runs, in under a minute: the rows that
+        # take real time by their nature are shortened (2, 8, 9, 13, 14, 16) or, for the write
+        # cost row (11: 30 s flush.max_delay and 60 s summaries.interval before its readings
+        # show), left out unless asked for by --only or --writecost. The full suite keeps every
+        # row and every length.
+        self.search_steps = 2 if q else 6
         self.udp_sensors = 1000
         self.wamp_sensors = 20 if q else 100
         self.fields = 3
         # 8: steps of the search into a MongoDB that takes 1 s per bulk write.
-        self.slow_step_s = 5.0 if q else 20.0
-        self.slow_steps = 2 if q else 5
-        # 9: the outage before the replay (--outage; default 10 minutes, 30 s with --quick).
-        self.outage_s = args.outage if args.outage else (30.0 if q else 600.0)
+        self.slow_step_s = 3.0 if q else 20.0
+        self.slow_steps = 1 if q else 5
+        # 9: the outage before the replay (--outage; default 10 minutes); with --quick and no
+        # --outage it lasts until the spool has held records for 1 s (the daemon spools once a
+        # failed write meets the next batch: some 10 s into an outage), at most 60 s. And the
+        # live load after the replay.
+        self.outage_s = args.outage if args.outage else (60.0 if q else 600.0)
+        self.outage_until_spooled = q and not args.outage
+        self.replay_settle_s = 0.5 if q else 3.0
         # 10: {group: [disk_writes() of each daemon]} from the healthy-path rows.
         self.disk = {}
         # 11: 1 Hz sensors in real time for --writecost seconds (default 300, --quick 60).
@@ -843,7 +853,14 @@ class Suite(object):
         # second and averages a few percent of a core on this 2-core machine (the notes give
         # both for the run); the sender, also Python, sends 1000 datagrams a second.
         self.writecost_s = args.writecost if args.writecost else (60.0 if q else 300.0)
+        self.skip_writecost = q and not args.writecost and not (
+            self.only and 'writecost' in self.only)
         self.wc_sensors = 1000
+        # 16a: rounds of legitimate lines, alone and beside the hostile sensor, which flows
+        # hostile_lead_s before the first round; legit_gap_s between rounds.
+        self.legit_rounds = 1 if q else LEGIT_ROUNDS
+        self.hostile_lead_s = 1.0 if q else 5.0
+        self.legit_gap_s = 0.5 if q else 1.0
         # 12: past hours of one 1 Hz sensor (--summary-hours; default 48, --quick 6).
         self.summary_hours = args.summary_hours if args.summary_hours else (6 if q else 48)
 
@@ -874,7 +891,7 @@ class Suite(object):
     def fig_parser(self):
         args = [self.bin('bench_bench_parse')]
         if self.quick:
-            args += ['--lines', '50000', '--runs', '3', '--min-time', '0.15']
+            args += ['--lines', '50000', '--runs', '2', '--min-time', '0.15']
         p = self.procs.spawn('bench_parse', args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = p.communicate(timeout=300)
         self.procs.wait(p, 5)
@@ -899,7 +916,7 @@ class Suite(object):
                     pct(bratio), '>= 25% of memchr', met_ge(bratio, 0.25)))
         self.conditions.append('parser: best of %s runs per format, each >= %s s of whole '
                                'passes over the buffer' % (
-                                   '3' if self.quick else '7', '0.15' if self.quick else '0.3'))
+                                   '2' if self.quick else '7', '0.15' if self.quick else '0.3'))
 
     # -- 2. UDP ---------------------------------------------------------------------------
     def udp_trial(self, receiver, load, rate):
@@ -1103,6 +1120,9 @@ class Suite(object):
             figure = ('15. %d idle TCP connections, a %d-byte partial line each, '
                       'limits.max_line %s (memory growth)' % (n_conns, partial_len,
                                                               mib(max_line)))
+            if self.quick and (max_line, partial_len) != (64 * 1024, 100):
+                self.rows.append(Row(figure, 'not run: --quick', '', '', '', 'n/a'))
+                continue
             try:
                 before, after = self.idle_conns_at(n_conns, max_line, partial_len)
             except (BenchError, OSError) as e:
@@ -1202,7 +1222,7 @@ class Suite(object):
         si_ = self.get_standin()
         sensors = self.wamp_sensors
         per_sensor = 100
-        dur = 3.0 if self.quick else 12.0
+        dur = 1.5 if self.quick else 12.0
         proxy = Proxy(self, si_.port)
         port = free_port('udp')
         db = 'bench_wamp_%d' % port
@@ -1399,7 +1419,7 @@ class Suite(object):
         self.have_sim()
         if importlib.util.find_spec('pymongo') is None:
             raise BenchError('pymongo is not importable by %s' % PYTHON)
-        markers = 5 if self.quick else 20
+        markers = 2 if self.quick else 20
         light_rate = 5000
         # The stand-in is a Python server whose pace varies threefold between machines of this
         # kind (59% of a core at 277 k readings/s on one, 87% at 143 k on another, where every
@@ -1562,13 +1582,16 @@ class Suite(object):
                    default=None)
         # The same 1 s in front of the stand-in at the target rate: whether the stand-in, not
         # bucketd, is then the limit.
-        sfresh = StandIn(self)
-        try:
-            st_trial = self.slow_trial('standin', target, sfresh)
-        except BenchError as e:
-            st_trial = e
-        finally:
-            sfresh.stop()
+        # (--quick: left out.)
+        st_trial = BenchError('--quick') if self.quick else None
+        if st_trial is None:
+            sfresh = StandIn(self)
+            try:
+                st_trial = self.slow_trial('standin', target, sfresh)
+            except BenchError as e:
+                st_trial = e
+            finally:
+                sfresh.stop()
         if isinstance(st_trial, Exception):
             scell = 'not run: %s' % st_trial
         else:
@@ -1627,7 +1650,9 @@ class Suite(object):
             load = Load(sensors, self.fields, seed=17)
             k0 = read_snmp_udp()
             sim = start_sim(self, load.args(port, rate=rate, duration=self.outage_s + 3600))
-            time.sleep(3.0)  # healthy first
+            # Healthy first: the buckets' page look-ups of a fresh daemon done (a batch whose
+            # pages are unknown waits in memory, not in the spool).
+            time.sleep(3.0)
             fp.set('unlisten')
             t_out = time.monotonic()
             peak = (0, 0)  # (bytes under spool.dir, of which segment files)
@@ -1640,9 +1665,17 @@ class Suite(object):
                 samples.append((time.monotonic(), tot, seg))
                 return tot, seg
 
+            t_spooled = None
             while time.monotonic() - t_out < self.outage_s:
                 peak = max(peak, sample())
-                time.sleep(min(1.0, max(0.0, self.outage_s - (time.monotonic() - t_out))))
+                # The empty spool is one 32-byte segment header.
+                if t_spooled is None and samples[-1][2] > 32:
+                    t_spooled = samples[-1][0]
+                if self.outage_until_spooled and t_spooled is not None and \
+                        time.monotonic() - t_spooled >= 1.0:
+                    break
+                step = 0.2 if self.outage_until_spooled else 1.0
+                time.sleep(min(step, max(0.0, self.outage_s - (time.monotonic() - t_out))))
             fp.set('pass')
             t_back = time.monotonic()
             t_empty = None
@@ -1654,7 +1687,7 @@ class Suite(object):
                     t_empty = time.monotonic()
                     break
                 time.sleep(0.2)
-            time.sleep(3.0)  # a few live flushes after the replay
+            time.sleep(self.replay_settle_s)  # a few live flushes after the replay
             os.killpg(sim.pid, signal.SIGINT)
             res = finish_sim(self, sim, 30)
             sim = None
@@ -1707,12 +1740,16 @@ class Suite(object):
                     else 'the stand-in (tests/mongo_server.py)')
             figure = ('9. replay from the spool after a %s outage at 10 k readings/s, into %s '
                       '(readings/s while the spool drains)' % (
+                          'short (--quick: until the spool held records for 1 s)'
+                          if self.outage_until_spooled else
                           '%g min' % (outage / 60) if outage >= 60 else '%g s' % outage, what))
             try:
                 r = self.replay_run(target)
             except (BenchError, OSError) as e:
                 self.rows.append(not_run(figure, e))
                 continue
+            if self.outage_until_spooled:
+                figure = figure.replace('short', '%.1f s' % (r['t_back'] - r['t_out']), 1)
             st = r['st']
             drops = daemon_drops(st)
             self.note('9, replay into %s: outage %.0f s (fault_proxy unlisten, then pass); '
@@ -1757,12 +1794,15 @@ class Suite(object):
         self.conditions.append(
             'replay (row 9): default config, 100 sensors x 100 readings/s over UDP for the '
             'whole run; after 3 s tests/fault_proxy.py (between bucketd and count_proxy) '
-            'closes its listener for the outage (--outage, %g s in this run), then passes '
-            'again; replay rate = readings_spooled / (first write after the outage -> the '
+            'closes its listener for the outage (--outage, %s in this run), then passes '
+            'again, and the load goes on %g s after the spool is empty; replay rate = readings_spooled / (first write after the outage -> the '
             'write after the one that completes the spooled count, as count_proxy saw them: '
             'the spool is replayed before any live batch); peak = bytes of the files under '
             'spool.dir, polled every second; drained = that end, from the moment MongoDB came '
-            'back%s' % (outage, '; --quick: into the sink only' if self.quick else ''))
+            'back%s' % ('until the spool held records for 1 s, at most %g s (--quick)' % outage
+                        if self.outage_until_spooled else '%g s' % outage,
+                        self.replay_settle_s,
+                        '; --quick: into the sink only' if self.quick else ''))
 
     # -- 17. reboot during an outage (bench/reboot.py) ------------------------------------------
     def fig_reboot(self):
@@ -2546,8 +2586,8 @@ class Suite(object):
 
     def metrics_scrape(self):
         """13a: scrape time with 100 k sensors tracked."""
-        sensors = 10000 if self.quick else 100000
-        n = 50 if self.quick else 200
+        sensors = 2000 if self.quick else 100000
+        n = 20 if self.quick else 200
         port, mport = free_port('tcp'), free_port('tcp')
         figure = '13a. /metrics scrape time, %s sensors tracked (median of %d scrapes)' % (
             si(sensors), n)
@@ -2597,7 +2637,7 @@ class Suite(object):
         returns (accepted readings/s, scrapes)."""
         import threading
         conns = 3
-        dur = 1.5 if self.quick else 5.0
+        dur = 1.0 if self.quick else 5.0
         port, mport = free_port('tcp'), free_port('tcp')
         # A name (and directory) of its own per run: start() looks for "ready" in the log
         # file, which a previous daemon of the same name would still hold.
@@ -2728,7 +2768,7 @@ class Suite(object):
 
     def fig_tls(self):
         """14: TLS ingest rate against plain TCP, same sender, runs alternated."""
-        conns, rounds = 3, (2 if self.quick else 4)
+        conns, rounds = 3, (1 if self.quick else 4)
         dur = 1.5 if self.quick else 5.0
         # Row 3's kind of lines (1000 sensors, 3 fields, 47 bytes, arrival time), from a
         # sender both runs share: Python's sendall of one prepared buffer of a few MiB, so the sender
@@ -2779,8 +2819,8 @@ class Suite(object):
                                                                    rate=HOSTILE_RATE,
                                                                    duration=900),
                                     name='bucketd-sim hostile')
-                time.sleep(5.0)  # the hostile sensor is flowing first (the scenario)
-            for r in range(LEGIT_ROUNDS):
+                time.sleep(self.hostile_lead_s)  # the hostile sensor flows first (the scenario)
+            for r in range(self.legit_rounds):
                 t0 = time.monotonic()
                 run_sim(self, Load(10, 3, seed=3 + r, extra=['--seq', '--seq-start',
                                                               str(r * LEGIT_LINES)]).args(
@@ -2788,7 +2828,7 @@ class Suite(object):
                 if not wait_tcp_drained(port, timeout=300):
                     raise BenchError('the legitimate connection was not read to the end')
                 rates.append(LEGIT_LINES / (time.monotonic() - t0))
-                time.sleep(1.0)
+                time.sleep(self.legit_gap_s)
         finally:
             if hostile is not None:
                 hostile.terminate()
@@ -2803,7 +2843,7 @@ class Suite(object):
         figure = ('16a. %s legitimate TCP lines beside one hostile 32-field sensor (%s lines/s), '
                   'as a ratio of the same lines alone (into the stand-in, default limits; median '
                   'of %d rounds)' % (si(LEGIT_LINES), si(HOSTILE_RATE) if HOSTILE_RATE else
-                                     'flat out', LEGIT_ROUNDS))
+                                     'flat out', self.legit_rounds))
         try:
             alone, r0, st0 = self.hostile_legit_run('legit-alone', False)
             beside, r1, st1 = self.hostile_legit_run('legit-beside', True)
@@ -2817,15 +2857,15 @@ class Suite(object):
                   'flat out on a new connection, timed from its start until the daemon has read '
                   'its socket to the end (rounds alone: %s; beside: %s lines/s); the hostile '
                   'sensor is bucketd-sim, 1 sensor, 32 fields, %s on its own connection (another '
-                  'listener) from 5 s before the first round. The daemon paused the hostile '
+                  'listener) from %g s before the first round. The daemon paused the hostile '
                   'connection %d times (tcp_sensor_pauses) and accepted %d of its readings' % (
                       LEGIT_LINES, ', '.join(si(x) for x in r0), ', '.join(si(x) for x in r1),
                       '%d lines/s' % HOSTILE_RATE if HOSTILE_RATE else 'flat out',
-                      st1.get('tcp_sensor_pauses', 0),
+                      self.hostile_lead_s, st1.get('tcp_sensor_pauses', 0),
                       st1.get('readings_accepted', 0) - st0.get('readings_accepted', 0)))
 
     def hostile_flood(self):
-        names = 200000 if self.quick else 1000000
+        names = 20000 if self.quick else 1000000
         figure = ('16b. flood of %s new sensor names over UDP, default limits (peak RSS, VmHWM, '
                   'against limits.memory + limits.sensor_memory + idle)' % si(names))
         port = free_port('udp')
@@ -2884,6 +2924,11 @@ class Suite(object):
                 continue
             if key == 'peers' and self.quick:
                 self.rows.append(Row('7. peers', 'not run: --quick', '', '', '', 'n/a'))
+                continue
+            if key == 'writecost' and self.skip_writecost:
+                self.rows.append(Row('11. write cost and visibility (1 Hz sensors)',
+                                     'not run: --quick (--only writecost or --writecost S runs '
+                                     'it)', '', '', '', 'n/a'))
                 continue
             t0 = time.monotonic()
             log('--- %s' % names[key])
@@ -3095,8 +3140,8 @@ def main():
     ap.add_argument('--commit', default='', help='short commit of the measured code')
     ap.add_argument('--dirty', action='store_true', help='tracked files had changes')
     ap.add_argument('--outage', type=float, default=0.0,
-                    help='seconds MongoDB is away before the replay row (default 600, --quick '
-                    '30)')
+                    help='seconds MongoDB is away before the replay row (default 600; --quick: '
+                    'until the spool holds records for 1 s, at most 60)')
     ap.add_argument('--writecost', type=float, default=0.0,
                     help='seconds of 1 Hz load for the write-cost row (default 300, --quick 60)')
     ap.add_argument('--summary-hours', type=int, default=0,

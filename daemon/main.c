@@ -19,13 +19,18 @@ static void usage(FILE *out) {
             "UDP and TCP, stored in MongoDB as one document per sensor per time bucket.\n"
             "\n"
             "  -c, --config FILE   configuration file (YAML; see config/bucketd.yaml)\n"
-            "      --check-config  validate FILE and exit 0 (valid) or 1 (invalid)\n"
+            "      --check-config  validate FILE, and whether this host can bind the\n"
+            "                      addresses it names; exit 0 (valid) or 1 (invalid)\n"
             "      --version       print the version and exit\n"
             "  -h, --help          print this help and exit\n");
 }
 
 static void print_warning(void *arg, const char *msg) {
     fprintf(stderr, "bucketd: warning: %s\n", msg);
+}
+
+static void print_error(void *arg, const char *msg) {
+    fprintf(stderr, "bucketd: %s\n", msg);
 }
 
 static void log_warning(void *arg, const char *msg) {
@@ -76,6 +81,9 @@ int main(int argc, char **argv) {
     }
     if (check_only) {
         bd_config_warnings(&cfg, print_warning, NULL);
+        if (bd_config_check_binds(&cfg, print_error, NULL) > 0) {
+            return 1;
+        }
         printf("%s: configuration is valid\n", path);
         return 0;
     }

@@ -262,6 +262,10 @@ static int check_tls(struct loader *ld, const struct bd_listener_config *lc, con
     return 0;
 }
 
+static struct bd_config_pos pos_of(yaml_mark_t m) {
+    return (struct bd_config_pos){(uint32_t)m.line + 1, (uint32_t)m.column + 1};
+}
+
 static int walk_listener(struct loader *ld, yaml_node_t *item, uint32_t n) {
     struct bd_listener_config *lc = &ld->cfg->listeners[n];
     bool set[CONFIG_KEYS_MAX] = {false};
@@ -310,6 +314,8 @@ static int walk_listener(struct loader *ld, yaml_node_t *item, uint32_t n) {
         return fail(ld, mark[per_ip], key, "must not exceed max_connections (%" PRIu32 ")",
                     lc->max_connections);
     }
+    int bind_idx = config_schema_find(LISTENER_PREFIX "bind");
+    ld->cfg->at.listener_bind[n] = pos_of(mark[bind_idx]);
     for (uint32_t j = 0; j < n; j++) {
         const struct bd_listener_config *other = &ld->cfg->listeners[j];
         if (other->proto == lc->proto && same_addr(&other->addr, &lc->addr)) {
@@ -481,6 +487,10 @@ int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err) 
     rc = validate(ld, top);
     if (rc < 0) {
         goto out;
+    }
+    int metrics_bind = config_schema_find("metrics.bind");
+    if (ld->set[metrics_bind]) {
+        next->at.metrics_bind = pos_of(ld->mark[metrics_bind]);
     }
     *cfg = *next;
 out:

@@ -9,6 +9,7 @@
  *   sensors  lists the sensors of the summary collection by their newest bucket, oldest first;
  *            with --silent, only those whose newest bucket ended longer ago (a daemon that
  *            restarted no longer knows when its sensors last reported);
+ *   top      a live view of a running daemon from its /metrics (tools/inspect_top.c);
  *   dead-letter list|replay
  *            shows the updates MongoDB refused for good (<spool.dir>/dead-letter.jsonl, see
  *            include/bucketd/deadletter.h) and sends them again once the cause is fixed. Replay
@@ -46,6 +47,7 @@
 #include "bucketd/mongo.h"
 #include "bucketd/names.h"
 #include "bucketd/queries.h"
+#include "inspect_top.h"
 
 /* Documents per reply: pages hold up to max_readings readings, so keep batches modest. */
 #define BATCH_SIZE 64
@@ -66,6 +68,7 @@ static const char usage[] =
     "       bucketd-inspect [CONNECTION] sensors [--silent DURATION]\n"
     "       bucketd-inspect [CONNECTION] dead-letter list [--file PATH]\n"
     "       bucketd-inspect [CONNECTION] dead-letter replay [--file PATH] [--dry-run]\n"
+    "       bucketd-inspect [-c FILE] top [--metrics URL] [--interval DURATION] [--once]\n"
     "       bucketd-inspect --help | --version\n"
     "\n"
     "Reads the bucket documents bucketd stores in MongoDB, and the updates MongoDB refused.\n"
@@ -145,8 +148,24 @@ static const char usage[] =
     "  --dry-run             print each record's filter and update as they would be sent\n"
     "                        (canonical extended JSON) without connecting\n"
     "\n"
+    "top: a live view of a running daemon from its /metrics endpoint, redrawn every\n"
+    "interval: readings, lines, datagrams and bytes per second by protocol, the listeners\n"
+    "(connections, senders refused), drops by reason, buffer pool and spool use, MongoDB\n"
+    "reachable or not, writes per second and the bulk write latency (p50/p90/p99 from the\n"
+    "histogram, over the interval), sensors tracked and evicted. Rates are differences\n"
+    "between two scrapes. 'q' quits. An endpoint that does not answer is shown as an\n"
+    "error on the screen and asked again every interval. Needs no MongoDB.\n"
+    "  --metrics URL         http://HOST:PORT[/PATH] or HOST:PORT (path /metrics); default\n"
+    "                        the config file's metrics.bind (an address of 0.0.0.0 or [::]\n"
+    "                        is asked on loopback), else 127.0.0.1:9273\n"
+    "  --interval DURATION   between scrapes, 100ms to 1h (default 1s)\n"
+    "  --once                print one plain-text snapshot (two scrapes, an interval\n"
+    "                        apart) and exit; when stdout is not a terminal, top prints\n"
+    "                        such a snapshot every interval without --once\n"
+    "\n"
     "Exit status: 0 fine, 1 verify found problems, or dead-letter found unreadable lines or\n"
-    "records refused again, 2 bad usage, bad config or MongoDB unreachable.\n";
+    "records refused again, 2 bad usage, bad config, MongoDB unreachable, or (top) the\n"
+    "metrics endpoint not answering the first time (plain text) or at all (--once).\n";
 
 /*
  * Text from the documents (ids, names, values in messages) was sent by anyone who could reach
@@ -437,7 +456,8 @@ enum command {
     CMD_DL_LIST,
     CMD_DL_REPLAY,
     CMD_SUMMARIES_REBUILD,
-    CMD_SENSORS
+    CMD_SENSORS,
+    CMD_TOP
 };
 
 static const char *const command_names[] = {
@@ -448,6 +468,7 @@ static const char *const command_names[] = {
     [CMD_DL_REPLAY] = "dead-letter replay",
     [CMD_SUMMARIES_REBUILD] = "summaries rebuild",
     [CMD_SENSORS] = "sensors",
+    [CMD_TOP] = "top",
 };
 
 enum opt_id {
@@ -469,6 +490,9 @@ enum opt_id {
     OPT_DRY_RUN,
     OPT_SUMMARIES,
     OPT_SILENT,
+    OPT_METRICS,
+    OPT_INTERVAL,
+    OPT_ONCE,
     OPT_HELP,
     OPT_VERSION,
     N_OPTS
@@ -481,6 +505,7 @@ enum opt_id {
 #define FOR_DL_REPLAY (1u << CMD_DL_REPLAY)
 #define FOR_SUMMARIES (1u << CMD_SUMMARIES_REBUILD)
 #define FOR_SENSORS (1u << CMD_SENSORS)
+#define FOR_TOP (1u << CMD_TOP)
 
 static const struct opt_def {
     const char *name;
@@ -506,6 +531,9 @@ static const struct opt_def {
     [OPT_DRY_RUN] = {"--dry-run", NULL, false, FOR_DL_REPLAY},
     [OPT_SUMMARIES] = {"--summaries", NULL, false, FOR_VERIFY},
     [OPT_SILENT] = {"--silent", NULL, true, FOR_SENSORS},
+    [OPT_METRICS] = {"--metrics", NULL, true, FOR_TOP},
+    [OPT_INTERVAL] = {"--interval", NULL, true, FOR_TOP},
+    [OPT_ONCE] = {"--once", NULL, false, FOR_TOP},
     [OPT_HELP] = {"--help", "-h", false, FOR_ANY},
     [OPT_VERSION] = {"--version", NULL, false, FOR_ANY},
 };
@@ -601,9 +629,11 @@ static int parse_args(int argc, char **argv, struct options *o) {
                 summaries = true;
             } else if (strcmp(a, "sensors") == 0) {
                 o->cmd = CMD_SENSORS;
+            } else if (strcmp(a, "top") == 0) {
+                o->cmd = CMD_TOP;
             } else {
-                return bad_usage("unknown command '%s' (buckets, verify, summaries, sensors or "
-                                 "dead-letter)",
+                return bad_usage("unknown command '%s' (buckets, verify, summaries, sensors, "
+                                 "dead-letter or top)",
                                  a);
             }
             continue;
@@ -637,7 +667,8 @@ static int parse_args(int argc, char **argv, struct options *o) {
         return bad_usage("summaries needs a command (rebuild)");
     }
     if (o->cmd == CMD_NONE) {
-        return bad_usage("no command given (buckets, verify, summaries, sensors or dead-letter)");
+        return bad_usage("no command given (buckets, verify, summaries, sensors, dead-letter "
+                         "or top)");
     }
     for (int k = 0; k < N_OPTS; k++) {
         if (o->given[k] && opt_defs[k].cmds != FOR_ANY && !(opt_defs[k].cmds & (1u << o->cmd))) {
@@ -2720,6 +2751,41 @@ out:
 /* ---------------------------------------------------------------------------------------- */
 /* Main                                                                                     */
 
+/* top needs no MongoDB: the endpoint is --metrics, else the config's (or the default)
+ * metrics.bind, the way the other commands take their settings. */
+static int cmd_top(const struct options *o) {
+    static struct bd_config cfg;
+    struct bd_err err = {0};
+    struct bd_top_options t = {.interval_ms = 1000, .once = o->given[OPT_ONCE]};
+    if (o->given[OPT_INTERVAL] &&
+        (bd_parse_duration_ms(o->value[OPT_INTERVAL], &t.interval_ms) < 0 || t.interval_ms < 100 ||
+         t.interval_ms > BD_MS_PER_H)) {
+        return bad_usage("--interval: '%s' is not a duration from 100ms to 1h",
+                         o->value[OPT_INTERVAL]);
+    }
+    if (o->given[OPT_METRICS]) {
+        t.target = o->value[OPT_METRICS];
+        return bd_top_run(&t);
+    }
+    if (o->given[OPT_CONFIG]) {
+        if (bd_config_load(&cfg, o->value[OPT_CONFIG], &err) < 0) {
+            fprintf(stderr, "bucketd-inspect: %s\n", err.msg);
+            return EXIT_USAGE;
+        }
+    } else {
+        bd_config_defaults(&cfg);
+    }
+    if (cfg.metrics.bind[0] == '\0') {
+        fprintf(stderr,
+                "bucketd-inspect: top: %s sets metrics.bind to \"\": the daemon serves no "
+                "/metrics to read (set it, or give --metrics)\n",
+                cfg.path);
+        return EXIT_USAGE;
+    }
+    t.target = cfg.metrics.bind;
+    return bd_top_run(&t);
+}
+
 int main(int argc, char **argv) {
     static struct bd_config cfg;
     struct options o = {0};
@@ -2732,6 +2798,9 @@ int main(int argc, char **argv) {
     int rc = parse_args(argc, argv, &o);
     if (rc != 0) {
         return rc < 0 ? 0 : rc;
+    }
+    if (o.cmd == CMD_TOP) {
+        return cmd_top(&o);
     }
     if (resolve_settings(&o, &cfg, &s, &err) < 0) {
         fprintf(stderr, "bucketd-inspect: %s\n", err.msg);

@@ -39,6 +39,9 @@ PACKAGES=(
   python3-yaml
   # mount(8): the spool's full-filesystem tests mount a small tmpfs (not in a minimal root)
   mount
+  # tests/e2e/test_top.py runs bucketd-inspect top on a terminal: tmux gives it one and reads
+  # the screen back (capture-pane)
+  tmux
   # promtool checks a real /metrics scrape (tests/e2e/test_metrics.py) and the shipped rules and
   # dashboard (tests/e2e/test_monitoring.py, tests/prometheus/); Debian ships it in the
   # prometheus package (19 MB download, 96 MB installed, a few seconds). The tests use only

@@ -124,7 +124,9 @@ check_deb() { # deb, arch
     rm -rf "$tmp"
     # Installing must neither enable nor start the service (README, "Building and installing").
     local postinst
-    postinst="$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst | grep -v '^[[:space:]]*#')"
+    # (Comments and here-documents left out: the first-run message names the command to run.)
+    postinst="$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst | grep -v '^[[:space:]]*#' |
+        sed '/<<-*EOF$/,/^[[:space:]]*EOF$/d')"
     if echo "$postinst" | grep -Eq 'deb-systemd-invoke +(start|restart)|systemctl +(start|enable)'; then
         fail "the postinst starts or enables the service"
     else

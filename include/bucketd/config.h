@@ -28,6 +28,12 @@ enum bd_format { BD_FORMAT_INFLUX = 0, BD_FORMAT_GRAPHITE };
 enum bd_precision { BD_PREC_NS = 0, BD_PREC_US, BD_PREC_MS, BD_PREC_S };
 enum bd_sink { BD_SINK_MONGODB = 0, BD_SINK_BLACKHOLE };
 
+/* Where a value was written in the file (1-based line and column); 0 when it was not (its
+ * default). For messages about a value that only fails on this host (bd_config_check_binds). */
+struct bd_config_pos {
+    uint32_t line, col;
+};
+
 struct bd_listener_config {
     enum bd_proto proto;
     char bind[128];               /* as written: "host:port" or "[v6]:port" */
@@ -133,6 +139,13 @@ struct bd_config {
         uint64_t sensor_memory;  /* sensor state, default 64 MiB; 0: unbounded (tests) */
         uint64_t sensor_idle_ms; /* evict sensors silent this long, default 1h; 0 = never */
     } limits;
+
+    /* Where the addresses were written in the file, for bd_config_check_binds; not settings
+     * (apart from the listeners, whose structs compare equal between two files). */
+    struct {
+        struct bd_config_pos listener_bind[BD_MAX_LISTENERS]; /* by index in the file */
+        struct bd_config_pos metrics_bind;                    /* 0: the default */
+    } at;
 };
 
 /* spool.when_full (the same values as spool.h's enum bd_spool_full). */
@@ -167,6 +180,18 @@ int bd_config_load(struct bd_config *cfg, const char *path, struct bd_err *err);
  */
 typedef void (*bd_config_warn_cb)(void *arg, const char *msg);
 void bd_config_warnings(const struct bd_config *cfg, bd_config_warn_cb cb, void *arg);
+
+/*
+ * Whether each address the configuration binds (every listener's bind, metrics.bind) can be
+ * bound on this host, tried with bind(2) on a socket of the listener's type at the same
+ * address with port 0: an address no interface holds (a placeholder, another host's) fails
+ * with EADDRNOTAVAIL, while the configured port may be held by the running daemon itself (a
+ * file checked before a reload or a restart) without failing the check. A port held by
+ * another program is therefore found only at start. cb is called once per address that
+ * cannot be bound, with "FILE:LINE:COL: KEY: message" (FILE: KEY for a default); returns how
+ * many there were.
+ */
+int bd_config_check_binds(const struct bd_config *cfg, bd_config_warn_cb cb, void *arg);
 
 /*
  * Print the effective config as YAML that bd_config_load reads back to the same values, except
