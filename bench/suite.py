@@ -2925,6 +2925,11 @@ class Suite(object):
             if key == 'peers' and self.quick:
                 self.rows.append(Row('7. peers', 'not run: --quick', '', '', '', 'n/a'))
                 continue
+            if key == 'reboot' and self.quick and (self.only is None or 'reboot' not in self.only):
+                self.rows.append(Row('17. reboot during an outage',
+                                     'not run: --quick (--only reboot runs it)', '', '', '',
+                                     'n/a'))
+                continue
             if key == 'writecost' and self.skip_writecost:
                 self.rows.append(Row('11. write cost and visibility (1 Hz sensors)',
                                      'not run: --quick (--only writecost or --writecost S runs '

@@ -65,9 +65,8 @@ static bool ensure_client(struct mongo_store *m) {
  * $merge needs it). Idempotent: createIndexes with an existing identical index is a no-op on the
  * server.
  */
-static bool create_index(struct mongo_store *m, const char *coll, bool unique) {
+static bool create_index(struct mongo_store *m, const char *coll, bool unique, bson_error_t *berr) {
     bson_t cmd, indexes, idx, key, reply;
-    bson_error_t berr;
     bson_init(&cmd);
     BSON_APPEND_UTF8(&cmd, "createIndexes", coll);
     BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &indexes);
@@ -83,12 +82,12 @@ static bool create_index(struct mongo_store *m, const char *coll, bool unique) {
     bson_append_document_end(&indexes, &idx);
     bson_append_array_end(&cmd, &indexes);
     mongoc_database_t *db = mongoc_client_get_database(m->client, m->database);
-    bool ok = mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr);
+    bool ok = mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, berr);
     if (ok) {
         bd_info("indexes ready on %s.%s", m->database, coll);
     } else if (bd_ratelimit_ok(&m->index_log, bd_mono_ns())) {
         bd_error("cannot create indexes on %s.%s (will retry): %s", m->database, coll,
-                 berr.message);
+                 berr->message);
     }
     mongoc_database_destroy(db);
     bson_destroy(&reply);
@@ -127,17 +126,36 @@ static void ensure_ttl(struct mongo_store *m, const char *coll, const char *key,
     }
 }
 
-static void ensure_indexes(struct mongo_store *m) {
+/* No server could be selected or reached: every other call would wait as long and fail too. */
+static bool unreachable(const bson_error_t *e) {
+    return e->domain == MONGOC_ERROR_SERVER_SELECTION || e->domain == MONGOC_ERROR_STREAM;
+}
+
+/*
+ * The indexes and TTL indexes, each until it succeeds once. false (error set) when MongoDB
+ * cannot be reached: the caller's write would only wait a server-selection timeout more to fail
+ * the same way (a start while MongoDB is away must not spend several timeouts here before its
+ * first failure, when the batches go to the spool). Any other failure is logged and retried at
+ * the next prepare without holding the writes back.
+ */
+static bool ensure_indexes(struct mongo_store *m, bson_error_t *error) {
     if (!m->indexes_ok) {
-        m->indexes_ok = create_index(m, m->collection, false);
+        m->indexes_ok = create_index(m, m->collection, false, error);
+        if (!m->indexes_ok && unreachable(error)) {
+            return false;
+        }
     }
     if (!m->summary_index_ok && m->summaries_on) {
-        m->summary_index_ok = create_index(m, m->summary_coll, true);
+        m->summary_index_ok = create_index(m, m->summary_coll, true, error);
+        if (!m->summary_index_ok && unreachable(error)) {
+            return false;
+        }
     }
     ensure_ttl(m, m->collection, "buckets.retention", &m->pages_ttl);
     if (m->summaries_on) {
         ensure_ttl(m, m->summary_coll, "summaries.retention", &m->summary_ttl);
     }
+    return true;
 }
 
 /* A new wanted value is tried at the next prepare, whatever failed before. */
@@ -155,8 +173,7 @@ static bool m_prepare(struct bd_store *st, bson_error_t *error) {
                        "no client available from the pool");
         return false;
     }
-    ensure_indexes(m);
-    return true;
+    return ensure_indexes(m, error);
 }
 
 static bool m_bulk_upsert(struct bd_store *st, const bson_t *const *selectors,
@@ -249,7 +266,10 @@ static bool m_refresh_summaries(struct bd_store *st, const struct bd_page_key *k
     struct mongo_store *m = (struct mongo_store *)st;
     bson_t pipeline, opts;
     const bson_t *doc;
-    ensure_indexes(m); /* $merge on sensor_id, bucket_start needs the unique index */
+    /* $merge on sensor_id, bucket_start needs the unique index */
+    if (!ensure_indexes(m, error)) {
+        return false;
+    }
     bd_queries_summaries_pipeline(keys, n, NULL, m->summary_coll, &pipeline);
     bson_init(&opts);
     mongoc_write_concern_append(m->wc, &opts);
