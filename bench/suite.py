@@ -436,7 +436,10 @@ class Bucketd(object):
         lines += ['spool:', '  dir: %s' % yaml_str(self.spool_dir),
                   'metrics:', '  bind: "%s"' % (
                       '127.0.0.1:%d' % metrics_port if metrics_port else ''),
-                  'log:', '  level: info']
+                  'log:', '  level: info',
+                  # The machine's clock is taken as it is (its kernel may call it
+                  # unsynchronised): readings are never held for the clock here.
+                  'time:', '  wait_for_sync: 0s']
         limits = []
         if memory:
             limits.append('  memory: %s' % memory)

@@ -168,6 +168,7 @@ static void start_watchdog(struct daemon *d) {
 static void on_clock_timer(uv_timer_t *t) {
     struct daemon *d = t->data;
     bd_clock_poll(d->clock);
+    bd_ingest_clock_tick(d->ingest); /* hold lines while it is not trusted, release once it is */
 }
 
 /*
@@ -249,6 +250,10 @@ int bd_daemon_run(const struct bd_config *cfg) {
         bd_error("%s", err.msg);
         goto out;
     }
+    if (bd_ingest_set_clock(d->ingest, d->clock, cfg, &err) < 0) {
+        bd_error("%s", err.msg);
+        goto out;
+    }
     if (bd_metrics_new(&d->metrics, &d->loop, cfg, &d->stats, d->table, d->ingest, &err) < 0) {
         bd_error("%s", err.msg);
         goto out;
@@ -294,7 +299,9 @@ int bd_daemon_run(const struct bd_config *cfg) {
     sd_notify(0, "READY=1\nSTATUS=ready");
     uv_run(&d->loop, UV_RUN_DEFAULT);
 
-    /* Every listener is closed: the rings hold all that was accepted. */
+    /* Every listener is closed: the rings hold all that was accepted, and the hold what waits
+     * for the clock (released into the rings first if it is trusted now, else saved). */
+    bd_ingest_save_held(d->ingest);
     bd_flusher_stop(d->flusher, d->stop_deadline);
     uint64_t unread = BD_STAT_GET(&d->stats, tcp_unread_at_stop);
     if (unread > 0) {

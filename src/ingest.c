@@ -30,6 +30,7 @@
 
 #include "bucketd/log.h"
 #include "ingest_core.h"
+#include "ingest_hold.h"
 #include "kstats_int.h"
 #include "tcp.h"
 #include "tcp_tls.h"
@@ -177,6 +178,23 @@ out:
         bd_ingest_free(in);
     }
     return rc;
+}
+
+int bd_ingest_set_clock(struct bd_ingest *in, const struct bd_clock *clock,
+                        const struct bd_config *cfg, struct bd_err *err) {
+    return ingest_hold_open(in, clock, cfg, err);
+}
+
+void bd_ingest_clock_tick(struct bd_ingest *in) {
+    if (in != NULL) {
+        ingest_hold_tick(in);
+    }
+}
+
+void bd_ingest_save_held(struct bd_ingest *in) {
+    if (in != NULL) {
+        ingest_hold_save(in);
+    }
 }
 
 void bd_ingest_set_udp_stop_drain(struct bd_ingest *in, int64_t ns) {

@@ -61,6 +61,16 @@ static void destroy(struct bd_ingest *in) {
         ingest_listener_release(&in->listeners[i]);
     }
     free(in->listeners);
+    for (int f = 0; f < 2; f++) {
+        for (int p = 0; p < 4; p++) {
+            if (in->hold_parser_ok[f][p]) {
+                bd_parser_close(&in->hold_parsers[f][p]);
+            }
+        }
+    }
+    bd_hold_free(in->hold);
+    free(in->hold_point);
+    free(in->spool_dir);
     free(in);
 }
 
@@ -244,6 +254,23 @@ static int line_result(struct listener *l, int rc, const char *errmsg, struct bd
         }
         ingest_sample_bad_line(l, peer, errmsg != NULL ? errmsg : parse_reason(rc), line.ptr,
                                line.len);
+        return 0;
+    }
+    if (in->holding) {
+        /* The wall clock cannot be trusted yet: the line waits in the hold with the boot time of
+         * its arrival, to be stamped and judged once it can (ingest_hold.c). */
+        struct bd_hold_line held = {.format = (uint8_t)l->cfg.format,
+                                    .precision = (uint8_t)l->cfg.precision,
+                                    .kind = BD_HOLD_BOOT,
+                                    .stamp_ns = bd_clock_boot_ns(in->clock),
+                                    .line = line.ptr,
+                                    .len = line.len};
+        if (bd_hold_add(in->hold, &held) == 0) {
+            BD_STAT_ADD(in->stats, readings_held, 1);
+        } else {
+            BD_STAT_ADD(in->stats, drop_clock_hold_full, 1);
+        }
+        BD_STAT_ADD(in->stats, lines, 1);
         return 0;
     }
     /* Every refusal (time window, names, limits, pool full) is counted by the table itself,

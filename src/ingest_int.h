@@ -17,9 +17,12 @@
  *   kstats.c       the kernel's UDP counters (src/kstats_int.h; parsers in
  *                  include/bucketd/kstats.h): its own buffers and timer, the sockets to look
  *                  for asked of ingest.c through a callback
+ *   ingest_hold.c  lines held while the wall clock is not trusted (src/ingest_hold.h, hold.h):
+ *                  the clock's state at each poll, the release of held lines once it is trusted,
+ *                  their save at the stop and load at the start
  *   ingest_core.c  the core under all of them (src/ingest_core.h): listener slots and the
- *                  lifetime of every uv handle, lines to the parser and the sensor table, bad
- *                  line samples, allow refusals, address formatting
+ *                  lifetime of every uv handle, lines to the parser and the sensor table (or to
+ *                  the hold), bad line samples, allow refusals, address formatting
  *
  * Threads: everything in these files runs on the ingest thread, the one that owns the uv loop
  * handed to bd_ingest_new(); there are no locks, and no atomics apart from the stats counters.
@@ -33,6 +36,8 @@
 #include <uv.h>
 
 #include "bucketd/allow.h"
+#include "bucketd/clock.h"
+#include "bucketd/hold.h"
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
 #include "bucketd/parse.h"
@@ -131,6 +136,18 @@ struct bd_ingest {
     bd_ingest_stopped_cb stopped_cb;
     void *stopped_arg;
     bool released; /* the owner let go; destroy once open_handles reaches 0 */
+
+    /* The clock's hold (ingest_hold.c): while the wall clock is not trusted (holding), parsed
+     * lines go to the hold with their arrival's boot time instead of to the sensor table. */
+    const struct bd_clock *clock; /* NULL: the clock is always trusted (unit tests) */
+    struct bd_hold *hold;
+    bool holding;
+    bool unsynced_logged;                /* readings_stamped_unsynced's log line, once a wait */
+    struct bd_parser hold_parsers[2][4]; /* per format and precision, made on first use */
+    bool hold_parser_ok[2][4];
+    struct bd_point *hold_point;
+    char *spool_dir; /* where held.lines is saved at the stop */
+    char boot_id[40];
 };
 
 #endif

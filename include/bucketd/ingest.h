@@ -49,6 +49,19 @@ typedef void (*bd_ingest_stopped_cb)(void *arg);
 void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg);
 
 /*
+ * The wall clock's trust (clock.h): while it is not trusted, parsed lines are held (hold.h)
+ * instead of accepted, and released, stamped and judged at their true wall time, once it is.
+ * set_clock takes back the lines an earlier stop saved in spool.dir; clock_tick follows the
+ * clock after each of the owner's polls; save_held, at the stop (after the loop), saves what is
+ * still held. Without set_clock every line is accepted at once (the clock always trusted).
+ */
+struct bd_clock;
+int bd_ingest_set_clock(struct bd_ingest *in, const struct bd_clock *clock,
+                        const struct bd_config *cfg, struct bd_err *err);
+void bd_ingest_clock_tick(struct bd_ingest *in);
+void bd_ingest_save_held(struct bd_ingest *in);
+
+/*
  * How long a stop may spend reading out what a UDP socket buffer still holds (default 500 ms;
  * tests shorten it). Datagrams still queued after it are discarded and counted in
  * udp_unread_at_stop.

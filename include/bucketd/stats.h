@@ -47,6 +47,10 @@
     X(drop_field_limit, "lines dropped: sensor already has BD_SENSOR_MAX_FIELDS fields")   \
     X(drop_too_old, "lines dropped: timestamp older than buckets.max_late")               \
     X(drop_too_new, "lines dropped: timestamp further ahead than buckets.max_future")      \
+    X(readings_held, "lines held while the wall clock was not trusted (time.wait_for_sync)") \
+    X(drop_clock_hold_full, "lines dropped: the clock's hold was full (limits.memory / 4)") \
+    X(readings_stamped_unsynced,                                                             \
+      "held lines stamped and judged with an unsynchronised clock (wait bound, or a reboot)") \
     X(drop_buffer_full, "readings dropped: the buffer pool (half of limits.memory) was full") \
     X(drop_sensor_limit, "readings dropped: limits.max_sensors reached")                   \
     X(drop_sensor_memory, "readings dropped: a new sensor or field name past limits.sensor_memory") \

@@ -354,6 +354,10 @@ class Daemon:
             "spool": {"dir": os.path.join(workdir, "spool")},
             "metrics": {"bind": ""},
             "log": {"level": "info"},
+            # The wall clock trusted at once: these tests stamp readings with the test machine's
+            # clock, which its kernel may call unsynchronised (a container, a host without NTP);
+            # test_clock.py and test_clock_hold.py play the clock and set the key themselves.
+            "time": {"wait_for_sync": "0s"},
             # The default limits.memory (64 MiB): these tests check correctness, not overload.
         }
         self.config = deep_merge(cfg, extra)
