@@ -208,6 +208,7 @@ void bd_flusher_free(struct bd_flusher *f) {
     bd_batch_close(&f->batch);
     bd_batch_close(&f->fill);
     flusher_writer_chunk_free(f);
+    bd_writer_set_lost_at_stop(f->writer.state, BD_STAT_GET(f->stats, readings_lost));
     bd_writer_close(f->writer.state, f->clean_stop);
     bd_deadletter_close(f->dead);
     flusher_spool_close(f);

@@ -41,6 +41,12 @@
 
 static void report_previous_run(const struct bd_flusher *f) {
     const struct bd_writer_prev *p = bd_writer_previous(f->writer.state);
+    BD_GAUGE_SET(f->stats, previous_stop_readings_lost, p->lost_at_stop);
+    if (p->lost_at_stop > 0) {
+        bd_warn("the previous stop of writer %s gave up %" PRIu64
+                " readings (readings_lost; its log says why)",
+                p->writer_id, p->lost_at_stop);
+    }
     if (!p->found) {
         bd_info("no writer state in %s: the flush sequence of writer %s will be read from the "
                 "bucket documents before the first write",

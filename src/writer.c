@@ -30,7 +30,8 @@ struct bd_writer {
     uint64_t reserved; /* first sequence not covered by the synced reservation */
     int64_t max_bucket_start_ms;
     int64_t last_ack_ms;
-    int64_t saved_ack_ms; /* last_ack_ms as the file holds it */
+    int64_t saved_ack_ms;  /* last_ack_ms as the file holds it */
+    uint64_t lost_at_stop; /* readings the stop lost, saved by the closing write */
     struct bd_writer_prev prev;
     struct bd_ratelimit save_log;
 };
@@ -38,13 +39,18 @@ struct bd_writer {
 static int parse_state(const char *text, struct bd_writer_prev *p) {
     char id[128] = "";
     unsigned version = 0;
-    uint64_t reserved = 0;
+    uint64_t reserved = 0, lost = 0;
     int64_t max_start = 0, last_ack = 0;
-    int clean = 0, pos = 0;
+    int clean = 0, pos = 0, more = 0;
     int n = sscanf(text,
                    "bucketd-writer %u\nwriter_id %127s\nreserved %" SCNu64
                    "\nmax_bucket_start_ms %" SCNd64 "\nlast_ack_ms %" SCNd64 "\nclean %d\n%n",
                    &version, id, &reserved, &max_start, &last_ack, &clean, &pos);
+    /* Since the stop's losses are kept: one more line (files without it are read as 0). */
+    if (n == 6 && pos > 0 && text[pos] != '\0' &&
+        sscanf(text + pos, "lost_at_stop %" SCNu64 "\n%n", &lost, &more) == 1 && more > 0) {
+        pos += more;
+    }
     if (n != 6 || version != 1 || pos == 0 || text[pos] != '\0' || reserved == 0 ||
         (clean != 0 && clean != 1)) {
         return -EINVAL;
@@ -54,6 +60,7 @@ static int parse_state(const char *text, struct bd_writer_prev *p) {
     p->reserved = reserved;
     p->max_bucket_start_ms = max_start;
     p->last_ack_ms = last_ack;
+    p->lost_at_stop = lost;
     snprintf(p->writer_id, sizeof(p->writer_id), "%s", id);
     return 0;
 }
@@ -86,11 +93,12 @@ static int read_state(struct bd_writer *w, struct bd_err *err) {
 /* Replace writer.state with the current values, durable before returning. */
 static int save_state(struct bd_writer *w, bool clean, struct bd_err *err) {
     char buf[512];
-    int len =
-        snprintf(buf, sizeof(buf),
-                 "bucketd-writer 1\nwriter_id %s\nreserved %" PRIu64
-                 "\nmax_bucket_start_ms %" PRId64 "\nlast_ack_ms %" PRId64 "\nclean %d\n",
-                 w->writer_id, w->reserved, w->max_bucket_start_ms, w->last_ack_ms, clean ? 1 : 0);
+    int len = snprintf(buf, sizeof(buf),
+                       "bucketd-writer 1\nwriter_id %s\nreserved %" PRIu64
+                       "\nmax_bucket_start_ms %" PRId64 "\nlast_ack_ms %" PRId64
+                       "\nclean %d\nlost_at_stop %" PRIu64 "\n",
+                       w->writer_id, w->reserved, w->max_bucket_start_ms, w->last_ack_ms,
+                       clean ? 1 : 0, clean ? w->lost_at_stop : 0);
     BD_ASSERT(len > 0 && (size_t)len < sizeof(buf));
     return bd_replace_file(w->dir, w->state_path, w->tmp_path, buf, (size_t)len, 0640, err);
 }
@@ -232,6 +240,12 @@ void bd_writer_acked(struct bd_writer *w, int64_t now_ms, int64_t max_start_ms) 
 
 int64_t bd_writer_max_bucket_start(const struct bd_writer *w) {
     return w->max_bucket_start_ms;
+}
+
+void bd_writer_set_lost_at_stop(struct bd_writer *w, uint64_t lost) {
+    if (w != NULL) {
+        w->lost_at_stop = lost;
+    }
 }
 
 void bd_writer_close(struct bd_writer *w, bool clean) {

@@ -101,7 +101,8 @@
     X(spool_segments, "spool segment files")                                                \
     X(spool_readings, "readings in the spool not yet replayed (of the segments read so far)")  \
     X(summary_buckets_pending, "buckets whose summary document waits for its refresh")      \
-    X(oldest_pending_age_ms, "age of the oldest reading accepted and not yet written (ms)")
+    X(oldest_pending_age_ms, "age of the oldest reading accepted and not yet written (ms)")  \
+    X(previous_stop_readings_lost, "readings the previous run's stop gave up (its readings_lost)")
 /* clang-format on */
 
 /*

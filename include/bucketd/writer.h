@@ -83,7 +83,8 @@ struct bd_writer_prev {
     uint64_t reserved; /* sequences below this may have been used */
     int64_t max_bucket_start_ms;
     int64_t last_ack_ms;
-    char writer_id[128]; /* "" if none */
+    uint64_t lost_at_stop; /* readings the previous (clean) stop gave up (readings_lost) */
+    char writer_id[128];   /* "" if none */
 };
 
 /*
@@ -123,6 +124,10 @@ void bd_writer_acked(struct bd_writer *w, int64_t now_ms, int64_t max_start_ms);
 
 /* Largest bucket start this writer id has written, across runs. */
 int64_t bd_writer_max_bucket_start(const struct bd_writer *w);
+
+/* What the stop lost (readings_lost), kept by the closing write for the next start to export
+ * (bucketd_previous_stop_readings_lost). */
+void bd_writer_set_lost_at_stop(struct bd_writer *w, uint64_t lost);
 
 /* Record a clean (or not) stop, sync, unlock and free. NULL is a no-op. */
 void bd_writer_close(struct bd_writer *w, bool clean);

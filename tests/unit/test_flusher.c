@@ -706,6 +706,13 @@ Test(flusher, an_unreachable_server_at_the_deadline_loses_what_cannot_be_spooled
     cr_assert_eq(STAT(readings_lost), (uint64_t)sent);
     cr_assert_eq(STAT(updates_sent), 0, "nothing reached the server");
     cr_assert_eq(STAT(bulk_writes), 0);
+    /* The next start exports what this stop lost (the alert BucketdStopLostReadings), and the
+     * one after a stop that lost nothing exports 0. */
+    restart();
+    cr_assert_eq(STAT(previous_stop_readings_lost), (uint64_t)sent);
+    cr_assert_eq(bd_flusher_abandon(flusher), 0);
+    restart();
+    cr_assert_eq(STAT(previous_stop_readings_lost), 0);
 }
 
 /*

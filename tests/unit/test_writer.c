@@ -517,3 +517,38 @@ Test(writer, a_failed_fsync_keeps_the_old_state_file_and_is_reported) {
     watch_fsyncs("");
     bd_writer_close(w, true);
 }
+
+Test(writer, what_a_clean_stop_lost_is_read_back_and_a_crash_reads_as_none) {
+    struct bd_writer *w = open_ok("spool");
+    bd_writer_set_lost_at_stop(w, 42);
+    bd_writer_close(w, true);
+    w = open_ok("spool");
+    cr_assert_eq(bd_writer_previous(w)->lost_at_stop, 42);
+    bd_writer_set_lost_at_stop(w, 7);
+    bd_writer_close(w, false); /* not a clean stop: its count says nothing */
+    w = open_ok("spool");
+    cr_assert_eq(bd_writer_previous(w)->lost_at_stop, 0);
+    bd_writer_close(w, true);
+    w = open_ok("spool");
+    cr_assert_eq(bd_writer_previous(w)->lost_at_stop, 0, "a stop that lost nothing");
+    bd_writer_close(w, true);
+}
+
+Test(writer, a_state_file_of_the_earlier_format_is_read) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/spool", dir);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof(path), "%s/spool/writer.state", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("bucketd-writer 1\nwriter_id gw-1\nreserved 4097\nmax_bucket_start_ms 0\n"
+          "last_ack_ms 5\nclean 1\n",
+          f);
+    fclose(f);
+    struct bd_writer *w = open_ok("spool");
+    const struct bd_writer_prev *p = bd_writer_previous(w);
+    cr_assert(p->found && p->clean);
+    cr_assert_eq(p->last_ack_ms, 5);
+    cr_assert_eq(p->lost_at_stop, 0);
+    bd_writer_close(w, true);
+}
