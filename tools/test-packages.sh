@@ -100,6 +100,8 @@ check_deb() { # deb, arch
     for f in /usr/bin/bucketd /usr/bin/bucketd-parse /usr/bin/bucketd-inspect /usr/bin/bucketd-sim \
         /etc/bucketd/bucketd.yaml /lib/systemd/system/bucketd.service \
         /usr/lib/sysctl.d/60-bucketd.conf /usr/share/man/man8/bucketd.8.gz \
+        /usr/share/man/man5/bucketd.yaml.5.gz /usr/share/man/man7/bucketd-metrics.7.gz \
+        /usr/share/man/man7/bucketd-schema.7.gz \
         /usr/share/man/man1/bucketd-parse.1.gz /usr/share/man/man1/bucketd-inspect.1.gz \
         /usr/share/man/man1/bucketd-sim.1.gz /usr/share/doc/bucketd/copyright \
         /usr/share/doc/bucketd/changelog.Debian.gz /usr/share/bucketd/bucketd-rules.yml \

@@ -1,10 +1,14 @@
-"""The man pages (tools/man/*.scd) against the programs and README.md: they must not drift apart.
+"""The man pages (tools/man/*.scd) against the programs, the code and README.md: they must not
+drift apart.
 
 - every option a program's --help shows is documented in its man page (a definition line,
   "*--option* ..."), and every option the man page documents is in --help;
 - bucketd-inspect's commands (its usage lines) each have a section in bucketd-inspect(1);
-- every key of README.md's configuration table is in bucketd(8): the page's CONFIGURATION
-  section is made from that table (tools/man/build-man.py), and the built page holds every key.
+- every key of the configuration schema (src/config_schema.c) is defined in bucketd.yaml(5),
+  source and built page;
+- every counter and gauge of include/bucketd/stats.h, and every metric family and drop reason a
+  real daemon's /metrics serves, is in bucketd-metrics(7);
+- every man page README.md names is one the build makes, and README.md stays under 420 lines.
 
 Environment: BUCKETD_BIN, BUCKETD_PARSE_BIN, BUCKETD_SIM_BIN, BUCKETD_INSPECT_BIN (the build's
 programs, set by ctest), BUCKETD_SOURCE_DIR (the repository).
@@ -98,36 +102,146 @@ class ManPagesMatchHelp(unittest.TestCase):
                              "bucketd-inspect(1) has no section for the command '%s'" % command)
 
 
-class ManPageHasEveryConfigKey(unittest.TestCase):
-    def readme(self):
+MAN_DIR = os.path.join(REPO, "tools", "man")
+CONFIG_PAGE = "bucketd.yaml.5"
+METRICS_PAGE = "bucketd-metrics.7"
+
+
+def page_source(page):
+    """A page's scdoc text as scdoc sees it, its escapes taken out (*a\\_b* is a_b)."""
+    text = build_man.scd_text(os.path.join(MAN_DIR, page + ".scd"), "0")
+    return text.replace("\\", "")
+
+
+def built_page(page):
+    """The page the build made (man/ beside the programs); \\& is roff's zero-width mark."""
+    path = os.path.join(os.path.dirname(program("bucketd")), "man", page)
+    if not os.path.exists(path):
+        raise AssertionError("%s was not built (no scdoc at configure time? "
+                             "tools/install-deps.sh installs it)" % path)
+    with open(path, encoding="utf-8") as f:
+        return f.read().replace("\\&", "")
+
+
+def built_pages():
+    """Every page the build installs (tools/packaging/packaging.cmake, BD_MAN_PAGES)."""
+    with open(os.path.join(REPO, "tools", "packaging", "packaging.cmake"), encoding="utf-8") as f:
+        m = re.search(r"set\(BD_MAN_PAGES([^)]*)\)", f.read())
+    return m.group(1).split()
+
+
+def config_keys():
+    """Every key of the configuration schema (src/config_schema.c: one row per key)."""
+    with open(os.path.join(REPO, "src", "config_schema.c"), encoding="utf-8") as f:
+        keys = re.findall(r'\.path = "([^"]+)"', f.read())
+    return keys
+
+
+def stats_names():
+    """The counters and gauges of the stats line (include/bucketd/stats.h's X-macros)."""
+    with open(os.path.join(REPO, "include", "bucketd", "stats.h"), encoding="utf-8") as f:
+        text = f.read()
+    names = []
+    for macro in ("BD_STATS_LIST", "BD_GAUGES_LIST"):
+        body = re.search(r"#define %s\(X\)(.*?)(?:\n\n|\n/\*|\n#)" % macro, text, re.S).group(1)
+        names += re.findall(r"\bX\((\w+),", body)
+    return names
+
+
+class ManPagesHoldTheReference(unittest.TestCase):
+    def test_every_config_key_in_the_config_page(self):
+        keys = config_keys()
+        self.assertGreater(len(keys), 50, "src/config_schema.c lists only %d keys?" % len(keys))
+        self.assertIn("metrics.silent_after", keys)
+        scd = page_source(CONFIG_PAGE)
+        roff = built_page(CONFIG_PAGE)
+        # A key is documented where it is a definition: "*key*" (bold) on a line of its own
+        # start, and the built page holds it too.
+        missing = [k for k in keys if not re.search(r"(?m)^\*%s\*" % re.escape(k), scd)]
+        self.assertEqual(missing, [], "keys of src/config_schema.c that %s.scd does not define"
+                         % CONFIG_PAGE)
+        self.assertEqual([k for k in keys if k not in roff], [],
+                         "keys the built %s lacks (rebuild?)" % CONFIG_PAGE)
+
+    def test_every_counter_and_gauge_in_the_metrics_page(self):
+        names = stats_names()
+        self.assertGreater(len(names), 60, "include/bucketd/stats.h lists only %d?" % len(names))
+        self.assertIn("readings_lost", names)
+        self.assertIn("previous_stop_readings_lost", names)
+        scd = page_source(METRICS_PAGE)
+        missing = [n for n in names if not re.search(r"\b%s\b" % re.escape(n), scd)]
+        self.assertEqual(missing, [], "counters and gauges of include/bucketd/stats.h that %s "
+                         "does not name" % METRICS_PAGE)
+
+    def test_every_page_readme_links_is_built(self):
         with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-            return f.read()
+            readme = f.read()
+        pages = set(built_pages())
+        for page in pages:
+            self.assertTrue(os.path.exists(os.path.join(MAN_DIR, page + ".scd")), page)
+        named = set("%s.%s" % m for m in re.findall(r"\b(bucketd[\w.-]*)\(([1-8])\)", readme))
+        self.assertGreaterEqual(len(named), 4, "README.md names %s" % sorted(named))
+        self.assertEqual(sorted(named - pages), [], "README.md names man pages not built")
+        # Links to the page sources (tools/man/NAME.SECTION.scd) name sources that exist.
+        for target in re.findall(r"\]\((tools/man/[^)#]+)", readme):
+            self.assertTrue(os.path.exists(os.path.join(REPO, target)), target)
+        self.assertIn(CONFIG_PAGE, named)
+        self.assertIn(METRICS_PAGE, named)
+        self.assertIn("bucketd-schema.7", named)
 
-    def keys(self):
-        keys = []
-        for row in build_man.config_table(self.readme())[1:]:
-            # "`mongodb.database` / `.collection`": each code span of the key cell.
-            keys += re.findall(r"`([^`]+)`", row[0])
-        self.assertGreater(len(keys), 30)
-        return keys
+    def test_readme_stays_short(self):
+        with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        self.assertLessEqual(len(lines), 420, "README.md has %d lines: the reference belongs "
+                             "in the man pages (tools/man)" % len(lines))
 
-    def test_every_key_in_the_page_source(self):
-        scd = build_man.scd_text(os.path.join(REPO, "tools", "man", "bucketd.8.scd"),
-                                 os.path.join(REPO, "README.md"), "0")
-        plain = scd.replace("\\", "")
-        for key in self.keys():
-            self.assertIn("*%s*" % key, plain, "bucketd(8) lacks the config key %s" % key)
 
-    def test_every_key_in_the_built_page(self):
-        # The page the build made (man/ beside the programs); \& is roff's zero-width mark.
-        page = os.path.join(os.path.dirname(program("bucketd")), "man", "bucketd.8")
-        self.assertTrue(os.path.exists(page),
-                        "%s was not built (no scdoc at configure time? tools/install-deps.sh "
-                        "installs it)" % page)
-        with open(page, encoding="utf-8") as f:
-            roff = f.read().replace("\\&", "")
-        for key in self.keys():
-            self.assertIn(key, roff, "%s lacks the config key %s (rebuild?)" % (page, key))
+class EveryMetricOfAScrapeInTheMetricsPage(unittest.TestCase):
+    """A real daemon (sink mongodb, the test server, a UDP and a TCP listener) scraped: every
+    metric family of its /metrics, and every drop reason, is in bucketd-metrics(7)."""
+
+    def test_every_metric_of_a_real_scrape(self):
+        import sys
+        import tempfile
+        import urllib.request
+        sys.path.insert(0, HERE)
+        import bdtest
+        from bdtest import send_readings as sr
+
+        mongo = bdtest.start_mongo()
+        self.addCleanup(mongo.stop)
+        work = tempfile.mkdtemp(prefix="bucketd-man-")
+        port = bdtest.free_port()
+        d = bdtest.Daemon(work, mongo.uri, bdtest.unique_db_name("e2e_man"),
+                          extra={"metrics": {"bind": "127.0.0.1:%d" % port}})
+        self.addCleanup(d.kill)
+        d.start()
+        readings = sr.make_readings(sensors=3, per_sensor=10, seed=5)
+        sr.send(readings, udp=d.addr("udp"), tcp=d.addr("tcp"))
+
+        def scrape():
+            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
+                                          timeout=10).read().decode()
+            m = re.search(r"(?m)^bucketd_readings_flushed_total (\d+)", text)
+            return text if m and int(m.group(1)) == len(readings) else None
+        text = bdtest.wait_for(scrape, 60, interval=0.1)
+        self.assertTrue(text, "the readings were never written\n" + bdtest.log_tail(d.log()))
+        families = re.findall(r"(?m)^# TYPE (\w+) (\w+)$", text)
+        self.assertGreater(len(families), 60, text[:2000])
+        names = {name for name, _ in families}
+        self.assertIn("bucketd_spool_max_bytes", names, "no MongoDB sink's metrics")
+        reasons = set(re.findall(r'bucketd_dropped_total\{reason="(\w+)"\}', text))
+        self.assertIn("parse_error", reasons)
+        scd = page_source(METRICS_PAGE)
+        roff = built_page(METRICS_PAGE)
+        missing = sorted(n for n in names if n not in scd)
+        self.assertEqual(missing, [], "metrics of a real scrape that %s does not name"
+                         % METRICS_PAGE)
+        self.assertEqual(sorted(n for n in names if n not in roff), [],
+                         "metrics the built %s lacks (rebuild?)" % METRICS_PAGE)
+        self.assertEqual(sorted(r for r in reasons if r not in scd), [],
+                         "drop reasons of bucketd_dropped_total that %s does not name"
+                         % METRICS_PAGE)
 
 
 if __name__ == "__main__":

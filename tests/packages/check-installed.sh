@@ -122,7 +122,8 @@ esac
 
 if [ "$mode" = full ]; then
     echo "-- man pages"
-    for page in bucketd.8 bucketd-parse.1 bucketd-inspect.1 bucketd-sim.1; do
+    for page in bucketd.8 bucketd.yaml.5 bucketd-metrics.7 bucketd-schema.7 bucketd-parse.1 \
+        bucketd-inspect.1 bucketd-sim.1; do
         path="$(man -w "${page%.*}" "${page##*.}" 2>/dev/null || true)"
         warnings="$(man --warnings -E UTF-8 -l -Tutf8 -Z "$path" 2>&1 >/dev/null || true)"
         [ -n "$path" ] && [ -z "$warnings" ] && ok "man ${page%.*}(${page##*.}): $path" ||

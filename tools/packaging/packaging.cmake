@@ -13,7 +13,8 @@
 # --- Man pages -------------------------------------------------------------------------------
 
 option(BD_MAN "Build and install the man pages (needs scdoc)" ON)
-set(BD_MAN_PAGES bucketd.8 bucketd-parse.1 bucketd-inspect.1 bucketd-sim.1)
+set(BD_MAN_PAGES bucketd.8 bucketd.yaml.5 bucketd-metrics.7 bucketd-schema.7 bucketd-parse.1
+                 bucketd-inspect.1 bucketd-sim.1)
 if(BD_MAN)
   find_program(BD_SCDOC scdoc)
   find_program(BD_PYTHON3 python3)
@@ -30,15 +31,14 @@ if(BD_MAN)
   foreach(page ${BD_MAN_PAGES})
     string(REGEX REPLACE ".*\\.([0-9])$" "\\1" section ${page})
     set(out ${CMAKE_BINARY_DIR}/man/${page})
-    # tools/man/build-man.py: scdoc source -> roff (and .gz); bucketd.8 gets README.md's config table.
+    # tools/man/build-man.py: scdoc source -> roff (and .gz), the version put in.
     add_custom_command(
       OUTPUT ${out} ${out}.gz
       COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/man
       COMMAND ${CMAKE_COMMAND} -E env SCDOC=${BD_SCDOC} ${BD_PYTHON3}
               ${CMAKE_SOURCE_DIR}/tools/man/build-man.py ${CMAKE_SOURCE_DIR}/tools/man/${page}.scd
-              ${CMAKE_SOURCE_DIR}/README.md ${PROJECT_VERSION} ${out}
+              ${PROJECT_VERSION} ${out}
       DEPENDS ${CMAKE_SOURCE_DIR}/tools/man/${page}.scd ${CMAKE_SOURCE_DIR}/tools/man/build-man.py
-              ${CMAKE_SOURCE_DIR}/README.md
       COMMENT "Man page ${page}"
       VERBATIM)
     list(APPEND BD_MAN_OUTPUTS ${out} ${out}.gz)
