@@ -170,7 +170,7 @@ class BadInput(bdtest.E2ECase):
         both([b"old temp=1 %d" % (now - 48 * 3600 * sr.NS_PER_S)], "drop_too_old")
         both([b"future temp=1 %d" % (now + 3600 * sr.NS_PER_S)], "drop_too_new")
         # Field keys MongoDB would read as operators or paths, or that clash with "ts": stored
-        # under their escaped names (README "Field and tag names"), not dropped. (The parser
+        # under their escaped names (bucketd-schema(7) "Field and tag names"), not dropped. (The parser
         # already refuses what would still be a drop_bad_name: invalid UTF-8, NUL, empty.)
         both([b"keys $op=1 %d" % ts, b"keys a.b=2 %d" % ts, b"keys ts=3 %d" % ts], None)
         # Last on the UDP socket: a good reading. Once it is stored, bucketd has read every

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The document model end to end (DESIGN.md §3; README "Document schema", "Sharded clusters and
+"""The document model end to end (DESIGN.md §3; bucketd-schema(7) "DOCUMENT SCHEMA", "Sharded clusters and
 replica sets", "Writer identity", "Field and tag names"), against the test server's strict modes.
 
 - Sharded collections: with the server sharded on {sensor_id: "hashed"} or {sensor_id: 1,
@@ -16,7 +16,7 @@ replica sets", "Writer identity", "Field and tag names"), against the test serve
   buckets.max_bytes.
 - The write cost with holding (flush.max_delay), time-compressed: bytes rewritten / bytes
   stored, and how soon readings become visible.
-- Equal timestamps after late data with an unstable $sortArray (README: readings stay sorted by
+- Equal timestamps after late data with an unstable $sortArray (bucketd-schema(7): readings stay sorted by
   ts, "stable for equal times").
 - A shard key bucketd cannot target (61): retried, logged once, nothing quarantined; at the stop
   what was not written is spooled.
@@ -370,7 +370,7 @@ class RacingWriter(DocumentModelCase):
         page = client[db]["buckets"].find_one({"_id": page1})
         self.assertEqual([r["seq"] for r in page["readings"]], [100, 10, 11, 12])
         self.assertEqual(sorted(page["w"]), ["gw-a", "gw-b"])
-        # Two writers: up to twice the cap on a page (README "Several daemons").
+        # Two writers: up to twice the cap on a page (bucketd-schema(7) "DELIVERY GUARANTEES", several daemons).
         self.assertNoProblems(bdtest.check_documents(docs, HOUR_S, 6, strict_pages=False),
                               "invariants", d)
         self.assertVerifyClean(uri, db, 6)
@@ -382,7 +382,7 @@ class RacingWriter(DocumentModelCase):
         that carry both writers' sequence numbers."""
         uri, client, db = self.new_database()
         proxy, proxied = self.proxy_for(uri, client)
-        # Each daemon keeps its own page cap (README "Several daemons"): room for both.
+        # Each daemon keeps its own page cap (bucketd-schema(7) "DELIVERY GUARANTEES", several daemons): room for both.
         da = self.new_daemon(proxied, db, name="a", writer_id="gw-a", max_readings=1000).start()
         dbb = self.new_daemon(uri, db, name="b", writer_id="gw-b", max_readings=1000).start()
         base = hour_aligned_base(60 * NS, 180 * NS)
@@ -634,7 +634,7 @@ class WriteCost(DocumentModelCase):
 
 class EqualTimestamps(DocumentModelCase):
     """The server's $sortArray returns equal keys in reverse input order (MongoDB documents no
-    stability for it). README "Document schema": "`readings` stays sorted by `ts` even when late
+    stability for it). bucketd-schema(7) "DOCUMENT SCHEMA": "`readings` stays sorted by `ts` even when late
     readings arrive (stable for equal times)", i.e. readings with one timestamp keep the order
     they arrived in."""
 
@@ -680,7 +680,7 @@ class EqualTimestamps(DocumentModelCase):
         _, _, page, _, promised = self.store_with_late_equal_timestamps()
         got = [r["seq"] for r in page["readings"]]
         self.assertEqual(got, promised,
-                         "readings with equal timestamps are not in arrival order (README: "
+                         "readings with equal timestamps are not in arrival order (bucketd-schema(7): "
                          "'stable for equal times'); seq 11-13 share one timestamp, 6 and 14 "
                          "another, sent in that order")
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """End-to-end: field and tag names MongoDB cannot address as paths are stored escaped, never
-dropped (README "Field and tag names"), and bucketd-inspect shows them as they were sent.
+dropped (bucketd-schema(7) "Field and tag names"), and bucketd-inspect shows them as they were sent.
 
 Run: /usr/bin/python3 tests/e2e/test_names.py   (environment: see bdtest.py, plus
 BUCKETD_INSPECT_BIN for bucketd-inspect, default <repo>/build/bucketd-inspect)
@@ -30,7 +30,7 @@ UNESCAPE = re.compile(r"%(25|2[Ee]|24|74)")
 
 
 def escape(name, field=True):
-    """The escape of README "Field and tag names", written out independently of src/names.c."""
+    """The escape of bucketd-schema(7) "Field and tag names", written out independently of src/names.c."""
     if field and name == "ts":
         return "%74s"
     out = name.replace("%", "%25").replace(".", "%2E")
@@ -126,7 +126,7 @@ class FieldAndTagNames(bdtest.E2ECase):
         self.assertEqual(coll.count_documents({"readings.%74s": 3.0}), 1)
         hourly = list(coll.find({"sensor_id": SENSOR}, {"_id": 0, "summary.cpu%2Euser.avg": 1}))
         self.assertEqual(hourly, [{"summary": {"cpu%2Euser": {"avg": 5.5}}}])
-        # README's aggregation example.
+        # bucketd-schema(7)'s aggregation example.
         agg = list(coll.aggregate([{"$project": {"_id": 0, "cpu": "$summary.cpu%2Euser.avg",
                                                  "x": "$summary.%24x.max"}}]))
         self.assertEqual(agg, [{"cpu": 5.5, "x": 11.0}])

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reload on SIGHUP (README "Reload") and retention (README "Retention"), end to end.
+"""Reload on SIGHUP (bucketd.yaml(5) "RELOAD") and retention (bucketd-schema(7) "Retention"), end to end.
 
 - Under load over UDP and TCP, several reloads (flush.interval, log.level, a listener added, a
   listener removed): every reading sent to a listener that existed is stored exactly once; of
