@@ -166,7 +166,8 @@ static void log_change(const struct bd_clock *c, bool first, enum bd_clock_state
         break;
     case BD_CLOCK_TIMED_OUT:
         if (c->wait_ms == 0) {
-            bd_warn("clock: not synchronised: %s; time.wait_for_sync is 0: trusting it as it is",
+            /* The configuration's choice, not a problem to warn of. */
+            bd_info("clock: not synchronised: %s; time.wait_for_sync is 0: trusting it as it is",
                     why_not(c, kernel, wall_ms, why, sizeof(why)));
         } else {
             bd_warn("clock: still not synchronised after time.wait_for_sync (%s): %s; trusting "

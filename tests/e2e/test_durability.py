@@ -36,10 +36,12 @@ import test_spool  # noqa: E402
 from test_spool import DEADLINE, KILL_BOUND_S, UdpSender, log, stored_seqs  # noqa: E402
 
 PHASE_S = test_spool._env_num("BUCKETD_TEST_DURABILITY_PHASE_S", 6.0)
-RATE = test_spool._env_num("BUCKETD_TEST_DURABILITY_RATE", 2000, int)
-# A small pool (limits.memory): the outage lasts several times what memory holds at RATE, so
-# the spool must take the readings whatever is known of MongoDB.
-MEMORY = 4 << 20
+RATE = test_spool._env_num("BUCKETD_TEST_DURABILITY_RATE", 3000, int)
+# A small limits.memory: half of it the sensor queues' pool (512 KiB of 1 KiB segments, a
+# reading of two fields taking some 40 bytes there), half the batches (a reading some 70 bytes):
+# about 20 k readings, 7 s at RATE. The second run's outage (3 x PHASE_S) sends more than twice
+# that, so the spool must take the readings whatever is known of MongoDB.
+MEMORY = 1 << 20
 
 
 class Durability(test_spool.Spool):
@@ -91,11 +93,12 @@ class Durability(test_spool.Spool):
 
         # Restart while MongoDB is still away: every bucket's pages are unknown now.
         d2 = self.durable_daemon(proxied, db, "d2", spool).start()
-        s2 = self.send_for(d2, 2 * PHASE_S, s1.seq_start + s1.count + 1_000_000)
+        s2 = self.send_for(d2, 3 * PHASE_S, s1.seq_start + s1.count + 1_000_000)
         self.assertTrue(d2.alive(), "bucketd died during the outage\n" + bdtest.log_tail(d2.log()))
         t2 = self.kill(d2, s2)
         # The second run could place nothing: what it accepted went to the spool unplaced.
-        log("run 2 accepted %d readings over %.0f s with MongoDB away" % (s2.count, 2 * PHASE_S))
+        log("run 2 was sent %d readings over %.0f s with MongoDB away (limits.memory %d KiB)"
+            % (s2.count, 3 * PHASE_S, MEMORY >> 10))
 
         proxy.set_fault("pass")
         d3 = self.durable_daemon(proxied, db, "d3", spool).start()
