@@ -3,7 +3,7 @@
  * (the sensors tracked, sensorlist.h) on metrics.bind, served by the HTTP server of http.h on
  * the ingest thread's uv loop, the thread that owns the sensor table.
  *
- * What is exported (README "Metrics and health" lists every name):
+ * What is exported (bucketd-metrics(7), tools/man/bucketd-metrics.7.scd, lists every name):
  *   - every counter of stats.h as bucketd_<name>_total, except the drop_* counters, which are
  *     one counter bucketd_dropped_total{reason="<name without drop_>"};
  *   - every gauge of stats.h as bucketd_<name> (oldest_pending_age_ms in seconds), and the

@@ -7,7 +7,7 @@
  * the operator's: never changed or dropped; with retention on it is a conflict (MongoDB allows
  * one index per key pattern), reported as an error.
  *
- * What this costs MongoDB (README, "Retention"): the TTL monitor of the primary wakes every 60 s
+ * What this costs MongoDB (bucketd-schema(7), "Retention"): the TTL monitor of the primary wakes every 60 s
  * (ttlMonitorSleepSecs) and deletes the expired documents through the index; each deletion is an
  * ordinary write (the document and every index entry of it, journalled), replicated to every
  * secondary through the oplog.
