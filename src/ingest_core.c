@@ -68,9 +68,11 @@ static void destroy(struct bd_ingest *in) {
             }
         }
     }
+    bd_spool_close(in->held_disk);
     bd_hold_free(in->hold);
+    bd_hold_free(in->releasing);
     free(in->hold_point);
-    free(in->spool_dir);
+    free(in->held_dir);
     free(in);
 }
 

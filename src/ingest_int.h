@@ -38,6 +38,7 @@
 #include "bucketd/allow.h"
 #include "bucketd/clock.h"
 #include "bucketd/hold.h"
+#include "bucketd/spool.h"
 #include "bucketd/ingest.h"
 #include "bucketd/log.h"
 #include "bucketd/parse.h"
@@ -140,13 +141,19 @@ struct bd_ingest {
     /* The clock's hold (ingest_hold.c): while the wall clock is not trusted (holding), parsed
      * lines go to the hold with their arrival's boot time instead of to the sensor table. */
     const struct bd_clock *clock; /* NULL: the clock is always trusted (unit tests) */
-    struct bd_hold *hold;
+    struct bd_hold *hold;         /* lines held since the last poll */
     bool holding;
     bool unsynced_logged;                /* readings_stamped_unsynced's log line, once a wait */
     struct bd_parser hold_parsers[2][4]; /* per format and precision, made on first use */
     bool hold_parser_ok[2][4];
     struct bd_point *hold_point;
-    char *spool_dir; /* where held.lines is saved at the stop */
+    /* The held-lines spool (<spool.dir>/held; no dir: none, with the blackhole sink), opened
+     * when first needed, and the lines of the record being released (acknowledged on disk). */
+    struct bd_spool *held_disk;
+    struct bd_spool_opts held_opts;
+    char *held_dir;
+    struct bd_hold *releasing;
+    struct bd_ratelimit held_log;
     char boot_id[40];
 };
 

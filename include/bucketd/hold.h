@@ -10,19 +10,21 @@
  * is stamped with that time and every reading is judged against it, so a gateway that boots with
  * its clock hours behind stores each reading in its true hour.
  *
- * Bounded: at most max_bytes of lines (the ingest takes limits.memory / 4); past it a line is
- * refused (the caller counts drop_clock_hold_full). A graceful stop saves what is held to
- * <spool.dir>/held.lines with the kernel's boot id; the next start takes it back: the boot-time
- * stamps still hold after a restart within the same boot. After a reboot they mean nothing, so
- * each line is given the (untrusted) wall time it arrived at instead, as estimated at the save,
- * and is released with it (counted in readings_stamped_unsynced).
+ * In memory at most max_bytes of lines (the ingest takes limits.memory / 4); past it a line is
+ * refused (the caller counts drop_clock_hold_full). On disk (src/ingest_hold.c): at each poll the
+ * lines held since the last one are appended as one record to the held-lines spool
+ * (<spool.dir>/held, spool.h) and leave memory, so that what is held is as durable as what the
+ * flusher spools and memory holds at most one poll's lines. A record carries the kernel's boot
+ * id: the boot-time stamps still hold after a restart within the same boot; after a reboot they
+ * mean nothing, so each line is given the (untrusted) wall time it arrived at instead, as
+ * estimated at the append, and is released with it (counted in readings_stamped_unsynced).
  *
- * held.lines (integers little-endian): "BDHELD01", u32 entries, u32 reserved, the boot id (36
- * bytes, NUL padded to 40), i64 wall ns and i64 boot ns at the save, then per entry: u32 line
- * length, u8 format, u8 precision, u8 kind, u8 0, i64 stamp (boot ns, or wall ns for kind
- * BD_HOLD_WALL), the line; then a u32 CRC-32C of everything before it.
+ * A record (integers little-endian): "BDHELD02", the boot id (36 bytes, NUL padded to 40), i64
+ * wall ns and i64 boot ns at the append, then per line: u32 line length, u8 format, u8
+ * precision, u8 kind, u8 0, i64 stamp (boot ns, or wall ns for kind BD_HOLD_WALL), the line. The
+ * spool checks each record (CRC-32C).
  *
- * Ingest thread only; no I/O but the save and the load.
+ * Ingest thread only; no I/O.
  */
 #ifndef BUCKETD_HOLD_H
 #define BUCKETD_HOLD_H
@@ -32,7 +34,9 @@
 
 #include "bucketd/common.h"
 
-#define BD_HOLD_FILE "held.lines"
+/* The held-lines spool, under spool.dir. */
+#define BD_HOLD_DIR "held"
+#define BD_HOLD_RECORD_HEADER 64
 
 enum bd_hold_kind {
     BD_HOLD_BOOT = 0, /* stamp: CLOCK_BOOTTIME at arrival, converted once the clock is trusted */
@@ -65,22 +69,19 @@ size_t bd_hold_bytes(const struct bd_hold *h);
 /* The kernel's boot id (/proc/sys/kernel/random/boot_id) into id[40]; "" when unknown. */
 void bd_hold_boot_id(char id[40]);
 
-/*
- * Save everything held to dir/held.lines, durably (temp file, fsync, rename, directory fsync);
- * wall_ns and boot_ns: the clocks now. Nothing held removes an old file. 0 or a negative errno
- * (err says why).
- */
-int bd_hold_save(const struct bd_hold *h, const char *dir, const char *boot_id, int64_t wall_ns,
-                 int64_t boot_ns, struct bd_err *err);
+/* Drop everything held (once written elsewhere). */
+void bd_hold_clear(struct bd_hold *h);
+
+/* A record of everything held (malloc'ed into *out), with the boot id and the clocks now. */
+int bd_hold_record(const struct bd_hold *h, const char *boot_id, int64_t wall_ns, int64_t boot_ns,
+                   uint8_t **out, size_t *out_len);
 
 /*
- * Take back dir/held.lines (then removed) into h, behind what it holds: the boot-time stamps as
- * they were when boot_id is the file's, else each line's estimated wall time (BD_HOLD_WALL).
- * *n_lines: lines taken back; *n_dropped: lines the hold could not take (full). 0 (also when
- * there is no file); -EBADMSG for a file that does not check (renamed held.lines.bad, err says
- * why); another negative errno.
+ * Take a record's lines into h, behind what it holds: the boot-time stamps as they were when
+ * boot_id is the record's, else each line's estimated wall time (BD_HOLD_WALL). *n_lines taken,
+ * *n_dropped refused by h (full). 0, or -EBADMSG (nothing taken) when it does not parse.
  */
-int bd_hold_load(struct bd_hold *h, const char *dir, const char *boot_id, uint64_t *n_lines,
-                 uint64_t *n_dropped, struct bd_err *err);
+int bd_hold_take(struct bd_hold *h, const uint8_t *rec, size_t len, const char *boot_id,
+                 uint64_t *n_lines, uint64_t *n_dropped);
 
 #endif
