@@ -31,11 +31,7 @@ struct bd_replay {
     uint32_t chunk_max; /* flush.max_updates, halved after a driver refusal */
 };
 
-int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t start_ms,
-                      uint32_t page, uint32_t n_readings, uint32_t flags, const bson_t *filter,
-                      const bson_t *update) {
-    size_t id_len = strlen(sensor_id);
-    size_t need = ENTRY_HEADER + id_len + filter->len + update->len;
+int bd_replay_buf_reserve(struct bd_replay_buf *buf, size_t need) {
     if (buf->len + need > buf->cap) {
         size_t cap = buf->cap ? buf->cap : 64 * 1024;
         while (cap < buf->len + need) {
@@ -47,6 +43,17 @@ int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t 
         }
         buf->data = data;
         buf->cap = cap;
+    }
+    return 0;
+}
+
+int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t start_ms,
+                      uint32_t page, uint32_t n_readings, uint32_t flags, const bson_t *filter,
+                      const bson_t *update) {
+    size_t id_len = strlen(sensor_id);
+    size_t need = ENTRY_HEADER + id_len + filter->len + update->len;
+    if (bd_replay_buf_reserve(buf, need) < 0) {
+        return -ENOMEM;
     }
     uint8_t *p = buf->data + buf->len;
     bd_put_le32(p, n_readings);

@@ -59,17 +59,8 @@ int bd_unplaced_add(struct bd_replay_buf *buf, const struct bd_delta *d) {
     if (need > UINT32_MAX) {
         return -EMSGSIZE;
     }
-    if (buf->len + need > buf->cap) {
-        size_t cap = buf->cap ? buf->cap : 64 * 1024;
-        while (cap < buf->len + need) {
-            cap *= 2;
-        }
-        uint8_t *data = bd_realloc(buf->data, cap);
-        if (data == NULL) {
-            return -ENOMEM;
-        }
-        buf->data = data;
-        buf->cap = cap;
+    if (bd_replay_buf_reserve(buf, need) < 0) {
+        return -ENOMEM;
     }
     uint8_t *p = buf->data + buf->len;
     bd_put_le32(p, (uint32_t)need);

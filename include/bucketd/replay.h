@@ -51,6 +51,9 @@ struct bd_replay_buf {
 /* An update's flag: an attempt before it was spooled may have reached MongoDB. */
 #define BD_REPLAY_MAYBE_SENT 1u
 
+/* Room for need more bytes at the end of buf (its data may move). -ENOMEM. */
+int bd_replay_buf_reserve(struct bd_replay_buf *buf, size_t need);
+
 /* Append one built update (sensor id, bucket start, page, readings, flags) to buf. -ENOMEM. */
 int bd_replay_buf_add(struct bd_replay_buf *buf, const char *sensor_id, int64_t start_ms,
                       uint32_t page, uint32_t n_readings, uint32_t flags, const bson_t *filter,
