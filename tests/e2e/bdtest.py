@@ -67,12 +67,22 @@ LOG_PREFIX_RE = re.compile(r"^<(\d)>")
 # Small helpers
 # ---------------------------------------------------------------------------------------------
 
+_ports_given = set()
+
+
 def free_port(kind="tcp"):
-    """A loopback port free right now for kind "tcp" or "udp" (bind port 0, then release)."""
+    """A loopback port free right now for kind "tcp" or "udp" (bind port 0, then release), and
+    not handed out before by this process: the kernel may give a port it just released again,
+    and two listeners of one configuration on one port make the daemon refuse its start."""
     stype = socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM
-    with socket.socket(socket.AF_INET, stype) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, stype) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if (kind, port) not in _ports_given:
+            _ports_given.add((kind, port))
+            return port
+    raise RuntimeError("no fresh %s port in 100 tries" % kind)
 
 
 def closed_port():
