@@ -10,6 +10,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include "bucketd/common.h"
+
 static bool is_reserved_field(const char *name, size_t len, enum bd_name_kind kind) {
     return kind == BD_NAME_FIELD && len == 2 && name[0] == 't' && name[1] == 's';
 }
@@ -63,19 +65,6 @@ int bd_name_escape(const char *name, size_t len, enum bd_name_kind kind, char *o
     return (int)n;
 }
 
-static int hex_value(char c) {
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    if (c >= 'a' && c <= 'f') {
-        return c - 'a' + 10;
-    }
-    if (c >= 'A' && c <= 'F') {
-        return c - 'A' + 10;
-    }
-    return -1;
-}
-
 int bd_name_unescape(const char *key, size_t len, char *out, size_t cap) {
     size_t n = 0;
     for (size_t i = 0; i < len; n++) {
@@ -84,8 +73,8 @@ int bd_name_unescape(const char *key, size_t len, char *out, size_t cap) {
         }
         char c = key[i];
         if (c == '%' && len - i >= 3) {
-            int hi = hex_value(key[i + 1]);
-            int lo = hex_value(key[i + 2]);
+            int hi = bd_hex_value(key[i + 1]);
+            int lo = bd_hex_value(key[i + 2]);
             int byte = hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
             /* Only what bd_name_escape writes: other sequences stay as they are. */
             if (byte == '%' || byte == '.' || byte == '$' || byte == 't') {

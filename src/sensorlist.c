@@ -19,19 +19,6 @@
 /* What a message quotes of the request, at most (escaped). */
 #define QUOTE_MAX 40
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    if (c >= 'a' && c <= 'f') {
-        return c - 'a' + 10;
-    }
-    if (c >= 'A' && c <= 'F') {
-        return c - 'A' + 10;
-    }
-    return -1;
-}
-
 /* Percent-decode s[0..len) into out (cap bytes, NUL-terminated); '+' is a space as in forms.
  * -EINVAL: a bad escape or a NUL; -E2BIG: longer than cap - 1. */
 static int decode(const char *s, size_t len, char *out, size_t cap) {
@@ -39,8 +26,8 @@ static int decode(const char *s, size_t len, char *out, size_t cap) {
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (c == '%') {
-            int hi = i + 2 < len ? hexval(s[i + 1]) : -1;
-            int lo = i + 2 < len ? hexval(s[i + 2]) : -1;
+            int hi = i + 2 < len ? bd_hex_value(s[i + 1]) : -1;
+            int lo = i + 2 < len ? bd_hex_value(s[i + 2]) : -1;
             if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
                 return -EINVAL;
             }

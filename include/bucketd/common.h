@@ -50,6 +50,20 @@ int bd_write_all(int fd, const void *buf, size_t len);
 int bd_replace_file(const char *dir, const char *path, const char *tmp, const void *buf, size_t len,
                     mode_t mode, struct bd_err *err);
 
+/* The value of one hexadecimal digit, or -1. */
+static inline int bd_hex_value(char c) {
+    if (c >= '0' && c <= '9') {
+        return c - '0';
+    }
+    if (c >= 'a' && c <= 'f') {
+        return c - 'a' + 10;
+    }
+    if (c >= 'A' && c <= 'F') {
+        return c - 'A' + 10;
+    }
+    return -1;
+}
+
 /* Little-endian integers in byte buffers (on-disk formats), whatever the host's order. */
 static inline void bd_put_le32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) {
