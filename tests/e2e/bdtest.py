@@ -200,6 +200,46 @@ def parse_stats(text):
     return stats
 
 
+def http_get(port, path, method="GET", timeout=10.0):
+    """(status, headers dict, body bytes) of one request to 127.0.0.1:port."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$')
+
+
+def parse_exposition(text):
+    """{(name, labels text): value} of a Prometheus text exposition; labels text is "" or
+    '{a="b",...}' as exposed. A line that is not a sample, or a sample exposed twice, fails."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = SAMPLE_RE.match(line)
+        if m is None:
+            raise AssertionError("not a sample line: %r" % line)
+        key = (m.group(1), m.group(2) or "")
+        if key in out:
+            raise AssertionError("sample twice: %r" % (key,))
+        out[key] = float(m.group(3))
+    return out
+
+
+def scrape(port):
+    """(text, parse_exposition(text)) of the /metrics on 127.0.0.1:port; it must answer 200 in
+    the text format."""
+    status, headers, body = http_get(port, "/metrics")
+    assert status == 200, (status, body[:200])
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4"), headers
+    return body.decode(), parse_exposition(body.decode())
+
+
 def metric(port, name):
     """The value of the unlabelled sample `name` on the /metrics of a daemon whose metrics
     listener is 127.0.0.1:port (None when it has no such sample)."""

@@ -32,21 +32,18 @@ Run: /usr/bin/python3 tests/e2e/test_allow.py   (see bdtest.py for the environme
 
 import errno
 import os
-import re
 import resource
 import socket
 import sys
 import threading
 import time
 import unittest
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bdtest  # noqa: E402
 
 DEADLINE = 60.0
-SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 
 
 def raise_nofile(n):
@@ -63,15 +60,7 @@ def raise_nofile(n):
 
 def scrape(port):
     """{(name, labels text): value} of /metrics."""
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            m = SAMPLE_RE.match(line)
-            if m:
-                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
-    return out
+    return bdtest.scrape(port)[1]
 
 
 def listener_labels(d, name):

@@ -18,7 +18,6 @@ Environment: BUCKETD_CLOCK_SHIM (the shim, set by ctest; default build/tests/clo
 Run: /usr/bin/python3 tests/e2e/test_clock.py   (see bdtest.py for the environment)
 """
 
-import http.client
 import json
 import os
 import re
@@ -35,18 +34,8 @@ HOUR_NS = 3600 * bdtest.NS_PER_S
 DEADLINE = 30.0
 
 
-def http_get(port, path):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read().decode()
-    finally:
-        conn.close()
-
-
 def healthz(port):
-    status, body = http_get(port, "/healthz")
+    status, _, body = bdtest.http_get(port, "/healthz")
     return status, json.loads(body)
 
 

@@ -14,7 +14,6 @@ Run: /usr/bin/python3 tests/e2e/test_metrics.py   (see bdtest.py for the environ
 """
 
 import glob
-import http.client
 import json
 import os
 import re
@@ -33,7 +32,6 @@ import bdtest  # noqa: E402
 from bdtest import send_readings as sr  # noqa: E402
 
 STORE_DEADLINE = 120.0
-SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
 
 # The server's bounds (bd_http_default_limits).
 MAX_CONNECTIONS = 32
@@ -41,38 +39,8 @@ MAX_HEAD = 8192
 HEAD_TIMEOUT_S = 5.0
 
 
-def http_get(port, path, method="GET", timeout=10.0):
-    """(status, headers dict, body bytes) of one request."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path)
-        resp = conn.getresponse()
-        return resp.status, dict(resp.getheaders()), resp.read()
-    finally:
-        conn.close()
-
-
-def parse_samples(text):
-    """{(name, labels text): value} of an exposition; labels text "" or '{a="b"}'."""
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = SAMPLE_RE.match(line)
-        if m is None:
-            raise AssertionError("not a sample line: %r" % line)
-        key = (m.group(1), m.group(2) or "")
-        if key in out:
-            raise AssertionError("sample twice: %r" % (key,))
-        out[key] = float(m.group(3))
-    return out
-
-
-def scrape(port):
-    status, headers, body = http_get(port, "/metrics")
-    assert status == 200, (status, body[:200])
-    assert headers["Content-Type"].startswith("text/plain; version=0.0.4"), headers
-    return body.decode(), parse_samples(body.decode())
+http_get = bdtest.http_get
+scrape = bdtest.scrape
 
 
 def health(port):

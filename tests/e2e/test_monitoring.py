@@ -242,21 +242,13 @@ def selectors(expr):
 # Scrapes
 # ---------------------------------------------------------------------------------------------
 
-SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def parse_scrape(text):
     """{(name, labels text inside the braces): value} of an exposition."""
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = SAMPLE_RE.match(line)
-        if m is None:
-            raise AssertionError("not a sample line: %r" % line)
-        out[(m.group(1), m.group(2) or "")] = float(m.group(3))
-    return out
+    return {(name, labels[1:-1]): v
+            for (name, labels), v in bdtest.parse_exposition(text).items()}
 
 
 def label_model(samples):

@@ -20,7 +20,6 @@ BUCKETD_INSPECT_BIN, default <repo>/build/bucketd-inspect)
 """
 
 import datetime
-import http.client
 import json
 import os
 import socket
@@ -41,14 +40,7 @@ DEADLINE = 60.0
 RAW_CONTROLS = [c.encode() for c in ("\u009b", "\u0085", "\u202e")]
 
 
-def http_get(port, path, method="GET", timeout=10.0):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path)
-        resp = conn.getresponse()
-        return resp.status, dict(resp.getheaders()), resp.read()
-    finally:
-        conn.close()
+http_get = bdtest.http_get
 
 
 def sensors_page(port, query=""):
@@ -81,19 +73,14 @@ def parse_time(s):
 
 
 def scrape_value(port, name):
-    status, _, body = http_get(port, "/metrics")
-    assert status == 200
-    for line in body.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+    """The unlabelled sample name, or None."""
+    return bdtest.scrape(port)[1].get((name, ""))
 
 
 def dropped_total(port):
     """bucketd_dropped_total summed over its reasons."""
-    _, _, body = http_get(port, "/metrics")
-    return sum(float(line.split()[1]) for line in body.decode().splitlines()
-               if line.startswith("bucketd_dropped_total{"))
+    return sum(v for (name, _), v in bdtest.scrape(port)[1].items()
+               if name == "bucketd_dropped_total")
 
 
 def udp_send(addr, lines):
