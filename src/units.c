@@ -60,6 +60,21 @@ int bd_units_parse_uint(const char *s, uint64_t *out) {
     return 0;
 }
 
+int bd_units_parse_int(const char *s, int64_t *out) {
+    bool neg = s != NULL && *s == '-';
+    uint64_t v = 0;
+    int rc = bd_units_parse_uint(neg ? s + 1 : s, &v);
+    if (rc < 0) {
+        return rc;
+    }
+    if (v > (uint64_t)INT64_MAX + neg) {
+        return -ERANGE;
+    }
+    /* -(INT64_MAX + 1) without overflow: negate in unsigned arithmetic. */
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 0;
+}
+
 /* A number and a unit; a bare number is allowed when bare_ok, and 0 always (0 is 0 in any unit). */
 static int parse_scaled(const char *s, const struct unit *units, bool bare_ok, uint64_t *out) {
     uint64_t v = 0;

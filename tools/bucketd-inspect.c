@@ -40,6 +40,7 @@
 #include "bucketd/mongo.h"
 #include "bucketd/names.h"
 #include "bucketd/queries.h"
+#include "bucketd/units.h"
 #include "inspect.h"
 #include "inspect_top.h"
 
@@ -398,7 +399,7 @@ static int resolve_settings(const struct options *o, struct bd_config *cfg, stru
     }
     if (o->given[OPT_MAX_READINGS]) {
         int64_t n = 0;
-        if (!inspect_parse_i64(o->value[OPT_MAX_READINGS], &n) || n < 1 || n > UINT32_MAX) {
+        if (bd_units_parse_int(o->value[OPT_MAX_READINGS], &n) != 0 || n < 1 || n > UINT32_MAX) {
             return bd_err_set(err, -EINVAL, "--max-readings: '%s' is not a number >= 1",
                               o->value[OPT_MAX_READINGS]);
         }

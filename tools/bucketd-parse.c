@@ -27,6 +27,7 @@
 #include "bucketd/config.h"
 #include "bucketd/escape.h"
 #include "bucketd/parse.h"
+#include "bucketd/units.h"
 
 /* Longest line (or entry, when a string spans lines) accepted; longer ones get an error. */
 #define MAX_LINE (1024 * 1024)
@@ -280,20 +281,6 @@ static int bad_usage(const char *fmt, const char *arg) {
     return 2;
 }
 
-static bool parse_i64_arg(const char *s, int64_t *out) {
-    if (*s == '\0' || (*s != '-' && (*s < '0' || *s > '9'))) {
-        return false;
-    }
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || *end != '\0') {
-        return false;
-    }
-    *out = (int64_t)v;
-    return true;
-}
-
 /* 0, 1 to exit successfully at once (--help), or 2 for bad usage (already reported). */
 static int parse_args(int argc, char **argv, struct options *o) {
     for (int i = 1; i < argc; i++) {
@@ -328,7 +315,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
             return bad_usage("--precision: '%s' is not ns, us, ms or s", val);
         }
         if (which == 2) {
-            if (!parse_i64_arg(val, &o->default_time)) {
+            if (bd_units_parse_int(val, &o->default_time) != 0) {
                 return bad_usage("--default-time: '%s' is not a time in nanoseconds", val);
             }
             o->has_default_time = true;

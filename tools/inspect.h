@@ -124,10 +124,9 @@ int inspect_num_cmp(const struct num *a, const struct num *b);
 void inspect_fmt_double(double v, char *buf, size_t cap);
 void inspect_fmt_num(const struct num *n, char *buf, size_t cap);
 
-/* Times: ms since the epoch as RFC 3339 in UTC; a decimal int64, strictly; Unix seconds or
- * RFC 3339 to ms (-EINVAL, -ERANGE). */
+/* Times: ms since the epoch as RFC 3339 in UTC; Unix seconds or RFC 3339 to ms (-EINVAL,
+ * -ERANGE). */
 void inspect_fmt_time(int64_t ms, char *buf, size_t cap);
-bool inspect_parse_i64(const char *s, int64_t *out);
 int inspect_parse_time(const char *s, int64_t *out_ms);
 
 /* BSON types: a type's name for messages; whether it is in a T_* mask; a value as relaxed

@@ -19,6 +19,7 @@
 #include "bucketd/bucket.h"
 #include "bucketd/escape.h"
 #include "bucketd/mongo.h"
+#include "bucketd/units.h"
 
 /*
  * Text from the documents (ids, names, values in messages) was sent by anyone who could reach
@@ -158,27 +159,13 @@ static bool read_digits(const char **p, int n, int *out) {
     return true;
 }
 
-bool inspect_parse_i64(const char *s, int64_t *out) {
-    if (*s == '\0' || (*s != '-' && (*s < '0' || *s > '9'))) {
-        return false;
-    }
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || *end != '\0') {
-        return false;
-    }
-    *out = (int64_t)v;
-    return true;
-}
-
 /*
  * Unix seconds ("1736949600") or RFC 3339 ("2025-01-15T14:00:00Z", with optional fraction and
  * a Z or +hh:mm offset). Fractions finer than a millisecond are truncated, as BSON dates are.
  */
 int inspect_parse_time(const char *s, int64_t *out_ms) {
     int64_t secs = 0;
-    if (inspect_parse_i64(s, &secs)) {
+    if (bd_units_parse_int(s, &secs) == 0) {
         if (secs > INT64_MAX / 1000 || secs < INT64_MIN / 1000) {
             return -ERANGE;
         }

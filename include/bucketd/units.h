@@ -25,6 +25,8 @@
 
 /* Decimal digits and nothing else: 0, -EINVAL (not such a number) or -ERANGE (over 64 bits). */
 int bd_units_parse_uint(const char *s, uint64_t *out);
+/* The same with an optional leading '-': 0, -EINVAL or -ERANGE (outside int64_t). */
+int bd_units_parse_int(const char *s, int64_t *out);
 
 /*
  * Strict unit parsers, shared with the tools: "1500ms", "1s", "5m", "1h" (a bare number only

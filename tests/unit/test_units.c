@@ -189,7 +189,7 @@ Test(units, durations_and_sizes_back_to_text) {
     }
 }
 
-/* Whole numbers: digits only; the reason a host:port is refused. */
+/* Whole numbers: digits only (a leading '-' for a signed one); the reason a host:port is refused. */
 Test(units, whole_numbers_and_hostport_reasons) {
     uint64_t n = 42;
     cr_assert_eq(bd_units_parse_uint("0", &n), 0);
@@ -203,6 +203,24 @@ Test(units, whole_numbers_and_hostport_reasons) {
     cr_assert_eq(bd_units_parse_uint("", &n), -EINVAL);
     cr_assert_eq(bd_units_parse_uint(NULL, &n), -EINVAL);
     cr_assert_eq(n, 42);
+
+    int64_t i = 42;
+    cr_assert_eq(bd_units_parse_int("-9223372036854775808", &i), 0);
+    cr_assert_eq(i, INT64_MIN);
+    cr_assert_eq(bd_units_parse_int("9223372036854775807", &i), 0);
+    cr_assert_eq(i, INT64_MAX);
+    cr_assert_eq(bd_units_parse_int("-0", &i), 0);
+    cr_assert_eq(i, 0);
+    i = 42;
+    cr_assert_eq(bd_units_parse_int("9223372036854775808", &i), -ERANGE);
+    cr_assert_eq(bd_units_parse_int("-9223372036854775809", &i), -ERANGE);
+    cr_assert_eq(bd_units_parse_int("--1", &i), -EINVAL);
+    cr_assert_eq(bd_units_parse_int("+1", &i), -EINVAL);
+    cr_assert_eq(bd_units_parse_int(" 1", &i), -EINVAL);
+    cr_assert_eq(bd_units_parse_int("-", &i), -EINVAL);
+    cr_assert_eq(bd_units_parse_int("1s", &i), -EINVAL);
+    cr_assert_eq(bd_units_parse_int(NULL, &i), -EINVAL);
+    cr_assert_eq(i, 42);
 
     struct sockaddr_storage ss;
     const char *why = NULL;
