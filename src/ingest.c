@@ -10,7 +10,9 @@
  * Threads: the ingest thread only, the one that owns the uv loop handed to bd_ingest_new().
  *
  * Ownership: struct bd_ingest owns its listener slots (ingest_core.c) and, with a UDP listener,
- * the kernel counters' object (kstats.c). A reload changes the listener set
+ * the kernel counters' object (kstats.c). With ingest.loops > 1 a UDP listener also has its
+ * receive loops (ingest_loops.c), opened with it and closed, after their sockets are read out,
+ * before its own socket closes. A reload changes the listener set
  * (bd_ingest_set_listeners): a new listener opens in a free slot; a removed one closes its
  * socket (UDP: after reading out its buffer, as at a stop) and, TCP, keeps its connections
  * until their senders close them, so that nothing they send is lost; its slot is free again
@@ -27,10 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "bucketd/log.h"
 #include "ingest_core.h"
 #include "ingest_hold.h"
+#include "ingest_loops.h"
 #include "kstats_int.h"
 #include "tcp.h"
 #include "tcp_tls.h"
@@ -64,7 +68,11 @@ static int listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
     if (rc < 0) {
         return rc;
     }
+    l->reuseport = l->cfg.proto == BD_PROTO_UDP && in->n_loops > 1;
     rc = l->cfg.proto == BD_PROTO_UDP ? ingest_udp_open(l, err) : ingest_tcp_open(l, err);
+    if (rc == 0 && l->reuseport) {
+        rc = ingest_loops_open(l, in->n_loops - 1, err);
+    }
     if (rc < 0) {
         return rc;
     }
@@ -79,6 +87,7 @@ static int listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
  * ingest_udp_drain_at_stop(). Idempotent.
  */
 static void listener_close(struct listener *l) {
+    ingest_loops_close(l, "at its close");
     ingest_listener_close_socket(l);
     if (l->cfg.proto == BD_PROTO_TCP) {
         ingest_tcp_close(l);
@@ -150,6 +159,11 @@ int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_confi
     in->stats = stats;
     in->max_line = cfg->limits.max_line;
     in->udp_stop_drain_ns = UDP_STOP_DRAIN_NS;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (bd_config_ingest_loops(cfg->ingest.loops, cores > 0 ? (uint32_t)cores : 1, &in->n_loops) <
+        0) {
+        in->n_loops = 1; /* the loader checked the text: not reached */
+    }
     BD_ASSERT(cfg->n_listeners <= BD_MAX_LISTENERS);
     in->cap_listeners = LISTENER_SLOTS;
     in->listeners = calloc(in->cap_listeners, sizeof(*in->listeners));
@@ -213,6 +227,7 @@ void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {
         if (l->h_open && l->cfg.proto == BD_PROTO_UDP) {
             ingest_udp_drain_at_stop(l, "at stop");
         }
+        ingest_loops_close(l, "at stop"); /* then its receive loops' sockets, if any */
     }
     /* The last reading, while our sockets still exist, for the stats printed at the stop. */
     ingest_kstats_update(in->kstats);
@@ -243,6 +258,7 @@ void bd_ingest_resume(struct bd_ingest *in) {
         struct listener *l = &in->listeners[i];
         if (l->cfg.proto == BD_PROTO_UDP) {
             ingest_udp_maybe_resume(l);
+            ingest_loops_consume(l); /* what the receive loops read while it was paused */
         }
     }
     for (uint32_t i = 0; i < in->n_listeners; i++) {
@@ -321,6 +337,7 @@ static void remove_listener(struct listener *l) {
     l->active = false;
     if (l->cfg.proto == BD_PROTO_UDP) {
         ingest_udp_drain_at_stop(l, "at its removal");
+        ingest_loops_close(l, "at its removal");
     }
     if (l->conns == NULL) {
         listener_close(l);
