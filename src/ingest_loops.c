@@ -212,6 +212,7 @@ static void deliver(struct listener *l, const struct bd_dgram *d) {
     const struct sockaddr *peer = d->peer_len > 0 ? &d->peer.sa : NULL;
     BD_STAT_ADD(in->stats, udp_datagrams, 1);
     BD_STAT_ADD(in->stats, udp_bytes, d->len);
+    BD_STAT_ADD(in->stats, udp_datagrams_other_loops, 1);
     if (l->cfg.allow.n > 0 && (peer == NULL || !bd_allow_match(&l->cfg.allow, peer))) {
         ingest_not_allowed(l, peer);
         return;
