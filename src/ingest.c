@@ -87,7 +87,7 @@ static int listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
  * ingest_udp_drain_at_stop(). Idempotent.
  */
 static void listener_close(struct listener *l) {
-    ingest_loops_close(l, "at its close");
+    ingest_loops_close(l);
     ingest_listener_close_socket(l);
     if (l->cfg.proto == BD_PROTO_TCP) {
         ingest_tcp_close(l);
@@ -112,17 +112,27 @@ static void maybe_stopped(struct bd_ingest *in) {
 /* ---------------------------------------------------------------------------------------- */
 /* Kernel counters                                                                          */
 
-/* kstats.c asks which slots hold an open UDP socket. */
+/*
+ * kstats.c asks which slots hold an open UDP socket: slot i is listener i's own socket; with
+ * receive loops, the sockets of listener i's loops past the first follow all the listeners'
+ * slots, n_loops - 1 of them per listener slot, so every socket keeps its slot.
+ */
 static uint32_t kstats_sockets(void *arg, struct ingest_kstats_socket *out, uint32_t cap) {
     struct bd_ingest *in = arg;
-    BD_ASSERT(in->n_listeners <= cap);
+    uint32_t extra = in->n_loops - 1;
+    uint32_t n = extra == 0 ? in->n_listeners : in->cap_listeners + in->n_listeners * extra;
+    BD_ASSERT(n <= cap);
     for (uint32_t i = 0; i < in->n_listeners; i++) {
         const struct listener *l = &in->listeners[i];
         bool udp = l->cfg.proto == BD_PROTO_UDP && l->h_open && l->sock_inode != 0;
-        out[i] = (struct ingest_kstats_socket){udp ? l->sock_inode : 0,
-                                               l->cfg.addr.ss_family == AF_INET6};
+        bool v6 = l->cfg.addr.ss_family == AF_INET6;
+        out[i] = (struct ingest_kstats_socket){udp ? l->sock_inode : 0, v6};
+        for (uint32_t k = 0; k < extra; k++) {
+            uint64_t inode = l->cfg.proto == BD_PROTO_UDP ? ingest_loops_sock_inode(l, k) : 0;
+            out[in->cap_listeners + i * extra + k] = (struct ingest_kstats_socket){inode, v6};
+        }
     }
-    return in->n_listeners;
+    return n;
 }
 
 /* With a UDP listener, and not yet: the kernel counters' baseline and timer. */
@@ -137,7 +147,8 @@ static int kstats_start(struct bd_ingest *in, struct bd_err *err) {
     if (!udp) {
         return 0;
     }
-    return ingest_kstats_new(&in->kstats, in, in->cap_listeners, kstats_sockets, in, err);
+    return ingest_kstats_new(&in->kstats, in, in->cap_listeners * in->n_loops, kstats_sockets, in,
+                             err);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -227,7 +238,7 @@ void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {
         if (l->h_open && l->cfg.proto == BD_PROTO_UDP) {
             ingest_udp_drain_at_stop(l, "at stop");
         }
-        ingest_loops_close(l, "at stop"); /* then its receive loops' sockets, if any */
+        ingest_loops_read_out(l, "at stop"); /* then its receive loops' sockets, if any */
     }
     /* The last reading, while our sockets still exist, for the stats printed at the stop. */
     ingest_kstats_update(in->kstats);
@@ -337,7 +348,8 @@ static void remove_listener(struct listener *l) {
     l->active = false;
     if (l->cfg.proto == BD_PROTO_UDP) {
         ingest_udp_drain_at_stop(l, "at its removal");
-        ingest_loops_close(l, "at its removal");
+        ingest_loops_read_out(l, "at its removal");
+        ingest_loops_close(l);
     }
     if (l->conns == NULL) {
         listener_close(l);

@@ -51,6 +51,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -78,6 +79,8 @@ struct rloop {
     struct bd_dgram_ring ring;
     pthread_t th;
     bool started;
+    bool joined;
+    uint64_t inode; /* of the socket, for the kernel's drop counters (kstats.c); 0: unknown */
     /* The stop: deadline written before stop is stored (release), read after it is loaded. */
     int64_t deadline;
     _Atomic bool stop;
@@ -91,6 +94,7 @@ struct rloop {
 struct ingest_loops {
     struct bd_stats *stats;
     uv_async_t *async;
+    bool read_out; /* the loops have read out their sockets and ended (ingest thread) */
     uint32_t n;
     struct rloop rl[];
 };
@@ -301,11 +305,12 @@ static void rloop_free(struct rloop *r) {
     bd_dgram_ring_close(&r->ring);
 }
 
-void ingest_loops_close(struct listener *l, const char *when) {
+void ingest_loops_read_out(struct listener *l, const char *when) {
     struct ingest_loops *g = l->loops;
-    if (g == NULL) {
+    if (g == NULL || g->read_out) {
         return;
     }
+    g->read_out = true;
     int64_t deadline = bd_mono_ns() + l->in->udp_stop_drain_ns;
     for (uint32_t i = 0; i < g->n; i++) {
         struct rloop *r = &g->rl[i];
@@ -334,6 +339,7 @@ void ingest_loops_close(struct listener *l, const char *when) {
         struct rloop *r = &g->rl[i];
         if (r->started) {
             pthread_join(r->th, NULL);
+            r->joined = true;
             if (r->timed_out) {
                 bd_warn("%s: receive loop %u still reading its socket buffer after %d ms %s; "
                         "%s%llu datagrams left in it are discarded (udp_unread_at_stop)",
@@ -346,7 +352,18 @@ void ingest_loops_close(struct listener *l, const char *when) {
                         l->name, i + 2, (unsigned long long)r->n_read_at_stop, when);
             }
         }
-        rloop_free(r);
+    }
+}
+
+void ingest_loops_close(struct listener *l) {
+    struct ingest_loops *g = l->loops;
+    if (g == NULL) {
+        return;
+    }
+    ingest_loops_read_out(l, "at its close");
+    for (uint32_t i = 0; i < g->n; i++) {
+        BD_ASSERT(!g->rl[i].started || g->rl[i].joined);
+        rloop_free(&g->rl[i]);
     }
     free(g);
     l->loops = NULL;
@@ -392,6 +409,10 @@ static int rloop_open(struct listener *l, struct rloop *r, const struct sockaddr
     set_rcvbuf(r->fd, l->cfg.rcvbuf);
     if (bind(r->fd, (const struct sockaddr *)sa, sa_len) != 0) {
         return bd_err_set(err, -errno, "%s: receive loop bind: %s", l->name, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(r->fd, &st) == 0) {
+        r->inode = (uint64_t)st.st_ino;
     }
     r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (r->efd < 0) {
@@ -444,4 +465,12 @@ int ingest_loops_open(struct listener *l, uint32_t n_extra, struct bd_err *err) 
     }
     bd_info("%s: %u receive loops (SO_REUSEPORT)", l->name, n_extra + 1);
     return 0;
+}
+
+uint64_t ingest_loops_sock_inode(const struct listener *l, uint32_t k) {
+    const struct ingest_loops *g = l->loops;
+    if (g == NULL || k >= g->n || g->rl[k].fd < 0) {
+        return 0;
+    }
+    return g->rl[k].inode;
 }

@@ -23,8 +23,17 @@ void ingest_loops_consume(struct listener *l);
  * At stop or the listener's removal (`when`, for the log), after the listener's own socket was
  * read out: every receive loop reads out its socket (within in->udp_stop_drain_ns, the rest
  * counted in udp_unread_at_stop) while this thread parses what they hand over; then the
- * threads end and everything is closed. Idempotent; a no-op without receive loops.
+ * threads end. Their sockets stay open (the kernel's counters are read once more) until
+ * ingest_loops_close(). Idempotent; a no-op without receive loops.
  */
-void ingest_loops_close(struct listener *l, const char *when);
+void ingest_loops_read_out(struct listener *l, const char *when);
+
+/* Read out (if not yet), close the loops' sockets and free them; the async handle closes with
+ * the listener's other handles. Idempotent. */
+void ingest_loops_close(struct listener *l);
+
+/* For the kernel's drop counters: the inode of receive loop k's socket (k from 0, the loops past
+ * the first), 0 when there is none. Valid until ingest_loops_close(). */
+uint64_t ingest_loops_sock_inode(const struct listener *l, uint32_t k);
 
 #endif
