@@ -17,7 +17,7 @@ import suite as S
 SENDERS = 4
 
 
-def trial(ctx, loops, load):
+def trial(ctx, loops, load, rate=0):
     port = S.free_port('udp')
     d = S.Bucketd(ctx, 'loops%d-%d' % (loops, port), [('udp', port, load.fmt)],
                   extra=['ingest:', '  loops: %d' % loops]).start()
@@ -27,7 +27,7 @@ def trial(ctx, loops, load):
         p0 = S.cpu_seconds(d.pid)
         procs = [S.start_sim(ctx, S.Load(load.sensors, load.fields, load.per_datagram,
                                           load.max_datagram, seed=10 + i).args(
-                                              port, rate=0, duration=ctx.step_s))
+                                              port, rate=rate / SENDERS, duration=ctx.step_s))
                  for i in range(SENDERS)]
         res = [S.finish_sim(ctx, p, ctx.step_s + 60) for p in procs]
         S.wait_rx_drained(port)
@@ -44,14 +44,17 @@ def trial(ctx, loops, load):
     t = {'loops': loops, 'sent': sent, 'accepted': accepted, 'elapsed': elapsed,
          'rate': accepted / max(elapsed, 1e-9),
          'kernel': k1.get('RcvbufErrors', 0) - k0.get('RcvbufErrors', 0),
+         'socket_drops': (got or {}).get('udp_socket_drops', 0),
          'drops': S.daemon_drops(got or {}),
          'other': (got or {}).get('udp_datagrams_other_loops', 0),
          'datagrams': (got or {}).get('udp_datagrams', 0),
          'ingest_cpu_per_m': ingest_cpu / max(accepted, 1) * 1e6,
          'daemon_cpu_per_m': (p1 - p0) / max(accepted, 1) * 1e6}
-    S.log('  loops=%d: sent %d accepted %d (%s/s) kernel drops %d, daemon drops %s, '
-          '%d of %d datagrams via loop 2; ingest thread %.3f s CPU per M readings, daemon %.3f'
-          % (loops, sent, accepted, S.si(t['rate']), t['kernel'], t['drops'] or '{}',
+    S.log('  loops=%d rate=%s: sent %d accepted %d (%s/s) kernel drops %d (udp_socket_drops '
+          '%d), daemon drops %s, %d of %d datagrams via loop 2; ingest thread %.3f s CPU per M '
+          'readings, daemon %.3f'
+          % (loops, S.si(rate) if rate else 'flat-out', sent, accepted, S.si(t['rate']),
+             t['kernel'], t['socket_drops'], t['drops'] or '{}',
              t['other'], t['datagrams'], t['ingest_cpu_per_m'], t['daemon_cpu_per_m']))
     return t
 
@@ -94,6 +97,28 @@ def fig_loops(ctx):
                      cpu(trials[2], 'ingest_cpu_per_m'), cpu(trials[1], 'daemon_cpu_per_m'),
                      cpu(trials[2], 'daemon_cpu_per_m'), runs,
                      ', '.join('%d of %d' % (t['other'], t['datagrams']) for t in trials[2])))
+    # The cost per reading without overload: a fixed total rate the daemon takes without loss
+    # on this box, so that the CPU figures are not those of a starved process.
+    for name, load, rate in (('packed 400/datagram', cases[0][1], 1000000),
+                             ('1 reading/datagram', cases[1][1], 40000)):
+        per = {1: [], 2: []}
+        try:
+            for _ in range(runs):
+                for loops in (1, 2):
+                    per[loops].append(trial(ctx, loops, load, rate))
+        except S.BenchError as e:
+            ctx.note('2c at a fixed rate, %s: not run: %s' % (name, e))
+            continue
+        ctx.note('2c at %s readings/s (%d senders), %s: CPU s per M readings, ingest thread: '
+                 '1 loop %s, 2 loops %s; whole daemon: 1 loop %s, 2 loops %s; datagrams via '
+                 'loop 2: %s; readings lost: %s' % (
+                     S.si(rate), SENDERS, name,
+                     ' / '.join('%.3f' % t['ingest_cpu_per_m'] for t in per[1]),
+                     ' / '.join('%.3f' % t['ingest_cpu_per_m'] for t in per[2]),
+                     ' / '.join('%.3f' % t['daemon_cpu_per_m'] for t in per[1]),
+                     ' / '.join('%.3f' % t['daemon_cpu_per_m'] for t in per[2]),
+                     ', '.join('%d of %d' % (t['other'], t['datagrams']) for t in per[2]),
+                     ', '.join(str(t['sent'] - t['accepted']) for t in per[1] + per[2])))
     ctx.conditions.append('2c: %d bucketd-sim processes (one source port each, the same '
                           'series) flat out for %g s per trial on the same 2 cores as the '
                           'daemon; trials alternate 1 and 2 loops' % (SENDERS, ctx.step_s))
