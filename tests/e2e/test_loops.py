@@ -12,8 +12,10 @@ Run: /usr/bin/python3 tests/e2e/test_loops.py   (see bdtest.py for the environme
 """
 
 import os
+import signal
 import socket
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +31,8 @@ PORTS = 64  # source ports: the chance that all hash to one of two sockets is 2*
 class ManyPorts:
     """UDP sender that spreads datagrams over PORTS sockets (source ports), round robin."""
 
-    def __init__(self, addr, lines_per_datagram=5):
+    def __init__(self, addr, lines_per_datagram=5, pace=True):
+        self.pace = pace
         self.addr = addr
         self.per = lines_per_datagram
         self.socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(PORTS)]
@@ -49,8 +52,7 @@ class ManyPorts:
             s.sendto(b"\n".join(self.pending) + b"\n", self.addr)
             self.datagrams += 1
             self.pending = []
-            if self.datagrams % 200 == 0:
-                import time
+            if self.pace and self.datagrams % 200 == 0:
                 time.sleep(0.002)  # pace: the receive buffers are not what this test is about
 
     def close(self):
@@ -141,13 +143,21 @@ class Loops(bdtest.E2ECase):
             sent += s.datagrams
         self.assertStored(client, db, len(first) + len(second), d)
 
-        # The stop right after the last datagrams: what the sockets hold is read out.
-        senders = [ManyPorts(d.addr("keep")), ManyPorts(("127.0.0.1", new_port))]
-        for i, r in enumerate(third):
-            senders[i % 2].line(r.line)
-        for s in senders:
-            s.close()
-            sent += s.datagrams
+        # The stop with the last datagrams still queued in every socket: the process is
+        # stopped (SIGSTOP) while they are sent, and continues with SIGTERM pending, so the
+        # receive loops and the ingest thread find them at the stop's read-out.
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            senders = [ManyPorts(d.addr("keep"), pace=False),
+                       ManyPorts(("127.0.0.1", new_port), pace=False)]
+            for i, r in enumerate(third):
+                senders[i % 2].line(r.line)
+            for s in senders:
+                s.close()
+                sent += s.datagrams
+            d.proc.send_signal(signal.SIGTERM)
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
         stats = d.stop()
         self.assertStat(stats, "udp_datagrams", sent, d)
         self.assertStat(stats, "udp_unread_at_stop", 0, d)
