@@ -158,6 +158,8 @@ class Loops(bdtest.E2ECase):
             d.proc.send_signal(signal.SIGTERM)
         finally:
             os.kill(d.proc.pid, signal.SIGCONT)
+        # Only the one SIGTERM: a second one during the stop would find its handler closed.
+        d.proc.wait(60)
         stats = d.stop()
         self.assertStat(stats, "udp_datagrams", sent, d)
         self.assertStat(stats, "udp_unread_at_stop", 0, d)
