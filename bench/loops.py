@@ -17,6 +17,19 @@ import suite as S
 SENDERS = 4
 
 
+def recv_cpu(pid, cpu):
+    """CPU seconds of the receive loops' threads (named bd-recv-N) in a thread_cpu() dict."""
+    total = 0.0
+    for tid, sec in cpu.items():
+        try:
+            with open('/proc/%d/task/%d/comm' % (pid, tid)) as f:
+                if f.read().startswith('bd-recv'):
+                    total += sec
+        except OSError:
+            pass
+    return total
+
+
 def trial(ctx, loops, load, rate=0):
     port = S.free_port('udp')
     d = S.Bucketd(ctx, 'loops%d-%d' % (loops, port), [('udp', port, load.fmt)],
@@ -33,6 +46,7 @@ def trial(ctx, loops, load, rate=0):
         S.wait_rx_drained(port)
         time.sleep(0.5)
         c1 = S.thread_cpu(d.pid)
+        r1 = recv_cpu(d.pid, c1)
         p1 = S.cpu_seconds(d.pid)
         k1 = S.read_snmp_udp()
     finally:
@@ -49,13 +63,14 @@ def trial(ctx, loops, load, rate=0):
          'other': (got or {}).get('udp_datagrams_other_loops', 0),
          'datagrams': (got or {}).get('udp_datagrams', 0),
          'ingest_cpu_per_m': ingest_cpu / max(accepted, 1) * 1e6,
-         'daemon_cpu_per_m': (p1 - p0) / max(accepted, 1) * 1e6}
+         'daemon_cpu_per_m': (p1 - p0) / max(accepted, 1) * 1e6,
+         'recv_cpu_per_m': (r1 - recv_cpu(d.pid, c0)) / max(accepted, 1) * 1e6}
     S.log('  loops=%d rate=%s: sent %d accepted %d (%s/s) kernel drops %d (udp_socket_drops '
           '%d), daemon drops %s, %d of %d datagrams via loop 2; ingest thread %.3f s CPU per M '
-          'readings, daemon %.3f'
+          'readings, receive loop %.3f, daemon %.3f'
           % (loops, S.si(rate) if rate else 'flat-out', sent, accepted, S.si(t['rate']),
              t['kernel'], t['socket_drops'], t['drops'] or '{}',
-             t['other'], t['datagrams'], t['ingest_cpu_per_m'], t['daemon_cpu_per_m']))
+             t['other'], t['datagrams'], t['ingest_cpu_per_m'], t['recv_cpu_per_m'], t['daemon_cpu_per_m']))
     return t
 
 
@@ -110,11 +125,12 @@ def fig_loops(ctx):
             ctx.note('2c at a fixed rate, %s: not run: %s' % (name, e))
             continue
         ctx.note('2c at %s readings/s (%d senders), %s: CPU s per M readings, ingest thread: '
-                 '1 loop %s, 2 loops %s; whole daemon: 1 loop %s, 2 loops %s; datagrams via '
-                 'loop 2: %s; readings lost: %s' % (
+                 '1 loop %s, 2 loops %s; second receive loop: %s; whole daemon: 1 loop %s, '
+                 '2 loops %s; datagrams via loop 2: %s; readings lost: %s' % (
                      S.si(rate), SENDERS, name,
                      ' / '.join('%.3f' % t['ingest_cpu_per_m'] for t in per[1]),
                      ' / '.join('%.3f' % t['ingest_cpu_per_m'] for t in per[2]),
+                     ' / '.join('%.3f' % t['recv_cpu_per_m'] for t in per[2]),
                      ' / '.join('%.3f' % t['daemon_cpu_per_m'] for t in per[1]),
                      ' / '.join('%.3f' % t['daemon_cpu_per_m'] for t in per[2]),
                      ', '.join('%d of %d' % (t['other'], t['datagrams']) for t in per[2]),

@@ -36,8 +36,8 @@
  * threads are joined and the sockets closed, all before the listener's socket closes.
  *
  * Threads: the receive loops touch only their own socket, slab, eventfd and ring (producer
- * side), the stats counters (atomic) and uv_async_send; everything else runs on the ingest
- * thread. Ownership: struct ingest_loops (l->loops) owns the sockets, threads, slabs and
+ * side), their own counters (the ingest thread adds them to the stats, whose counters each have
+ * one writing thread) and uv_async_send; everything else runs on the ingest thread. Ownership: struct ingest_loops (l->loops) owns the sockets, threads, slabs and
  * rings; the async handle lives in the listener (l->loop_async) and closes like its other
  * handles. Nothing is allocated per datagram.
  */
@@ -47,6 +47,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -89,10 +90,13 @@ struct rloop {
     uint64_t n_read_at_stop;
     uint64_t n_discarded;
     bool timed_out;
+    /* Receive errors: the loop counts, the ingest thread adds what is new to udp_recv_errors
+     * (each stats counter has one writing thread). */
+    _Atomic uint64_t recv_errors;
+    uint64_t recv_errors_added; /* ingest thread */
 };
 
 struct ingest_loops {
-    struct bd_stats *stats;
     uv_async_t *async;
     bool read_out; /* the loops have read out their sockets and ended (ingest thread) */
     uint32_t n;
@@ -134,9 +138,8 @@ static void discard_rest(struct rloop *r, struct mmsghdr *msgs, struct iovec *io
         }
         discarded += (uint64_t)n;
     }
-    r->n_discarded = discarded;
+    r->n_discarded = discarded; /* added to udp_unread_at_stop by the ingest thread */
     r->timed_out = true;
-    BD_STAT_ADD(r->grp->stats, udp_unread_at_stop, discarded);
 }
 
 static void *rloop_main(void *arg) {
@@ -181,7 +184,7 @@ static void *rloop_main(void *arg) {
                 sleep_on(r, true, -1);
                 continue;
             }
-            BD_STAT_ADD(r->grp->stats, udp_recv_errors, 1);
+            atomic_fetch_add_explicit(&r->recv_errors, 1, memory_order_relaxed);
             if (stopping) {
                 break;
             }
@@ -234,6 +237,15 @@ static void deliver(struct listener *l, const struct bd_dgram *d) {
     ingest_udp_datagram(l, d->data, d->len, peer, d->arrival_ns);
 }
 
+/* The loop's receive errors since the last look, into the stats (ingest thread). */
+static void add_recv_errors(struct bd_ingest *in, struct rloop *r) {
+    uint64_t n = atomic_load_explicit(&r->recv_errors, memory_order_relaxed);
+    if (n != r->recv_errors_added) {
+        BD_STAT_ADD(in->stats, udp_recv_errors, n - r->recv_errors_added);
+        r->recv_errors_added = n;
+    }
+}
+
 static void give_back(struct rloop *r) {
     if (bd_dgram_ring_release(&r->ring)) {
         wake(r->efd);
@@ -267,6 +279,7 @@ void ingest_loops_consume(struct listener *l) {
             }
         }
         give_back(r);
+        add_recv_errors(l->in, r);
         if (n % PAUSE_CHECK_EVERY != 0) {
             ingest_udp_maybe_pause(l);
         }
@@ -340,6 +353,8 @@ void ingest_loops_read_out(struct listener *l, const char *when) {
         if (r->started) {
             pthread_join(r->th, NULL);
             r->joined = true;
+            add_recv_errors(l->in, r);
+            BD_STAT_ADD(l->in->stats, udp_unread_at_stop, r->n_discarded);
             if (r->timed_out) {
                 bd_warn("%s: receive loop %u still reading its socket buffer after %d ms %s; "
                         "%s%llu datagrams left in it are discarded (udp_unread_at_stop)",
@@ -428,6 +443,9 @@ static int rloop_open(struct listener *l, struct rloop *r, const struct sockaddr
         return bd_err_set(err, -rc, "%s: cannot start a receive loop: %s", l->name, strerror(rc));
     }
     r->started = true;
+    char name[16];
+    snprintf(name, sizeof(name), "bd-recv-%u", (unsigned)(r - r->grp->rl) + 2);
+    pthread_setname_np(r->th, name); /* for top and the bench; a failure changes nothing */
     return 0;
 }
 
@@ -443,7 +461,6 @@ int ingest_loops_open(struct listener *l, uint32_t n_extra, struct bd_err *err) 
     if (g == NULL) {
         return bd_err_set(err, -ENOMEM, "%s: out of memory", l->name);
     }
-    g->stats = in->stats;
     g->async = &l->loop_async;
     g->n = n_extra;
     for (uint32_t i = 0; i < n_extra; i++) {
