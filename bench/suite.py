@@ -891,6 +891,10 @@ class Suite(object):
                 'bucketd-sim'))
 
     # -- 1. parser ------------------------------------------------------------------------
+    def fig_loops(self):
+        import loops  # bench/loops.py: row 2c
+        loops.fig_loops(self)
+
     def fig_parser(self):
         args = [self.bin('bench_bench_parse')]
         if self.quick:
@@ -2905,7 +2909,7 @@ class Suite(object):
                 ('writecost', self.fig_writecost), ('summaries', self.fig_summaries),
                 ('metrics', self.fig_metrics), ('tls', self.fig_tls),
                 ('idleconns', self.fig_idleconns), ('hostile', self.fig_hostile),
-                ('reboot', self.fig_reboot)]
+                ('reboot', self.fig_reboot), ('loops', self.fig_loops)]
         names = {'parser': '1. parser', 'udp': '2. UDP end to end', 'tcp': '3. TCP end to end',
                  'memory': '4. memory', 'latency': '5. flush latency',
                  'standin': '6. into the stand-in', 'peers': '7. peers',
@@ -2916,7 +2920,8 @@ class Suite(object):
                  'metrics': '13. /metrics', 'tls': '14. TLS vs plain TCP',
                  'idleconns': '15. idle TCP connections (memory)',
                  'hostile': '16. hostile senders',
-                 'reboot': '17. reboot during an outage'}
+                 'reboot': '17. reboot during an outage',
+                 'loops': '2c. ingest.loops 1 vs 2'}
         disk_done = False
         for key, fn in figs:
             if key == 'writecost' and not disk_done:
@@ -3142,7 +3147,7 @@ def main():
     ap.add_argument('--out', default='')
     ap.add_argument('--only', default='', help='comma list: parser,udp,tcp,memory,latency,'
                     'standin,peers,slowdb,replay,writecost,summaries,metrics,tls,idleconns,'
-                    'hostile,reboot')
+                    'hostile,reboot,loops')
     ap.add_argument('--date', default=datetime.datetime.now().strftime('%Y-%m-%d %H:%M %Z'))
     ap.add_argument('--netns', action='store_true', help='running in a private netns')
     ap.add_argument('--commit', default='', help='short commit of the measured code')

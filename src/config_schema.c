@@ -55,6 +55,7 @@ static const char *check_span(const char *s, uint64_t ms);
 static const char *check_retention(const char *s, uint64_t ms);
 static const char *check_pow2(const char *s, uint64_t n);
 static const char *check_spool_sync(const char *s, uint64_t unused);
+static const char *check_ingest_loops(const char *s, uint64_t unused);
 static const struct enum_name when_full_names[] = {{"drop_oldest", BD_SPOOL_FULL_DROP_OLDEST},
                                                    {"drop_newest", BD_SPOOL_FULL_DROP_NEWEST},
                                                    {"block", BD_SPOOL_FULL_BLOCK},
@@ -205,6 +206,11 @@ const struct key_def config_schema[] = {
              "before trusting it as it is; 0 trusts it at once"},
     {.path = "log.level", .type = T_LOGLEVEL, CFG(log.level), .def = "info",
      .names = level_names, .flags = KF_RELOAD, .help = "least severe level logged"},
+    {.path = "ingest.loops", .type = T_STRING, CFG(ingest.loops), .min = 1,
+     .max = sizeof(((struct bd_config *)0)->ingest.loops) - 1, .def = "auto",
+     .check = check_ingest_loops,
+     .help = "threads that read each UDP listener's socket (SO_REUSEPORT): a number from 1 "
+             "to 16, or auto (1 below 4 cores, else 2); TCP stays on the ingest thread"},
     {.path = "limits.max_sensors", .type = T_UINT, CFG(limits.max_sensors), .min = 1,
      .max = 10000000, .def = "100000", .flags = KF_RELOAD,
      .help = "distinct sensors tracked (a reload raises it only as far as the queues reserved "
@@ -383,12 +389,40 @@ int bd_config_spool_sync(const char *text, uint64_t *interval_ms) {
     return BD_SPOOL_SYNC_INTERVAL;
 }
 
+int bd_config_ingest_loops(const char *text, uint32_t cores, uint32_t *loops) {
+    if (strcmp(text, "auto") == 0) {
+        *loops = cores < 4 ? 1 : 2;
+        return 0;
+    }
+    uint32_t n = 0;
+    if (text[0] == '\0' || strlen(text) > 2) {
+        return -EINVAL;
+    }
+    for (const char *c = text; *c != '\0'; c++) {
+        if (*c < '0' || *c > '9') {
+            return -EINVAL;
+        }
+        n = n * 10 + (uint32_t)(*c - '0');
+    }
+    if (n < 1 || n > BD_MAX_INGEST_LOOPS) {
+        return -EINVAL;
+    }
+    *loops = n;
+    return 0;
+}
+
 static const char *check_spool_sync(const char *s, uint64_t unused) {
     (void)unused;
     uint64_t ms;
     return bd_config_spool_sync(s, &ms) < 0
                ? "must be none, batch, or an interval from 10ms to 1h (e.g. 1s, 10s)"
                : NULL;
+}
+
+static const char *check_ingest_loops(const char *s, uint64_t unused) {
+    (void)unused;
+    uint32_t n;
+    return bd_config_ingest_loops(s, 1, &n) < 0 ? "must be auto or a number from 1 to 16" : NULL;
 }
 
 static const char *check_span(const char *s, uint64_t ms) {

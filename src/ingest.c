@@ -10,7 +10,9 @@
  * Threads: the ingest thread only, the one that owns the uv loop handed to bd_ingest_new().
  *
  * Ownership: struct bd_ingest owns its listener slots (ingest_core.c) and, with a UDP listener,
- * the kernel counters' object (kstats.c). A reload changes the listener set
+ * the kernel counters' object (kstats.c). With ingest.loops > 1 a UDP listener also has its
+ * receive loops (ingest_loops.c), opened with it and closed, after their sockets are read out,
+ * before its own socket closes. A reload changes the listener set
  * (bd_ingest_set_listeners): a new listener opens in a free slot; a removed one closes its
  * socket (UDP: after reading out its buffer, as at a stop) and, TCP, keeps its connections
  * until their senders close them, so that nothing they send is lost; its slot is free again
@@ -27,10 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "bucketd/log.h"
 #include "ingest_core.h"
 #include "ingest_hold.h"
+#include "ingest_loops.h"
 #include "kstats_int.h"
 #include "tcp.h"
 #include "tcp_tls.h"
@@ -64,7 +68,11 @@ static int listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
     if (rc < 0) {
         return rc;
     }
+    l->reuseport = l->cfg.proto == BD_PROTO_UDP && in->n_loops > 1;
     rc = l->cfg.proto == BD_PROTO_UDP ? ingest_udp_open(l, err) : ingest_tcp_open(l, err);
+    if (rc == 0 && l->reuseport) {
+        rc = ingest_loops_open(l, in->n_loops - 1, err);
+    }
     if (rc < 0) {
         return rc;
     }
@@ -79,6 +87,7 @@ static int listener_open(struct bd_ingest *in, struct listener *l, uint32_t idx,
  * ingest_udp_drain_at_stop(). Idempotent.
  */
 static void listener_close(struct listener *l) {
+    ingest_loops_close(l);
     ingest_listener_close_socket(l);
     if (l->cfg.proto == BD_PROTO_TCP) {
         ingest_tcp_close(l);
@@ -103,17 +112,27 @@ static void maybe_stopped(struct bd_ingest *in) {
 /* ---------------------------------------------------------------------------------------- */
 /* Kernel counters                                                                          */
 
-/* kstats.c asks which slots hold an open UDP socket. */
+/*
+ * kstats.c asks which slots hold an open UDP socket: slot i is listener i's own socket; with
+ * receive loops, the sockets of listener i's loops past the first follow all the listeners'
+ * slots, n_loops - 1 of them per listener slot, so every socket keeps its slot.
+ */
 static uint32_t kstats_sockets(void *arg, struct ingest_kstats_socket *out, uint32_t cap) {
     struct bd_ingest *in = arg;
-    BD_ASSERT(in->n_listeners <= cap);
+    uint32_t extra = in->n_loops - 1;
+    uint32_t n = extra == 0 ? in->n_listeners : in->cap_listeners + in->n_listeners * extra;
+    BD_ASSERT(n <= cap);
     for (uint32_t i = 0; i < in->n_listeners; i++) {
         const struct listener *l = &in->listeners[i];
         bool udp = l->cfg.proto == BD_PROTO_UDP && l->h_open && l->sock_inode != 0;
-        out[i] = (struct ingest_kstats_socket){udp ? l->sock_inode : 0,
-                                               l->cfg.addr.ss_family == AF_INET6};
+        bool v6 = l->cfg.addr.ss_family == AF_INET6;
+        out[i] = (struct ingest_kstats_socket){udp ? l->sock_inode : 0, v6};
+        for (uint32_t k = 0; k < extra; k++) {
+            uint64_t inode = l->cfg.proto == BD_PROTO_UDP ? ingest_loops_sock_inode(l, k) : 0;
+            out[in->cap_listeners + i * extra + k] = (struct ingest_kstats_socket){inode, v6};
+        }
     }
-    return in->n_listeners;
+    return n;
 }
 
 /* With a UDP listener, and not yet: the kernel counters' baseline and timer. */
@@ -128,7 +147,8 @@ static int kstats_start(struct bd_ingest *in, struct bd_err *err) {
     if (!udp) {
         return 0;
     }
-    return ingest_kstats_new(&in->kstats, in, in->cap_listeners, kstats_sockets, in, err);
+    return ingest_kstats_new(&in->kstats, in, in->cap_listeners * in->n_loops, kstats_sockets, in,
+                             err);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -150,6 +170,11 @@ int bd_ingest_new(struct bd_ingest **out, uv_loop_t *loop, const struct bd_confi
     in->stats = stats;
     in->max_line = cfg->limits.max_line;
     in->udp_stop_drain_ns = UDP_STOP_DRAIN_NS;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (bd_config_ingest_loops(cfg->ingest.loops, cores > 0 ? (uint32_t)cores : 1, &in->n_loops) <
+        0) {
+        in->n_loops = 1; /* the loader checked the text: not reached */
+    }
     BD_ASSERT(cfg->n_listeners <= BD_MAX_LISTENERS);
     in->cap_listeners = LISTENER_SLOTS;
     in->listeners = calloc(in->cap_listeners, sizeof(*in->listeners));
@@ -213,6 +238,7 @@ void bd_ingest_stop(struct bd_ingest *in, bd_ingest_stopped_cb cb, void *arg) {
         if (l->h_open && l->cfg.proto == BD_PROTO_UDP) {
             ingest_udp_drain_at_stop(l, "at stop");
         }
+        ingest_loops_read_out(l, "at stop"); /* then its receive loops' sockets, if any */
     }
     /* The last reading, while our sockets still exist, for the stats printed at the stop. */
     ingest_kstats_update(in->kstats);
@@ -243,6 +269,7 @@ void bd_ingest_resume(struct bd_ingest *in) {
         struct listener *l = &in->listeners[i];
         if (l->cfg.proto == BD_PROTO_UDP) {
             ingest_udp_maybe_resume(l);
+            ingest_loops_consume(l); /* what the receive loops read while it was paused */
         }
     }
     for (uint32_t i = 0; i < in->n_listeners; i++) {
@@ -321,6 +348,8 @@ static void remove_listener(struct listener *l) {
     l->active = false;
     if (l->cfg.proto == BD_PROTO_UDP) {
         ingest_udp_drain_at_stop(l, "at its removal");
+        ingest_loops_read_out(l, "at its removal");
+        ingest_loops_close(l);
     }
     if (l->conns == NULL) {
         listener_close(l);

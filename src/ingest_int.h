@@ -20,12 +20,17 @@
  *   ingest_hold.c  lines held while the wall clock is not trusted (src/ingest_hold.h, hold.h):
  *                  the clock's state at each poll, the release of held lines once it is trusted,
  *                  their save at the stop and load at the start
+ *   ingest_loops.c the receive loops of a UDP listener when ingest.loops > 1 (src/ingest_loops.h):
+ *                  its extra SO_REUSEPORT sockets, each read by a thread of its own into a
+ *                  datagram ring (dgram_ring.h) that the ingest thread empties through udp.c
  *   ingest_core.c  the core under all of them (src/ingest_core.h): listener slots and the
  *                  lifetime of every uv handle, lines to the parser and the sensor table (or to
  *                  the hold), bad line samples, allow refusals, address formatting
  *
  * Threads: everything in these files runs on the ingest thread, the one that owns the uv loop
- * handed to bd_ingest_new(); there are no locks, and no atomics apart from the stats counters.
+ * handed to bd_ingest_new(); there are no locks, and no atomics apart from the stats counters,
+ * except the receive loops' threads of ingest_loops.c, which touch only their own socket, their
+ * datagram ring and the stats counters.
  */
 #ifndef BUCKETD_INGEST_INT_H
 #define BUCKETD_INGEST_INT_H
@@ -52,6 +57,7 @@
 #define LISTENER_SLOTS (2 * BD_MAX_LISTENERS)
 
 struct conn;          /* a TCP connection (tcp.c) */
+struct ingest_loops;  /* a UDP listener's extra receive loops (ingest_loops.c) */
 struct ingest_kstats; /* the kernel's UDP counters (kstats.c) */
 
 struct listener {
@@ -86,6 +92,12 @@ struct listener {
     char *slab;          /* UDP only */
     bool udp_paused;     /* UDP: reading stopped for a congested ring (see udp_maybe_pause) */
     uint64_t sock_inode; /* UDP: of the socket, to find it in /proc/net/udp; 0 if unknown */
+    /* UDP with ingest.loops > 1: the socket joins a SO_REUSEPORT group with the sockets of
+     * the extra receive loops (ingest_loops.c), whose datagrams loop_async brings here. */
+    bool reuseport;
+    struct ingest_loops *loops;
+    uv_async_t loop_async;
+    bool loop_async_open;
 
     /*
      * TCP idle timeout: one sweeping timer per listener rather than a timer per connection.
@@ -114,6 +126,7 @@ struct bd_ingest {
     struct bd_sensor_table *table;
     struct bd_stats *stats;
     size_t max_line;
+    uint32_t n_loops; /* ingest.loops as resolved for this box: receive loops per UDP listener */
 
     /*
      * Slots, never moved (they hold uv handles): the listeners of the configuration in its order

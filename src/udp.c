@@ -39,10 +39,8 @@ static void on_udp_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     *buf = uv_buf_init(l->slab, UDP_SLAB_SIZE);
 }
 
-static void udp_datagram(struct listener *l, const char *data, size_t len,
-                         const struct sockaddr *peer) {
-    /* One clock read per datagram: every line in it arrived at the same moment. */
-    int64_t now_ns = bd_now_ns();
+void ingest_udp_datagram(struct listener *l, const char *data, size_t len,
+                         const struct sockaddr *peer, int64_t now_ns) {
     /* The parser splits the datagram into lines itself, from the same pass that maps them. */
     bd_parse_begin(&l->parser, data, len);
     while (ingest_next_line_of_batch(l, peer, now_ns) != BD_PARSE_END) {
@@ -66,7 +64,7 @@ static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
  * the slowest write and hold far more than the socket buffer -- and a paused listener resumes
  * as soon as the flusher says it has stalled.
  */
-static void udp_maybe_pause(struct listener *l) {
+void ingest_udp_maybe_pause(struct listener *l) {
     struct bd_ingest *in = l->in;
     if (l->udp_paused || in->stopping || !bd_sensor_table_udp_should_pause(in->table)) {
         return;
@@ -103,7 +101,7 @@ static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
 
     if (flags & UV_UDP_MMSG_FREE) {
         /* End of a recvmmsg batch: the slab is ours and stays allocated. */
-        udp_maybe_pause(l);
+        ingest_udp_maybe_pause(l);
         return;
     }
     if (nread < 0) {
@@ -134,9 +132,10 @@ static void on_udp_recv(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
         }
         return;
     }
-    udp_datagram(l, buf->base, (size_t)nread, addr);
+    /* One clock read per datagram: every line in it arrived at the same moment. */
+    ingest_udp_datagram(l, buf->base, (size_t)nread, addr, bd_now_ns());
     if (!(flags & UV_UDP_MMSG_CHUNK)) {
-        udp_maybe_pause(l); /* one recvmsg, not part of a batch */
+        ingest_udp_maybe_pause(l); /* one recvmsg, not part of a batch */
     }
 }
 
@@ -207,6 +206,17 @@ int ingest_udp_open(struct listener *l, struct bd_err *err) {
     l->h_open = true;
     ingest_handle_opened(in);
 
+    if (l->reuseport) {
+        /* Before the bind: the extra receive loops' sockets join this one (ingest_loops.c). */
+        uv_os_fd_t rfd;
+        int on = 1;
+        if (uv_fileno(&l->h.handle, &rfd) != 0 ||
+            setsockopt(rfd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) != 0) {
+            rc = bd_err_set(err, -errno, "%s: cannot set SO_REUSEPORT: %s", l->name,
+                            strerror(errno));
+            goto out;
+        }
+    }
     rc = uv_udp_bind(&l->h.udp, sa, 0);
     if (rc < 0) {
         bd_err_set(err, rc, "%s: %s", l->name, uv_strerror(rc));

@@ -130,6 +130,10 @@ struct bd_config {
     } time;
 
     struct {
+        char loops[8]; /* ingest.loops: "auto" or 1..BD_MAX_INGEST_LOOPS (bd_config_ingest_loops) */
+    } ingest;
+
+    struct {
         uint32_t max_sensors;    /* default 100000 */
         uint64_t memory;         /* buffer pool + pending batches, default 64 MiB */
         uint32_t ring_size;      /* no longer used; accepted for older configs */
@@ -154,6 +158,15 @@ enum bd_spool_when_full {
     BD_SPOOL_FULL_DROP_NEWEST,
     BD_SPOOL_FULL_BLOCK,
 };
+
+/* ingest.loops: at most this many. */
+#define BD_MAX_INGEST_LOOPS 16
+/*
+ * ingest.loops text to a number of loops on a box with `cores` online CPUs: a number as
+ * written, or "auto": 1 with fewer than 4 cores, else 2 (see src/ingest_loops.c for why no
+ * more). 0, or -EINVAL for anything else.
+ */
+int bd_config_ingest_loops(const char *text, uint32_t cores, uint32_t *loops);
 
 /* spool.sync text: enum bd_spool_sync (spool.h) and *interval_ms, or -EINVAL. */
 int bd_config_spool_sync(const char *text, uint64_t *interval_ms);

@@ -18,6 +18,7 @@
     X(udp_datagrams, "UDP datagrams received")                                            \
     X(udp_bytes, "UDP payload bytes received")                                            \
     X(udp_truncated, "UDP datagrams dropped because they were truncated")                  \
+    X(udp_datagrams_other_loops, "UDP datagrams read by a receive loop past the first (ingest.loops)") \
     X(udp_recv_errors, "UDP receive errors reported by libuv")                            \
     X(udp_socket_drops, "datagrams the kernel dropped on bucketd's UDP sockets (/proc/net/udp)") \
     X(udp_kernel_rcvbuf_errors,                                                            \

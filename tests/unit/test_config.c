@@ -318,7 +318,32 @@ Test(config, enum_names) {
 Test(config, unknown_key_lists_valid_keys) {
     expect_fail(LISTENER "bogus: 1\n", "4:1", "bogus",
                 "unknown key; valid keys here: writer_id, listeners, sink, mongodb, buckets, "
-                "flush, summaries, spool, metrics, time, log, limits");
+                "flush, summaries, spool, metrics, time, log, ingest, limits");
+}
+
+Test(config, ingest_loops_auto_by_cores_or_a_number) {
+    struct bd_config cfg;
+    uint32_t n = 0;
+    expect_ok(LISTENER, &cfg);
+    cr_assert_str_eq(cfg.ingest.loops, "auto");
+    cr_assert_eq(bd_config_ingest_loops("auto", 1, &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(bd_config_ingest_loops("auto", 3, &n), 0);
+    cr_assert_eq(n, 1, "fewer than 4 cores: one loop");
+    cr_assert_eq(bd_config_ingest_loops("auto", 4, &n), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(bd_config_ingest_loops("auto", 64, &n), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(bd_config_ingest_loops("16", 2, &n), 0);
+    cr_assert_eq(n, 16, "a number is taken as written, whatever the cores");
+    expect_ok(LISTENER "ingest:\n  loops: 3\n", &cfg);
+    cr_assert_str_eq(cfg.ingest.loops, "3");
+    const char *bad[] = {"0", "17", "-1", "2x", "", "100", "Auto"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_eq(bd_config_ingest_loops(bad[i], 8, &n), -EINVAL, "%s", bad[i]);
+    }
+    expect_fail(LISTENER "ingest:\n  loops: 0\n", "5:10", "ingest.loops",
+                "must be auto or a number from 1 to 16");
 }
 
 Test(config, summary_collection_defaults_to_the_collection_name_with_a_suffix) {
