@@ -29,8 +29,8 @@ import subprocess
 import time
 
 # The counters sampled around each round (bucketd_<name>_total on /metrics).
-COUNTERS = ('tcp_sensor_pauses', 'tcp_bytes', 'readings_accepted', 'bulk_writes',
-            'readings_flushed')
+COUNTERS = ('tcp_sensor_pauses', 'tcp_congestion_pauses', 'tcp_bytes', 'readings_accepted',
+            'bulk_writes', 'readings_flushed')
 
 
 def schedstat(path):
