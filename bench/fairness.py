@@ -1,7 +1,10 @@
 """Row 16a, fairness: legitimate TCP lines beside one hostile sensor sending on its own
 connection, as a ratio of the same lines alone (bench/README.md section 16).
 
-Called by suite.py (Suite.hostile_fairness); the functions take the suite object, whose helpers
+Called by suite.py (Suite.hostile_fairness): alternated() runs the daemon alone, beside the
+hostile sensor, alone, beside (a fresh daemon each, s.legit_rounds rounds each), so that both
+conditions see the same stretch of a shared machine's load, and the figure is the median of
+every round of each. The functions take the suite object, whose helpers
 (Bucketd, start_sim, run_sim, Load, ...) are passed in as `m`, the suite module, so that this
 file imports nothing of it at load time.
 
@@ -181,8 +184,11 @@ def legit_run(s, m, name, with_hostile, hostile_rate, hostile_nice=0, probe=True
             hostile = s.procs.spawn('bucketd-sim hostile', args, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE)
             time.sleep(s.hostile_lead_s)  # the hostile sensor flows first (the scenario)
+        # The bench itself too: it starts the sender and polls /proc/net/tcp for the end of the
+        # read-out, so its own wait for a CPU is part of every round's time.
         watched = [('bucketd', d.pid), ('standin', standin.proc.pid if standin else None),
-                   ('hostile', hostile.pid if hostile is not None else None)]
+                   ('hostile', hostile.pid if hostile is not None else None),
+                   ('bench', os.getpid())]
         for r in range(s.legit_rounds):
             c0 = counters(m, mport) if probe else {}
             s0 = sched_snapshot(watched) if probe else {}
@@ -217,3 +223,19 @@ def legit_run(s, m, name, with_hostile, hostile_rate, hostile_nice=0, probe=True
                 hostile.kill()
         st = d.stop(timeout=300)
     return statistics.median(rates), rates, st, probes
+
+
+def alternated(s, m, hostile_rate, runs=2):
+    """Row 16a's runs: alone, beside, alone, beside, ... (runs of each, every run a fresh
+    daemon with s.legit_rounds rounds), so that both see the same stretch of a shared machine's
+    load. Returns (alone rates, beside rates, alone stats, beside stats, {run name: probes}),
+    the rates of every round of every run of that kind."""
+    alone, beside, st_alone, st_beside, probes = [], [], [], [], {}
+    for i in range(runs):
+        for kind, with_hostile in (('alone', False), ('beside', True)):
+            name = 'legit-%s-%d' % (kind, i + 1)
+            _, rates, st, p = legit_run(s, m, name, with_hostile, hostile_rate)
+            probes[name] = p
+            (beside if with_hostile else alone).extend(rates)
+            (st_beside if with_hostile else st_alone).append(st)
+    return alone, beside, st_alone, st_beside, probes
