@@ -2808,68 +2808,39 @@ class Suite(object):
         self.hostile_fairness()
         self.hostile_flood()
 
-    def hostile_legit_run(self, name, with_hostile):
-        """16a: rounds of LEGIT_LINES legitimate TCP lines (10 sensors) into the stand-in, alone
-        or beside one hostile 32-field sensor sending on its own connection; returns (median
-        lines/s over the rounds, stats)."""
-        port, hport = free_port('tcp'), free_port('tcp')
-        standin = self.get_standin()
-        # Two listeners, so that the legitimate connection's socket queue can be watched alone.
-        d = Bucketd(self, name, [('tcp', port, 'influx'), ('tcp', hport, 'influx')],
-                    sink='mongodb', uri=standin.uri,
-                    database='hostile_%s' % name.replace('-', '_')).start()
-        hostile = None
-        rates = []
-        try:
-            if with_hostile:
-                hostile = start_sim(self, Load(1, 32, seed=7).args(hport, proto='tcp',
-                                                                   rate=HOSTILE_RATE,
-                                                                   duration=900),
-                                    name='bucketd-sim hostile')
-                time.sleep(self.hostile_lead_s)  # the hostile sensor flows first (the scenario)
-            for r in range(self.legit_rounds):
-                t0 = time.monotonic()
-                run_sim(self, Load(10, 3, seed=3 + r, extra=['--seq', '--seq-start',
-                                                              str(r * LEGIT_LINES)]).args(
-                    port, proto='tcp', count=LEGIT_LINES), 600)
-                if not wait_tcp_drained(port, timeout=300):
-                    raise BenchError('the legitimate connection was not read to the end')
-                rates.append(LEGIT_LINES / (time.monotonic() - t0))
-                time.sleep(self.legit_gap_s)
-        finally:
-            if hostile is not None:
-                hostile.terminate()
-                try:
-                    hostile.wait(10)
-                except subprocess.TimeoutExpired:
-                    hostile.kill()
-            st = d.stop(timeout=300)
-        return statistics.median(rates), rates, st
-
     def hostile_fairness(self):
+        import fairness  # bench/fairness.py: row 16a's runs and probes
+        runs = 1 if self.quick else 2
         figure = ('16a. %s legitimate TCP lines beside one hostile 32-field sensor (%s lines/s), '
                   'as a ratio of the same lines alone (into the stand-in, default limits; median '
-                  'of %d rounds)' % (si(LEGIT_LINES), si(HOSTILE_RATE) if HOSTILE_RATE else
-                                     'flat out', self.legit_rounds))
+                  'of %d rounds each, runs alternated)' % (
+                      si(LEGIT_LINES), si(HOSTILE_RATE) if HOSTILE_RATE else 'flat out',
+                      runs * self.legit_rounds))
         try:
-            alone, r0, st0 = self.hostile_legit_run('legit-alone', False)
-            beside, r1, st1 = self.hostile_legit_run('legit-beside', True)
+            r0, r1, st0, st1, probes = fairness.alternated(self, sys.modules[__name__],
+                                                           HOSTILE_RATE, runs)
         except BenchError as e:
             self.rows.append(not_run(figure, e, '>= 0.5'))
             return
+        alone, beside = statistics.median(r0), statistics.median(r1)
         ratio = beside / alone
         self.rows.append(Row(figure, '%s lines/s' % si(beside), '%s lines/s alone' % si(alone),
                              '%.2f' % ratio, '>= 0.5', met_ge(ratio, 0.5)))
+        total = lambda sts, k: sum(st.get(k, 0) for st in sts)
         self.note('16a: each round is bucketd-sim --proto tcp, 10 sensors, 3 fields, %d lines '
                   'flat out on a new connection, timed from its start until the daemon has read '
-                  'its socket to the end (rounds alone: %s; beside: %s lines/s); the hostile '
-                  'sensor is bucketd-sim, 1 sensor, 32 fields, %s on its own connection (another '
-                  'listener) from %g s before the first round. The daemon paused the hostile '
-                  'connection %d times (tcp_sensor_pauses) and accepted %d of its readings' % (
+                  'its socket to the end (rounds alone: %s; beside: %s lines/s; %d runs of each, '
+                  'alone and beside alternated, a fresh daemon each); the hostile sensor is '
+                  'bucketd-sim, 1 sensor, 32 fields, %s on its own connection (another listener, '
+                  'sensor number %d: a series of its own) from %g s before the first round. The '
+                  'daemon paused the hostile connection %d times (tcp_sensor_pauses) and '
+                  'accepted %d of its readings' % (
                       LEGIT_LINES, ', '.join(si(x) for x in r0), ', '.join(si(x) for x in r1),
-                      '%d lines/s' % HOSTILE_RATE if HOSTILE_RATE else 'flat out',
-                      self.hostile_lead_s, st1.get('tcp_sensor_pauses', 0),
-                      st1.get('readings_accepted', 0) - st0.get('readings_accepted', 0)))
+                      runs, '%d lines/s' % HOSTILE_RATE if HOSTILE_RATE else 'flat out',
+                      fairness.HOSTILE_SENSOR, self.hostile_lead_s,
+                      total(st1, 'tcp_sensor_pauses'),
+                      total(st1, 'readings_accepted') - total(st0, 'readings_accepted')))
+        self.note(fairness.describe_note(probes))
 
     def hostile_flood(self):
         names = 20000 if self.quick else 1000000

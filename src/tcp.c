@@ -129,6 +129,19 @@ static void conn_unpause(struct conn *c) {
 #define DRAIN_CONGESTED 1
 #define DRAIN_BUSY 2
 
+/* Stop reading c because conn_drain returned rc (> 0), counted under why: a busy sensor
+ * (tcp_sensor_pauses) or a congested pool (tcp_congestion_pauses). */
+static void conn_pause_drain(struct conn *c, int rc) {
+    if (!c->paused) {
+        if (rc == DRAIN_BUSY) {
+            BD_STAT_ADD(c->l->in->stats, tcp_sensor_pauses, 1);
+        } else {
+            BD_STAT_ADD(c->l->in->stats, tcp_congestion_pauses, 1);
+        }
+    }
+    conn_pause(c);
+}
+
 /*
  * Consume the complete lines in the buffer. Returns 0 when only a partial line (if any) is left,
  * DRAIN_CONGESTED when it stopped early because the sensor table is congested, DRAIN_BUSY when
@@ -449,7 +462,7 @@ static void conn_read_tls(struct conn *c, ssize_t nread) {
     if (rc < 0) {
         conn_close(c);
     } else if (rc > 0) {
-        conn_pause(c);
+        conn_pause_drain(c, rc);
     } else if (c->eof && conn_finish(c, now_ns) > 0) {
         conn_pause(c); /* close_notify came */
     }
@@ -497,10 +510,7 @@ static void on_conn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (rc < 0) {
         conn_close(c);
     } else if (rc > 0) {
-        if (rc == DRAIN_BUSY) {
-            BD_STAT_ADD(in->stats, tcp_sensor_pauses, 1);
-        }
-        conn_pause(c);
+        conn_pause_drain(c, rc);
     }
 }
 

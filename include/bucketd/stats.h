@@ -58,6 +58,7 @@
     X(drop_name_too_long, "readings dropped: a sensor id or field key longer than limits.max_name") \
     X(drop_sensor_busy, "UDP readings dropped: their sensor held its share of a buffer pool past half full, or was new then") \
     X(tcp_sensor_pauses, "times a TCP connection stopped reading for a busy sensor (see drop_sensor_busy)") \
+    X(tcp_congestion_pauses, "times a TCP connection stopped reading for a congested buffer pool (every connection waits)") \
     X(sensors_evicted, "sensors forgotten after limits.sensor_idle without readings")       \
     X(string_fields_dropped, "string fields dropped (strings are not stored)")              \
     /* loop thread (reload.c) */                                                           \

@@ -18,6 +18,12 @@ TCP, --seq, paced), throws one kind of hostile traffic at the listeners and then
                                and one that stops half-way through a line (idle_timeout 3s)
   test_max_connections         more connections than max_connections: the surplus is refused
                                and counted, the ones already open keep working
+  test_flooding_sensor_beside_quiet_ones
+                               one sensor flat out on its own connection, held to its share of
+                               the buffer pool (its connection pauses); ten other sensors send
+                               QUIET_LINES lines on another connection meanwhile: all of them
+                               are read and stored while the flood goes on, and in the end
+                               every reading of both exactly once
 
 No assertion depends on how fast anything runs: loops are bounded by counts and by generous
 deadlines, and a deadline that cuts a loop short only lowers the numbers checked (never below
@@ -74,6 +80,15 @@ GOOD_ID_RE = re.compile(r"^m\d+,(?:rack=[^,]*,)?sensor=s(\d+),site=")
 LINE_OUTCOMES = ("drop_line_too_long", "drop_parse_error", "drop_too_many_fields",
                  "drop_no_numeric", "drop_bad_name", "drop_field_limit", "drop_too_old",
                  "drop_too_new", "drop_buffer_full", "drop_sensor_limit", "readings_accepted")
+
+# test_flooding_sensor_beside_quiet_ones: the quiet connection's lines (10 sensors, 3 fields),
+# the flooding sensor's fields, and where each one's sensor numbers start (bucketd-sim
+# --sensor-offset: disjoint from each other and from the good sensor).
+QUIET_LINES = 20000
+QUIET_SENSORS = 10
+QUIET_OFFSET = 800000
+FLOOD_FIELDS = 16
+FLOOD_OFFSET = 900000
 
 # Generous deadlines (seconds): they bound waits, they are never asserted as durations.
 DEADLINE = 60.0
@@ -287,6 +302,44 @@ class GoodSensor:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         out, err = self.proc.communicate(timeout=DEADLINE)
+        lines = out.decode("utf-8", "replace").splitlines()
+        err = err.decode("utf-8", "replace")
+        if self.proc.returncode != 0 or len(lines) != 1:
+            raise AssertionError("bucketd-sim exited %s\nstdout: %r\nstderr: %s" % (
+                self.proc.returncode, lines, err))
+        self.summary = json.loads(lines[0])
+        if self.summary["send_errors"] != 0:
+            raise AssertionError("bucketd-sim had send errors: %r\n%s" % (self.summary, err))
+        self.counts = read_counts(self.counts_path)
+        if sum(self.counts.values()) != self.summary["readings"]:
+            raise AssertionError("counts file disagrees with the summary: %r %r" % (
+                self.counts, self.summary))
+        return self.summary
+
+
+class Sim:
+    """bucketd-sim over TCP with --seq and a counts file: to its --count, or until stop()."""
+
+    def __init__(self, workdir, name, target, args):
+        self.counts_path = os.path.join(workdir, name + "-counts")
+        args = [SIM, "--target", "%s:%d" % target, "--proto", "tcp", "--seq", "--quiet",
+                "--counts-file", self.counts_path] + list(args)
+        self.proc = subprocess.Popen([str(a) for a in args], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.summary = None
+        self.counts = None
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+    def finish(self, stop=False):
+        """Wait for it (after SIGTERM if stop), then its summary and counts; fails unless it
+        exited 0 without a send error and its counts add up to its summary."""
+        if stop and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=3 * DEADLINE)
         lines = out.decode("utf-8", "replace").splitlines()
         err = err.decode("utf-8", "replace")
         if self.proc.returncode != 0 or len(lines) != 1:
@@ -832,7 +885,70 @@ class Hostile(bdtest.E2ECase):
                          "the half line of an idle connection was stored")
 
     # -----------------------------------------------------------------------------------------
-    # 5. More connections than max_connections
+    # 5. One sensor flat out beside quiet ones
+    # -----------------------------------------------------------------------------------------
+    def test_flooding_sensor_beside_quiet_ones(self):
+        # limits.memory 8 MiB: a pool of 4 MiB, of which one sensor may hold an eighth, which
+        # the flooding sensor fills within a fraction of a second at any pace of this machine.
+        d = self.start(seed=16, extra={"limits": {"memory": "8MiB"}})
+        tcp = d.addr("tcp")
+        flood = Sim(self.workdir, "flood", tcp,
+                    ["--sensors", 1, "--sensor-offset", FLOOD_OFFSET, "--fields",
+                     FLOOD_FIELDS, "--rate", 0, "--seed", 161])
+        self.addCleanup(flood.kill)
+
+        def flood_stored():
+            for sid, n in self.counts_by_sensor().items():
+                m = GOOD_ID_RE.match(sid or "")
+                if m and int(m.group(1)) == FLOOD_OFFSET and n > 0:
+                    return sid
+            return None
+
+        flood_id = bdtest.wait_for(lambda: flood_stored() or flood.proc.poll() is not None,
+                                   DEADLINE, 0.1)
+        self.assertIsNone(flood.proc.poll(), "the flooding sender exited early")
+        self.assertTrue(flood_id, "no reading of the flooding sensor stored\n" +
+                        bdtest.log_tail(d.log()))
+
+        # The quiet sensors: QUIET_LINES lines flat out on a connection of their own, while
+        # the flood goes on.
+        quiet = Sim(self.workdir, "quiet", tcp,
+                    ["--sensors", QUIET_SENSORS, "--sensor-offset", QUIET_OFFSET, "--fields", 3,
+                     "--rate", 0, "--count", QUIET_LINES, "--seed", 162])
+        self.addCleanup(quiet.kill)
+        qs = quiet.finish()
+        self.assertEqual(qs["readings"], QUIET_LINES)
+        self.assertEqual(len(quiet.counts), QUIET_SENSORS)
+        # Every quiet line is stored while the flooding sensor is still sending: it never
+        # holds the others back until it stops.
+        self.wait_counts(quiet.counts, "quiet sensors beside the flood")
+        self.assertIsNone(flood.proc.poll(), "the flooding sender stopped before the quiet "
+                          "sensors' lines were stored")
+
+        fs = flood.finish(stop=True)
+        want = dict(quiet.counts)
+        want.update(flood.counts)
+        stats, docs = self.finish(want_other=want)
+        # The flood really was held to its share: its connection paused for its sensor.
+        self.assertGreater(stats["tcp_sensor_pauses"], 0, "the flooding connection never "
+                           "paused: the test did not exercise the share")
+        quiet_seqs = self.seqs(docs, sensor_ids=set(quiet.counts))
+        self.assertEqual(sorted(quiet_seqs.elements()),
+                         sorted((sid, i) for sid, i in quiet_seqs),
+                         "quiet readings stored more than once")
+        self.assertEqual(sorted(seq for _, seq in quiet_seqs), list(range(QUIET_LINES)),
+                         "every seq of the quiet sensors exactly once")
+        self.assertEqual(dict(collections.Counter(sid for sid, _ in quiet_seqs)), quiet.counts)
+        flood_seqs = self.seqs(docs, sensor_ids=set(flood.counts))
+        self.assertEqual(sorted(flood_seqs.elements()), sorted(flood_seqs),
+                         "flood readings stored more than once")
+        self.assertEqual(sorted(seq for _, seq in flood_seqs), list(range(fs["readings"])),
+                         "every seq of the flooding sensor exactly once")
+        log("flood: %d readings; quiet: %d readings; tcp_sensor_pauses %d" % (
+            fs["readings"], qs["readings"], stats["tcp_sensor_pauses"]))
+
+    # -----------------------------------------------------------------------------------------
+    # 6. More connections than max_connections
     # -----------------------------------------------------------------------------------------
     def test_max_connections(self):
         max_conns = 8

@@ -627,6 +627,7 @@ Test(ingest, tcp_a_busy_sensor_pauses_only_its_own_connection) {
     /* Its share of the pool: 2 segments of 30. */
     cr_expect_eq(STAT(f, readings_accepted), 1 + 2 * 30);
     cr_expect_eq(STAT(f, tcp_sensor_pauses), 1);
+    cr_expect_eq(STAT(f, tcp_congestion_pauses), 0, "a busy sensor is not a congested pool");
     cr_expect_not(bd_sensor_table_congested(f->table), "the pool itself is not congested");
 
     len = 0;
@@ -652,6 +653,46 @@ Test(ingest, tcp_a_busy_sensor_pauses_only_its_own_connection) {
     cr_expect_eq(STAT(f, drop_sensor_busy), 0, "TCP waits, it does not drop");
     close(legit);
     close(hostile);
+    fx_finish(f);
+}
+
+/*
+ * A pool past its high-water mark pauses a connection whatever sensor its next line is for, and
+ * that pause is counted apart from a busy sensor's (tcp_congestion_pauses, not
+ * tcp_sensor_pauses): the first makes every connection wait, the second only one.
+ */
+Test(ingest, tcp_a_congested_pool_pause_is_counted_as_such) {
+    struct fx *f = fx_new();
+    f->cfg.limits.memory = 32 * 1024; /* 16 segments of 30 readings, congested past 12 */
+    fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
+    fx_start(f);
+    int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
+    /* Eight sensors, 30 readings each: a segment each (8 in use, none past its share of 2);
+     * then one more reading each, a second segment each: the fifth is the 13th segment. */
+    static char buf[8 * 31 * 24];
+    size_t len = 0;
+    for (int k = 0; k < 8; k++) {
+        for (int i = 0; i < 30; i++) {
+            len += (size_t)sprintf(buf + len, "c,k=%d v=%di\n", k, i);
+        }
+    }
+    for (int k = 0; k < 8; k++) {
+        len += (size_t)sprintf(buf + len, "c,k=%d v=30i\n", k);
+    }
+    tcp_send(f, fd, buf, len);
+    RUN_UNTIL(f, STAT(f, tcp_bytes) == len && bd_ingest_paused(f->in) == 1);
+    cr_expect_eq(STAT(f, readings_accepted), 8 * 30 + 5, "paused after the 13th segment");
+    cr_expect_eq(STAT(f, tcp_congestion_pauses), 1);
+    cr_expect_eq(STAT(f, tcp_sensor_pauses), 0, "no sensor was at its share");
+
+    /* Drained, the connection resumes where it stopped. */
+    consume_all(f);
+    bd_ingest_resume(f->in);
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 8 * 31);
+    cr_expect_eq(bd_ingest_paused(f->in), 0);
+    cr_expect_eq(STAT(f, tcp_congestion_pauses), 1);
+    cr_expect_eq(STAT(f, drop_buffer_full), 0);
+    close(fd);
     fx_finish(f);
 }
 
