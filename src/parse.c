@@ -287,7 +287,19 @@ static inline __attribute__((always_inline)) int finish_tags(struct bd_parser *p
             sorted &= k == 0 || str_cmp(pt->tags[k - 1].key, pt->tags[k].key) < 0;
         }
         if (!sorted) {
-            if (parse_general_sort_tags(pt, raw, false, NULL) < 0) {
+            if (nt == 2) {
+                /* Two tags the wrong way round, the usual unsorted line: swapped, unless they
+                 * are one key twice, which the general parser refuses. */
+                if (str_eq(pt->tags[0].key, pt->tags[1].key)) {
+                    return PLAIN_MISS;
+                }
+                struct bd_tag t = pt->tags[0];
+                pt->tags[0] = pt->tags[1];
+                pt->tags[1] = t;
+                struct raw_span r = raw[0];
+                raw[0] = raw[1];
+                raw[1] = r;
+            } else if (parse_general_sort_tags(pt, raw, false, NULL) < 0) {
                 return PLAIN_MISS;
             }
             pt->series_key = parse_general_series_key(&sc, line, pt->name.len, raw, nt, sep, false);
