@@ -13,6 +13,13 @@ Two uses:
   `cycles` event: cycles are task-clock ns times the nominal clock (/proc/cpuinfo), said so.
   --pin puts the ingest thread alone on CPU 1 and the flusher and the sender on CPU 0.
 
+* `python3 bench/udpfast.py callgrind [--build DIR] [--count N] [--rate R]` runs the daemon
+  under valgrind's callgrind with the row 2b load, paced low (valgrind runs it some 50 times
+  slower), and prints instructions per reading accepted by stage (inclusive counts of the
+  functions in CALLGRIND_STAGES): counts that do not depend on what else the machine runs, for
+  A/B comparisons on a shared machine. User space only (recvmmsg's kernel side is not
+  counted); valgrind reports a CPU without AVX-512, so the parser runs its AVX2 classifier.
+
 * `fig_udp_pinned(ctx)` from bench/suite.py: row 2b's zero-loss search with the daemon's
   ingest thread pinned alone on the last CPU and everything else (flusher, sender) on the
   others, as issue 28 states the target ("ingest thread alone on its core").
@@ -305,17 +312,86 @@ def fig_udp_pinned(ctx, suite):
                           'bucketd\'s other threads and bucketd-sim on CPU %s' % (alone, rest))
 
 
+# Stage -> function whose inclusive count is the stage (callgrind), and the function whose
+# inclusive count is the whole ingest path of a datagram.
+CALLGRIND_STAGES = [
+    ('line split + parse (bd_parse_begin + bd_parse_next)', ('bd_parse_begin', 'bd_parse_next')),
+    ('sensor accept: lookup + encode + push (bd_sensor_table_accept)',
+     ('bd_sensor_table_accept',)),
+    ('  of which XXH3 of the series key', ('XXH3_64bits',)),
+    ('flusher drain (flusher_drain_run, other thread)', ('flusher_drain_run',)),
+]
+
+
+def callgrind(build, count, rate, port=47321):
+    work = tempfile.mkdtemp(prefix='udpfast-cg-')
+    os.makedirs(os.path.join(work, 'spool'))
+    cfg = os.path.join(work, 'bd.yaml')
+    with open(cfg, 'w') as f:
+        f.write(daemon_config(work, port))
+    out = os.path.join(work, 'callgrind.out')
+    log = open(os.path.join(work, 'bd.log'), 'w+')
+    d = subprocess.Popen(['valgrind', '--tool=callgrind', '--callgrind-out-file=' + out,
+                          os.path.join(build, 'bucketd'), '-c', cfg], stdout=log,
+                         stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            log.seek(0)
+            if 'ready' in log.read():
+                break
+            time.sleep(0.2)
+        args = sim_args(port, rate, 0)
+        args[args.index('--duration'):args.index('--duration') + 2] = ['--count', str(count)]
+        subprocess.run([os.path.join(build, 'bucketd-sim')] + args, stdout=subprocess.DEVNULL,
+                       check=True)
+        time.sleep(3)
+    finally:
+        d.send_signal(signal.SIGTERM)
+        d.wait(300)
+    log.seek(0)
+    st = parse_stats(log.read()) or {}
+    acc = st.get('readings_accepted', 0)
+    rep = subprocess.run(['callgrind_annotate', '--inclusive=yes', '--show-percs=no', out],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode()
+    incl = {}
+    for line in rep.splitlines():
+        m = re.match(r'\s*([0-9,]+)\s+\S+?:(\S+)(\s|$)', line)
+        if m:
+            incl.setdefault(m.group(2), int(m.group(1).replace(',', '')))
+    res = {'accepted': acc, 'kernel_drops': st.get('udp_socket_drops'), 'stages': {},
+           'ingest_total': round(incl.get('on_udp_recv', 0) / acc, 1) if acc else None}
+    for name, fns in CALLGRIND_STAGES:
+        res['stages'][name] = round(sum(incl.get(f, 0) for f in fns) / acc, 1) if acc else None
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    ap.add_argument('what', choices=['profile'])
+    ap.add_argument('what', choices=['profile', 'callgrind'])
     ap.add_argument('--build', default=os.path.join(REPO, 'build'))
-    ap.add_argument('--rate', type=float, default=2e6)
+    ap.add_argument('--rate', type=float, default=None,
+                    help='readings/s (profile: default 2 M; callgrind: default 50 k)')
+    ap.add_argument('--count', type=int, default=200000, help='callgrind: readings sent')
     ap.add_argument('--seconds', type=float, default=4)
     ap.add_argument('--pin', action='store_true')
     ap.add_argument('--no-record', action='store_true')
     ap.add_argument('--json', action='store_true')
+    ap.add_argument('--port', type=int, default=47321)
     a = ap.parse_args()
-    res = profile(a.build, a.rate, a.seconds, a.pin, record=not a.no_record)
+    if a.what == 'callgrind':
+        res = callgrind(a.build, a.count, a.rate or 50000, port=a.port)
+        if a.json:
+            print(json.dumps(res))
+        else:
+            print('readings accepted %d (kernel drops %s: valgrind is slow; counts are per '
+                  'reading accepted)' % (res['accepted'], res['kernel_drops']))
+            print('  %-66s %7.0f instructions/reading' % ('ingest, whole (on_udp_recv)',
+                                                          res['ingest_total'] or 0))
+            for k, v in res['stages'].items():
+                print('  %-66s %7.0f' % (k, v or 0))
+        return 0
+    res = profile(a.build, a.rate or 2e6, a.seconds, a.pin, record=not a.no_record, port=a.port)
     if a.json:
         print(json.dumps(res))
     else:
