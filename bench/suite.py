@@ -1047,6 +1047,10 @@ class Suite(object):
             'UDP search: %g s per step, up to %d steps (flat out, then bisection on --rate); '
             'zero loss = no kernel RcvbufErrors/InErrors, no drop_*/udp_truncated, '
             'received == sent; each step a fresh receiver' % (self.step_s, self.search_steps))
+        # Row 2b pinned, the receiver alone on its core (issue 28, item 4): bench/udpfast.py.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import udpfast
+        udpfast.fig_udp_pinned(self, sys.modules[__name__])
 
     # -- 3. TCP ---------------------------------------------------------------------------
     def fig_tcp(self):

@@ -267,6 +267,39 @@ static inline bool plain_digits(const char *s, size_t n, size_t room, size_t bef
 }
 
 /*
+ * n bytes from src to o, n at most 16: one 16-byte copy when 16 bytes are readable from src
+ * (below end), else a memcpy. The copy may write up to 15 bytes past o + n: the caller has
+ * that room.
+ */
+static inline char *copy_upto16(char *o, const char *src, size_t n, const char *end) {
+    if (n <= 16 && (size_t)(end - src) >= 16) {
+        memcpy(o, src, 16);
+    } else {
+        memcpy(o, src, n);
+    }
+    return o + n;
+}
+
+/*
+ * The series key of a plain line whose tags were put in order (finish_tags), as
+ * parse_general_series_key builds it, at the start of scratch: the measurement, then each
+ * tag's raw text after sep, mostly by 16-byte copies. The key is at most the line, at most
+ * max_line bytes, and scratch holds 2 * max_line + SCRATCH_SLACK: the copies' overrun fits.
+ */
+static inline struct bd_str plain_series_key(const struct bd_parser *p, const char *name,
+                                             size_t name_len, const struct raw_span *raw,
+                                             uint32_t n, char sep) {
+    const char *end = p->buf + p->len;
+    char *dst = p->scratch;
+    char *o = copy_upto16(dst, name, name_len, end);
+    for (uint32_t i = 0; i < n; i++) {
+        *o++ = sep;
+        o = copy_upto16(o, raw[i].ptr, raw[i].len, end);
+    }
+    return (struct bd_str){dst, (size_t)(o - dst)};
+}
+
+/*
  * The end of a fast walk: the series key. Tags in order (first bytes rising, or found sorted
  * here) make it the line's own prefix of key_len bytes; otherwise they are sorted (a repeated
  * key leaves the line to the general parser) and the key is built in scratch with sep.
@@ -277,7 +310,6 @@ static inline __attribute__((always_inline)) int finish_tags(struct bd_parser *p
                                                              size_t key_len) {
     uint32_t nt = pt->n_tags;
     if (__builtin_expect(!in_order, 0)) {
-        struct scratch sc = {p->scratch, p->scratch_cap, 0};
         struct raw_span raw[BD_PARSE_MAX_TAGS];
         bool sorted = true;
         for (uint32_t k = 0; k < nt; k++) {
@@ -287,10 +319,22 @@ static inline __attribute__((always_inline)) int finish_tags(struct bd_parser *p
             sorted &= k == 0 || str_cmp(pt->tags[k - 1].key, pt->tags[k].key) < 0;
         }
         if (!sorted) {
-            if (parse_general_sort_tags(pt, raw, false, NULL) < 0) {
+            if (nt == 2) {
+                /* Two tags the wrong way round, the usual unsorted line: swapped, unless they
+                 * are one key twice, which the general parser refuses. */
+                if (str_eq(pt->tags[0].key, pt->tags[1].key)) {
+                    return PLAIN_MISS;
+                }
+                struct bd_tag t = pt->tags[0];
+                pt->tags[0] = pt->tags[1];
+                pt->tags[1] = t;
+                struct raw_span r = raw[0];
+                raw[0] = raw[1];
+                raw[1] = r;
+            } else if (parse_general_sort_tags(pt, raw, false, NULL) < 0) {
                 return PLAIN_MISS;
             }
-            pt->series_key = parse_general_series_key(&sc, line, pt->name.len, raw, nt, sep, false);
+            pt->series_key = plain_series_key(p, line, pt->name.len, raw, nt, sep);
             return BD_PARSE_OK;
         }
     }

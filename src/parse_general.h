@@ -63,14 +63,27 @@ struct bd_str parse_general_series_key(struct scratch *sc, const char *name, siz
 /* The slot of key if this line stored it already, else NULL (field_slot's slow half). */
 struct bd_field *parse_general_field_find(struct bd_point *pt, struct bd_str key);
 
-/* Keys are never empty and nearly always differ in their first byte: memcmp only if not. */
+/*
+ * Keys are never empty and nearly always differ in their first byte; past it, short keys
+ * (sensor and site: tags sent unsorted) are compared byte by byte inline, where a memcmp call
+ * costs more than the few bytes up to the first difference; long ones by memcmp.
+ */
 static inline int str_cmp(struct bd_str a, struct bd_str b) {
     if (a.len > 0 && b.len > 0 && a.ptr[0] != b.ptr[0]) {
         return (unsigned char)a.ptr[0] - (unsigned char)b.ptr[0];
     }
-    int c = memcmp(a.ptr, b.ptr, BD_MIN(a.len, b.len));
-    if (c != 0) {
-        return c;
+    size_t n = BD_MIN(a.len, b.len);
+    if (n <= 16) {
+        for (size_t i = 1; i < n; i++) {
+            if (a.ptr[i] != b.ptr[i]) {
+                return (unsigned char)a.ptr[i] - (unsigned char)b.ptr[i];
+            }
+        }
+    } else {
+        int c = memcmp(a.ptr, b.ptr, n);
+        if (c != 0) {
+            return c;
+        }
     }
     return (a.len > b.len) - (a.len < b.len);
 }

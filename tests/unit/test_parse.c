@@ -622,6 +622,36 @@ Test(parse, series_key_keeps_escapes) {
     cr_assert_str_neq(k1, k2);
 }
 
+/* Two tags the wrong way round are swapped (the fast walk's own case, without the general
+ * sort): the series key is the sorted one, the tags come sorted, and one key twice is refused
+ * as the general parser refuses it. */
+Test(parse, two_unsorted_tags_are_swapped) {
+    const char *lines[][2] = {
+        {"m,site=p1,sensor=s7 v=1 5", "m,sensor=s7,site=p1"}, /* same first byte */
+        {"m,b=2,a=1 v=1", "m,a=1,b=2"},                       /* first bytes fall */
+        {"m,ab=1,a=2 v=1", "m,a=2,ab=1"},                     /* one key a prefix of the other */
+        {"m,sensor_long_key_name_x=1,sensor_long_key_name=2 v=1",
+         "m,sensor_long_key_name=2,sensor_long_key_name_x=1"}, /* past 16 bytes: memcmp */
+    };
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        const struct bd_point *pt = ok(lines[i][0]);
+        expect_str(pt->series_key, lines[i][1]);
+        cr_assert_eq(pt->n_tags, 2);
+        char key[128];
+        copy_key(key, sizeof(key), pt->tags[0].key);
+        cr_assert(strstr(lines[i][1], key) == lines[i][1] + 2, "%s: first tag %s", lines[i][0],
+                  key);
+    }
+    const struct bd_point *pt = ok("m,site=p1,sensor=s7 v=1 5");
+    expect_str(pt->tags[0].key, "sensor");
+    expect_str(pt->tags[0].value, "s7");
+    expect_str(pt->tags[1].key, "site");
+    expect_str(pt->tags[1].value, "p1");
+    cr_assert_eq(pt->time_ns, 5);
+    fails("cpu,b=2,b=1 v=1i", BD_PARSE_ESYNTAX, "duplicate tag key");
+    fails("cpu,site=2,site=1 v=1i", BD_PARSE_ESYNTAX, "duplicate tag key");
+}
+
 Test(parse, sorted_tags_need_no_copy) {
     char line[] = "cpu,a=1,b=2 v=1";
     const struct bd_point *pt = ok(line);

@@ -415,6 +415,8 @@ Test(graphite, bad_tags) {
     }
     fails(";k=v 1", BD_PARSE_ESYNTAX, "missing path");
     fails("a;k=1;k=2 1", BD_PARSE_ESYNTAX, "duplicate tag key");
+    expect_str(ok("a;site=p1;sensor=s7 1")->series_key, "a;sensor=s7;site=p1");
+    fails("a;k=1;k=1 1", BD_PARSE_ESYNTAX, "duplicate tag key");
 }
 
 /* Printable ASCII lines take memchr to find their tokens; the others the byte loop. Both read

@@ -836,6 +836,87 @@ Test(sensor, an_idle_sensor_is_evicted_released_and_freed_then_starts_again) {
     cr_assert_eq(bd_sensor_table_memory(table), empty);
 }
 
+/* Series keys that differ in one byte only, at every position of every length from 1 to 40:
+ * alternate readings of the two go to two sensors, each its own, whether the sensor is found as
+ * the last reading's or through the index (its ids are compared word by word). */
+Test(sensor, keys_differing_in_one_byte_anywhere_are_two_sensors) {
+    char a[48], b[48];
+    for (size_t len = 1; len <= 40; len++) {
+        for (size_t at = 0; at < len; at++) {
+            table_with(0, 0, 0);
+            for (size_t i = 0; i < len; i++) {
+                a[i] = (char)('a' + i % 26);
+            }
+            a[len] = '\0';
+            memcpy(b, a, len + 1);
+            b[at] = 'Z';
+            /* a, b, b, a, a: each one found as the last reading's sensor and not. */
+            const char *order[] = {a, b, b, a, a};
+            for (int k = 0; k < 5; k++) {
+                point(order[k], "m", true, NOW);
+                add_float("v", order[k] == a ? 1.0 : 2.0);
+                cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+            }
+            cr_assert_eq(bd_sensor_table_count(table), 2, "length %zu, byte %zu", len, at);
+            struct bd_sensor *s;
+            int sensors = 0;
+            while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+                sensors++;
+                double want = strcmp(s->id, a) == 0 ? 1.0 : 2.0;
+                cr_assert(strcmp(s->id, a) == 0 || strcmp(s->id, b) == 0);
+                int64_t ts;
+                struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+                uint32_t n, cells;
+                int readings = 0;
+                while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
+                    cr_assert_eq(vals[0].v.f, want, "length %zu, byte %zu: %s", len, at, s->id);
+                    bd_sensor_consume(s, cells);
+                    readings++;
+                }
+                cr_assert_eq(readings, want == 1.0 ? 3 : 2, "length %zu, byte %zu", len, at);
+            }
+            cr_assert_eq(sensors, 2);
+        }
+    }
+}
+
+/* The table keeps the last reading's sensor to find the next reading of the same series without
+ * a lookup: once that sensor is evicted, the series' next reading must start a new sensor, not
+ * go into the queue of the one the flusher is letting go of. */
+Test(sensor, the_last_readings_sensor_evicted_its_series_starts_a_new_sensor) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    table_with(0, 0, 60000);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(s);
+    drain_and_hand_back(s);
+
+    const int64_t t1 = NOW + 2 * idle_ns;
+    bd_sensor_table_sweep(table, t1);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 1);
+    cr_assert_eq(bd_sensor_table_count(table), 0);
+    cr_assert_eq(bd_sensor_table_next_evicted(table), s);
+
+    point("m,s=0", "m", true, t1);
+    add_float("v", 2);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, t1), 0);
+    cr_assert_eq(bd_sensor_table_count(table), 1, "a new sensor for the series");
+    struct bd_sensor *again = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(again);
+    cr_assert_neq(again, s);
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n;
+    cr_assert_eq(bd_sensor_peek_reading(s, &ts, vals, &n), 0, "nothing for the evicted sensor");
+    cr_assert_gt(bd_sensor_peek_reading(again, &ts, vals, &n), 0);
+    cr_assert_eq(ts, t1);
+    cr_assert_eq(vals[0].v.f, 2.0);
+    bd_sensor_table_release(table, s);
+    bd_sensor_table_sweep(table, t1);
+}
+
 Test(sensor, past_three_quarters_new_sensors_wait_and_known_ones_go_on) {
     cfg.limits.max_sensors = 16;
     table_with(0, 0, 0);
