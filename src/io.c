@@ -70,6 +70,7 @@ int bd_io_new(struct bd_io **out, struct bd_err *err) {
         free(io);
         return bd_err_set(err, -rc, "I/O thread: cannot start: %s", strerror(rc));
     }
+    pthread_setname_np(io->thread, "bd-io"); /* for top, perf and the bench */
     *out = io;
     return 0;
 }

@@ -89,6 +89,12 @@ class Loops(bdtest.E2ECase):
         readings = sr.shuffle(sr.make_readings(sensors=4, per_sensor=1500, seed=31), seed=32)
         d.start()
         self.assertIn("2 receive loops (SO_REUSEPORT)", d.log())
+        # The threads are named, so that top, perf and the bench can tell them apart.
+        names = set()
+        for task in os.listdir("/proc/%d/task" % d.proc.pid):
+            with open("/proc/%d/task/%s/comm" % (d.proc.pid, task)) as f:
+                names.add(f.read().strip())
+        self.assertTrue({"bd-flusher", "bd-io", "bd-recv-2"} <= names, names)
         s = ManyPorts(d.addr("udp"))
         for r in readings:
             s.line(r.line)
