@@ -286,9 +286,9 @@ def memory_for(rate, fields):
 
 def pool_high_water(log_text):
     """(in use at most, segments, segment bytes) from the daemon's stop line "buffer pool: at
-    most N of M segments of B bytes in use at once", or None."""
+    most N of M units of B bytes in use at once" (older builds: "segments"), or None."""
     m = None
-    for m in re.finditer(r'buffer pool: at most (\d+) of (\d+) segments of (\d+) bytes', log_text):
+    for m in re.finditer(r'buffer pool: at most (\d+) of (\d+) (?:segments|units) of (\d+) bytes', log_text):
         pass
     return tuple(int(x) for x in m.groups()) if m else None
 
@@ -297,7 +297,7 @@ def describe_pool(hw):
     if not hw:
         return 'buffer pool high-water not logged'
     used, total, seg = hw
-    return 'buffer pool high-water %d of %d segments of %d B (%s of the pool, %s)' % (
+    return 'buffer pool high-water %d of %d units of %d B (%s of the pool, %s)' % (
         used, total, seg, pct(used / total), mib(used * seg))
 
 

@@ -100,7 +100,7 @@
 _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field");
-_Static_assert(offsetof(struct bd_sensor, n_tags) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
+_Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
                "last_ns and accepted are written with every reading: in the producer's line");
 
 /* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume.
@@ -265,10 +265,12 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     if (rc < 0) {
         goto out;
     }
-    t->wake_segs = t->pool.n_segs / 8 * POOL_WAKE_EIGHTHS;
-    t->high_segs = t->pool.n_segs / 8 * POOL_HIGH_EIGHTHS;
-    t->low_segs = t->pool.n_segs / 8 * POOL_LOW_EIGHTHS;
-    t->share_segs = BD_MAX(t->pool.n_segs / BD_SENSOR_SHARE_DIV, UINT32_C(2));
+    /* In units of the pool (pool.h): a large segment counts several where there are small. */
+    t->wake_segs = t->pool.n_units / 8 * POOL_WAKE_EIGHTHS;
+    t->high_segs = t->pool.n_units / 8 * POOL_HIGH_EIGHTHS;
+    t->low_segs = t->pool.n_units / 8 * POOL_LOW_EIGHTHS;
+    t->share_segs =
+        BD_MAX(t->pool.n_units / BD_SENSOR_SHARE_DIV, UINT32_C(2) * t->pool.large.seg_units);
     t->wake_armed = true;
     t->memory = (uint64_t)(t->slot_mask + 1) * sizeof(*t->slots);
     *out = t;
@@ -732,6 +734,7 @@ static void take_back_idle(struct bd_sensor_table *t) {
             atomic_store_explicit(&seg->published, s->wpos | BD_SEG_SEALED, memory_order_release);
             s->wseg = NULL;
             s->wpos = 0;
+            s->wcap = 0;
             mark_dirty(t, s); /* the flusher gives it back at its next look */
             sealed = true;
         }
@@ -783,14 +786,15 @@ static void mark_dirty(struct bd_sensor_table *t, struct bd_sensor *s) {
     t->recheck[t->n_recheck++] = s;
 }
 
-/* A new segment for a sensor's queue. The pool's pressure marks are judged here, once per
- * segment rather than per reading. NULL when the pool is exhausted even after taking back the
- * idle segments reported so far. */
-static struct bd_seg *new_segment(struct bd_sensor_table *t) {
-    struct bd_seg *seg = bd_pool_take(&t->pool);
+/* A new segment for a sensor's queue, of at least cells cells, small if asked and possible (see
+ * push). The pool's pressure marks are judged here, once per segment rather than per reading.
+ * NULL when the pool is exhausted even after taking back the idle segments reported so far. */
+static struct bd_seg *new_segment(struct bd_sensor_table *t, uint32_t cells, bool small,
+                                  uint32_t *seg_cells, uint32_t *units) {
+    struct bd_seg *seg = bd_pool_take(&t->pool, cells, small, seg_cells, units);
     if (seg == NULL) {
         take_back_idle(t); /* sealed ones come back after the flusher's next look */
-        seg = bd_pool_take(&t->pool);
+        seg = bd_pool_take(&t->pool, cells, small, seg_cells, units);
     }
     uint32_t used = bd_pool_in_use(&t->pool);
     if (seg == NULL || used > t->high_segs) {
@@ -831,11 +835,14 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
                 uint32_t n) {
     struct bd_seg *seg = s->wseg;
     uint32_t pos = s->wpos;
-    if (seg == NULL || pos + n > t->pool.seg_cells) {
+    if (seg == NULL || pos + n > s->wcap) {
         if (over_share(t, s)) {
             return -EAGAIN;
         }
-        struct bd_seg *fresh = new_segment(t);
+        /* A new chain starts small (a quiet sensor's few readings); a full segment is followed
+         * by a large one (the sensor is bursty). */
+        uint32_t cap, units;
+        struct bd_seg *fresh = new_segment(t, n, seg == NULL, &cap, &units);
         if (fresh == NULL) {
             return -ENOBUFS;
         }
@@ -844,7 +851,7 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
          * forgotten. A sealed segment never gets a successor (the consumer hands it back once
          * read to the end): the new one then starts a new chain through first. */
         seg = s->wseg;
-        s->segs_taken++;
+        s->segs_taken += units;
         t->share_wake_armed = true;
         memcpy(fresh->cells, cells, (size_t)n * sizeof(*cells));
         atomic_store_explicit(&fresh->published, n, memory_order_relaxed);
@@ -858,6 +865,7 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
         }
         s->wseg = fresh;
         s->wpos = n;
+        s->wcap = cap;
         return 0;
     }
     memcpy(&seg->cells[pos], cells, (size_t)n * sizeof(*cells));
@@ -1027,10 +1035,10 @@ static void report_idle(struct bd_sensor_table *t, struct bd_sensor *s) {
 
 /* Consumer: a segment of s read to the end and left by the producer goes back to the pool. */
 static void give_back(struct bd_sensor_table *t, struct bd_sensor *s, struct bd_seg *seg) {
-    bd_pool_give(&t->pool, seg);
+    uint32_t units = bd_pool_give(&t->pool, seg);
     /* Single writer (this thread); the producer reads it relaxed (over_share). */
     atomic_store_explicit(&s->segs_given,
-                          atomic_load_explicit(&s->segs_given, memory_order_relaxed) + 1,
+                          atomic_load_explicit(&s->segs_given, memory_order_relaxed) + units,
                           memory_order_relaxed);
 }
 

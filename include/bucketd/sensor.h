@@ -75,6 +75,7 @@ struct bd_sensor {
     int64_t last_ns;
     uint64_t accepted;
     uint32_t n_tags;
+    uint32_t wcap; /* cells wseg holds (its class's, pool.h) */
 
     /* Cold. */
     char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
@@ -92,12 +93,13 @@ struct bd_sensor {
     char **names_more;
     uint64_t field_escaped;
 
-    /* Ingest thread only: pool segments this queue ever took, and the bytes charged to the
-     * table's sensor memory for this sensor (limits.sensor_memory). */
+    /* Ingest thread only: pool units (pool.h) this queue ever took, and the bytes charged to
+     * the table's sensor memory for this sensor (limits.sensor_memory). */
     uint32_t segs_taken;
     uint32_t mem_cost;
-    /* Flusher thread writes (once per segment it hands back), the ingest thread reads when the
-     * queue needs a new segment: segs_taken - segs_given is what the queue holds. */
+    /* Flusher thread writes (once per segment it hands back, its units), the ingest thread
+     * reads when the queue needs a new segment: segs_taken - segs_given is what the queue
+     * holds. */
     _Atomic uint32_t segs_given;
 
     /* Flusher thread only: the consumer's end of the queue, its page accounting, and its link
