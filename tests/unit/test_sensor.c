@@ -1032,6 +1032,220 @@ Test(sensor, a_take_that_seals_the_producers_segment_starts_a_new_chain) {
     assert_all_drained_and_given_back();
 }
 
+/* ---- Small first segments (pool.h) ---- */
+
+/* A pool of 512 KiB: 256 large segments of 60 cells and 1024 small ones of 12 cells, counted in
+ * 2048 units of 256 bytes (a large segment is 4). */
+static void two_class_table(uint32_t max_sensors, uint64_t idle_ms) {
+    memset(sent, 0, sizeof(sent));
+    memset(drained, 0, sizeof(drained));
+    cfg.limits.max_sensors = max_sensors;
+    cfg.limits.memory = 1024 * 1024;
+    cfg.limits.max_fields = 16;
+    table_with(0, 0, idle_ms);
+    const struct bd_pool *pool = &table->pool;
+    cr_assert_eq(pool->small.n_segs, 1024);
+    cr_assert_eq(pool->small.seg_cells, 12);
+    cr_assert_eq(pool->large.n_segs, 256);
+    cr_assert_eq(pool->large.seg_cells, 60);
+    cr_assert_eq(pool->unit_bytes, 256);
+    cr_assert_eq(pool->n_units, 2048);
+}
+
+static struct bd_sensor *seq_sensor(int k) {
+    char key[16];
+    snprintf(key, sizeof(key), "m,s=%d", k);
+    struct bd_str id = S(key);
+    return lookup(table, &id, XXH3_64bits(id.ptr, id.len));
+}
+
+Test(sensor, a_chain_starts_in_a_small_segment_and_grows_into_large_ones) {
+    two_class_table(16, 0);
+    const struct bd_pool *pool = &table->pool;
+    /* Six readings of 2 cells fill the small segment; the seventh goes on in a large one. */
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    struct bd_sensor *s = seq_sensor(0);
+    cr_assert_eq(bd_pool_in_use(pool), 1, "one small segment");
+    cr_assert_eq(s->wcap, 12);
+    cr_assert_eq(accept_seq(0), 0);
+    cr_assert_eq(bd_pool_in_use(pool), 1 + 4, "and a large one behind it");
+    cr_assert_eq(s->wcap, 60);
+    cr_assert_eq(s->segs_taken, 5);
+    /* 30 readings fill the large segment; the next large one follows it. */
+    for (int i = 0; i < 30; i++) {
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    cr_assert_eq(bd_pool_in_use(pool), 1 + 4 + 4);
+    cr_assert_eq(drain_dirty_seq(), 1);
+    cr_assert_eq(drained[0], 37);
+    cr_assert_eq(bd_pool_in_use(pool), 4, "the two left behind went back, each to its class");
+    cr_assert_eq(atomic_load(&s->segs_given), 5);
+    drain_until_quiet();
+    assert_all_drained_and_given_back();
+    cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0);
+}
+
+Test(sensor, a_sensor_going_quiet_and_returning_starts_small_again) {
+    two_class_table(16, 0);
+    const struct bd_pool *pool = &table->pool;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 8; i++) { /* past one small segment: a large one follows */
+            cr_assert_eq(accept_seq(0), 0);
+        }
+        cr_assert_eq(bd_pool_in_use(pool), 5, "round %d", round);
+        drain_until_quiet();
+        assert_all_drained_and_given_back();
+        /* Quiet: nothing held; the next reading starts a new chain, small. */
+        cr_assert_eq(accept_seq(0), 0);
+        cr_assert_eq(bd_pool_in_use(pool), 1, "round %d", round);
+        cr_assert_eq(seq_sensor(0)->wcap, 12);
+        drain_until_quiet();
+        assert_all_drained_and_given_back();
+    }
+}
+
+Test(sensor, a_record_too_large_for_a_small_segment_starts_in_a_large_one) {
+    two_class_table(16, 0);
+    const struct bd_pool *pool = &table->pool;
+    char name[8];
+    point("m,s=0", "m", true, NOW);
+    for (int f = 0; f < 12; f++) { /* 13 cells */
+        snprintf(name, sizeof(name), "f%d", f);
+        add_float(name, f);
+    }
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(bd_pool_in_use(pool), 4);
+    cr_assert_eq(seq_sensor(0)->wcap, 60);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n;
+    uint32_t cells = bd_sensor_peek_reading(s, &ts, vals, &n);
+    cr_assert_eq(cells, 13);
+    cr_assert_eq(n, 12);
+    for (uint32_t f = 0; f < n; f++) {
+        cr_assert_eq(vals[f].v.f, (double)f);
+    }
+    bd_sensor_consume(s, cells);
+    drain_and_hand_back(s);
+    cr_assert_eq(bd_pool_in_use(pool), 0);
+}
+
+Test(sensor, either_class_stands_in_for_the_other_when_it_runs_out) {
+    two_class_table(16, 0);
+    struct bd_pool *pool = &table->pool;
+    /* Every small segment in use, as if many quiet sensors held them. */
+    pool->small.bumped = pool->small.n_segs;
+    atomic_store(&pool->taken, pool->small.n_segs);
+    cr_assert_eq(accept_seq(0), 0);
+    cr_assert_eq(seq_sensor(0)->wcap, 60, "a new chain in a large segment");
+    drain_until_quiet();
+    cr_assert_eq(drained[0], sent[0]);
+    /* And the other way: every large segment in use, a chain grows into another small one. */
+    two_class_table(16, 0);
+    pool = &table->pool;
+    pool->large.bumped = pool->large.n_segs;
+    atomic_store(&pool->taken, (uint64_t)pool->large.n_segs * 4);
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(accept_seq(1), 0);
+    }
+    cr_assert_eq(seq_sensor(1)->wcap, 12);
+    cr_assert_eq(bd_pool_in_use(pool), 1024 + 1);
+    cr_assert_eq(accept_seq(1), 0, "the small segment is full: another small one follows");
+    cr_assert_eq(seq_sensor(1)->wcap, 12);
+    cr_assert_eq(bd_pool_in_use(pool), 1024 + 2);
+    drain_until_quiet();
+    cr_assert_eq(drained[1], sent[1]);
+    cr_assert_eq(sent[1], 7);
+    cr_assert_eq(bd_pool_in_use(pool), 1024, "both small segments went back");
+}
+
+/*
+ * The allocation sweep with both classes: sensors 0-3 send readings that start chains (small)
+ * and grow them (large), in a pattern that takes segments of both classes, and the n-th take
+ * fails (as if the pool were empty) or runs the flusher first, for every n the script reaches.
+ * Whatever fails, every reading accepted is drained once, in order, and every segment comes
+ * back to its class.
+ */
+static void sweep_script(void) {
+    for (int i = 0; i < 40; i++) {
+        for (int k = 0; k < 4; k++) {
+            if (i < 10 * (k + 1)) { /* sensor k sends 10 (k + 1) readings */
+                accept_seq(k);
+            }
+        }
+        if (i % 9 == 8) {
+            drain_until_quiet(); /* quiet: the next readings start new chains */
+        }
+    }
+}
+
+Test(sensor, the_allocation_sweep_across_both_classes_loses_nothing) {
+    two_class_table(16, 0);
+    takes = 0;
+    fail_take = 0;
+    flush_at_take = 0;
+    bd_pool_set_take_hook(&table->pool, on_take, NULL);
+    sweep_script();
+    bd_pool_set_take_hook(&table->pool, NULL, NULL);
+    int total_takes = takes;
+    cr_assert_gt(total_takes, 10);
+    for (int mode = 0; mode < 2; mode++) {
+        for (int n = 1; n <= total_takes; n++) {
+            bd_sensor_table_free(table);
+            table = NULL;
+            memset(&stats, 0, sizeof(stats));
+            two_class_table(16, 0);
+            takes = 0;
+            fail_take = mode == 0 ? n : 0;
+            flush_at_take = mode == 1 ? n : 0;
+            bd_pool_set_take_hook(&table->pool, on_take, NULL);
+            sweep_script();
+            bd_pool_set_take_hook(&table->pool, NULL, NULL);
+            drain_until_quiet();
+            assert_all_drained_and_given_back();
+            cr_assert_eq(table->pool.small.bumped + table->pool.large.bumped > 0, true);
+            if (mode == 0) {
+                cr_assert_leq(BD_STAT_GET(&stats, drop_buffer_full), 1, "take %d", n);
+            } else {
+                cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0, "take %d", n);
+            }
+        }
+    }
+}
+
+Test(sensor, an_idle_sensor_with_small_segments_is_evicted_and_returns) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    two_class_table(16, 60000);
+    for (int i = 0; i < 8; i++) { /* a small segment and a large one */
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    bd_sensor_table_sweep(table, NOW + 10 * idle_ns);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 0, "readings queued: kept");
+    drain_until_quiet();
+    assert_all_drained_and_given_back();
+    bd_sensor_table_sweep(table, NOW + 11 * idle_ns);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 1);
+    struct bd_sensor *gone = bd_sensor_table_next_evicted(table);
+    cr_assert_not_null(gone);
+    bd_sensor_table_release(table, gone);
+    /* The same series returns: a new sensor, a new chain, small first. */
+    point("m,s=0", "m", true, NOW + 11 * idle_ns);
+    add_float("v", 7);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW + 11 * idle_ns), 0);
+    cr_assert_eq(bd_sensor_table_count(table), 1);
+    cr_assert_eq(bd_pool_in_use(&table->pool), 1);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_neq(s, NULL);
+    cr_assert_eq(s->wcap, 12);
+    cr_assert_eq(drain_expect(s, 7), 1);
+    uint64_t before = bd_sensor_table_memory(table);
+    bd_sensor_table_sweep(table, NOW + 11 * idle_ns); /* frees the released one */
+    cr_assert_lt(bd_sensor_table_memory(table), before);
+}
+
 /* ---- Listing (/sensors) ---- */
 
 static void many_sensors_table(void) {
