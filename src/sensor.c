@@ -118,6 +118,12 @@ _Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RIN
 #define FLUSHER_SENSOR_COST 128
 /* An allocation's cost beyond its size (the allocator's header and rounding). */
 #define MALLOC_OVERHEAD 16
+/* Short field names live in the sensor's field_key (see field_index): its bytes 1..len. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define INLINE_NAMES 1
+#else
+#define INLINE_NAMES 0
+#endif
 /* Index slots a sweep looks at per call (after a refusal: the whole index), and how often it
  * looks (after a refusal: sooner). */
 #define SWEEP_SLOTS 65536
@@ -360,14 +366,21 @@ void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sen
     }
 }
 
+/* Whether field name i lives in the sensor's field_key (see field_index). */
+static bool name_inline(const struct bd_sensor *s, uint32_t i) {
+    return i < BD_SENSOR_KEY_SLOTS && s->names[i] == (const char *)&s->field_key[i] + 1;
+}
+
 /* Everything a sensor owns; its cost leaves the table's account. */
 static void sensor_free(struct bd_sensor_table *t, struct bd_sensor *s) {
     uint32_t n = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
     for (uint32_t i = 0; i < n; i++) {
-        free((void *)bd_sensor_field_name(s, i));
+        if (!name_inline(s, i)) {
+            free((void *)bd_sensor_field_name(s, i));
+        }
     }
     free(s->names_more);
-    free(s->tag_keys); /* the block holding the tags and the measurement */
+    /* The measurement and the tags are in the sensor's own block. */
     BD_ASSERT(t->memory >= s->mem_cost);
     t->memory -= s->mem_cost;
     free(s);
@@ -504,28 +517,31 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         meta += key_size(&pt->tags[i].key, BD_NAME_TAG, false, &escaped);
         meta += pt->tags[i].value.len + 1;
     }
-    size_t block = offsetof(struct bd_sensor, id_buf) + pt->series_key.len + 1;
-    block = (block + BD_RING_CACHELINE - 1) & ~(size_t)(BD_RING_CACHELINE - 1);
-    /* What it will cost: both blocks, its share of the index (at most half full: two slots),
+    /* One block: the struct, the id, then (pointer-aligned) the measurement and the tags. */
+    size_t meta_at = offsetof(struct bd_sensor, id_buf) + pt->series_key.len + 1;
+    meta_at = (meta_at + sizeof(char *) - 1) & ~(sizeof(char *) - 1);
+    size_t block = meta_at + meta;
+    /* What it will cost: the block, the index slots its arrival makes the index grow by (the
+     * index is charged as it grows: at most half full, two slots a sensor and at most four),
      * and the flusher's page accounting. */
-    uint64_t cost =
-        block + meta + 2 * MALLOC_OVERHEAD + 2 * sizeof(struct slot) + FLUSHER_SENSOR_COST;
-    if (t->max_memory > 0 && t->memory + cost > t->max_memory) {
+    bool grow = (t->count + 1) * 2 > t->slot_mask + 1; /* at most half full: see lookup */
+    uint64_t cost = block + MALLOC_OVERHEAD + FLUSHER_SENSOR_COST;
+    uint64_t grown = grow ? (uint64_t)(t->slot_mask + 1) * sizeof(struct slot) : 0;
+    if (t->max_memory > 0 && t->memory + cost + grown > t->max_memory) {
         BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
         refuse_new(t, "sensor memory full", "limits.sensor_memory", t->max_memory, " bytes");
         return NULL;
     }
-    /* At most half full, so probe runs stay short and an empty slot always ends them. */
-    if ((t->count + 1) * 2 > t->slot_mask + 1 && grow_index(t) < 0) {
+    if (grow && grow_index(t) < 0) {
         goto oom;
     }
-    struct bd_sensor *s = aligned_alloc(BD_RING_CACHELINE, block);
-    char *m = malloc(meta);
-    if (s == NULL || m == NULL) {
-        free(s);
-        free(m);
+    /* 128-byte aligned (the first line and the producer's pair), any size. */
+    void *mem = NULL;
+    if (posix_memalign(&mem, BD_RING_CACHELINE, block) != 0) {
         goto oom;
     }
+    struct bd_sensor *s = mem;
+    char *m = (char *)mem + meta_at;
     memset(s, 0, offsetof(struct bd_sensor, id_buf));
     memcpy(s->id_buf, pt->series_key.ptr, pt->series_key.len);
     s->id_buf[pt->series_key.len] = '\0';
@@ -655,10 +671,13 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
     }
     bool escaped;
     size_t size = key_size(key, BD_NAME_FIELD, true, &escaped);
+    /* A short name needing no escape is its packed form: bytes 1..len of field_key[n], followed
+     * by a zero byte (len <= 6, little-endian), so no string of its own is allocated. */
+    bool in_key = INLINE_NAMES && n < BD_SENSOR_KEY_SLOTS && !escaped && key->len <= 6;
     size_t more = n == BD_SENSOR_KEY_SLOTS && s->names_more == NULL
                       ? (BD_SENSOR_MAX_FIELDS - BD_SENSOR_KEY_SLOTS) * sizeof(char *)
                       : 0;
-    uint64_t cost = size + MALLOC_OVERHEAD + (more > 0 ? more + MALLOC_OVERHEAD : 0);
+    uint64_t cost = (in_key ? 0 : size + MALLOC_OVERHEAD) + (more > 0 ? more + MALLOC_OVERHEAD : 0);
     if (t->max_memory > 0 && t->memory + cost > t->max_memory) {
         BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
         t->sweep_all = true;
@@ -674,14 +693,20 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
         s->mem_cost += (uint32_t)(more + MALLOC_OVERHEAD);
         t->memory += more + MALLOC_OVERHEAD;
     }
-    char *name = malloc(size);
-    if (name == NULL) {
-        BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
-        return -1;
+    char *name;
+    if (in_key) {
+        s->field_key[n] = packed;
+        name = (char *)&s->field_key[n] + 1;
+    } else {
+        name = malloc(size);
+        if (name == NULL) {
+            BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
+            return -1;
+        }
+        put_key(name, key, BD_NAME_FIELD, true);
+        s->mem_cost += (uint32_t)(size + MALLOC_OVERHEAD);
+        t->memory += size + MALLOC_OVERHEAD;
     }
-    put_key(name, key, BD_NAME_FIELD, true);
-    s->mem_cost += (uint32_t)(size + MALLOC_OVERHEAD);
-    t->memory += size + MALLOC_OVERHEAD;
     if (escaped) {
         s->field_escaped |= UINT64_C(1) << n;
     }

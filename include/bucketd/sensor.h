@@ -85,7 +85,9 @@ struct bd_sensor {
     uint64_t serial;
     /* The names as BSON keys (escaped as names.h says), NUL-terminated, through
      * bd_sensor_field_name(); entries below n_fields are immutable. The first few live in the
-     * sensor, the rest in names_more (allocated once, never moved: the flusher reads it while
+     * sensor (a name of at most 6 bytes that needs no escaping points into its field_key,
+     * whose packed form holds it NUL-terminated on a little-endian machine), the rest in
+     * names_more (allocated once, never moved: the flusher reads it while
      * the ingest thread appends). Where a name needed escaping, bit i of field_escaped (ingest
      * thread only) is set and the name as lines spell it follows the key's NUL: lines are
      * matched by it. */
@@ -101,6 +103,10 @@ struct bd_sensor {
      * reads when the queue needs a new segment: segs_taken - segs_given is what the queue
      * holds. */
     _Atomic uint32_t segs_given;
+    /* Deltas of the flusher's batches that refer to this sensor (batch.c): the flusher alone
+     * writes it (relaxed); the ingest thread reads it before evicting (see Eviction in sensor.c).
+     * An evicted sensor is released only once none does. */
+    _Atomic uint32_t flusher_refs;
 
     /* Flusher thread only: the consumer's end of the queue, its page accounting, and its link
      * in the flusher's own list of sensors whose drain an allocation failure interrupted
@@ -111,17 +117,15 @@ struct bd_sensor {
     bool flusher_evicted; /* handed over by bd_sensor_table_next_evicted */
     void *flusher_state;
     struct bd_sensor *flusher_next;
-    /* Deltas of the flusher's batches that refer to this sensor (batch.c): the flusher alone
-     * writes it (relaxed); the ingest thread reads it before evicting (see Eviction in sensor.c).
-     * An evicted sensor is released only once none does. */
-    _Atomic uint32_t flusher_refs;
     struct bd_sensor *evicted_next; /* the flusher's list of evicted sensors not yet released */
     /* Bytes of this sensor's readings in the flusher's fill batch (fill_id), for its share. */
     uint64_t flusher_fill_bytes;
     uint64_t flusher_fill_id;
 
     /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
-     * sensor, so their cache miss overlaps the first line's instead of following it. */
+     * sensor, so their cache miss overlaps the first line's instead of following it. The
+     * table's sensors (sensor.c) keep their measurement and tags in the same block too, after
+     * the id, and the names of short fields inside field_key: one allocation per sensor. */
     char id_buf[];
 };
 

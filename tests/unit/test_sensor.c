@@ -583,6 +583,51 @@ Test(sensor, short_and_long_field_names) {
     cr_assert_str_eq(bd_sensor_field_name(s, vals[7].field), "eight8889");
 }
 
+/* One allocation per sensor: its measurement and tags follow the id in the sensor's block, and
+ * a short field name needing no escape is read from its packed form, allocating nothing. */
+Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
+    uint64_t empty = bd_sensor_table_memory(table);
+    point("m,site=s000123", "m", true, NOW);
+    pt.n_tags = 1;
+    pt.tags[0].key = S("site");
+    pt.tags[0].value = S("s000123");
+    add_float("sixsix", 1); /* 6 bytes: in field_key */
+    add_float("f1", 2);
+    add_float("seven77", 3); /* 7 bytes: no room for the NUL, a string of its own */
+    add_float("a.b", 4);     /* escaped: a string of its own */
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    const char *lo = (const char *)s, *hi = s->id_buf + 64;
+    cr_assert(s->measurement > s->id_buf && s->measurement < hi, "measurement in the block");
+    cr_assert(s->tag_keys[0] > lo && s->tag_keys[0] < hi);
+    cr_assert_str_eq(s->measurement, "m");
+    cr_assert_str_eq(s->tag_keys[0], "site");
+    cr_assert_str_eq(s->tag_values[0], "s000123");
+    cr_assert_eq(bd_sensor_field_name(s, 0), (const char *)&s->field_key[0] + 1);
+    cr_assert_eq(bd_sensor_field_name(s, 1), (const char *)&s->field_key[1] + 1);
+    cr_assert(bd_sensor_field_name(s, 2) < lo || bd_sensor_field_name(s, 2) >= hi);
+    cr_assert(bd_sensor_field_name(s, 3) < lo || bd_sensor_field_name(s, 3) >= hi);
+    cr_assert_str_eq(bd_sensor_field_name(s, 0), "sixsix");
+    cr_assert_str_eq(bd_sensor_field_name(s, 1), "f1");
+    cr_assert_str_eq(bd_sensor_field_name(s, 2), "seven77");
+    cr_assert_str_eq(bd_sensor_field_name(s, 3), "a%2Eb"); /* names.h: "." escaped */
+    /* Charged: the block and the flusher's estimate, and the two strings. */
+    size_t block = offsetof(struct bd_sensor, id_buf) + sizeof("m,site=s000123");
+    block = (block + 7) & ~(size_t)7;
+    block += 2 * sizeof(char *) + sizeof("m") + sizeof("site") + sizeof("s000123");
+    cr_assert_eq(bd_sensor_table_memory(table) - empty,
+                 block + MALLOC_OVERHEAD + FLUSHER_SENSOR_COST + sizeof("seven77") +
+                     sizeof("a%2Eb") + sizeof("a.b") + 2 * MALLOC_OVERHEAD);
+    /* A second reading matches every name, inline or not, and frees cleanly at the end. */
+    point("m,site=s000123", "m", true, NOW);
+    add_float("a.b", 5);
+    add_float("sixsix", 6);
+    add_float("seven77", 7);
+    add_float("f1", 8);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(atomic_load(&s->n_fields), 4);
+}
+
 Test(sensor, reading_behind_a_cleared_flag_is_requeued_by_publish) {
     point("m", "m", true, NOW);
     add_float("v", 1);
