@@ -4,8 +4,8 @@ fig_memory(suite) adds the rows for 10 k and 100 k sensors with the default conf
 1 M sensors with limits.max_sensors and limits.sensor_memory raised: one TCP connection sends
 each sensor (m,site=sNNNNNN, three fields) three readings, every one of which must be accepted.
 The daemon's peak RSS (VmHWM) is reported, with the bytes per sensor above the daemon's size
-once ready, and where the resident memory lies at the end (/proc/PID/smaps: the buffer pool's
-mapping apart from the rest of the heap).
+once ready, and where the resident memory lies at the end (/proc/PID/smaps: the main heap, other
+anonymous mappings, files).
 
 Stand-alone (no suite report; prints one line per case):
     python3 bench/edgemem.py --build build [--sensors 10000,100000,1000000]
@@ -18,35 +18,43 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import suite as S  # noqa: E402
+import suite as S  # noqa: E402  (replaced by the suite's own module when called from it)
+
+
+def _bind(suite):
+    """Use the module the suite object comes from (suite.py may run as __main__)."""
+    global S
+    S = sys.modules[type(suite).__module__]
 
 DEFAULT_MAX_SENSORS = 100000
 
 
 def smaps_split(pid):
-    """(rss of mappings of at least 16 MiB, the rest) in bytes: the buffer pool is reserved in
-    one block of limits.memory / 2 and so gets a mapping of its own."""
-    big = rest = 0
-    size = 0
+    """Resident bytes by kind from /proc/PID/smaps: 'heap' (the main arena: the ingest thread's
+    sensors), 'anon' (other anonymous mappings: the buffer pool, the thread arenas holding the
+    flusher's batches and page accounting, large blocks such as the sensor queues and the
+    index; the kernel merges neighbouring ones, so they are not told apart), 'files' (the
+    program and its libraries). None if unreadable."""
+    out = {'heap': 0, 'anon': 0, 'files': 0}
+    kind = None
     try:
         with open('/proc/%d/smaps' % pid) as f:
             for line in f:
-                if '-' in line.split(' ', 1)[0] and not line.startswith(('Rss', 'Size')):
-                    lo, hi = line.split(' ', 1)[0].split('-')
-                    size = int(hi, 16) - int(lo, 16)
-                elif line.startswith('Rss:'):
-                    kb = int(line.split()[1]) * 1024
-                    if size >= 16 * S.MIB:
-                        big += kb
-                    else:
-                        rest += kb
+                head = line.split(None, 6)
+                if '-' in head[0] and not line[0].isupper():
+                    name = head[5].strip() if len(head) > 5 else ''
+                    kind = ('heap' if name == '[heap]' else
+                            'files' if name.startswith('/') else 'anon')
+                elif line.startswith('Rss:') and kind:
+                    out[kind] += int(line.split()[1]) * 1024
     except OSError:
         return None
-    return big, rest
+    return out
 
 
 def measure(suite, sensors, per_sensor=3):
     """One daemon, sensors x per_sensor readings: dict of the figures (raises S.BenchError)."""
+    _bind(suite)
     raised = sensors > DEFAULT_MAX_SENSORS
     port = S.free_port('tcp')
     d = S.Bucketd(suite, 'edgemem-%d' % sensors, [('tcp', port, 'influx')],
@@ -74,14 +82,15 @@ def measure(suite, sensors, per_sensor=3):
 
 
 def describe(m):
-    split = ('; at the end %s resident in the buffer pool, %s elsewhere' % (
-        S.mib(m['split'][0]), S.mib(m['split'][1])) if m['split'] else '')
+    split = ('; resident after the last flush: main heap %s, other anonymous %s, files %s' %
+             tuple(S.mib(m['split'][k]) for k in ('heap', 'anon', 'files')) if m['split'] else '')
     return '%s (%.0f B/sensor above idle, %.0f B/sensor in all); %s%s' % (
         S.mib(m['hwm']), m['per'], m['per_total'], S.describe_pool(m['hw']), split)
 
 
 def fig_memory(suite):
     """Row 4: appends suite.rows and notes; replaces the suite's own fig_memory."""
+    _bind(suite)
     suite.have_sim()
     cases = [10000] if suite.quick else [10000, 100000, 1000000]
     for sensors in cases:
