@@ -8,9 +8,12 @@
  * third, and likewise for the evict queue (ingest -> flusher) and the dead queue (back). A
  * sensor lives until it is evicted (see Eviction) or the table is freed.
  *
- * Index: open addressing, linear probing, at most half full. A slot holds the full 64-bit hash
- * next to the sensor pointer, so a probe that meets another sensor is rejected without touching
- * it; a hash match is confirmed by length and bytes of the id. An evicted sensor's slot is
+ * Index: open addressing, linear probing, at most half full. A slot is 8 bytes: the sensor's
+ * address with the top 16 bits of its hash in the address's unused top bits, so a probe that
+ * meets another sensor is rejected without touching it (all but 1 in 65,536); a tag match is
+ * confirmed by the full hash, the length and the bytes of the id (one miss, the sensor's first
+ * line and its id, which follows it). Where addresses use those bits, slots hold bare
+ * addresses and every probe reads the sensor. An evicted sensor's slot is
  * emptied by shifting the rest of its probe run back (no tombstones).
  *
  * Memory. Each sensor is one block (struct and id) plus one block for its measurement and tags
@@ -130,10 +133,10 @@ _Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RIN
 #define SWEEP_EVERY_NS BD_NS_PER_S
 #define SWEEP_SOON_NS (100 * BD_NS_PER_MS)
 
-struct slot {
-    uint64_t hash;
-    struct bd_sensor *s; /* NULL: empty */
-};
+/* An index slot: the sensor's address with the top 16 bits of its hash in the address's unused
+ * top bits (tag_mask; 0 where addresses use them: then the address alone), 0 when empty. */
+typedef uint64_t slot_t;
+#define SLOT_TAG_MASK (UINT64_C(0xffff) << 48)
 
 struct bd_sensor_table {
     /* Read-modify-written by both threads: see the hand-off protocol. Alone in its pair. */
@@ -142,7 +145,8 @@ struct bd_sensor_table {
     alignas(BD_RING_CACHELINE) struct bd_stats *stats;
 
     /* Hash index, ingest thread only. */
-    struct slot *slots;
+    slot_t *slots;
+    uint64_t tag_mask; /* SLOT_TAG_MASK, or 0 once a sensor's address used those bits */
     uint32_t slot_mask;
     uint32_t count;
     uint32_t max_sensors;
@@ -194,6 +198,11 @@ struct bd_sensor_table {
     atomic_bool consumer_stalled;
 };
 
+/* The sensor of an index slot (NULL: empty). */
+static inline struct bd_sensor *slot_sensor(const struct bd_sensor_table *t, slot_t e) {
+    return (struct bd_sensor *)(uintptr_t)(e & ~t->tag_mask);
+}
+
 /* Zeroed memory aligned for types with alignas(BD_RING_CACHELINE) members. */
 static void *zalloc_aligned(size_t size) {
     size = (size + BD_RING_CACHELINE - 1) & ~(size_t)(BD_RING_CACHELINE - 1);
@@ -241,6 +250,7 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     atomic_init(&t->handoff, 0);
     atomic_init(&t->consumer_stalled, false);
     t->slot_mask = INITIAL_SLOTS - 1;
+    t->tag_mask = SLOT_TAG_MASK;
     t->slots = calloc(t->slot_mask + 1, sizeof(*t->slots));
     t->recheck = calloc(RECHECK_MAX, sizeof(*t->recheck));
     if (t->slots == NULL || t->recheck == NULL) {
@@ -317,7 +327,7 @@ void bd_sensor_table_free(struct bd_sensor_table *t) {
     }
     if (t->slots != NULL) {
         for (uint32_t i = 0; i <= t->slot_mask; i++) {
-            struct bd_sensor *s = t->slots[i].s;
+            struct bd_sensor *s = slot_sensor(t, t->slots[i]);
             if (s != NULL) {
                 BD_ASSERT(s->flusher_state == NULL); /* the flusher releases its state first */
                 sensor_free(t, s);
@@ -360,8 +370,8 @@ const struct bd_pool *bd_sensor_table_pool(const struct bd_sensor_table *t) {
 void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),
                              void *arg) {
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        if (t->slots[i].s != NULL) {
-            fn(t->slots[i].s, arg);
+        if (t->slots[i] != 0) {
+            fn(slot_sensor(t, t->slots[i]), arg);
         }
     }
 }
@@ -422,27 +432,29 @@ static char *put_str(char *p, const struct bd_str *s) {
     return p + s->len + 1;
 }
 
-static void slot_insert(struct slot *slots, uint32_t mask, uint64_t hash, struct bd_sensor *s) {
-    uint32_t i = (uint32_t)hash & mask;
-    while (slots[i].s != NULL) {
+static void slot_insert(struct bd_sensor_table *t, slot_t *slots, uint32_t mask,
+                        struct bd_sensor *s) {
+    uint32_t i = (uint32_t)s->hash & mask;
+    while (slots[i] != 0) {
         i = (i + 1) & mask;
     }
-    slots[i].hash = hash;
-    slots[i].s = s;
+    slots[i] = (uint64_t)(uintptr_t)s | (s->hash & t->tag_mask);
 }
 
 /* Empty slot i and shift the entries after it in the probe run back, so every entry stays
  * reachable from its home slot without tombstones. */
-static void slot_remove(struct slot *slots, uint32_t mask, uint32_t i) {
+static void slot_remove(struct bd_sensor_table *t, uint32_t i) {
+    slot_t *slots = t->slots;
+    uint32_t mask = t->slot_mask;
     uint32_t j = i;
     for (;;) {
-        slots[i].s = NULL;
+        slots[i] = 0;
         for (;;) {
             j = (j + 1) & mask;
-            if (slots[j].s == NULL) {
+            if (slots[j] == 0) {
                 return;
             }
-            uint32_t home = (uint32_t)slots[j].hash & mask;
+            uint32_t home = (uint32_t)slot_sensor(t, slots[j])->hash & mask;
             /* Entry j may move to i unless its home lies cyclically in (i, j]. */
             bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
             if (!stays) {
@@ -456,13 +468,13 @@ static void slot_remove(struct slot *slots, uint32_t mask, uint32_t i) {
 
 static int grow_index(struct bd_sensor_table *t) {
     uint32_t new_mask = t->slot_mask * 2 + 1;
-    struct slot *slots = calloc((size_t)new_mask + 1, sizeof(*slots));
+    slot_t *slots = calloc((size_t)new_mask + 1, sizeof(*slots));
     if (slots == NULL) {
         return -ENOMEM;
     }
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        if (t->slots[i].s != NULL) {
-            slot_insert(slots, new_mask, t->slots[i].hash, t->slots[i].s);
+        if (t->slots[i] != 0) {
+            slot_insert(t, slots, new_mask, slot_sensor(t, t->slots[i]));
         }
     }
     free(t->slots);
@@ -471,6 +483,15 @@ static int grow_index(struct bd_sensor_table *t) {
     t->slot_mask = new_mask;
     t->sweep_at = 0;
     return 0;
+}
+
+/* A sensor whose address uses the tag's bits (not seen on Linux's usual address spaces): the
+ * index keeps bare addresses from now on, and every hash comparison reads the sensor. */
+static void drop_tags(struct bd_sensor_table *t) {
+    for (uint32_t i = 0; i <= t->slot_mask; i++) {
+        t->slots[i] &= ~t->tag_mask;
+    }
+    t->tag_mask = 0;
 }
 
 /* A refusal of a new sensor (counted by the caller): logged now and then, and the next sweep
@@ -522,11 +543,11 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     meta_at = (meta_at + sizeof(char *) - 1) & ~(sizeof(char *) - 1);
     size_t block = meta_at + meta;
     /* What it will cost: the block, the index slots its arrival makes the index grow by (the
-     * index is charged as it grows: at most half full, two slots a sensor and at most four),
-     * and the flusher's page accounting. */
+     * index is charged as it grows: at most half full, two to four 8-byte slots a sensor), and
+     * the flusher's page accounting. */
     bool grow = (t->count + 1) * 2 > t->slot_mask + 1; /* at most half full: see lookup */
     uint64_t cost = block + MALLOC_OVERHEAD + FLUSHER_SENSOR_COST;
-    uint64_t grown = grow ? (uint64_t)(t->slot_mask + 1) * sizeof(struct slot) : 0;
+    uint64_t grown = grow ? (uint64_t)(t->slot_mask + 1) * sizeof(slot_t) : 0;
     if (t->max_memory > 0 && t->memory + cost + grown > t->max_memory) {
         BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
         refuse_new(t, "sensor memory full", "limits.sensor_memory", t->max_memory, " bytes");
@@ -571,7 +592,10 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     atomic_init(&s->first, NULL);
     atomic_init(&s->segs_given, 0);
     atomic_init(&s->flusher_refs, 0);
-    slot_insert(t->slots, t->slot_mask, hash, s);
+    if ((uint64_t)(uintptr_t)s & t->tag_mask) {
+        drop_tags(t);
+    }
+    slot_insert(t, t->slots, t->slot_mask, s);
     t->count++;
     return s;
 oom:
@@ -585,13 +609,18 @@ oom:
 static struct bd_sensor *lookup(struct bd_sensor_table *t, const struct bd_str *key,
                                 uint64_t hash) {
     for (uint32_t i = (uint32_t)hash & t->slot_mask;; i = (i + 1) & t->slot_mask) {
-        const struct slot *e = &t->slots[i];
-        if (e->s == NULL) {
+        slot_t e = t->slots[i];
+        if (e == 0) {
             return NULL;
         }
-        if (e->hash == hash && e->s->id_len == key->len &&
-            memcmp(e->s->id_buf, key->ptr, key->len) == 0) {
-            return e->s;
+        /* The tag rejects all but 1 in 65,536 other sensors without reading them. */
+        if (((e ^ hash) & t->tag_mask) != 0) {
+            continue;
+        }
+        struct bd_sensor *s = slot_sensor(t, e);
+        if (s->hash == hash && s->id_len == key->len &&
+            memcmp(s->id_buf, key->ptr, key->len) == 0) {
+            return s;
         }
     }
 }
@@ -1192,10 +1221,10 @@ void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {
     uint32_t evicted = 0;
     uint32_t i = t->sweep_at & t->slot_mask;
     while (todo > 0 && t->n_evicting < t->evict_cap) {
-        struct bd_sensor *s = t->slots[i].s;
+        struct bd_sensor *s = slot_sensor(t, t->slots[i]);
         if (s != NULL && evictable(t, s, now_ns)) {
             /* The entry shifted into slot i (if any) is looked at next, so i stays. */
-            slot_remove(t->slots, t->slot_mask, i);
+            slot_remove(t, i);
             t->count--;
             t->n_evicting++;
             struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
@@ -1280,7 +1309,7 @@ uint32_t bd_sensor_table_list(const struct bd_sensor_table *t, const struct bd_s
     uint32_t n = 0;
     uint64_t matched = 0;
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        const struct bd_sensor *s = t->slots[i].s;
+        const struct bd_sensor *s = slot_sensor(t, t->slots[i]);
         if (s == NULL || s->last_ns >= before_ns) {
             continue;
         }
@@ -1311,7 +1340,7 @@ uint32_t bd_sensor_table_list(const struct bd_sensor_table *t, const struct bd_s
 uint32_t bd_sensor_table_count_silent(const struct bd_sensor_table *t, int64_t before_ns) {
     uint32_t n = 0;
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        const struct bd_sensor *s = t->slots[i].s;
+        const struct bd_sensor *s = slot_sensor(t, t->slots[i]);
         n += s != NULL && s->last_ns < before_ns;
     }
     return n;

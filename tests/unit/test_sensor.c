@@ -29,6 +29,8 @@ static struct bd_point pt;
 static int wakes;
 
 static int drain_expect(struct bd_sensor *s, double want);
+static void table_with(uint32_t max_name, uint64_t sensor_memory, uint64_t idle_ms);
+static void drain_and_hand_back(struct bd_sensor *s);
 
 static void on_wake(void *arg) {
     (void)arg;
@@ -513,7 +515,8 @@ Test(sensor, equal_full_hashes_are_told_apart_by_the_id) {
 
 Test(sensor, slot_collisions_with_other_hashes_probe_on) {
     /* Every hash lands on the same slot but differs above the index bits: each probe meets
-     * other sensors' entries and must reject them on the stored hash alone. */
+     * other sensors' entries and must reject them on the slot's tag (the hash's top 16 bits)
+     * or, where the tags are equal (most of them here), on the sensor's full hash. */
     bd_sensor_table_free(table);
     cfg.limits.max_sensors = 3000;
     cfg.limits.memory = 16 << 20; /* a segment for every sensor */
@@ -539,6 +542,89 @@ Test(sensor, slot_collisions_with_other_hashes_probe_on) {
         n++;
     }
     cr_assert_eq(n, 3000);
+}
+
+/* Where sensor addresses use the tag's bits, the index drops the tags and keeps bare addresses:
+ * lookups, growth and eviction (the shift of a probe run) go on, reading each sensor's hash. */
+/* The flusher's part, until nothing moves: every queue drained, every segment handed back. */
+static void drain_everything(void) {
+    int popped;
+    do {
+        bd_sensor_table_publish(table);
+        popped = 0;
+        struct bd_sensor *s;
+        while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+            int64_t ts;
+            struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+            uint32_t n, cells;
+            while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
+                bd_sensor_consume(s, cells);
+            }
+            popped++;
+        }
+    } while (popped > 0);
+}
+
+Test(sensor, an_index_without_tags_finds_grows_and_evicts) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    cfg.limits.max_sensors = 3000;
+    cfg.limits.memory = 16 << 20;
+    table_with(0, 0, 60000);
+    force_hash = true;
+    char key[32];
+    for (int i = 0; i < 1000; i++) {
+        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3); /* long shared runs */
+        snprintf(key, sizeof(key), "s%d", i);
+        point(key, "s", true, NOW);
+        add_float("v", i);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+        if (i == 400) {
+            drop_tags(table);
+            cr_assert_eq(table->tag_mask, 0);
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), 1000);
+    cr_assert_gt(table->slot_mask + 1, 1024u, "grown after the tags went");
+    for (int i = 0; i < 1000; i++) {
+        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
+        snprintf(key, sizeof(key), "s%d", i);
+        struct bd_str k = S(key);
+        struct bd_sensor *s = lookup(table, &k, forced_hash);
+        cr_assert_not_null(s, "%s", key);
+        cr_assert_str_eq(s->id, key);
+    }
+    /* Everyone drained and handed back; the even ones speak again, the odd ones are evicted
+     * from the middle of the runs, and every even one is still found. */
+    drain_everything();
+    const int64_t later = NOW + 2 * idle_ns;
+    for (int i = 0; i < 1000; i += 2) {
+        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
+        snprintf(key, sizeof(key), "s%d", i);
+        point(key, "s", true, later);
+        add_float("v", i);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, later), 0);
+    }
+    bd_sensor_table_sweep(table, later);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 500);
+    cr_assert_eq(bd_sensor_table_count(table), 500);
+    for (int i = 0; i < 1000; i++) {
+        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
+        snprintf(key, sizeof(key), "s%d", i);
+        struct bd_str k = S(key);
+        struct bd_sensor *f = lookup(table, &k, forced_hash);
+        if (i % 2 == 0) {
+            cr_assert_not_null(f, "%s", key);
+            cr_assert_str_eq(f->id, key);
+        } else {
+            cr_assert_null(f, "%s evicted", key);
+        }
+    }
+    struct bd_sensor *s;
+    while ((s = bd_sensor_table_next_evicted(table)) != NULL) {
+        bd_sensor_table_release(table, s);
+    }
+    drain_everything();
+    cr_assert_eq(bd_pool_in_use(&table->pool), 0);
 }
 
 Test(sensor, short_and_long_field_names) {
