@@ -16,10 +16,12 @@
  * addresses and every probe reads the sensor. An evicted sensor's slot is
  * emptied by shifting the rest of its probe run back (no tombstones).
  *
- * Memory. Each sensor is one block (struct and id) plus one block for its measurement and tags
- * and one per field name, so that eviction can give it all back. Their sizes, with the index
- * slots and an estimate of the flusher's page accounting, are charged to limits.sensor_memory;
- * a new sensor that would pass it is refused (drop_sensor_memory). Names are bounded by
+ * Memory. Each sensor is one block (struct, id, measurement and tags) from the table's slab
+ * (slab.h: 128-byte aligned, in 128-byte size classes, no slack beside each block), plus one
+ * allocation per field name longer than 6 bytes or escaped (shorter ones live in field_key), so
+ * that eviction can give it all back. Their sizes, with the index as it grows and an estimate
+ * of the flusher's page accounting, are charged to limits.sensor_memory; a new sensor that
+ * would pass it is refused (drop_sensor_memory). Names are bounded by
  * limits.max_name, so one sensor costs at most a few hundred KiB whatever it sends.
  *
  * Eviction. bd_sensor_table_sweep() looks at a part of the index at a time for sensors silent
@@ -99,6 +101,7 @@
 
 #include "bucketd/log.h"
 #include "bucketd/names.h"
+#include "bucketd/slab.h"
 
 _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
@@ -143,6 +146,9 @@ struct bd_sensor_table {
     alignas(BD_RING_CACHELINE) _Atomic uint64_t handoff;
 
     alignas(BD_RING_CACHELINE) struct bd_stats *stats;
+
+    /* The sensors' blocks (ingest thread only). */
+    struct bd_slab slab;
 
     /* Hash index, ingest thread only. */
     slot_t *slots;
@@ -251,6 +257,7 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     atomic_init(&t->consumer_stalled, false);
     t->slot_mask = INITIAL_SLOTS - 1;
     t->tag_mask = SLOT_TAG_MASK;
+    bd_slab_init(&t->slab);
     t->slots = calloc(t->slot_mask + 1, sizeof(*t->slots));
     t->recheck = calloc(RECHECK_MAX, sizeof(*t->recheck));
     if (t->slots == NULL || t->recheck == NULL) {
@@ -347,6 +354,7 @@ void bd_sensor_table_free(struct bd_sensor_table *t) {
     bd_ring_close(&t->evict);
     bd_ring_close(&t->dead);
     bd_pool_close(&t->pool);
+    bd_slab_close(&t->slab);
     free(t);
 }
 
@@ -393,7 +401,8 @@ static void sensor_free(struct bd_sensor_table *t, struct bd_sensor *s) {
     /* The measurement and the tags are in the sensor's own block. */
     BD_ASSERT(t->memory >= s->mem_cost);
     t->memory -= s->mem_cost;
-    free(s);
+    bd_slab_free(&t->slab, s,
+                 s->slab_units ? (size_t)s->slab_units * BD_SLAB_UNIT : BD_SLAB_MAX + 1);
 }
 
 /*
@@ -546,7 +555,9 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
      * index is charged as it grows: at most half full, two to four 8-byte slots a sensor), and
      * the flusher's page accounting. */
     bool grow = (t->count + 1) * 2 > t->slot_mask + 1; /* at most half full: see lookup */
-    uint64_t cost = block + MALLOC_OVERHEAD + FLUSHER_SENSOR_COST;
+    size_t slab_bytes = bd_slab_size(block);
+    uint64_t cost =
+        slab_bytes + (slab_bytes > BD_SLAB_MAX ? MALLOC_OVERHEAD : 0) + FLUSHER_SENSOR_COST;
     uint64_t grown = grow ? (uint64_t)(t->slot_mask + 1) * sizeof(slot_t) : 0;
     if (t->max_memory > 0 && t->memory + cost + grown > t->max_memory) {
         BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
@@ -556,9 +567,10 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     if (grow && grow_index(t) < 0) {
         goto oom;
     }
-    /* 128-byte aligned (the first line and the producer's pair), any size. */
-    void *mem = NULL;
-    if (posix_memalign(&mem, BD_RING_CACHELINE, block) != 0) {
+    /* 128-byte aligned (the first line and the producer's pair), from the slab. */
+    _Static_assert(BD_SLAB_UNIT % BD_RING_CACHELINE == 0, "slab blocks pair the sensor's lines");
+    void *mem = bd_slab_alloc(&t->slab, block);
+    if (mem == NULL) {
         goto oom;
     }
     struct bd_sensor *s = mem;
@@ -585,6 +597,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     s->table = t;
     s->serial = t->next_serial++;
     s->mem_cost = (uint32_t)cost;
+    s->slab_units = slab_bytes > BD_SLAB_MAX ? 0 : (uint16_t)(slab_bytes / BD_SLAB_UNIT);
     t->memory += cost;
     atomic_init(&s->n_fields, 0);
     atomic_init(&s->dirty, 0);

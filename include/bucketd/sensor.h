@@ -115,6 +115,9 @@ struct bd_sensor {
     uint32_t rpos;
     bool flusher_requeued;
     bool flusher_evicted; /* handed over by bd_sensor_table_next_evicted */
+    /* Ingest thread, set at creation: the block's size in slab units (slab.h), 0 for a block
+     * larger than the slab's classes. */
+    uint16_t slab_units;
     void *flusher_state;
     struct bd_sensor *flusher_next;
     struct bd_sensor *evicted_next; /* the flusher's list of evicted sensors not yet released */

@@ -669,8 +669,9 @@ Test(sensor, short_and_long_field_names) {
     cr_assert_str_eq(bd_sensor_field_name(s, vals[7].field), "eight8889");
 }
 
-/* One allocation per sensor: its measurement and tags follow the id in the sensor's block, and
- * a short field name needing no escape is read from its packed form, allocating nothing. */
+/* One allocation per sensor (a slab block): its measurement and tags follow the id in the
+ * sensor's block, and a short field name needing no escape is read from its packed form,
+ * allocating nothing. */
 Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     uint64_t empty = bd_sensor_table_memory(table);
     point("m,site=s000123", "m", true, NOW);
@@ -701,9 +702,11 @@ Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     size_t block = offsetof(struct bd_sensor, id_buf) + sizeof("m,site=s000123");
     block = (block + 7) & ~(size_t)7;
     block += 2 * sizeof(char *) + sizeof("m") + sizeof("site") + sizeof("s000123");
-    cr_assert_eq(bd_sensor_table_memory(table) - empty,
-                 block + MALLOC_OVERHEAD + FLUSHER_SENSOR_COST + sizeof("seven77") +
-                     sizeof("a%2Eb") + sizeof("a.b") + 2 * MALLOC_OVERHEAD);
+    cr_assert_eq(bd_slab_size(block), 384, "a slab block of three units");
+    cr_assert_eq(s->slab_units, 3);
+    cr_assert_eq(bd_sensor_table_memory(table) - empty, bd_slab_size(block) + FLUSHER_SENSOR_COST +
+                                                            sizeof("seven77") + sizeof("a%2Eb") +
+                                                            sizeof("a.b") + 2 * MALLOC_OVERHEAD);
     /* A second reading matches every name, inline or not, and frees cleanly at the end. */
     point("m,site=s000123", "m", true, NOW);
     add_float("a.b", 5);
