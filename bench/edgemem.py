@@ -52,13 +52,14 @@ def smaps_split(pid):
     return out
 
 
-def measure(suite, sensors, per_sensor=3):
-    """One daemon, sensors x per_sensor readings: dict of the figures (raises S.BenchError)."""
+def measure(suite, sensors, per_sensor=3, memory=None):
+    """One daemon, sensors x per_sensor readings: dict of the figures (raises S.BenchError).
+    memory: limits.memory if not the default (exploration, not in the report)."""
     _bind(suite)
     raised = sensors > DEFAULT_MAX_SENSORS
     port = S.free_port('tcp')
     d = S.Bucketd(suite, 'edgemem-%d' % sensors, [('tcp', port, 'influx')],
-                  max_sensors=sensors if raised else None,
+                  max_sensors=sensors if raised else None, memory=memory,
                   sensor_memory='1GiB' if raised else None).start()
     try:
         idle = S.proc_status(d.pid)
@@ -128,6 +129,7 @@ def main():
     ap.add_argument('--build', default=os.path.join(HERE, '..', 'build'))
     ap.add_argument('--sensors', default='10000,100000')
     ap.add_argument('--per-sensor', type=int, default=3)
+    ap.add_argument('--memory', default=None, help='limits.memory (default: the default)')
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix='edgemem-')
     ns = argparse.Namespace(repo=os.path.join(HERE, '..'), build=args.build, work=work,
@@ -137,7 +139,7 @@ def main():
     try:
         for n in [int(x) for x in args.sensors.split(',')]:
             try:
-                m = measure(suite, n, args.per_sensor)
+                m = measure(suite, n, args.per_sensor, args.memory)
                 print('%d sensors: %s' % (n, describe(m)), flush=True)
             except S.BenchError as e:
                 print('%d sensors: not run: %s' % (n, e), flush=True)
