@@ -64,7 +64,10 @@
  *     flag's modification order), so it comes with a queue entry pushed after R.
  * Either way R is drained. A reading that found 0 queues the sensor itself, after the push.
  *
- * Queue protocol. A sensor's queue is a chain of pool segments. A record (one reading) never
+ * Queue protocol. A sensor's queue is a chain of pool segments: a new chain starts with a
+ * small one when the record fits (pool.h), the segments after it are large (either class
+ * standing in for the other when it runs out); wcap is the producer's segment's size in cells,
+ * and the consumer needs none (it reads up to published). A record (one reading) never
  * spans segments: it is written whole into the producer's segment (wseg) at wpos, then
  * published with a release store of wseg->published, which the consumer loads with acquire. A
  * record that does not fit starts a new segment, linked with a release store of the old one's

@@ -1484,3 +1484,49 @@ Test(sensor, paging_with_ties_lists_every_sensor_exactly_once) {
     cr_assert_eq(last.last_ns, NOW + 10 * BD_NS_PER_MS, "the late sensor closes the list");
     cr_assert_eq(pages, 6);
 }
+
+/* ---- The defaults agree (issue 28) ---- */
+
+/* With the default configuration, limits.sensor_memory admits limits.max_sensors sensors of
+ * ordinary names: ids as bucketd-sim and the README spell them, three short fields each. */
+Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
+    bd_sensor_table_free(table);
+    table = NULL;
+    bd_config_defaults(&cfg);
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    uint32_t n = cfg.limits.max_sensors;
+    cr_assert_eq(n, 100000);
+    char id[64], v1[16], v2[16];
+    for (uint32_t i = 0; i < n; i++) {
+        if (i % 2 == 0) {
+            snprintf(id, sizeof(id), "m,site=s%06u", i);
+            snprintf(v1, sizeof(v1), "s%06u", i);
+            point(id, "m", true, NOW);
+            pt.n_tags = 1;
+            pt.tags[0].key = S("site");
+            pt.tags[0].value = S(v1);
+        } else {
+            snprintf(id, sizeof(id), "m1,sensor=s%u,site=plant-%u", i, i % 100);
+            snprintf(v1, sizeof(v1), "s%u", i);
+            snprintf(v2, sizeof(v2), "plant-%u", i % 100);
+            point(id, "m1", true, NOW);
+            pt.n_tags = 2;
+            pt.tags[0].key = S("sensor");
+            pt.tags[0].value = S(v1);
+            pt.tags[1].key = S("site");
+            pt.tags[1].value = S(v2);
+        }
+        add_float("f0", 1);
+        add_float("f1", 2);
+        add_float("f2", 3);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %u", i);
+        if (i % 1000 == 999) {
+            drain_everything();
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), n);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_memory), 0);
+    cr_assert_leq(bd_sensor_table_memory(table), cfg.limits.sensor_memory);
+    drain_everything();
+}
