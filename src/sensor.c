@@ -1219,6 +1219,12 @@ static bool evictable(const struct bd_sensor_table *t, const struct bd_sensor *s
 }
 
 void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {
+    /* The idle segments the flusher reported since the last batch of input: without input no
+     * publish takes them back, and a sensor holding one is never evictable. Sealed now (and
+     * the sensors so marked dirty settled, as at the end of a batch), the flusher gives them
+     * back at its next look and a later sweep can evict. Publishing more often than at the end
+     * of every batch is always safe. */
+    bd_sensor_table_publish(t);
     /* What the flusher released first: their memory is what a refused sensor waits for. */
     uint32_t tail;
     while (bd_ring_available(&t->dead, &tail) != 0) {

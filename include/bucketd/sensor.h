@@ -196,7 +196,8 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
 #define BD_SENSOR_SHARE_DIV 8
 
 /*
- * Ingest thread, about once a second (the daemon calls it at every flusher doorbell): free the
+ * Ingest thread, about once a second (the daemon calls it at every flusher doorbell): take back
+ * the idle segments the flusher reported (as publish does: input may have stopped), free the
  * sensors the flusher released, and evict sensors idle for limits.sensor_idle (now_ns: wall
  * clock). The index is swept a part at a time, so one call stays short with any number of
  * sensors; a new sensor refused for max_sensors or sensor_memory makes the next call sweep

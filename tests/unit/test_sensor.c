@@ -970,6 +970,35 @@ Test(sensor, an_idle_sensor_is_evicted_released_and_freed_then_starts_again) {
     cr_assert_eq(bd_sensor_table_memory(table), empty);
 }
 
+/* Input stops right after the flusher reported a sensor's segment idle: no publish follows (no
+ * more batches of accepts). The sweeps alone (at the flusher's doorbells) must take the report
+ * back, so that the flusher can return the segment and the sensor can be evicted; else it stays
+ * tracked until some reading arrives. */
+Test(sensor, sweeps_alone_take_back_idle_segments_so_quiet_sensors_are_evicted) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    table_with(0, 0, 60000);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    bd_sensor_table_publish(table); /* the end of the last batch of input */
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_eq(drain_expect(s, 1), 1); /* reports the segment idle */
+    cr_assert_eq(atomic_load(&s->reclaim), 1);
+    /* From here on only doorbells: a sweep, then the flusher's look, each second. */
+    for (int i = 1; i <= 5 && bd_sensor_table_count(table) > 0; i++) {
+        bd_sensor_table_sweep(table, NOW + idle_ns + i * BD_NS_PER_S);
+        struct bd_sensor *d;
+        while ((d = bd_sensor_table_next_dirty(table)) != NULL) {
+            cr_assert_eq(drain_expect(d, 0), 0);
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), 0, "evicted without any further input");
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 1);
+    cr_assert_eq(bd_pool_in_use(&table->pool), 0);
+    cr_assert_eq(bd_sensor_table_next_evicted(table), s);
+    bd_sensor_table_release(table, s);
+}
+
 Test(sensor, past_three_quarters_new_sensors_wait_and_known_ones_go_on) {
     cfg.limits.max_sensors = 16;
     table_with(0, 0, 0);
