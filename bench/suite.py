@@ -286,9 +286,9 @@ def memory_for(rate, fields):
 
 def pool_high_water(log_text):
     """(in use at most, segments, segment bytes) from the daemon's stop line "buffer pool: at
-    most N of M segments of B bytes in use at once", or None."""
+    most N of M units of B bytes in use at once" (older builds: "segments"), or None."""
     m = None
-    for m in re.finditer(r'buffer pool: at most (\d+) of (\d+) segments of (\d+) bytes', log_text):
+    for m in re.finditer(r'buffer pool: at most (\d+) of (\d+) (?:segments|units) of (\d+) bytes', log_text):
         pass
     return tuple(int(x) for x in m.groups()) if m else None
 
@@ -297,7 +297,7 @@ def describe_pool(hw):
     if not hw:
         return 'buffer pool high-water not logged'
     used, total, seg = hw
-    return 'buffer pool high-water %d of %d segments of %d B (%s of the pool, %s)' % (
+    return 'buffer pool high-water %d of %d units of %d B (%s of the pool, %s)' % (
         used, total, seg, pct(used / total), mib(used * seg))
 
 
@@ -1159,67 +1159,11 @@ class Suite(object):
             'max_line + 4 KiB each (address space; resident only where written)')
 
     # -- 4. memory ------------------------------------------------------------------------
-    def memory_at(self, sensors, per_sensor=3, max_sensors=None):
-        port = free_port('tcp')
-        # Past 100 k sensors, limits.sensor_memory (64 MiB, room for about 100 k short-named
-        # sensors) is raised with max_sensors.
-        d = Bucketd(self, 'mem-%d' % sensors, [('tcp', port, 'influx')],
-                    max_sensors=max_sensors,
-                    sensor_memory='1GiB' if max_sensors and max_sensors > 100000 else None).start()
-        t0 = time.monotonic()
-        try:
-            idle = proc_status(d.pid)
-            load = Load(sensors, self.fields)
-            res = run_sim(self, load.args(port, proto='tcp', count=sensors * per_sensor),
-                          max(120, sensors / 1000.0))
-            wait_tcp_drained(port, timeout=max(30.0, sensors / 5000.0))
-            time.sleep(1.5)  # at least one flush after the last reading
-            peak = proc_status(d.pid)
-            load_s = time.monotonic() - t0
-        finally:
-            st = d.stop(timeout=max(120.0, sensors / 2000.0))
-        if st.get('readings_accepted') != res['readings'] or daemon_drops(st):
-            raise BenchError('%d sensors: accepted %s of %d, drops %s' % (
-                sensors, st.get('readings_accepted'), res['readings'], daemon_drops(st)))
-        return idle, peak, res, st, pool_high_water(d.log()), load_s
-
     def fig_memory(self):
-        self.have_sim()
-        big = 10000 if self.quick else 100000
-        cases = [(1000, None), (big, None)]
-        if not self.quick:
-            # 1 M sensors: past the default max_sensors, so it is raised for this daemon.
-            cases.append((1000000, 1000000))
-        for sensors, max_sensors in cases:
-            figure = '4. memory, %s active sensors (peak RSS, VmHWM%s)' % (
-                si(sensors), '; limits.max_sensors %s' % si(max_sensors) if max_sensors else '')
-            try:
-                idle, peak, res, st, hw, load_s = self.memory_at(sensors, max_sensors=max_sensors)
-            except BenchError as e:
-                self.rows.append(not_run(figure, e))
-                continue
-            hwm = peak['VmHWM']
-            per = (hwm - idle['VmHWM']) / sensors
-            if sensors >= 100000:
-                target, met = '<= 64 MiB', met_le(hwm, 64 * MIB)
-                if sensors > 100000:
-                    target = '<= 64 MiB (set for 100 k)'
-            else:
-                target, met = '', ''
-            self.rows.append(Row(figure, '%s (%.0f B/sensor above idle); %s' % (
-                mib(hwm), per, describe_pool(hw)),
-                'idle after start %s' % mib(idle['VmHWM']),
-                '%.1fx' % (hwm / idle['VmHWM']), target, met))
-            self.note('memory, %s sensors: %d readings sent over TCP and accepted in %.1f s, '
-                      'VmRSS %s at the reading, flushes %s (%s early for memory), %s' % (
-                          si(sensors), res['readings'], load_s, mib(peak['VmRSS']),
-                          st.get('flushes'), st.get('flushes_for_memory'), describe_pool(hw)))
-        self.conditions.append(
-            'memory: blackhole sink, default limits (limits.memory 64MiB: a 32 MiB buffer pool '
-            'reserved at start, resident only where used; max_sensors 100000, raised to '
-            '1000000 for the 1 M row, with sensor_memory 1GiB), 3 readings per sensor over '
-            'TCP, VmHWM read 1.5 s after '
-            'the last reading; the pool high-water mark is the daemon\'s own, logged at stop')
+        # Row 4 (10 k, 100 k with the defaults, 1 M raised, bytes per sensor): bench/edgemem.py.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import edgemem
+        return edgemem.fig_memory(self)
 
     # -- 5/6. into the stand-in ------------------------------------------------------------
     def get_standin(self):

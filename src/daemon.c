@@ -202,8 +202,8 @@ static void log_stats(const struct bd_stats *st, const struct bd_sensor_table *t
     bd_info("stats: %s", line);
     if (table != NULL) {
         const struct bd_pool *pool = bd_sensor_table_pool(table);
-        bd_info("buffer pool: at most %u of %u segments of %zu bytes in use at once; %u sensors",
-                bd_pool_high_water(pool), pool->n_segs, pool->seg_bytes,
+        bd_info("buffer pool: at most %u of %u units of %zu bytes in use at once; %u sensors",
+                bd_pool_high_water(pool), pool->n_units, pool->unit_bytes,
                 bd_sensor_table_count(table));
     }
 }

@@ -271,7 +271,7 @@ static void set_gauges(struct bd_flusher *f, int64_t wall_ms) {
     const struct bd_pool *pool = bd_sensor_table_pool(f->table);
     BD_GAUGE_SET(f->stats, pool_segments_in_use, bd_pool_in_use(pool));
     BD_GAUGE_SET(f->stats, pool_segments_high_water, bd_pool_high_water(pool));
-    BD_GAUGE_SET(f->stats, pool_segments, pool->n_segs);
+    BD_GAUGE_SET(f->stats, pool_segments, pool->n_units);
     uint64_t in_batch = bd_batch_pending_readings(&f->batch);
     uint64_t in_fill = bd_batch_pending_readings(&f->fill);
     BD_GAUGE_SET(f->stats, pending_batches, (uint64_t)(in_batch > 0) + (uint64_t)(in_fill > 0));

@@ -8,15 +8,20 @@
  * third, and likewise for the evict queue (ingest -> flusher) and the dead queue (back). A
  * sensor lives until it is evicted (see Eviction) or the table is freed.
  *
- * Index: open addressing, linear probing, at most half full. A slot holds the full 64-bit hash
- * next to the sensor pointer, so a probe that meets another sensor is rejected without touching
- * it; a hash match is confirmed by length and bytes of the id. An evicted sensor's slot is
+ * Index: open addressing, linear probing, at most half full. A slot is 8 bytes: the sensor's
+ * address with the top 16 bits of its hash in the address's unused top bits, so a probe that
+ * meets another sensor is rejected without touching it (all but 1 in 65,536); a tag match is
+ * confirmed by the full hash, the length and the bytes of the id (one miss, the sensor's first
+ * line and its id, which follows it). Where addresses use those bits, slots hold bare
+ * addresses and every probe reads the sensor. An evicted sensor's slot is
  * emptied by shifting the rest of its probe run back (no tombstones).
  *
- * Memory. Each sensor is one block (struct and id) plus one block for its measurement and tags
- * and one per field name, so that eviction can give it all back. Their sizes, with the index
- * slots and an estimate of the flusher's page accounting, are charged to limits.sensor_memory;
- * a new sensor that would pass it is refused (drop_sensor_memory). Names are bounded by
+ * Memory. Each sensor is one block (struct, id, measurement and tags) from the table's slab
+ * (slab.h: 128-byte aligned, in 128-byte size classes, no slack beside each block), plus one
+ * allocation per field name longer than 6 bytes or escaped (shorter ones live in field_key), so
+ * that eviction can give it all back. Their sizes, with the index as it grows and an estimate
+ * of the flusher's page accounting, are charged to limits.sensor_memory; a new sensor that
+ * would pass it is refused (drop_sensor_memory). Names are bounded by
  * limits.max_name, so one sensor costs at most a few hundred KiB whatever it sends.
  *
  * Eviction. bd_sensor_table_sweep() looks at a part of the index at a time for sensors silent
@@ -59,7 +64,10 @@
  *     flag's modification order), so it comes with a queue entry pushed after R.
  * Either way R is drained. A reading that found 0 queues the sensor itself, after the push.
  *
- * Queue protocol. A sensor's queue is a chain of pool segments. A record (one reading) never
+ * Queue protocol. A sensor's queue is a chain of pool segments: a new chain starts with a
+ * small one when the record fits (pool.h), the segments after it are large (either class
+ * standing in for the other when it runs out); wcap is the producer's segment's size in cells,
+ * and the consumer needs none (it reads up to published). A record (one reading) never
  * spans segments: it is written whole into the producer's segment (wseg) at wpos, then
  * published with a release store of wseg->published, which the consumer loads with acquire. A
  * record that does not fit starts a new segment, linked with a release store of the old one's
@@ -96,11 +104,12 @@
 
 #include "bucketd/log.h"
 #include "bucketd/names.h"
+#include "bucketd/slab.h"
 
 _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field");
-_Static_assert(offsetof(struct bd_sensor, n_tags) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
+_Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
                "last_ns and accepted are written with every reading: in the producer's line");
 
 /* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume.
@@ -118,16 +127,22 @@ _Static_assert(offsetof(struct bd_sensor, n_tags) + sizeof(uint32_t) <= 2 * BD_R
 #define FLUSHER_SENSOR_COST 128
 /* An allocation's cost beyond its size (the allocator's header and rounding). */
 #define MALLOC_OVERHEAD 16
+/* Short field names live in the sensor's field_key (see field_index): its bytes 1..len. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define INLINE_NAMES 1
+#else
+#define INLINE_NAMES 0
+#endif
 /* Index slots a sweep looks at per call (after a refusal: the whole index), and how often it
  * looks (after a refusal: sooner). */
 #define SWEEP_SLOTS 65536
 #define SWEEP_EVERY_NS BD_NS_PER_S
 #define SWEEP_SOON_NS (100 * BD_NS_PER_MS)
 
-struct slot {
-    uint64_t hash;
-    struct bd_sensor *s; /* NULL: empty */
-};
+/* An index slot: the sensor's address with the top 16 bits of its hash in the address's unused
+ * top bits (tag_mask; 0 where addresses use them: then the address alone), 0 when empty. */
+typedef uint64_t slot_t;
+#define SLOT_TAG_MASK (UINT64_C(0xffff) << 48)
 
 struct bd_sensor_table {
     /* Read-modify-written by both threads: see the hand-off protocol. Alone in its pair. */
@@ -135,8 +150,12 @@ struct bd_sensor_table {
 
     alignas(BD_RING_CACHELINE) struct bd_stats *stats;
 
+    /* The sensors' blocks (ingest thread only). */
+    struct bd_slab slab;
+
     /* Hash index, ingest thread only. */
-    struct slot *slots;
+    slot_t *slots;
+    uint64_t tag_mask; /* SLOT_TAG_MASK, or 0 once a sensor's address used those bits */
     uint32_t slot_mask;
     uint32_t count;
     uint32_t max_sensors;
@@ -191,6 +210,11 @@ struct bd_sensor_table {
     atomic_bool consumer_stalled;
 };
 
+/* The sensor of an index slot (NULL: empty). */
+static inline struct bd_sensor *slot_sensor(const struct bd_sensor_table *t, slot_t e) {
+    return (struct bd_sensor *)(uintptr_t)(e & ~t->tag_mask);
+}
+
 /* Zeroed memory aligned for types with alignas(BD_RING_CACHELINE) members. */
 static void *zalloc_aligned(size_t size) {
     size = (size + BD_RING_CACHELINE - 1) & ~(size_t)(BD_RING_CACHELINE - 1);
@@ -238,6 +262,8 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     atomic_init(&t->handoff, 0);
     atomic_init(&t->consumer_stalled, false);
     t->slot_mask = INITIAL_SLOTS - 1;
+    t->tag_mask = SLOT_TAG_MASK;
+    bd_slab_init(&t->slab);
     t->slots = calloc(t->slot_mask + 1, sizeof(*t->slots));
     t->recheck = calloc(RECHECK_MAX, sizeof(*t->recheck));
     if (t->slots == NULL || t->recheck == NULL) {
@@ -268,10 +294,12 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     if (rc < 0) {
         goto out;
     }
-    t->wake_segs = t->pool.n_segs / 8 * POOL_WAKE_EIGHTHS;
-    t->high_segs = t->pool.n_segs / 8 * POOL_HIGH_EIGHTHS;
-    t->low_segs = t->pool.n_segs / 8 * POOL_LOW_EIGHTHS;
-    t->share_segs = BD_MAX(t->pool.n_segs / BD_SENSOR_SHARE_DIV, UINT32_C(2));
+    /* In units of the pool (pool.h): a large segment counts several where there are small. */
+    t->wake_segs = t->pool.n_units / 8 * POOL_WAKE_EIGHTHS;
+    t->high_segs = t->pool.n_units / 8 * POOL_HIGH_EIGHTHS;
+    t->low_segs = t->pool.n_units / 8 * POOL_LOW_EIGHTHS;
+    t->share_segs =
+        BD_MAX(t->pool.n_units / BD_SENSOR_SHARE_DIV, UINT32_C(2) * t->pool.large.seg_units);
     t->wake_armed = true;
     t->memory = (uint64_t)(t->slot_mask + 1) * sizeof(*t->slots);
     *out = t;
@@ -312,7 +340,7 @@ void bd_sensor_table_free(struct bd_sensor_table *t) {
     }
     if (t->slots != NULL) {
         for (uint32_t i = 0; i <= t->slot_mask; i++) {
-            struct bd_sensor *s = t->slots[i].s;
+            struct bd_sensor *s = slot_sensor(t, t->slots[i]);
             if (s != NULL) {
                 BD_ASSERT(s->flusher_state == NULL); /* the flusher releases its state first */
                 sensor_free(t, s);
@@ -332,6 +360,7 @@ void bd_sensor_table_free(struct bd_sensor_table *t) {
     bd_ring_close(&t->evict);
     bd_ring_close(&t->dead);
     bd_pool_close(&t->pool);
+    bd_slab_close(&t->slab);
     free(t);
 }
 
@@ -355,23 +384,31 @@ const struct bd_pool *bd_sensor_table_pool(const struct bd_sensor_table *t) {
 void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),
                              void *arg) {
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        if (t->slots[i].s != NULL) {
-            fn(t->slots[i].s, arg);
+        if (t->slots[i] != 0) {
+            fn(slot_sensor(t, t->slots[i]), arg);
         }
     }
+}
+
+/* Whether field name i lives in the sensor's field_key (see field_index). */
+static bool name_inline(const struct bd_sensor *s, uint32_t i) {
+    return i < BD_SENSOR_KEY_SLOTS && s->names[i] == (const char *)&s->field_key[i] + 1;
 }
 
 /* Everything a sensor owns; its cost leaves the table's account. */
 static void sensor_free(struct bd_sensor_table *t, struct bd_sensor *s) {
     uint32_t n = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
     for (uint32_t i = 0; i < n; i++) {
-        free((void *)bd_sensor_field_name(s, i));
+        if (!name_inline(s, i)) {
+            free((void *)bd_sensor_field_name(s, i));
+        }
     }
     free(s->names_more);
-    free(s->tag_keys); /* the block holding the tags and the measurement */
+    /* The measurement and the tags are in the sensor's own block. */
     BD_ASSERT(t->memory >= s->mem_cost);
     t->memory -= s->mem_cost;
-    free(s);
+    bd_slab_free(&t->slab, s,
+                 s->slab_units ? (size_t)s->slab_units * BD_SLAB_UNIT : BD_SLAB_MAX + 1);
 }
 
 /*
@@ -410,27 +447,29 @@ static char *put_str(char *p, const struct bd_str *s) {
     return p + s->len + 1;
 }
 
-static void slot_insert(struct slot *slots, uint32_t mask, uint64_t hash, struct bd_sensor *s) {
-    uint32_t i = (uint32_t)hash & mask;
-    while (slots[i].s != NULL) {
+static void slot_insert(struct bd_sensor_table *t, slot_t *slots, uint32_t mask,
+                        struct bd_sensor *s) {
+    uint32_t i = (uint32_t)s->hash & mask;
+    while (slots[i] != 0) {
         i = (i + 1) & mask;
     }
-    slots[i].hash = hash;
-    slots[i].s = s;
+    slots[i] = (uint64_t)(uintptr_t)s | (s->hash & t->tag_mask);
 }
 
 /* Empty slot i and shift the entries after it in the probe run back, so every entry stays
  * reachable from its home slot without tombstones. */
-static void slot_remove(struct slot *slots, uint32_t mask, uint32_t i) {
+static void slot_remove(struct bd_sensor_table *t, uint32_t i) {
+    slot_t *slots = t->slots;
+    uint32_t mask = t->slot_mask;
     uint32_t j = i;
     for (;;) {
-        slots[i].s = NULL;
+        slots[i] = 0;
         for (;;) {
             j = (j + 1) & mask;
-            if (slots[j].s == NULL) {
+            if (slots[j] == 0) {
                 return;
             }
-            uint32_t home = (uint32_t)slots[j].hash & mask;
+            uint32_t home = (uint32_t)slot_sensor(t, slots[j])->hash & mask;
             /* Entry j may move to i unless its home lies cyclically in (i, j]. */
             bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
             if (!stays) {
@@ -444,13 +483,13 @@ static void slot_remove(struct slot *slots, uint32_t mask, uint32_t i) {
 
 static int grow_index(struct bd_sensor_table *t) {
     uint32_t new_mask = t->slot_mask * 2 + 1;
-    struct slot *slots = calloc((size_t)new_mask + 1, sizeof(*slots));
+    slot_t *slots = calloc((size_t)new_mask + 1, sizeof(*slots));
     if (slots == NULL) {
         return -ENOMEM;
     }
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        if (t->slots[i].s != NULL) {
-            slot_insert(slots, new_mask, t->slots[i].hash, t->slots[i].s);
+        if (t->slots[i] != 0) {
+            slot_insert(t, slots, new_mask, slot_sensor(t, t->slots[i]));
         }
     }
     free(t->slots);
@@ -459,6 +498,15 @@ static int grow_index(struct bd_sensor_table *t) {
     t->slot_mask = new_mask;
     t->sweep_at = 0;
     return 0;
+}
+
+/* A sensor whose address uses the tag's bits (not seen on Linux's usual address spaces): the
+ * index keeps bare addresses from now on, and every hash comparison reads the sensor. */
+static void drop_tags(struct bd_sensor_table *t) {
+    for (uint32_t i = 0; i <= t->slot_mask; i++) {
+        t->slots[i] &= ~t->tag_mask;
+    }
+    t->tag_mask = 0;
 }
 
 /* A refusal of a new sensor (counted by the caller): logged now and then, and the next sweep
@@ -505,28 +553,34 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         meta += key_size(&pt->tags[i].key, BD_NAME_TAG, false, &escaped);
         meta += pt->tags[i].value.len + 1;
     }
-    size_t block = offsetof(struct bd_sensor, id_buf) + pt->series_key.len + 1;
-    block = (block + BD_RING_CACHELINE - 1) & ~(size_t)(BD_RING_CACHELINE - 1);
-    /* What it will cost: both blocks, its share of the index (at most half full: two slots),
-     * and the flusher's page accounting. */
+    /* One block: the struct, the id, then (pointer-aligned) the measurement and the tags. */
+    size_t meta_at = offsetof(struct bd_sensor, id_buf) + pt->series_key.len + 1;
+    meta_at = (meta_at + sizeof(char *) - 1) & ~(sizeof(char *) - 1);
+    size_t block = meta_at + meta;
+    /* What it will cost: the block, the index slots its arrival makes the index grow by (the
+     * index is charged as it grows: at most half full, two to four 8-byte slots a sensor), and
+     * the flusher's page accounting. */
+    bool grow = (t->count + 1) * 2 > t->slot_mask + 1; /* at most half full: see lookup */
+    size_t slab_bytes = bd_slab_size(block);
     uint64_t cost =
-        block + meta + 2 * MALLOC_OVERHEAD + 2 * sizeof(struct slot) + FLUSHER_SENSOR_COST;
-    if (t->max_memory > 0 && t->memory + cost > t->max_memory) {
+        slab_bytes + (slab_bytes > BD_SLAB_MAX ? MALLOC_OVERHEAD : 0) + FLUSHER_SENSOR_COST;
+    uint64_t grown = grow ? (uint64_t)(t->slot_mask + 1) * sizeof(slot_t) : 0;
+    if (t->max_memory > 0 && t->memory + cost + grown > t->max_memory) {
         BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
         refuse_new(t, "sensor memory full", "limits.sensor_memory", t->max_memory, " bytes");
         return NULL;
     }
-    /* At most half full, so probe runs stay short and an empty slot always ends them. */
-    if ((t->count + 1) * 2 > t->slot_mask + 1 && grow_index(t) < 0) {
+    if (grow && grow_index(t) < 0) {
         goto oom;
     }
-    struct bd_sensor *s = aligned_alloc(BD_RING_CACHELINE, block);
-    char *m = malloc(meta);
-    if (s == NULL || m == NULL) {
-        free(s);
-        free(m);
+    /* 128-byte aligned (the first line and the producer's pair), from the slab. */
+    _Static_assert(BD_SLAB_UNIT % BD_RING_CACHELINE == 0, "slab blocks pair the sensor's lines");
+    void *mem = bd_slab_alloc(&t->slab, block);
+    if (mem == NULL) {
         goto oom;
     }
+    struct bd_sensor *s = mem;
+    char *m = (char *)mem + meta_at;
     memset(s, 0, offsetof(struct bd_sensor, id_buf));
     memcpy(s->id_buf, pt->series_key.ptr, pt->series_key.len);
     s->id_buf[pt->series_key.len] = '\0';
@@ -549,6 +603,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     s->table = t;
     s->serial = t->next_serial++;
     s->mem_cost = (uint32_t)cost;
+    s->slab_units = slab_bytes > BD_SLAB_MAX ? 0 : (uint16_t)(slab_bytes / BD_SLAB_UNIT);
     t->memory += cost;
     atomic_init(&s->n_fields, 0);
     atomic_init(&s->dirty, 0);
@@ -556,7 +611,10 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     atomic_init(&s->first, NULL);
     atomic_init(&s->segs_given, 0);
     atomic_init(&s->flusher_refs, 0);
-    slot_insert(t->slots, t->slot_mask, hash, s);
+    if ((uint64_t)(uintptr_t)s & t->tag_mask) {
+        drop_tags(t);
+    }
+    slot_insert(t, t->slots, t->slot_mask, s);
     t->count++;
     return s;
 oom:
@@ -598,13 +656,17 @@ static inline bool id_equal(const char *a, const char *b, size_t n) {
 static struct bd_sensor *lookup(struct bd_sensor_table *t, const struct bd_str *key,
                                 uint64_t hash) {
     for (uint32_t i = (uint32_t)hash & t->slot_mask;; i = (i + 1) & t->slot_mask) {
-        const struct slot *e = &t->slots[i];
-        if (e->s == NULL) {
+        slot_t e = t->slots[i];
+        if (e == 0) {
             return NULL;
         }
-        if (e->hash == hash && e->s->id_len == key->len &&
-            id_equal(e->s->id_buf, key->ptr, key->len)) {
-            return e->s;
+        /* The tag rejects all but 1 in 65,536 other sensors without reading them. */
+        if (((e ^ hash) & t->tag_mask) != 0) {
+            continue;
+        }
+        struct bd_sensor *s = slot_sensor(t, e);
+        if (s->hash == hash && s->id_len == key->len && id_equal(s->id_buf, key->ptr, key->len)) {
+            return s;
         }
     }
 }
@@ -694,10 +756,13 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
     }
     bool escaped;
     size_t size = key_size(key, BD_NAME_FIELD, true, &escaped);
+    /* A short name needing no escape is its packed form: bytes 1..len of field_key[n], followed
+     * by a zero byte (len <= 6, little-endian), so no string of its own is allocated. */
+    bool in_key = INLINE_NAMES && n < BD_SENSOR_KEY_SLOTS && !escaped && key->len <= 6;
     size_t more = n == BD_SENSOR_KEY_SLOTS && s->names_more == NULL
                       ? (BD_SENSOR_MAX_FIELDS - BD_SENSOR_KEY_SLOTS) * sizeof(char *)
                       : 0;
-    uint64_t cost = size + MALLOC_OVERHEAD + (more > 0 ? more + MALLOC_OVERHEAD : 0);
+    uint64_t cost = (in_key ? 0 : size + MALLOC_OVERHEAD) + (more > 0 ? more + MALLOC_OVERHEAD : 0);
     if (t->max_memory > 0 && t->memory + cost > t->max_memory) {
         BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
         t->sweep_all = true;
@@ -713,14 +778,20 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
         s->mem_cost += (uint32_t)(more + MALLOC_OVERHEAD);
         t->memory += more + MALLOC_OVERHEAD;
     }
-    char *name = malloc(size);
-    if (name == NULL) {
-        BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
-        return -1;
+    char *name;
+    if (in_key) {
+        s->field_key[n] = packed;
+        name = (char *)&s->field_key[n] + 1;
+    } else {
+        name = malloc(size);
+        if (name == NULL) {
+            BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
+            return -1;
+        }
+        put_key(name, key, BD_NAME_FIELD, true);
+        s->mem_cost += (uint32_t)(size + MALLOC_OVERHEAD);
+        t->memory += size + MALLOC_OVERHEAD;
     }
-    put_key(name, key, BD_NAME_FIELD, true);
-    s->mem_cost += (uint32_t)(size + MALLOC_OVERHEAD);
-    t->memory += size + MALLOC_OVERHEAD;
     if (escaped) {
         s->field_escaped |= UINT64_C(1) << n;
     }
@@ -773,6 +844,7 @@ static void take_back_idle(struct bd_sensor_table *t) {
             atomic_store_explicit(&seg->published, s->wpos | BD_SEG_SEALED, memory_order_release);
             s->wseg = NULL;
             s->wpos = 0;
+            s->wcap = 0;
             mark_dirty(t, s); /* the flusher gives it back at its next look */
             sealed = true;
         }
@@ -824,14 +896,15 @@ static void mark_dirty(struct bd_sensor_table *t, struct bd_sensor *s) {
     t->recheck[t->n_recheck++] = s;
 }
 
-/* A new segment for a sensor's queue. The pool's pressure marks are judged here, once per
- * segment rather than per reading. NULL when the pool is exhausted even after taking back the
- * idle segments reported so far. */
-static struct bd_seg *new_segment(struct bd_sensor_table *t) {
-    struct bd_seg *seg = bd_pool_take(&t->pool);
+/* A new segment for a sensor's queue, of at least cells cells, small if asked and possible (see
+ * push). The pool's pressure marks are judged here, once per segment rather than per reading.
+ * NULL when the pool is exhausted even after taking back the idle segments reported so far. */
+static struct bd_seg *new_segment(struct bd_sensor_table *t, uint32_t cells, bool small,
+                                  uint32_t *seg_cells, uint32_t *units) {
+    struct bd_seg *seg = bd_pool_take(&t->pool, cells, small, seg_cells, units);
     if (seg == NULL) {
         take_back_idle(t); /* sealed ones come back after the flusher's next look */
-        seg = bd_pool_take(&t->pool);
+        seg = bd_pool_take(&t->pool, cells, small, seg_cells, units);
     }
     uint32_t used = bd_pool_in_use(&t->pool);
     if (seg == NULL || used > t->high_segs) {
@@ -893,11 +966,14 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
                 uint32_t n) {
     struct bd_seg *seg = s->wseg;
     uint32_t pos = s->wpos;
-    if (seg == NULL || pos + n > t->pool.seg_cells) {
+    if (seg == NULL || pos + n > s->wcap) {
         if (over_share(t, s)) {
             return -EAGAIN;
         }
-        struct bd_seg *fresh = new_segment(t);
+        /* A new chain starts small (a quiet sensor's few readings); a full segment is followed
+         * by a large one (the sensor is bursty). */
+        uint32_t cap, units;
+        struct bd_seg *fresh = new_segment(t, n, seg == NULL, &cap, &units);
         if (fresh == NULL) {
             return -ENOBUFS;
         }
@@ -906,7 +982,7 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
          * forgotten. A sealed segment never gets a successor (the consumer hands it back once
          * read to the end): the new one then starts a new chain through first. */
         seg = s->wseg;
-        s->segs_taken++;
+        s->segs_taken += units;
         t->share_wake_armed = true;
         copy_cells(fresh->cells, cells, n);
         atomic_store_explicit(&fresh->published, n, memory_order_relaxed);
@@ -920,6 +996,7 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
         }
         s->wseg = fresh;
         s->wpos = n;
+        s->wcap = cap;
         return 0;
     }
     copy_cells(&seg->cells[pos], cells, n);
@@ -1093,10 +1170,10 @@ static void report_idle(struct bd_sensor_table *t, struct bd_sensor *s) {
 
 /* Consumer: a segment of s read to the end and left by the producer goes back to the pool. */
 static void give_back(struct bd_sensor_table *t, struct bd_sensor *s, struct bd_seg *seg) {
-    bd_pool_give(&t->pool, seg);
+    uint32_t units = bd_pool_give(&t->pool, seg);
     /* Single writer (this thread); the producer reads it relaxed (over_share). */
     atomic_store_explicit(&s->segs_given,
-                          atomic_load_explicit(&s->segs_given, memory_order_relaxed) + 1,
+                          atomic_load_explicit(&s->segs_given, memory_order_relaxed) + units,
                           memory_order_relaxed);
 }
 
@@ -1207,6 +1284,12 @@ static bool evictable(const struct bd_sensor_table *t, const struct bd_sensor *s
 }
 
 void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {
+    /* The idle segments the flusher reported since the last batch of input: without input no
+     * publish takes them back, and a sensor holding one is never evictable. Sealed now (and
+     * the sensors so marked dirty settled, as at the end of a batch), the flusher gives them
+     * back at its next look and a later sweep can evict. Publishing more often than at the end
+     * of every batch is always safe. */
+    bd_sensor_table_publish(t);
     /* What the flusher released first: their memory is what a refused sensor waits for. */
     uint32_t tail;
     while (bd_ring_available(&t->dead, &tail) != 0) {
@@ -1225,10 +1308,10 @@ void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {
     uint32_t evicted = 0;
     uint32_t i = t->sweep_at & t->slot_mask;
     while (todo > 0 && t->n_evicting < t->evict_cap) {
-        struct bd_sensor *s = t->slots[i].s;
+        struct bd_sensor *s = slot_sensor(t, t->slots[i]);
         if (s != NULL && evictable(t, s, now_ns)) {
             /* The entry shifted into slot i (if any) is looked at next, so i stays. */
-            slot_remove(t->slots, t->slot_mask, i);
+            slot_remove(t, i);
             if (t->last == s) {
                 t->last = NULL;
             }
@@ -1316,7 +1399,7 @@ uint32_t bd_sensor_table_list(const struct bd_sensor_table *t, const struct bd_s
     uint32_t n = 0;
     uint64_t matched = 0;
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        const struct bd_sensor *s = t->slots[i].s;
+        const struct bd_sensor *s = slot_sensor(t, t->slots[i]);
         if (s == NULL || s->last_ns >= before_ns) {
             continue;
         }
@@ -1347,7 +1430,7 @@ uint32_t bd_sensor_table_list(const struct bd_sensor_table *t, const struct bd_s
 uint32_t bd_sensor_table_count_silent(const struct bd_sensor_table *t, int64_t before_ns) {
     uint32_t n = 0;
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        const struct bd_sensor *s = t->slots[i].s;
+        const struct bd_sensor *s = slot_sensor(t, t->slots[i]);
         n += s != NULL && s->last_ns < before_ns;
     }
     return n;

@@ -75,6 +75,7 @@ struct bd_sensor {
     int64_t last_ns;
     uint64_t accepted;
     uint32_t n_tags;
+    uint32_t wcap; /* cells wseg holds (its class's, pool.h) */
 
     /* Cold. */
     char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
@@ -84,7 +85,9 @@ struct bd_sensor {
     uint64_t serial;
     /* The names as BSON keys (escaped as names.h says), NUL-terminated, through
      * bd_sensor_field_name(); entries below n_fields are immutable. The first few live in the
-     * sensor, the rest in names_more (allocated once, never moved: the flusher reads it while
+     * sensor (a name of at most 6 bytes that needs no escaping points into its field_key,
+     * whose packed form holds it NUL-terminated on a little-endian machine), the rest in
+     * names_more (allocated once, never moved: the flusher reads it while
      * the ingest thread appends). Where a name needed escaping, bit i of field_escaped (ingest
      * thread only) is set and the name as lines spell it follows the key's NUL: lines are
      * matched by it. */
@@ -92,13 +95,18 @@ struct bd_sensor {
     char **names_more;
     uint64_t field_escaped;
 
-    /* Ingest thread only: pool segments this queue ever took, and the bytes charged to the
-     * table's sensor memory for this sensor (limits.sensor_memory). */
+    /* Ingest thread only: pool units (pool.h) this queue ever took, and the bytes charged to
+     * the table's sensor memory for this sensor (limits.sensor_memory). */
     uint32_t segs_taken;
     uint32_t mem_cost;
-    /* Flusher thread writes (once per segment it hands back), the ingest thread reads when the
-     * queue needs a new segment: segs_taken - segs_given is what the queue holds. */
+    /* Flusher thread writes (once per segment it hands back, its units), the ingest thread
+     * reads when the queue needs a new segment: segs_taken - segs_given is what the queue
+     * holds. */
     _Atomic uint32_t segs_given;
+    /* Deltas of the flusher's batches that refer to this sensor (batch.c): the flusher alone
+     * writes it (relaxed); the ingest thread reads it before evicting (see Eviction in sensor.c).
+     * An evicted sensor is released only once none does. */
+    _Atomic uint32_t flusher_refs;
 
     /* Flusher thread only: the consumer's end of the queue, its page accounting, and its link
      * in the flusher's own list of sensors whose drain an allocation failure interrupted
@@ -107,19 +115,20 @@ struct bd_sensor {
     uint32_t rpos;
     bool flusher_requeued;
     bool flusher_evicted; /* handed over by bd_sensor_table_next_evicted */
+    /* Ingest thread, set at creation: the block's size in slab units (slab.h), 0 for a block
+     * larger than the slab's classes. */
+    uint16_t slab_units;
     void *flusher_state;
     struct bd_sensor *flusher_next;
-    /* Deltas of the flusher's batches that refer to this sensor (batch.c): the flusher alone
-     * writes it (relaxed); the ingest thread reads it before evicting (see Eviction in sensor.c).
-     * An evicted sensor is released only once none does. */
-    _Atomic uint32_t flusher_refs;
     struct bd_sensor *evicted_next; /* the flusher's list of evicted sensors not yet released */
     /* Bytes of this sensor's readings in the flusher's fill batch (fill_id), for its share. */
     uint64_t flusher_fill_bytes;
     uint64_t flusher_fill_id;
 
     /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
-     * sensor, so their cache miss overlaps the first line's instead of following it. */
+     * sensor, so their cache miss overlaps the first line's instead of following it. The
+     * table's sensors (sensor.c) keep their measurement and tags in the same block too, after
+     * the id, and the names of short fields inside field_key: one allocation per sensor. */
     char id_buf[];
 };
 
@@ -187,7 +196,8 @@ int bd_sensor_table_accept(struct bd_sensor_table *t, const struct bd_point *pt,
 #define BD_SENSOR_SHARE_DIV 8
 
 /*
- * Ingest thread, about once a second (the daemon calls it at every flusher doorbell): free the
+ * Ingest thread, about once a second (the daemon calls it at every flusher doorbell): take back
+ * the idle segments the flusher reported (as publish does: input may have stopped), free the
  * sensors the flusher released, and evict sensors idle for limits.sensor_idle (now_ns: wall
  * clock). The index is swept a part at a time, so one call stays short with any number of
  * sensors; a new sensor refused for max_sensors or sensor_memory makes the next call sweep

@@ -94,9 +94,9 @@
 
 /* Gauges: values now, set by the flusher thread at each step (BD_GAUGE_SET). */
 #define BD_GAUGES_LIST(X)                                                                   \
-    X(pool_segments_in_use, "buffer pool segments holding readings now")                    \
-    X(pool_segments_high_water, "most buffer pool segments in use at once since start")     \
-    X(pool_segments, "buffer pool segments in all (half of limits.memory)")                 \
+    X(pool_segments_in_use, "buffer pool units holding readings now")                       \
+    X(pool_segments_high_water, "most buffer pool units in use at once since start")        \
+    X(pool_segments, "buffer pool units in all (half of limits.memory)")                    \
     X(pending_batches, "batches in memory not settled: the one being written, the next")    \
     X(pending_readings, "readings in those batches")                                        \
     X(spool_bytes, "bytes of the spool's segment files")                                    \

@@ -40,6 +40,10 @@ static struct bd_stats g_stats;
 static struct bd_sensor_table *g_table;
 static double g_seconds = 2;
 static unsigned g_batch = 3; /* readings per publish */
+/* limits.memory: the pool is half. 32 KiB: the smallest pool, large segments only; 512 KiB or
+ * more: small segments too (pool.h), so chains start small and grow, and both classes' segments
+ * go back and forth. */
+static uint64_t g_memory = 32 * 1024;
 static atomic_bool g_done;
 static _Atomic uint64_t g_round_end; /* producer: last round finished (published) */
 static _Atomic uint64_t g_round_ack; /* consumer: last round checked */
@@ -181,14 +185,17 @@ int main(int argc, char **argv) {
     if (argc > 2) {
         g_batch = (unsigned)atoi(argv[2]);
     }
-    if (argc > 3 || !(g_seconds > 0) || g_batch == 0) {
-        fprintf(stderr, "usage: %s [SECONDS [READINGS_PER_PUBLISH]]\n", argv[0]);
+    if (argc > 3) {
+        g_memory = strtoull(argv[3], NULL, 10);
+    }
+    if (argc > 4 || !(g_seconds > 0) || g_batch == 0 || g_memory < 32 * 1024) {
+        fprintf(stderr, "usage: %s [SECONDS [READINGS_PER_PUBLISH [MEMORY_BYTES]]]\n", argv[0]);
         return 2;
     }
     bd_config_defaults(&g_cfg);
-    /* The smallest pool: 16 segments of 30 readings (2 cells each) for 12 sensors, so pushes
-     * run it dry and wait for segments to come back, idle ones included. */
-    g_cfg.limits.memory = 32 * 1024;
+    /* By default the smallest pool: 16 segments of 30 readings (2 cells each) for 12 sensors,
+     * so pushes run it dry and wait for segments to come back, idle ones included. */
+    g_cfg.limits.memory = g_memory;
     g_cfg.limits.max_sensors = SENSORS;
     struct bd_err err;
     if (bd_sensor_table_new(&g_table, &g_cfg, &g_stats, &err) != 0) {

@@ -29,6 +29,8 @@ static struct bd_point pt;
 static int wakes;
 
 static int drain_expect(struct bd_sensor *s, double want);
+static void table_with(uint32_t max_name, uint64_t sensor_memory, uint64_t idle_ms);
+static void drain_and_hand_back(struct bd_sensor *s);
 
 static void on_wake(void *arg) {
     (void)arg;
@@ -513,7 +515,8 @@ Test(sensor, equal_full_hashes_are_told_apart_by_the_id) {
 
 Test(sensor, slot_collisions_with_other_hashes_probe_on) {
     /* Every hash lands on the same slot but differs above the index bits: each probe meets
-     * other sensors' entries and must reject them on the stored hash alone. */
+     * other sensors' entries and must reject them on the slot's tag (the hash's top 16 bits)
+     * or, where the tags are equal (most of them here), on the sensor's full hash. */
     bd_sensor_table_free(table);
     cfg.limits.max_sensors = 3000;
     cfg.limits.memory = 16 << 20; /* a segment for every sensor */
@@ -539,6 +542,89 @@ Test(sensor, slot_collisions_with_other_hashes_probe_on) {
         n++;
     }
     cr_assert_eq(n, 3000);
+}
+
+/* Where sensor addresses use the tag's bits, the index drops the tags and keeps bare addresses:
+ * lookups, growth and eviction (the shift of a probe run) go on, reading each sensor's hash. */
+/* The flusher's part, until nothing moves: every queue drained, every segment handed back. */
+static void drain_everything(void) {
+    int popped;
+    do {
+        bd_sensor_table_publish(table);
+        popped = 0;
+        struct bd_sensor *s;
+        while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
+            int64_t ts;
+            struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+            uint32_t n, cells;
+            while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
+                bd_sensor_consume(s, cells);
+            }
+            popped++;
+        }
+    } while (popped > 0);
+}
+
+Test(sensor, an_index_without_tags_finds_grows_and_evicts) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    cfg.limits.max_sensors = 3000;
+    cfg.limits.memory = 16 << 20;
+    table_with(0, 0, 60000);
+    force_hash = true;
+    char key[32];
+    for (int i = 0; i < 1000; i++) {
+        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3); /* long shared runs */
+        snprintf(key, sizeof(key), "s%d", i);
+        point(key, "s", true, NOW);
+        add_float("v", i);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+        if (i == 400) {
+            drop_tags(table);
+            cr_assert_eq(table->tag_mask, 0);
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), 1000);
+    cr_assert_gt(table->slot_mask + 1, 1024u, "grown after the tags went");
+    for (int i = 0; i < 1000; i++) {
+        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
+        snprintf(key, sizeof(key), "s%d", i);
+        struct bd_str k = S(key);
+        struct bd_sensor *s = lookup(table, &k, forced_hash);
+        cr_assert_not_null(s, "%s", key);
+        cr_assert_str_eq(s->id, key);
+    }
+    /* Everyone drained and handed back; the even ones speak again, the odd ones are evicted
+     * from the middle of the runs, and every even one is still found. */
+    drain_everything();
+    const int64_t later = NOW + 2 * idle_ns;
+    for (int i = 0; i < 1000; i += 2) {
+        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
+        snprintf(key, sizeof(key), "s%d", i);
+        point(key, "s", true, later);
+        add_float("v", i);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, later), 0);
+    }
+    bd_sensor_table_sweep(table, later);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 500);
+    cr_assert_eq(bd_sensor_table_count(table), 500);
+    for (int i = 0; i < 1000; i++) {
+        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
+        snprintf(key, sizeof(key), "s%d", i);
+        struct bd_str k = S(key);
+        struct bd_sensor *f = lookup(table, &k, forced_hash);
+        if (i % 2 == 0) {
+            cr_assert_not_null(f, "%s", key);
+            cr_assert_str_eq(f->id, key);
+        } else {
+            cr_assert_null(f, "%s evicted", key);
+        }
+    }
+    struct bd_sensor *s;
+    while ((s = bd_sensor_table_next_evicted(table)) != NULL) {
+        bd_sensor_table_release(table, s);
+    }
+    drain_everything();
+    cr_assert_eq(bd_pool_in_use(&table->pool), 0);
 }
 
 Test(sensor, short_and_long_field_names) {
@@ -581,6 +667,54 @@ Test(sensor, short_and_long_field_names) {
     }
     cr_assert_str_eq(bd_sensor_field_name(s, vals[6].field), "seven7");
     cr_assert_str_eq(bd_sensor_field_name(s, vals[7].field), "eight8889");
+}
+
+/* One allocation per sensor (a slab block): its measurement and tags follow the id in the
+ * sensor's block, and a short field name needing no escape is read from its packed form,
+ * allocating nothing. */
+Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
+    uint64_t empty = bd_sensor_table_memory(table);
+    point("m,site=s000123", "m", true, NOW);
+    pt.n_tags = 1;
+    pt.tags[0].key = S("site");
+    pt.tags[0].value = S("s000123");
+    add_float("sixsix", 1); /* 6 bytes: in field_key */
+    add_float("f1", 2);
+    add_float("seven77", 3); /* 7 bytes: no room for the NUL, a string of its own */
+    add_float("a.b", 4);     /* escaped: a string of its own */
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    const char *lo = (const char *)s, *hi = s->id_buf + 64;
+    cr_assert(s->measurement > s->id_buf && s->measurement < hi, "measurement in the block");
+    cr_assert(s->tag_keys[0] > lo && s->tag_keys[0] < hi);
+    cr_assert_str_eq(s->measurement, "m");
+    cr_assert_str_eq(s->tag_keys[0], "site");
+    cr_assert_str_eq(s->tag_values[0], "s000123");
+    cr_assert_eq(bd_sensor_field_name(s, 0), (const char *)&s->field_key[0] + 1);
+    cr_assert_eq(bd_sensor_field_name(s, 1), (const char *)&s->field_key[1] + 1);
+    cr_assert(bd_sensor_field_name(s, 2) < lo || bd_sensor_field_name(s, 2) >= hi);
+    cr_assert(bd_sensor_field_name(s, 3) < lo || bd_sensor_field_name(s, 3) >= hi);
+    cr_assert_str_eq(bd_sensor_field_name(s, 0), "sixsix");
+    cr_assert_str_eq(bd_sensor_field_name(s, 1), "f1");
+    cr_assert_str_eq(bd_sensor_field_name(s, 2), "seven77");
+    cr_assert_str_eq(bd_sensor_field_name(s, 3), "a%2Eb"); /* names.h: "." escaped */
+    /* Charged: the block and the flusher's estimate, and the two strings. */
+    size_t block = offsetof(struct bd_sensor, id_buf) + sizeof("m,site=s000123");
+    block = (block + 7) & ~(size_t)7;
+    block += 2 * sizeof(char *) + sizeof("m") + sizeof("site") + sizeof("s000123");
+    cr_assert_eq(bd_slab_size(block), 384, "a slab block of three units");
+    cr_assert_eq(s->slab_units, 3);
+    cr_assert_eq(bd_sensor_table_memory(table) - empty, bd_slab_size(block) + FLUSHER_SENSOR_COST +
+                                                            sizeof("seven77") + sizeof("a%2Eb") +
+                                                            sizeof("a.b") + 2 * MALLOC_OVERHEAD);
+    /* A second reading matches every name, inline or not, and frees cleanly at the end. */
+    point("m,site=s000123", "m", true, NOW);
+    add_float("a.b", 5);
+    add_float("sixsix", 6);
+    add_float("seven77", 7);
+    add_float("f1", 8);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(atomic_load(&s->n_fields), 4);
 }
 
 Test(sensor, reading_behind_a_cleared_flag_is_requeued_by_publish) {
@@ -917,6 +1051,35 @@ Test(sensor, the_last_readings_sensor_evicted_its_series_starts_a_new_sensor) {
     bd_sensor_table_sweep(table, t1);
 }
 
+/* Input stops right after the flusher reported a sensor's segment idle: no publish follows (no
+ * more batches of accepts). The sweeps alone (at the flusher's doorbells) must take the report
+ * back, so that the flusher can return the segment and the sensor can be evicted; else it stays
+ * tracked until some reading arrives. */
+Test(sensor, sweeps_alone_take_back_idle_segments_so_quiet_sensors_are_evicted) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    table_with(0, 0, 60000);
+    point("m,s=0", "m", true, NOW);
+    add_float("v", 1);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    bd_sensor_table_publish(table); /* the end of the last batch of input */
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_eq(drain_expect(s, 1), 1); /* reports the segment idle */
+    cr_assert_eq(atomic_load(&s->reclaim), 1);
+    /* From here on only doorbells: a sweep, then the flusher's look, each second. */
+    for (int i = 1; i <= 5 && bd_sensor_table_count(table) > 0; i++) {
+        bd_sensor_table_sweep(table, NOW + idle_ns + i * BD_NS_PER_S);
+        struct bd_sensor *d;
+        while ((d = bd_sensor_table_next_dirty(table)) != NULL) {
+            cr_assert_eq(drain_expect(d, 0), 0);
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), 0, "evicted without any further input");
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 1);
+    cr_assert_eq(bd_pool_in_use(&table->pool), 0);
+    cr_assert_eq(bd_sensor_table_next_evicted(table), s);
+    bd_sensor_table_release(table, s);
+}
+
 Test(sensor, past_three_quarters_new_sensors_wait_and_known_ones_go_on) {
     cfg.limits.max_sensors = 16;
     table_with(0, 0, 0);
@@ -1113,6 +1276,220 @@ Test(sensor, a_take_that_seals_the_producers_segment_starts_a_new_chain) {
     assert_all_drained_and_given_back();
 }
 
+/* ---- Small first segments (pool.h) ---- */
+
+/* A pool of 512 KiB: 256 large segments of 60 cells and 1024 small ones of 12 cells, counted in
+ * 2048 units of 256 bytes (a large segment is 4). */
+static void two_class_table(uint32_t max_sensors, uint64_t idle_ms) {
+    memset(sent, 0, sizeof(sent));
+    memset(drained, 0, sizeof(drained));
+    cfg.limits.max_sensors = max_sensors;
+    cfg.limits.memory = 1024 * 1024;
+    cfg.limits.max_fields = 16;
+    table_with(0, 0, idle_ms);
+    const struct bd_pool *pool = &table->pool;
+    cr_assert_eq(pool->small.n_segs, 1024);
+    cr_assert_eq(pool->small.seg_cells, 12);
+    cr_assert_eq(pool->large.n_segs, 256);
+    cr_assert_eq(pool->large.seg_cells, 60);
+    cr_assert_eq(pool->unit_bytes, 256);
+    cr_assert_eq(pool->n_units, 2048);
+}
+
+static struct bd_sensor *seq_sensor(int k) {
+    char key[16];
+    snprintf(key, sizeof(key), "m,s=%d", k);
+    struct bd_str id = S(key);
+    return lookup(table, &id, XXH3_64bits(id.ptr, id.len));
+}
+
+Test(sensor, a_chain_starts_in_a_small_segment_and_grows_into_large_ones) {
+    two_class_table(16, 0);
+    const struct bd_pool *pool = &table->pool;
+    /* Six readings of 2 cells fill the small segment; the seventh goes on in a large one. */
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    struct bd_sensor *s = seq_sensor(0);
+    cr_assert_eq(bd_pool_in_use(pool), 1, "one small segment");
+    cr_assert_eq(s->wcap, 12);
+    cr_assert_eq(accept_seq(0), 0);
+    cr_assert_eq(bd_pool_in_use(pool), 1 + 4, "and a large one behind it");
+    cr_assert_eq(s->wcap, 60);
+    cr_assert_eq(s->segs_taken, 5);
+    /* 30 readings fill the large segment; the next large one follows it. */
+    for (int i = 0; i < 30; i++) {
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    cr_assert_eq(bd_pool_in_use(pool), 1 + 4 + 4);
+    cr_assert_eq(drain_dirty_seq(), 1);
+    cr_assert_eq(drained[0], 37);
+    cr_assert_eq(bd_pool_in_use(pool), 4, "the two left behind went back, each to its class");
+    cr_assert_eq(atomic_load(&s->segs_given), 5);
+    drain_until_quiet();
+    assert_all_drained_and_given_back();
+    cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0);
+}
+
+Test(sensor, a_sensor_going_quiet_and_returning_starts_small_again) {
+    two_class_table(16, 0);
+    const struct bd_pool *pool = &table->pool;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 8; i++) { /* past one small segment: a large one follows */
+            cr_assert_eq(accept_seq(0), 0);
+        }
+        cr_assert_eq(bd_pool_in_use(pool), 5, "round %d", round);
+        drain_until_quiet();
+        assert_all_drained_and_given_back();
+        /* Quiet: nothing held; the next reading starts a new chain, small. */
+        cr_assert_eq(accept_seq(0), 0);
+        cr_assert_eq(bd_pool_in_use(pool), 1, "round %d", round);
+        cr_assert_eq(seq_sensor(0)->wcap, 12);
+        drain_until_quiet();
+        assert_all_drained_and_given_back();
+    }
+}
+
+Test(sensor, a_record_too_large_for_a_small_segment_starts_in_a_large_one) {
+    two_class_table(16, 0);
+    const struct bd_pool *pool = &table->pool;
+    char name[8];
+    point("m,s=0", "m", true, NOW);
+    for (int f = 0; f < 12; f++) { /* 13 cells */
+        snprintf(name, sizeof(name), "f%d", f);
+        add_float(name, f);
+    }
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    cr_assert_eq(bd_pool_in_use(pool), 4);
+    cr_assert_eq(seq_sensor(0)->wcap, 60);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    int64_t ts;
+    struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
+    uint32_t n;
+    uint32_t cells = bd_sensor_peek_reading(s, &ts, vals, &n);
+    cr_assert_eq(cells, 13);
+    cr_assert_eq(n, 12);
+    for (uint32_t f = 0; f < n; f++) {
+        cr_assert_eq(vals[f].v.f, (double)f);
+    }
+    bd_sensor_consume(s, cells);
+    drain_and_hand_back(s);
+    cr_assert_eq(bd_pool_in_use(pool), 0);
+}
+
+Test(sensor, either_class_stands_in_for_the_other_when_it_runs_out) {
+    two_class_table(16, 0);
+    struct bd_pool *pool = &table->pool;
+    /* Every small segment in use, as if many quiet sensors held them. */
+    pool->small.bumped = pool->small.n_segs;
+    atomic_store(&pool->taken, pool->small.n_segs);
+    cr_assert_eq(accept_seq(0), 0);
+    cr_assert_eq(seq_sensor(0)->wcap, 60, "a new chain in a large segment");
+    drain_until_quiet();
+    cr_assert_eq(drained[0], sent[0]);
+    /* And the other way: every large segment in use, a chain grows into another small one. */
+    two_class_table(16, 0);
+    pool = &table->pool;
+    pool->large.bumped = pool->large.n_segs;
+    atomic_store(&pool->taken, (uint64_t)pool->large.n_segs * 4);
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(accept_seq(1), 0);
+    }
+    cr_assert_eq(seq_sensor(1)->wcap, 12);
+    cr_assert_eq(bd_pool_in_use(pool), 1024 + 1);
+    cr_assert_eq(accept_seq(1), 0, "the small segment is full: another small one follows");
+    cr_assert_eq(seq_sensor(1)->wcap, 12);
+    cr_assert_eq(bd_pool_in_use(pool), 1024 + 2);
+    drain_until_quiet();
+    cr_assert_eq(drained[1], sent[1]);
+    cr_assert_eq(sent[1], 7);
+    cr_assert_eq(bd_pool_in_use(pool), 1024, "both small segments went back");
+}
+
+/*
+ * The allocation sweep with both classes: sensors 0-3 send readings that start chains (small)
+ * and grow them (large), in a pattern that takes segments of both classes, and the n-th take
+ * fails (as if the pool were empty) or runs the flusher first, for every n the script reaches.
+ * Whatever fails, every reading accepted is drained once, in order, and every segment comes
+ * back to its class.
+ */
+static void sweep_script(void) {
+    for (int i = 0; i < 40; i++) {
+        for (int k = 0; k < 4; k++) {
+            if (i < 10 * (k + 1)) { /* sensor k sends 10 (k + 1) readings */
+                accept_seq(k);
+            }
+        }
+        if (i % 9 == 8) {
+            drain_until_quiet(); /* quiet: the next readings start new chains */
+        }
+    }
+}
+
+Test(sensor, the_allocation_sweep_across_both_classes_loses_nothing) {
+    two_class_table(16, 0);
+    takes = 0;
+    fail_take = 0;
+    flush_at_take = 0;
+    bd_pool_set_take_hook(&table->pool, on_take, NULL);
+    sweep_script();
+    bd_pool_set_take_hook(&table->pool, NULL, NULL);
+    int total_takes = takes;
+    cr_assert_gt(total_takes, 10);
+    for (int mode = 0; mode < 2; mode++) {
+        for (int n = 1; n <= total_takes; n++) {
+            bd_sensor_table_free(table);
+            table = NULL;
+            memset(&stats, 0, sizeof(stats));
+            two_class_table(16, 0);
+            takes = 0;
+            fail_take = mode == 0 ? n : 0;
+            flush_at_take = mode == 1 ? n : 0;
+            bd_pool_set_take_hook(&table->pool, on_take, NULL);
+            sweep_script();
+            bd_pool_set_take_hook(&table->pool, NULL, NULL);
+            drain_until_quiet();
+            assert_all_drained_and_given_back();
+            cr_assert_eq(table->pool.small.bumped + table->pool.large.bumped > 0, true);
+            if (mode == 0) {
+                cr_assert_leq(BD_STAT_GET(&stats, drop_buffer_full), 1, "take %d", n);
+            } else {
+                cr_assert_eq(BD_STAT_GET(&stats, drop_buffer_full), 0, "take %d", n);
+            }
+        }
+    }
+}
+
+Test(sensor, an_idle_sensor_with_small_segments_is_evicted_and_returns) {
+    const int64_t idle_ns = 60 * BD_NS_PER_S;
+    two_class_table(16, 60000);
+    for (int i = 0; i < 8; i++) { /* a small segment and a large one */
+        cr_assert_eq(accept_seq(0), 0);
+    }
+    bd_sensor_table_sweep(table, NOW + 10 * idle_ns);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 0, "readings queued: kept");
+    drain_until_quiet();
+    assert_all_drained_and_given_back();
+    bd_sensor_table_sweep(table, NOW + 11 * idle_ns);
+    cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 1);
+    struct bd_sensor *gone = bd_sensor_table_next_evicted(table);
+    cr_assert_not_null(gone);
+    bd_sensor_table_release(table, gone);
+    /* The same series returns: a new sensor, a new chain, small first. */
+    point("m,s=0", "m", true, NOW + 11 * idle_ns);
+    add_float("v", 7);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW + 11 * idle_ns), 0);
+    cr_assert_eq(bd_sensor_table_count(table), 1);
+    cr_assert_eq(bd_pool_in_use(&table->pool), 1);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_neq(s, NULL);
+    cr_assert_eq(s->wcap, 12);
+    cr_assert_eq(drain_expect(s, 7), 1);
+    uint64_t before = bd_sensor_table_memory(table);
+    bd_sensor_table_sweep(table, NOW + 11 * idle_ns); /* frees the released one */
+    cr_assert_lt(bd_sensor_table_memory(table), before);
+}
+
 /* ---- Listing (/sensors) ---- */
 
 static void many_sensors_table(void) {
@@ -1216,4 +1593,50 @@ Test(sensor, paging_with_ties_lists_every_sensor_exactly_once) {
     cr_assert_eq(late, 1);
     cr_assert_eq(last.last_ns, NOW + 10 * BD_NS_PER_MS, "the late sensor closes the list");
     cr_assert_eq(pages, 6);
+}
+
+/* ---- The defaults agree (issue 28) ---- */
+
+/* With the default configuration, limits.sensor_memory admits limits.max_sensors sensors of
+ * ordinary names: ids as bucketd-sim and the README spell them, three short fields each. */
+Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
+    bd_sensor_table_free(table);
+    table = NULL;
+    bd_config_defaults(&cfg);
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    uint32_t n = cfg.limits.max_sensors;
+    cr_assert_eq(n, 100000);
+    char id[64], v1[16], v2[16];
+    for (uint32_t i = 0; i < n; i++) {
+        if (i % 2 == 0) {
+            snprintf(id, sizeof(id), "m,site=s%06u", i);
+            snprintf(v1, sizeof(v1), "s%06u", i);
+            point(id, "m", true, NOW);
+            pt.n_tags = 1;
+            pt.tags[0].key = S("site");
+            pt.tags[0].value = S(v1);
+        } else {
+            snprintf(id, sizeof(id), "m1,sensor=s%u,site=plant-%u", i, i % 100);
+            snprintf(v1, sizeof(v1), "s%u", i);
+            snprintf(v2, sizeof(v2), "plant-%u", i % 100);
+            point(id, "m1", true, NOW);
+            pt.n_tags = 2;
+            pt.tags[0].key = S("sensor");
+            pt.tags[0].value = S(v1);
+            pt.tags[1].key = S("site");
+            pt.tags[1].value = S(v2);
+        }
+        add_float("f0", 1);
+        add_float("f1", 2);
+        add_float("f2", 3);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %u", i);
+        if (i % 1000 == 999) {
+            drain_everything();
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), n);
+    cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_memory), 0);
+    cr_assert_leq(bd_sensor_table_memory(table), cfg.limits.sensor_memory);
+    drain_everything();
 }

@@ -1,0 +1,44 @@
+/*
+ * A slab of 128-byte aligned blocks for the sensor table's sensors (one block each: struct, id,
+ * measurement and tags). posix_memalign(128) of a few hundred bytes leaves up to 128 bytes of
+ * slack beside every block that later allocations of the same thread rarely reuse; here blocks
+ * are carved in multiples of BD_SLAB_UNIT from chunks of BD_SLAB_CHUNK bytes, and a freed block
+ * goes on the free list of its size class for the next block of that size. Blocks larger than
+ * BD_SLAB_MAX come from posix_memalign. Chunks are given back only by bd_slab_close().
+ *
+ * Threads: one (the sensor table's ingest thread); no locking.
+ */
+#ifndef BUCKETD_SLAB_H
+#define BUCKETD_SLAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define BD_SLAB_UNIT 128
+#define BD_SLAB_MAX 2048
+#define BD_SLAB_CHUNK (64 * 1024)
+#define BD_SLAB_CLASSES (BD_SLAB_MAX / BD_SLAB_UNIT)
+
+struct bd_slab {
+    void *free[BD_SLAB_CLASSES + 1]; /* by size in units: a list linked through each block */
+    unsigned char *chunks;           /* chunks, linked through their first unit */
+    unsigned char *bump;             /* the current chunk's unused part */
+    size_t bump_left;
+    uint64_t chunk_bytes; /* chunks allocated, in bytes */
+};
+
+/* The size a block of size bytes takes (a multiple of BD_SLAB_UNIT). */
+static inline size_t bd_slab_size(size_t size) {
+    return (size + BD_SLAB_UNIT - 1) & ~(size_t)(BD_SLAB_UNIT - 1);
+}
+
+void bd_slab_init(struct bd_slab *sl);
+/* A block of bd_slab_size(size) bytes, BD_SLAB_UNIT-aligned, uninitialised; NULL when out of
+ * memory. */
+void *bd_slab_alloc(struct bd_slab *sl, size_t size);
+/* Give back a block of bd_slab_alloc(size) (the same size). */
+void bd_slab_free(struct bd_slab *sl, void *p, size_t size);
+/* Every chunk (blocks still out become invalid; the large ones are the caller's to free first). */
+void bd_slab_close(struct bd_slab *sl);
+
+#endif
