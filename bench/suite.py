@@ -188,6 +188,29 @@ def read_snmp_udp():
     return dict(zip(rows[0][1:], (int(v) for v in rows[1][1:])))
 
 
+def udp_outcome(receiver, rate, res, got, k0, k1, drained, label=''):
+    """One UDP trial judged: what bucketd-sim sent (res), what the receiver got (its stop()),
+    the kernel's UDP counters before and after (k0, k1) and whether its socket was read out.
+    Zero loss is no kernel drop, no drop counted by the receiver, every reading received and
+    the socket drained. Logged as one line; returns the trial's dict."""
+    kernel = {k: k1.get(k, 0) - k0.get(k, 0) for k in ('RcvbufErrors', 'InErrors')}
+    sent = res['readings']
+    if receiver == 'sink':
+        received = got['lines']
+        drops = {'truncated': got['truncated']} if got['truncated'] else {}
+    else:
+        received = got.get('readings_accepted', 0)
+        drops = daemon_drops(got)
+    lossless = not any(kernel.values()) and not drops and received == sent and drained
+    t = {'rate': rate, 'sent': sent, 'sent_per_s': res['readings_per_s'],
+         'elapsed_s': res['elapsed_s'], 'received': received, 'kernel': kernel,
+         'drops': drops, 'lossless': lossless, 'datagrams': res.get('datagrams')}
+    log('  %s%s rate=%s: sent %d (%s/s) received %d kernel %s drops %s -> %s' % (
+        label, receiver, si(rate) if rate else 'flat-out', sent, si(t['sent_per_s']), received,
+        kernel, drops or '{}', 'zero loss' if lossless else 'LOSS'))
+    return t
+
+
 def udp_rx_queue(port):
     """Bytes waiting in the receive queue of the UDP socket bound to port (None: no socket)."""
     total = None
@@ -942,22 +965,7 @@ class Suite(object):
             got = rx.stop()
         if receiver != 'sink':
             self.record_disk('UDP rows 2a/2b (blackhole sink)', rx, got)
-        kernel = {k: k1.get(k, 0) - k0.get(k, 0) for k in ('RcvbufErrors', 'InErrors')}
-        sent = res['readings']
-        if receiver == 'sink':
-            received = got['lines']
-            drops = {'truncated': got['truncated']} if got['truncated'] else {}
-        else:
-            received = got.get('readings_accepted', 0)
-            drops = daemon_drops(got)
-        lossless = (not any(kernel.values()) and not drops and received == sent and drained)
-        t = {'rate': rate, 'sent': sent, 'sent_per_s': res['readings_per_s'],
-             'elapsed_s': res['elapsed_s'], 'received': received, 'kernel': kernel,
-             'drops': drops, 'lossless': lossless, 'datagrams': res.get('datagrams')}
-        log('  %s rate=%s: sent %d (%s/s) received %d kernel %s drops %s -> %s' % (
-            receiver, si(rate) if rate else 'flat-out', sent, si(t['sent_per_s']), received,
-            kernel, drops or '{}', 'zero loss' if lossless else 'LOSS'))
-        return t
+        return udp_outcome(receiver, rate, res, got, k0, k1, drained)
 
     def udp_search(self, receiver, load):
         """Highest zero-loss rate: flat out first, then bisect on --rate."""

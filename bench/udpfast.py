@@ -55,6 +55,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 
+
+def wait_ready(log, timeout, interval):
+    """Until the daemon's log (a file open w+) says it is ready, or timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log.seek(0)
+        if 'ready' in log.read():
+            return
+        time.sleep(interval)
+
 def stage_of(sym):
     for name, prefixes in STAGES:
         if any(sym.startswith(p) for p in prefixes):
@@ -121,12 +131,7 @@ def profile(build, rate, seconds, do_pin, record=True, port=47311):
     d = subprocess.Popen([os.path.join(build, 'bucketd'), '-c', cfg], stdout=log,
                          stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            log.seek(0)
-            if 'ready' in log.read():
-                break
-            time.sleep(0.05)
+        wait_ready(log, 20, 0.05)
         time.sleep(0.2)
         ingest, others = threads(d.pid)
         ncpu = os.cpu_count()
@@ -261,22 +266,7 @@ def pinned_trial(ctx, suite, receiver, load, rate):
         k1 = suite.read_snmp_udp()
     finally:
         got = rx.stop()
-    kernel = {k: k1.get(k, 0) - k0.get(k, 0) for k in ('RcvbufErrors', 'InErrors')}
-    sent = res['readings']
-    if receiver == 'sink':
-        received = got['lines']
-        drops = {'truncated': got['truncated']} if got['truncated'] else {}
-    else:
-        received = got.get('readings_accepted', 0)
-        drops = suite.daemon_drops(got)
-    lossless = not any(kernel.values()) and not drops and received == sent and drained
-    t = {'rate': rate, 'sent': sent, 'sent_per_s': res['readings_per_s'],
-         'elapsed_s': res['elapsed_s'], 'received': received, 'kernel': kernel,
-         'drops': drops, 'lossless': lossless, 'datagrams': res.get('datagrams')}
-    suite.log('  pinned %s rate=%s: sent %d (%s/s) received %d kernel %s drops %s -> %s' % (
-        receiver, suite.si(rate) if rate else 'flat-out', sent, suite.si(t['sent_per_s']),
-        received, kernel, drops or '{}', 'zero loss' if lossless else 'LOSS'))
-    return t
+    return suite.udp_outcome(receiver, rate, res, got, k0, k1, drained, label='pinned ')
 
 
 def fig_udp_pinned(ctx, suite):
@@ -337,12 +327,7 @@ def callgrind(build, count, rate, port=47321):
                           os.path.join(build, 'bucketd'), '-c', cfg], stdout=log,
                          stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            log.seek(0)
-            if 'ready' in log.read():
-                break
-            time.sleep(0.2)
+        wait_ready(log, 120, 0.2)
         args = sim_args(port, rate, 0)
         args[args.index('--duration'):args.index('--duration') + 2] = ['--count', str(count)]
         subprocess.run([os.path.join(build, 'bucketd-sim')] + args, stdout=subprocess.DEVNULL,

@@ -278,45 +278,6 @@ def read_counts(path):
     return counts
 
 
-class GoodSensor:
-    """bucketd-sim over TCP, paced, every reading with a unique seq, until stop()."""
-
-    def __init__(self, workdir, target, seed):
-        self.counts_path = os.path.join(workdir, "good-counts")
-        args = [SIM, "--target", "%s:%d" % target, "--proto", "tcp",
-                "--sensors", GOOD_SENSORS, "--sensor-offset", GOOD_OFFSET, "--fields", 2,
-                "--seq", "--rate", GOOD_RATE, "--seed", seed, "--quiet",
-                "--counts-file", self.counts_path]
-        self.proc = subprocess.Popen([str(a) for a in args], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.summary = None
-        self.counts = None
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-
-    def stop(self):
-        """SIGTERM, then the summary; fails unless it exited 0 without a send error."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        out, err = self.proc.communicate(timeout=DEADLINE)
-        lines = out.decode("utf-8", "replace").splitlines()
-        err = err.decode("utf-8", "replace")
-        if self.proc.returncode != 0 or len(lines) != 1:
-            raise AssertionError("bucketd-sim exited %s\nstdout: %r\nstderr: %s" % (
-                self.proc.returncode, lines, err))
-        self.summary = json.loads(lines[0])
-        if self.summary["send_errors"] != 0:
-            raise AssertionError("bucketd-sim had send errors: %r\n%s" % (self.summary, err))
-        self.counts = read_counts(self.counts_path)
-        if sum(self.counts.values()) != self.summary["readings"]:
-            raise AssertionError("counts file disagrees with the summary: %r %r" % (
-                self.counts, self.summary))
-        return self.summary
-
-
 class Sim:
     """bucketd-sim over TCP with --seq and a counts file: to its --count, or until stop()."""
 
@@ -353,6 +314,19 @@ class Sim:
             raise AssertionError("counts file disagrees with the summary: %r %r" % (
                 self.counts, self.summary))
         return self.summary
+
+
+class GoodSensor(Sim):
+    """bucketd-sim over TCP, paced, every reading with a unique seq, until stop()."""
+
+    def __init__(self, workdir, target, seed):
+        super().__init__(workdir, "good", target, [
+            "--sensors", GOOD_SENSORS, "--sensor-offset", GOOD_OFFSET, "--fields", 2,
+            "--rate", GOOD_RATE, "--seed", seed])
+
+    def stop(self):
+        """SIGTERM, then the summary (as finish)."""
+        return self.finish(stop=True)
 
 
 # ---------------------------------------------------------------------------------------------
