@@ -116,16 +116,16 @@ static uint64_t pinned_from(const struct bd_flusher *f) {
  * 1/BD_SENSOR_SHARE_DIV of the batches' memory in the fill batch; the rest waits in its queue
  * (whose share of the pool then pauses its TCP connection, sensor.h) and goes into the next
  * batch. Without it a sensor sending faster than MongoDB takes it fills every batch, and the
- * others wait behind it. Alone, a sensor takes what it needs.
+ * others wait behind it. Alone, a sensor takes what it needs. Kept with the sensor's pages: a
+ * reading was just placed, so it has them.
  */
-static bool over_fill_share(struct bd_flusher *f, struct bd_sensor *s, uint64_t grew) {
-    if (s->flusher_fill_id != f->fill_id) {
-        s->flusher_fill_id = f->fill_id;
-        s->flusher_fill_bytes = 0;
+static bool over_fill_share(struct bd_flusher *f, struct bd_pages *p, uint64_t grew) {
+    if (p->fill_id != f->fill_id) {
+        p->fill_id = f->fill_id;
+        p->fill_bytes = 0;
     }
-    s->flusher_fill_bytes += grew;
-    return s->flusher_fill_bytes >= f->budget / BD_SENSOR_SHARE_DIV &&
-           bd_sensor_table_has_dirty(f->table);
+    p->fill_bytes += grew;
+    return p->fill_bytes >= f->budget / BD_SENSOR_SHARE_DIV && bd_sensor_table_has_dirty(f->table);
 }
 
 /*
@@ -215,7 +215,7 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
         uint64_t grew = bd_delta_bytes(&f->fill.deltas[di]) - held;
         f->fill_bytes += grew;
         moved++;
-        if (flusher_over_budget(f) || over_fill_share(f, s, grew)) {
+        if (flusher_over_budget(f) || over_fill_share(f, *pp, grew)) {
             requeue(f, s); /* the rest waits in the queue */
             return moved;
         }

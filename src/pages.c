@@ -67,6 +67,8 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
                 grown->n = 0;
                 grown->forgot_max_ms = INT64_MIN;
                 grown->sized_fields = UINT32_MAX;
+                grown->fill_bytes = 0;
+                grown->fill_id = 0;
             }
             grown->cap = cap;
             p = grown;

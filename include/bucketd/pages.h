@@ -60,6 +60,9 @@ struct bd_pages {
      * field names (UINT32_MAX: not yet): a page's overhead and the largest reading's bytes. */
     uint32_t sized_fields;
     uint64_t overhead_bytes, reading_max_bytes;
+    /* Bytes of the sensor's readings in the flusher's fill batch fill_id, for its share
+     * (flusher_drain.c); kept here by the flusher, untouched by the functions below. */
+    uint64_t fill_bytes, fill_id;
     struct bd_page_slot slot[];
 };
 

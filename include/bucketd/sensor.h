@@ -108,7 +108,8 @@ struct bd_sensor {
      * An evicted sensor is released only once none does. */
     _Atomic uint32_t flusher_refs;
 
-    /* Flusher thread only: the consumer's end of the queue, its page accounting, and its link
+    /* Flusher thread only: the consumer's end of the queue, its page accounting (struct
+     * bd_pages, pages.h, which also holds the sensor's share of the fill batch), and its link
      * in the flusher's own list of sensors whose drain an allocation failure interrupted
      * (flusher_requeued: on that list). */
     struct bd_seg *rseg;
@@ -121,9 +122,6 @@ struct bd_sensor {
     void *flusher_state;
     struct bd_sensor *flusher_next;
     struct bd_sensor *evicted_next; /* the flusher's list of evicted sensors not yet released */
-    /* Bytes of this sensor's readings in the flusher's fill batch (fill_id), for its share. */
-    uint64_t flusher_fill_bytes;
-    uint64_t flusher_fill_id;
 
     /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
      * sensor, so their cache miss overlaps the first line's instead of following it. The
