@@ -241,7 +241,7 @@ uint64_t bd_page_overhead_bytes(const struct bd_sensor *s) {
      * w entries fit in 1 KiB; each field has a summary of five numbers under its name. */
     uint64_t bytes = 1024 + BD_BUCKET_ID_MAX + s->id_len + strlen(s->measurement);
     for (uint32_t i = 0; i < s->n_tags; i++) {
-        bytes += strlen(s->tag_keys[i]) + strlen(s->tag_values[i]) + 8;
+        bytes += strlen(bd_sensor_tag_key(s, i)) + strlen(bd_sensor_tag_value(s, i)) + 8;
     }
     uint32_t n_fields = atomic_load_explicit(&s->n_fields, memory_order_acquire);
     for (uint32_t i = 0; i < n_fields; i++) {
@@ -635,7 +635,7 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
     BSON_APPEND_UTF8(&meta, "measurement", s->measurement);
     BSON_APPEND_DOCUMENT_BEGIN(&meta, "tags", &tags);
     for (uint32_t i = 0; i < s->n_tags; i++) {
-        BSON_APPEND_UTF8(&tags, s->tag_keys[i], s->tag_values[i]);
+        BSON_APPEND_UTF8(&tags, bd_sensor_tag_key(s, i), bd_sensor_tag_value(s, i));
     }
     bson_append_document_end(&meta, &tags);
     bson_append_document_end(&lit, &meta);

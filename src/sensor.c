@@ -108,7 +108,11 @@
 
 _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
-_Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "field_escaped has one bit per field");
+_Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "bd_sensor_names.escaped has one bit per field");
+_Static_assert(BD_SENSOR_KEY_SLOTS <= 8, "names_inline has one bit per key slot");
+/* A short-named sensor (m,site=s000123: the struct, 15 bytes of id, 31 of measurement and tag)
+ * fits a 256-byte slab block (issue 28); test_sensor checks the block it gets. */
+_Static_assert(offsetof(struct bd_sensor, id_buf) <= 208, "struct bd_sensor grew past 208 bytes");
 _Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
                "last_ns and accepted are written with every reading: in the producer's line");
 
@@ -392,7 +396,8 @@ void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sen
 
 /* Whether field name i lives in the sensor's field_key (see field_index). */
 static bool name_inline(const struct bd_sensor *s, uint32_t i) {
-    return i < BD_SENSOR_KEY_SLOTS && s->names[i] == (const char *)&s->field_key[i] + 1;
+    return i < BD_SENSOR_KEY_SLOTS &&
+           ((atomic_load_explicit(&s->names_inline, memory_order_relaxed) >> i) & 1);
 }
 
 /* Everything a sensor owns; its cost leaves the table's account. */
@@ -403,7 +408,10 @@ static void sensor_free(struct bd_sensor_table *t, struct bd_sensor *s) {
             free((void *)bd_sensor_field_name(s, i));
         }
     }
-    free(s->names_more);
+    if (s->names != NULL) {
+        free(s->names->more);
+        free(s->names);
+    }
     /* The measurement and the tags are in the sensor's own block. */
     BD_ASSERT(t->memory >= s->mem_cost);
     t->memory -= s->mem_cost;
@@ -587,15 +595,14 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     s->id = s->id_buf;
     s->id_len = (uint32_t)pt->series_key.len;
     s->n_tags = pt->n_tags;
-    s->tag_keys = (char **)(void *)m;
-    s->tag_values = s->tag_keys + (pt->n_tags ? pt->n_tags : 1);
-    char *p = (char *)(s->tag_values + (pt->n_tags ? pt->n_tags : 1));
+    s->tags = (char **)(void *)m;
+    char *p = (char *)(s->tags + (pt->n_tags ? 2 * pt->n_tags : 2));
     s->measurement = p;
     p = put_str(p, &pt->name);
     for (uint32_t i = 0; i < pt->n_tags; i++) {
-        s->tag_keys[i] = p;
+        s->tags[i] = p;
         p = put_key(p, &pt->tags[i].key, BD_NAME_TAG, false);
-        s->tag_values[i] = p;
+        s->tags[pt->n_tags + i] = p;
         p = put_str(p, &pt->tags[i].value);
     }
     BD_ASSERT((size_t)(p - m) <= meta);
@@ -607,6 +614,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     t->memory += cost;
     atomic_init(&s->n_fields, 0);
     atomic_init(&s->dirty, 0);
+    atomic_init(&s->names_inline, 0);
     atomic_init(&s->reclaim, 0);
     atomic_init(&s->first, NULL);
     atomic_init(&s->segs_given, 0);
@@ -707,7 +715,7 @@ static uint64_t pack_key(const struct bd_str *key) {
 /* Whether field name i is key (not NUL-terminated; strncmp stops at the name's own end). */
 static bool field_is(const struct bd_sensor *s, uint32_t i, const struct bd_str *key) {
     const char *name = bd_sensor_field_name(s, i);
-    if ((s->field_escaped >> i) & 1) {
+    if (!name_inline(s, i) && ((s->names->escaped >> i) & 1)) {
         name += strlen(name) + 1; /* the name as sent, after its BSON key */
     }
     return strncmp(name, key->ptr, key->len) == 0 && name[key->len] == '\0';
@@ -759,30 +767,42 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
     /* A short name needing no escape is its packed form: bytes 1..len of field_key[n], followed
      * by a zero byte (len <= 6, little-endian), so no string of its own is allocated. */
     bool in_key = INLINE_NAMES && n < BD_SENSOR_KEY_SLOTS && !escaped && key->len <= 6;
-    size_t more = n == BD_SENSOR_KEY_SLOTS && s->names_more == NULL
+    /* The sensor's names block (its first name that is not inline) and its more array (its
+     * field BD_SENSOR_KEY_SLOTS): each allocated whole and never moved, the flusher may be
+     * reading names meanwhile. While names is NULL every name published is inline, so the
+     * flusher does not read the pointer being set. */
+    size_t block = !in_key && s->names == NULL ? sizeof(struct bd_sensor_names) : 0;
+    size_t more = n >= BD_SENSOR_KEY_SLOTS && (s->names == NULL || s->names->more == NULL)
                       ? (BD_SENSOR_MAX_FIELDS - BD_SENSOR_KEY_SLOTS) * sizeof(char *)
                       : 0;
-    uint64_t cost = (in_key ? 0 : size + MALLOC_OVERHEAD) + (more > 0 ? more + MALLOC_OVERHEAD : 0);
+    uint64_t cost = (in_key ? 0 : size + MALLOC_OVERHEAD) +
+                    (block > 0 ? block + MALLOC_OVERHEAD : 0) +
+                    (more > 0 ? more + MALLOC_OVERHEAD : 0);
     if (t->max_memory > 0 && t->memory + cost > t->max_memory) {
         BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
         t->sweep_all = true;
         return -1;
     }
+    if (block > 0) {
+        s->names = calloc(1, block);
+        if (s->names == NULL) {
+            BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
+            return -1;
+        }
+        s->mem_cost += (uint32_t)(block + MALLOC_OVERHEAD);
+        t->memory += block + MALLOC_OVERHEAD;
+    }
     if (more > 0) {
-        /* Allocated whole and never moved: the flusher may be reading names meanwhile. */
-        s->names_more = malloc(more);
-        if (s->names_more == NULL) {
+        s->names->more = malloc(more);
+        if (s->names->more == NULL) {
             BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
             return -1;
         }
         s->mem_cost += (uint32_t)(more + MALLOC_OVERHEAD);
         t->memory += more + MALLOC_OVERHEAD;
     }
-    char *name;
-    if (in_key) {
-        s->field_key[n] = packed;
-        name = (char *)&s->field_key[n] + 1;
-    } else {
+    char *name = NULL;
+    if (!in_key) {
         name = malloc(size);
         if (name == NULL) {
             BD_STAT_ADD(t->stats, drop_sensor_memory, 1);
@@ -793,13 +813,19 @@ static int field_index(struct bd_sensor_table *t, struct bd_sensor *s, const str
         t->memory += size + MALLOC_OVERHEAD;
     }
     if (escaped) {
-        s->field_escaped |= UINT64_C(1) << n;
+        s->names->escaped |= UINT64_C(1) << n; /* an escaped name is never inline */
     }
     if (n < BD_SENSOR_KEY_SLOTS) {
-        s->names[n] = name;
         s->field_key[n] = packed;
+        if (in_key) {
+            uint8_t bits = atomic_load_explicit(&s->names_inline, memory_order_relaxed);
+            atomic_store_explicit(&s->names_inline, (uint8_t)(bits | 1u << n),
+                                  memory_order_relaxed);
+        } else {
+            s->names->name[n] = name;
+        }
     } else {
-        s->names_more[n - BD_SENSOR_KEY_SLOTS] = name;
+        s->names->more[n - BD_SENSOR_KEY_SLOTS] = name;
     }
     /* Pairs with the acquire load in bd_sensor_peek_reading(); the queue's own release/acquire
      * on head also orders it, this keeps the dictionary self-contained. */

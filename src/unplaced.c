@@ -50,7 +50,7 @@ int bd_unplaced_add(struct bd_replay_buf *buf, const struct bd_delta *d) {
     size_t meas_len = strlen(s->measurement);
     size_t need = ENTRY_HEADER + s->id_len + meas_len;
     for (uint32_t i = 0; i < s->n_tags; i++) {
-        need += 8 + strlen(s->tag_keys[i]) + strlen(s->tag_values[i]);
+        need += 8 + strlen(bd_sensor_tag_key(s, i)) + strlen(bd_sensor_tag_value(s, i));
     }
     for (uint32_t i = 0; i < n_names; i++) {
         need += 4 + strlen(bd_sensor_field_name(s, i));
@@ -78,8 +78,9 @@ int bd_unplaced_add(struct bd_replay_buf *buf, const struct bd_delta *d) {
     memcpy(p, s->measurement, meas_len);
     p += meas_len;
     for (uint32_t i = 0; i < s->n_tags; i++) {
-        p = put_str(p, s->tag_keys[i], strlen(s->tag_keys[i]));
-        p = put_str(p, s->tag_values[i], strlen(s->tag_values[i]));
+        const char *key = bd_sensor_tag_key(s, i), *value = bd_sensor_tag_value(s, i);
+        p = put_str(p, key, strlen(key));
+        p = put_str(p, value, strlen(value));
     }
     for (uint32_t i = 0; i < n_names; i++) {
         const char *name = bd_sensor_field_name(s, i);
@@ -131,15 +132,16 @@ static void sensor_free(struct bd_sensor *s) {
     bd_pages_free(s->flusher_state);
     uint32_t n = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
     for (uint32_t i = 0; i < n; i++) {
-        free(i < BD_SENSOR_KEY_SLOTS ? s->names[i] : s->names_more[i - BD_SENSOR_KEY_SLOTS]);
+        free((char *)bd_sensor_field_name(s, i)); /* a detached sensor's names are its own */
     }
-    free(s->names_more);
-    for (uint32_t i = 0; i < s->n_tags; i++) {
-        free(s->tag_keys[i]);
-        free(s->tag_values[i]);
+    if (s->names != NULL) {
+        free(s->names->more);
+        free(s->names);
     }
-    free(s->tag_keys);
-    free(s->tag_values);
+    for (size_t i = 0; s->tags != NULL && i < 2 * (size_t)s->n_tags; i++) {
+        free(s->tags[i]);
+    }
+    free(s->tags);
     free(s->measurement);
     free(s);
 }
@@ -250,19 +252,19 @@ static int fill_identity(struct bd_sensor *s, struct rd *r, uint32_t meas_len, u
     if (r->bad || s->measurement == NULL) {
         return r->bad ? -EBADMSG : -ENOMEM;
     }
-    s->tag_keys = bd_calloc(n_tags ? n_tags : 1, sizeof(char *));
-    s->tag_values = bd_calloc(n_tags ? n_tags : 1, sizeof(char *));
-    if (s->tag_keys == NULL || s->tag_values == NULL) {
+    /* Keys, then values (bd_sensor_tag_value); all freed, those not read yet are NULL. */
+    s->tags = bd_calloc(n_tags ? 2 * (size_t)n_tags : 2, sizeof(char *));
+    if (s->tags == NULL) {
         return -ENOMEM;
     }
+    s->n_tags = n_tags;
     for (uint32_t i = 0; i < n_tags; i++) {
-        s->tag_keys[i] = take_str(r, take32(r));
-        s->n_tags = i + 1; /* freed from here on */
-        s->tag_values[i] = take_str(r, take32(r));
+        s->tags[i] = take_str(r, take32(r));
+        s->tags[n_tags + i] = take_str(r, take32(r));
         if (r->bad) {
             return -EBADMSG;
         }
-        if (s->tag_keys[i] == NULL || s->tag_values[i] == NULL) {
+        if (s->tags[i] == NULL || s->tags[n_tags + i] == NULL) {
             return -ENOMEM;
         }
     }
@@ -280,12 +282,21 @@ static void skip_tags(struct rd *r, uint32_t meas_len, uint32_t n_tags) {
 /* The entry's field names: a sensor's dictionary only grows, so a longer list extends it. */
 static int read_names(struct bd_sensor *s, struct rd *r, uint32_t n_names) {
     uint32_t have = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
+    /* A detached sensor has no inline names (names_inline 0): every name is in names, whose
+     * more array it grows at will (no other thread reads it). */
+    if (n_names > have && s->names == NULL) {
+        s->names = bd_calloc(1, sizeof(*s->names));
+        if (s->names == NULL) {
+            return -ENOMEM;
+        }
+    }
     if (n_names > have && n_names > BD_SENSOR_KEY_SLOTS) {
-        char **more = bd_reallocarray(s->names_more, n_names - BD_SENSOR_KEY_SLOTS, sizeof(char *));
+        char **more =
+            bd_reallocarray(s->names->more, n_names - BD_SENSOR_KEY_SLOTS, sizeof(char *));
         if (more == NULL) {
             return -ENOMEM;
         }
-        s->names_more = more;
+        s->names->more = more;
     }
     for (uint32_t i = 0; i < n_names; i++) {
         uint32_t len = take32(r);
@@ -298,9 +309,9 @@ static int read_names(struct bd_sensor *s, struct rd *r, uint32_t n_names) {
             return r->bad ? -EBADMSG : -ENOMEM;
         }
         if (i < BD_SENSOR_KEY_SLOTS) {
-            s->names[i] = name;
+            s->names->name[i] = name;
         } else {
-            s->names_more[i - BD_SENSOR_KEY_SLOTS] = name;
+            s->names->more[i - BD_SENSOR_KEY_SLOTS] = name;
         }
         atomic_store_explicit(&s->n_fields, i + 1, memory_order_relaxed);
     }

@@ -51,7 +51,13 @@ struct bd_sensor {
     _Atomic uint32_t n_fields;
     /* 1 while the sensor sits in the dirty queue; see the hand-off protocol in sensor.c. */
     _Atomic uint32_t dirty;
-    uint32_t recheck; /* ingest thread only: on the table's re-check list */
+    uint8_t recheck; /* ingest thread only: on the table's re-check list */
+    /* Bit i set: field name i (i < BD_SENSOR_KEY_SLOTS) is read from field_key[i]. Set by the
+     * ingest thread before it publishes the name (n_fields), read by the flusher after. */
+    _Atomic uint8_t names_inline;
+    /* Ingest thread, set at creation: the block's size in slab units (slab.h), 0 for a block
+     * larger than the slab's classes. */
+    uint16_t slab_units;
     /* Names of fields 0..BD_SENSOR_KEY_SLOTS-1 packed as length | bytes << 8 when at most 7
      * bytes long (exact, so a match needs no string), else 0. */
     uint64_t field_key[BD_SENSOR_KEY_SLOTS];
@@ -78,22 +84,15 @@ struct bd_sensor {
     uint32_t wcap; /* cells wseg holds (its class's, pool.h) */
 
     /* Cold. */
-    char **tag_keys; /* sorted by the keys sent; stored escaped (names.h), as BSON keys */
-    char **tag_values;
+    /* The tags: keys at [0, n_tags), sorted by the keys sent, stored escaped (names.h), as BSON
+     * keys; their values at [n_tags, 2 * n_tags) (bd_sensor_tag_key, bd_sensor_tag_value). */
+    char **tags;
     /* Creation order, unique over the table's life: orders sensors of equal last_ns for
      * /sensors' paging. */
     uint64_t serial;
-    /* The names as BSON keys (escaped as names.h says), NUL-terminated, through
-     * bd_sensor_field_name(); entries below n_fields are immutable. The first few live in the
-     * sensor (a name of at most 6 bytes that needs no escaping points into its field_key,
-     * whose packed form holds it NUL-terminated on a little-endian machine), the rest in
-     * names_more (allocated once, never moved: the flusher reads it while
-     * the ingest thread appends). Where a name needed escaping, bit i of field_escaped (ingest
-     * thread only) is set and the name as lines spell it follows the key's NUL: lines are
-     * matched by it. */
-    char *names[BD_SENSOR_KEY_SLOTS];
-    char **names_more;
-    uint64_t field_escaped;
+    /* The field names that are not read from field_key (names_inline), NULL while there is
+     * none: see struct bd_sensor_names. */
+    struct bd_sensor_names *names;
 
     /* Ingest thread only: pool units (pool.h) this queue ever took, and the bytes charged to
      * the table's sensor memory for this sensor (limits.sensor_memory). */
@@ -109,19 +108,17 @@ struct bd_sensor {
     _Atomic uint32_t flusher_refs;
 
     /* Flusher thread only: the consumer's end of the queue, its page accounting (struct
-     * bd_pages, pages.h, which also holds the sensor's share of the fill batch), and its link
-     * in the flusher's own list of sensors whose drain an allocation failure interrupted
-     * (flusher_requeued: on that list). */
+     * bd_pages, pages.h, which also holds the sensor's share of the fill batch), and its links
+     * in the flusher's own lists: of sensors whose drain an allocation failure interrupted
+     * (flusher_requeued: on that list), and of evicted sensors not yet released. The links
+     * stay in the sensor: a sensor may have no page accounting (yet, or its allocation failed). */
     struct bd_seg *rseg;
     uint32_t rpos;
     bool flusher_requeued;
     bool flusher_evicted; /* handed over by bd_sensor_table_next_evicted */
-    /* Ingest thread, set at creation: the block's size in slab units (slab.h), 0 for a block
-     * larger than the slab's classes. */
-    uint16_t slab_units;
     void *flusher_state;
     struct bd_sensor *flusher_next;
-    struct bd_sensor *evicted_next; /* the flusher's list of evicted sensors not yet released */
+    struct bd_sensor *evicted_next;
 
     /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
      * sensor, so their cache miss overlaps the first line's instead of following it. The
@@ -130,9 +127,39 @@ struct bd_sensor {
     char id_buf[];
 };
 
+/*
+ * A sensor's field names as BSON keys (escaped as names.h says), NUL-terminated, through
+ * bd_sensor_field_name(); entries below n_fields are immutable. A name of at most 6 bytes that
+ * needs no escaping, among the first BD_SENSOR_KEY_SLOTS, is read from its packed form in
+ * field_key (which holds it NUL-terminated on a little-endian machine) and needs no pointer;
+ * the others are here. The sensor's names block, and its more array, are each allocated once
+ * and never moved: the flusher reads them while the ingest thread appends. Where a name needed
+ * escaping, bit i of escaped (ingest thread only) is set and the name as lines spell it follows
+ * the key's NUL: lines are matched by it.
+ */
+struct bd_sensor_names {
+    uint64_t escaped;
+    char *name[BD_SENSOR_KEY_SLOTS]; /* fields 0..BD_SENSOR_KEY_SLOTS-1 not inline */
+    char **more;                     /* fields BD_SENSOR_KEY_SLOTS.. (up to the maximum) */
+};
+
 /* Field name i (i < n_fields). */
 static inline const char *bd_sensor_field_name(const struct bd_sensor *s, uint32_t i) {
-    return i < BD_SENSOR_KEY_SLOTS ? s->names[i] : s->names_more[i - BD_SENSOR_KEY_SLOTS];
+    if (i < BD_SENSOR_KEY_SLOTS) {
+        if ((atomic_load_explicit(&s->names_inline, memory_order_relaxed) >> i) & 1) {
+            return (const char *)&s->field_key[i] + 1;
+        }
+        return s->names->name[i];
+    }
+    return s->names->more[i - BD_SENSOR_KEY_SLOTS];
+}
+
+/* Tag i's key and value (i < n_tags). */
+static inline const char *bd_sensor_tag_key(const struct bd_sensor *s, uint32_t i) {
+    return s->tags[i];
+}
+static inline const char *bd_sensor_tag_value(const struct bd_sensor *s, uint32_t i) {
+    return s->tags[s->n_tags + i];
 }
 
 /* One decoded field value of a reading. */

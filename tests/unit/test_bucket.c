@@ -11,8 +11,8 @@
 #define MS INT64_C(1000000)
 
 static struct bd_sensor sensor;
-static char *tag_keys[] = {"loc", "room"};
-static char *tag_values[] = {"$home", "kitchen"};
+static char *tags[] = {"loc", "room", "$home", "kitchen"}; /* keys, then values */
+static struct bd_sensor_names names;
 
 static void setup(void) {
     memset(&sensor, 0, sizeof(sensor));
@@ -20,12 +20,13 @@ static void setup(void) {
     sensor.id_len = strlen(sensor.id);
     sensor.measurement = "weather";
     sensor.n_tags = 2;
-    sensor.tag_keys = tag_keys;
-    sensor.tag_values = tag_values;
-    sensor.names[0] = "temp";
-    sensor.names[1] = "n";
-    sensor.names[2] = "on";
-    sensor.names[3] = "big";
+    sensor.tags = tags;
+    memset(&names, 0, sizeof(names));
+    names.name[0] = "temp";
+    names.name[1] = "n";
+    names.name[2] = "on";
+    names.name[3] = "big";
+    sensor.names = &names;
     atomic_init(&sensor.n_fields, 4);
 }
 
@@ -364,8 +365,8 @@ Test(bucket, long_field_names_keep_their_own_summaries) {
     memset(k1, 'f', 331);
     memset(k2, 'f', 331);
     k2[330] = 'g';
-    sensor.names[0] = k1;
-    sensor.names[1] = k2;
+    names.name[0] = k1;
+    names.name[1] = k2;
     struct bd_delta d;
     bd_delta_init(&d, &sensor, 0, 0);
     struct bd_reading_value v[2] = {fv(0, 1.5), fv(1, 2.5)};

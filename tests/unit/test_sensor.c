@@ -109,7 +109,7 @@ Test(sensor, accepted_reading_round_trips_through_the_ring) {
     cr_assert_str_eq(s->id, "m,a=b");
     cr_assert_str_eq(s->measurement, "m");
     cr_assert_eq(s->n_tags, 1);
-    cr_assert_str_eq(s->tag_values[0], "b");
+    cr_assert_str_eq(bd_sensor_tag_value(s, 0), "b");
     cr_assert_null(bd_sensor_table_next_dirty(table), "queued once");
 
     int64_t ts;
@@ -215,10 +215,10 @@ Test(sensor, names_mongodb_cannot_address_are_stored_escaped) {
     cr_assert_eq(BD_STAT_GET(&stats, readings_accepted), 2);
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
     cr_assert_str_eq(s->id, "m,host.name=h1,k8s.pod=x", "the id keeps the series key");
-    cr_assert_str_eq(s->tag_keys[0], "host%2Ename");
-    cr_assert_str_eq(s->tag_keys[1], "k8s%2Epod");
-    cr_assert_str_eq(s->tag_keys[2], "ts", "ts is reserved in readings only");
-    cr_assert_str_eq(s->tag_values[2], "$t", "values are not names");
+    cr_assert_str_eq(s->tags[0], "host%2Ename");
+    cr_assert_str_eq(s->tags[1], "k8s%2Epod");
+    cr_assert_str_eq(s->tags[2], "ts", "ts is reserved in readings only");
+    cr_assert_str_eq(bd_sensor_tag_value(s, 2), "$t", "values are not names");
     cr_assert_eq(atomic_load(&s->n_fields), 7);
     for (int i = 0; i < 7; i++) {
         cr_assert_str_eq(bd_sensor_field_name(s, (uint32_t)i), stored[i]);
@@ -686,10 +686,10 @@ Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
     const char *lo = (const char *)s, *hi = s->id_buf + 64;
     cr_assert(s->measurement > s->id_buf && s->measurement < hi, "measurement in the block");
-    cr_assert(s->tag_keys[0] > lo && s->tag_keys[0] < hi);
+    cr_assert(s->tags[0] > lo && s->tags[0] < hi);
     cr_assert_str_eq(s->measurement, "m");
-    cr_assert_str_eq(s->tag_keys[0], "site");
-    cr_assert_str_eq(s->tag_values[0], "s000123");
+    cr_assert_str_eq(s->tags[0], "site");
+    cr_assert_str_eq(bd_sensor_tag_value(s, 0), "s000123");
     cr_assert_eq(bd_sensor_field_name(s, 0), (const char *)&s->field_key[0] + 1);
     cr_assert_eq(bd_sensor_field_name(s, 1), (const char *)&s->field_key[1] + 1);
     cr_assert(bd_sensor_field_name(s, 2) < lo || bd_sensor_field_name(s, 2) >= hi);
@@ -698,15 +698,16 @@ Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     cr_assert_str_eq(bd_sensor_field_name(s, 1), "f1");
     cr_assert_str_eq(bd_sensor_field_name(s, 2), "seven77");
     cr_assert_str_eq(bd_sensor_field_name(s, 3), "a%2Eb"); /* names.h: "." escaped */
-    /* Charged: the block and the flusher's estimate, and the two strings. */
     size_t block = offsetof(struct bd_sensor, id_buf) + sizeof("m,site=s000123");
     block = (block + 7) & ~(size_t)7;
     block += 2 * sizeof(char *) + sizeof("m") + sizeof("site") + sizeof("s000123");
-    cr_assert_eq(bd_slab_size(block), 384, "a slab block of three units");
-    cr_assert_eq(s->slab_units, 3);
-    cr_assert_eq(bd_sensor_table_memory(table) - empty, bd_slab_size(block) + FLUSHER_SENSOR_COST +
-                                                            sizeof("seven77") + sizeof("a%2Eb") +
-                                                            sizeof("a.b") + 2 * MALLOC_OVERHEAD);
+    cr_assert_eq(bd_slab_size(block), 256, "a slab block of two units");
+    cr_assert_eq(s->slab_units, 2);
+    /* Charged: the block and the flusher's estimate, the names block (the first name that is
+     * not inline brings it) and the two strings. */
+    cr_assert_eq(bd_sensor_table_memory(table) - empty,
+                 bd_slab_size(block) + FLUSHER_SENSOR_COST + sizeof(struct bd_sensor_names) +
+                     sizeof("seven77") + sizeof("a%2Eb") + sizeof("a.b") + 3 * MALLOC_OVERHEAD);
     /* A second reading matches every name, inline or not, and frees cleanly at the end. */
     point("m,site=s000123", "m", true, NOW);
     add_float("a.b", 5);
@@ -715,6 +716,29 @@ Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     add_float("f1", 8);
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     cr_assert_eq(atomic_load(&s->n_fields), 4);
+}
+
+/* Issue 28: a quiet short-named sensor (three short fields) costs one 256-byte block and the
+ * flusher's estimate, nothing else: no names block, no string of its own. */
+Test(sensor, a_short_named_sensor_is_one_256_byte_block) {
+    uint64_t empty = bd_sensor_table_memory(table);
+    point("m,site=s000123", "m", true, NOW);
+    pt.n_tags = 1;
+    pt.tags[0].key = S("site");
+    pt.tags[0].value = S("s000123");
+    add_float("f0", 1);
+    add_float("f1", 2);
+    add_float("f2", 3);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
+    struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+    cr_assert_not_null(s);
+    cr_assert_eq((size_t)s->slab_units * BD_SLAB_UNIT, 256, "block of %u units",
+                 (unsigned)s->slab_units);
+    cr_assert_null(s->names, "every name inline");
+    cr_assert_eq(bd_sensor_table_memory(table) - empty, 256 + FLUSHER_SENSOR_COST);
+    cr_assert_str_eq(bd_sensor_field_name(s, 2), "f2");
+    cr_assert_str_eq(bd_sensor_tag_key(s, 0), "site");
+    cr_assert_str_eq(bd_sensor_tag_value(s, 0), "s000123");
 }
 
 Test(sensor, reading_behind_a_cleared_flag_is_requeued_by_publish) {

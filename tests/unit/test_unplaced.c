@@ -18,8 +18,8 @@
 #define H0 INT64_C(1736949600000) /* 2025-01-15T14:00:00Z */
 
 static struct bd_sensor a, b;
-static char *a_keys[] = {"loc", "room"};
-static char *a_values[] = {"$home", "kitchen"};
+static char *a_tags[] = {"loc", "room", "$home", "kitchen"}; /* keys, then values */
+static struct bd_sensor_names a_names, b_names;
 static const struct bd_pages_limits lim = {.span_ms = HOUR_MS,
                                            .max_late_ms = 7 * 24 * HOUR_MS,
                                            .max_future_ms = HOUR_MS,
@@ -32,18 +32,21 @@ static void setup(void) {
     a.id_len = (uint32_t)strlen(a.id);
     a.measurement = "weather";
     a.n_tags = 2;
-    a.tag_keys = a_keys;
-    a.tag_values = a_values;
-    a.names[0] = "temp";
-    a.names[1] = "n";
-    a.names[2] = "on";
-    a.names[3] = "big";
+    a.tags = a_tags;
+    memset(&a_names, 0, sizeof(a_names));
+    a_names.name[0] = "temp";
+    a_names.name[1] = "n";
+    a_names.name[2] = "on";
+    a_names.name[3] = "big";
+    a.names = &a_names;
     atomic_init(&a.n_fields, 4);
     memset(&b, 0, sizeof(b));
     b.id = "power";
     b.id_len = 5;
     b.measurement = "power";
-    b.names[0] = "w";
+    memset(&b_names, 0, sizeof(b_names));
+    b_names.name[0] = "w";
+    b.names = &b_names;
     atomic_init(&b.n_fields, 1);
 }
 
