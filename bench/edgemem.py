@@ -2,7 +2,8 @@
 
 fig_memory(suite) adds the rows for 10 k and 100 k sensors with the default configuration and
 1 M sensors with limits.max_sensors and limits.sensor_memory raised: one TCP connection sends
-each sensor (m,site=sNNNNNN, three fields) three readings, every one of which must be accepted.
+each sensor (bucketd-sim's ids, such as m1,sensor=s12345,site=plant-2, a third of them with a
+third tag; three fields) three readings, every one of which must be accepted.
 The daemon's peak RSS (VmHWM) is reported, with the bytes per sensor above the daemon's size
 once ready, and where the resident memory lies at the end (/proc/PID/smaps: the main heap, other
 anonymous mappings, files).
