@@ -419,6 +419,12 @@ class Metrics(bdtest.E2ECase):
         first = last_hour_readings(3, 2, seed=38)
         sr.send(first, udp=d1.addr("udp"), tcp=d1.addr("tcp"))
         self.assertStored(client, db, len(first), d1)
+        # Stored is not yet acknowledged: a fault while the reply is on its way makes the daemon
+        # spool the batch as maybe applied (replayed once, found applied), which would count
+        # those readings as spooled too.
+        self.assertTrue(bdtest.wait_for(
+            lambda: scrape(d1.metrics_port)[1][("bucketd_readings_flushed_total", "")] ==
+            len(first), 30), "the first batch was never acknowledged")
         proxy.set_fault("refuse")
         # Two sends a few flush intervals apart: at least two records, since damage in the
         # last record of the newest segment reads as a torn write (cut off), not as corruption.
