@@ -79,6 +79,9 @@ static const char usage[] =
     "  --sensors N           distinct series (default 10)\n"
     "  --sensor-offset N     number the sensors from N (default 0), to run several\n"
     "                        simulators with disjoint sensors\n"
+    "  --short-names         influx: every sensor is m,site=sNNNNNN (one short tag, as many\n"
+    "                        quiet sensors of an edge box); default: m0..m3 with two or\n"
+    "                        three tags, such as m1,sensor=s12345,site=plant-2\n"
     "  --fields F            influx: numeric fields f0..f{F-1} per reading, even ones floats,\n"
     "                        odd ones integers (default 4, 1..64); graphite has one value\n"
     "  --seq                 add an integer field seq=<n>i unique per reading (graphite: the\n"
@@ -133,6 +136,7 @@ struct options {
     enum bd_precision precision;
     uint32_t sensors;
     uint64_t sensor_offset;
+    bool short_names;
     uint32_t fields;
     bool seq;
     uint64_t seq_start;
@@ -164,6 +168,7 @@ enum opt_id {
     OPT_FORMAT,
     OPT_SENSORS,
     OPT_SENSOR_OFFSET,
+    OPT_SHORT_NAMES,
     OPT_FIELDS,
     OPT_SEQ,
     OPT_SEQ_START,
@@ -194,6 +199,7 @@ static const struct option long_options[] = {
     {"format", required_argument, NULL, OPT_FORMAT},
     {"sensors", required_argument, NULL, OPT_SENSORS},
     {"sensor-offset", required_argument, NULL, OPT_SENSOR_OFFSET},
+    {"short-names", no_argument, NULL, OPT_SHORT_NAMES},
     {"fields", required_argument, NULL, OPT_FIELDS},
     {"seq", no_argument, NULL, OPT_SEQ},
     {"seq-start", required_argument, NULL, OPT_SEQ_START},
@@ -322,6 +328,9 @@ static int parse_args(int argc, char **argv, struct options *o) {
         case OPT_SENSOR_OFFSET:
             ok = parse_u64(v, 0, UINT64_MAX / 2, &o->sensor_offset);
             want = "a sensor number";
+            break;
+        case OPT_SHORT_NAMES:
+            o->short_names = true;
             break;
         case OPT_FIELDS:
             ok = parse_u32(v, 1, MAX_FIELDS, &o->fields);
@@ -726,6 +735,9 @@ static void on_stop_signal(int sig) {
 static int format_sensor(const struct options *o, uint64_t g, bool sorted, char *buf, size_t cap) {
     if (o->format == BD_FORMAT_GRAPHITE) {
         return snprintf(buf, cap, "sim.s%" PRIu64 ".value", g);
+    }
+    if (o->short_names) {
+        return snprintf(buf, cap, "m,site=s%06" PRIu64, g);
     }
     unsigned m = (unsigned)(g % 4);
     unsigned site = (unsigned)(g % 5);
