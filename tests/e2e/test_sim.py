@@ -375,6 +375,17 @@ class SimSends(unittest.TestCase):
         _, d3 = self.udp_run("--seed", 42, "--per-datagram", 8, "--rate", 30000, *args)
         self.assertEqual(b"".join(d3), a[0])
 
+    def test_short_names(self):
+        counts = os.path.join(self.tmp, "counts")
+        summary, streams = self.tcp_run("--count", 600, "--sensors", 200, "--sensor-offset", 123,
+                                        "--short-names", "--fields", 3, "--seq",
+                                        "--counts-file", counts)
+        readings, _ = self.check_stream(summary, b"".join(streams), "influx", "ns", counts, 600)
+        want = {"m,site=s%06d" % g for g in range(123, 323)}
+        got = set(per_sensor(readings))
+        self.assertLessEqual(got, want, "every sensor is m,site=sNNNNNN within the offset")
+        self.assertGreater(len(got), 100, "sensors are spread over the 200")
+
     def test_disturbance_fractions(self):
         n, late_by = 20000, 60
         summary, streams = self.tcp_run("--count", n, "--sensors", 20, "--seq",
