@@ -116,9 +116,14 @@ _Static_assert(offsetof(struct bd_sensor, id_buf) <= 208, "struct bd_sensor grew
 _Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
                "last_ns and accepted are written with every reading: in the producer's line");
 
-/* Pool thresholds, in eighths of its segments: wake the flusher early, pause input, resume.
- * At the high mark no new sensor is created: see bd_sensor_table_accept. */
+/* Pool thresholds, in eighths of its segments: wake the flusher early; pause TCP input and
+ * resume it; pause UDP input and resume it. TCP waits first: its senders hold what it does not
+ * read, so the pool keeps its upper part for datagrams, which cannot wait long, and a TCP flood
+ * never makes more of the pool resident than it needs. At the high mark no new sensor is
+ * created: see bd_sensor_table_accept. */
 #define POOL_WAKE_EIGHTHS 2
+#define POOL_TCP_HIGH_EIGHTHS 3
+#define POOL_TCP_LOW_EIGHTHS 2
 #define POOL_HIGH_EIGHTHS 6
 #define POOL_LOW_EIGHTHS 4
 
@@ -179,9 +184,11 @@ struct bd_sensor_table {
      * reports (flusher -> ingest; capacity >= max_sensors, each sensor in it at most once). */
     struct bd_pool pool;
     struct bd_ring reclaim;
-    uint32_t wake_segs; /* in use above this: wake the flusher (once per crossing) */
-    uint32_t high_segs; /* in use above this: congested */
-    uint32_t low_segs;  /* congestion ends at or below this */
+    uint32_t wake_segs;     /* in use above this: wake the flusher (once per crossing) */
+    uint32_t tcp_high_segs; /* in use above this: congested (TCP waits) */
+    uint32_t tcp_low_segs;  /* congestion ends at or below this */
+    uint32_t high_segs;     /* in use above this: UDP pauses, no new sensor */
+    uint32_t low_segs;      /* a UDP pause ends at or below this */
     bool wake_armed;
     /* The limits (bd_sensor_table_set_limits), ingest thread only. */
     uint32_t max_fields;
@@ -300,6 +307,8 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     }
     /* In units of the pool (pool.h): a large segment counts several where there are small. */
     t->wake_segs = t->pool.n_units / 8 * POOL_WAKE_EIGHTHS;
+    t->tcp_high_segs = t->pool.n_units / 8 * POOL_TCP_HIGH_EIGHTHS;
+    t->tcp_low_segs = t->pool.n_units / 8 * POOL_TCP_LOW_EIGHTHS;
     t->high_segs = t->pool.n_units / 8 * POOL_HIGH_EIGHTHS;
     t->low_segs = t->pool.n_units / 8 * POOL_LOW_EIGHTHS;
     t->share_segs =
@@ -933,7 +942,7 @@ static struct bd_seg *new_segment(struct bd_sensor_table *t, uint32_t cells, boo
         seg = bd_pool_take(&t->pool, cells, small, seg_cells, units);
     }
     uint32_t used = bd_pool_in_use(&t->pool);
-    if (seg == NULL || used > t->high_segs) {
+    if (seg == NULL || used > t->tcp_high_segs) {
         if (!t->congested) {
             t->congested = true;
             bd_sensor_table_request_drain(t);
@@ -1140,7 +1149,7 @@ bool bd_sensor_table_congested(struct bd_sensor_table *t) {
         return false;
     }
     take_back_idle(t);
-    if (bd_pool_in_use(&t->pool) > t->low_segs) {
+    if (bd_pool_in_use(&t->pool) > t->tcp_low_segs) {
         return true;
     }
     t->congested = false;
@@ -1149,6 +1158,11 @@ bool bd_sensor_table_congested(struct bd_sensor_table *t) {
 
 bool bd_sensor_table_udp_should_pause(struct bd_sensor_table *t) {
     return t->congested && bd_pool_in_use(&t->pool) > t->high_segs && !bd_sensor_table_stalled(t);
+}
+
+bool bd_sensor_table_udp_may_resume(struct bd_sensor_table *t) {
+    take_back_idle(t);
+    return bd_pool_in_use(&t->pool) <= t->low_segs || bd_sensor_table_stalled(t);
 }
 
 void bd_sensor_table_set_stalled(struct bd_sensor_table *t, bool stalled) {

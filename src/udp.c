@@ -79,8 +79,7 @@ void ingest_udp_maybe_pause(struct listener *l) {
 /* bd_ingest_resume: read again once the congestion is gone or the flusher has stalled. */
 void ingest_udp_maybe_resume(struct listener *l) {
     struct bd_ingest *in = l->in;
-    if (!l->udp_paused || !l->h_open ||
-        (bd_sensor_table_congested(in->table) && !bd_sensor_table_stalled(in->table))) {
+    if (!l->udp_paused || !l->h_open || !bd_sensor_table_udp_may_resume(in->table)) {
         return;
     }
     int rc = uv_udp_recv_start(&l->h.udp, on_udp_alloc, on_udp_recv);

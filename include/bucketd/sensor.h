@@ -250,18 +250,20 @@ uint64_t bd_sensor_table_memory(const struct bd_sensor_table *t);
 void bd_sensor_table_publish(struct bd_sensor_table *t);
 
 /*
- * Ingest thread: true while the buffer pool is congested: it passed three quarters in use (or
- * ran out) and has not yet come back under half. TCP listeners stop reading meanwhile. Takes
+ * Ingest thread: true while the buffer pool is congested: it passed three eighths in use (or
+ * ran out) and has not yet come back to a quarter. TCP listeners stop reading meanwhile. Takes
  * back the idle segments the flusher reported first (a paused listener publishes nothing).
  */
 bool bd_sensor_table_congested(struct bd_sensor_table *t);
 
 /*
  * Ingest thread, UDP backpressure: true while the pool is past three quarters and the flusher
- * is able to drain (not stalled, see below). The pause ends when bd_sensor_table_congested()
- * turns false or the flusher stalls.
+ * is able to drain (not stalled, see below). The pause ends when bd_sensor_table_udp_may_resume()
+ * turns true: the pool is back at half (idle segments the flusher reported taken back first) or
+ * the flusher stalls.
  */
 bool bd_sensor_table_udp_should_pause(struct bd_sensor_table *t);
+bool bd_sensor_table_udp_may_resume(struct bd_sensor_table *t);
 
 /*
  * Ingest thread: wake the flusher to drain now. A listener pausing for congestion calls it, so

@@ -495,7 +495,7 @@ static void consume_all(struct fx *f) {
 
 Test(ingest, tcp_backpressure_pauses_instead_of_dropping) {
     struct fx *f = fx_new();
-    /* A pool of 16 segments of 30 readings: congested past 12 segments (360 readings). */
+    /* A pool of 16 segments of 30 readings: TCP waits past 6 segments (180 readings). */
     f->cfg.limits.memory = 32 * 1024;
     fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
     fx_start(f);
@@ -663,32 +663,33 @@ Test(ingest, tcp_a_busy_sensor_pauses_only_its_own_connection) {
  */
 Test(ingest, tcp_a_congested_pool_pause_is_counted_as_such) {
     struct fx *f = fx_new();
-    f->cfg.limits.memory = 32 * 1024; /* 16 segments of 30 readings, congested past 12 */
+    f->cfg.limits.memory = 32 * 1024; /* 16 segments of 30 readings, congested past 6 */
     fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
     fx_start(f);
     int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
-    /* Eight sensors, 30 readings each: a segment each (8 in use, none past its share of 2);
-     * then one more reading each, a second segment each: the fifth is the 13th segment. */
-    static char buf[8 * 31 * 24];
+    /* Four sensors, 30 readings each: a segment each (4 in use, none past its share of 2);
+     * then one more reading each, a second segment each: the third is the 7th segment, past
+     * three eighths of the pool, where TCP waits (UDP would go on to three quarters). */
+    static char buf[4 * 31 * 24];
     size_t len = 0;
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < 4; k++) {
         for (int i = 0; i < 30; i++) {
             len += (size_t)sprintf(buf + len, "c,k=%d v=%di\n", k, i);
         }
     }
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < 4; k++) {
         len += (size_t)sprintf(buf + len, "c,k=%d v=30i\n", k);
     }
     tcp_send(f, fd, buf, len);
     RUN_UNTIL(f, STAT(f, tcp_bytes) == len && bd_ingest_paused(f->in) == 1);
-    cr_expect_eq(STAT(f, readings_accepted), 8 * 30 + 5, "paused after the 13th segment");
+    cr_expect_eq(STAT(f, readings_accepted), 4 * 30 + 3, "paused after the 7th segment");
     cr_expect_eq(STAT(f, tcp_congestion_pauses), 1);
     cr_expect_eq(STAT(f, tcp_sensor_pauses), 0, "no sensor was at its share");
 
     /* Drained, the connection resumes where it stopped. */
     consume_all(f);
     bd_ingest_resume(f->in);
-    RUN_UNTIL(f, STAT(f, readings_accepted) == 8 * 31);
+    RUN_UNTIL(f, STAT(f, readings_accepted) == 4 * 31);
     cr_expect_eq(bd_ingest_paused(f->in), 0);
     cr_expect_eq(STAT(f, tcp_congestion_pauses), 1);
     cr_expect_eq(STAT(f, drop_buffer_full), 0);
@@ -698,7 +699,7 @@ Test(ingest, tcp_a_congested_pool_pause_is_counted_as_such) {
 
 Test(ingest, stop_takes_lines_buffered_by_a_paused_connection) {
     struct fx *f = fx_new();
-    f->cfg.limits.memory = 32 * 1024; /* 16 segments, congested past 12 */
+    f->cfg.limits.memory = 32 * 1024; /* 16 segments, congested past 6 */
     fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
     fx_start(f);
     int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
@@ -741,7 +742,7 @@ Test(ingest, stop_takes_lines_buffered_by_a_paused_connection) {
 
 Test(ingest, abort_gives_up_on_a_paused_connection_and_counts_it) {
     struct fx *f = fx_new();
-    f->cfg.limits.memory = 32 * 1024; /* 16 segments, congested past 12 */
+    f->cfg.limits.memory = 32 * 1024; /* 16 segments, congested past 6 */
     fx_listen(f, BD_PROTO_TCP, "127.0.0.1:0", BD_FORMAT_INFLUX);
     fx_start(f);
     int fd = tcp_connect(bd_ingest_listener_port(f->in, 0));
@@ -998,8 +999,8 @@ static void count_wake(void *arg) {
 
 /*
  * The flusher is woken when the pool passes a quarter (16 segments: batch one), when it becomes
- * congested (past 48: batch three), and by the pause itself, so a pause never waits for
- * flush.interval.
+ * congested (past 24, where TCP would wait: batch two), and by the pause itself (past 48: batch
+ * three), so a pause never waits for flush.interval.
  */
 Test(ingest, udp_pause_wakes_the_flusher) {
     struct fx *f = fx_new();

@@ -305,7 +305,7 @@ Test(sensor, full_pool_counts_drops_and_wakes_the_flusher) {
     cr_assert_eq(drained, 480);
     /* Every segment a producer left went back; their own (full) ones stay until they move on. */
     cr_assert_eq(bd_pool_in_use(pool), 9);
-    cr_assert(bd_sensor_table_congested(table), "9 of 16 segments: not yet down to half");
+    cr_assert(bd_sensor_table_congested(table), "9 of 16 segments: not yet down to a quarter");
 }
 
 Test(sensor, an_idle_sensor_gives_its_last_segment_back) {
