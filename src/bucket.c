@@ -239,7 +239,7 @@ uint64_t bd_page_overhead_bytes(const struct bd_sensor *s) {
     /* _id and sensor_id carry the id (the _id at most its bounded form), meta the measurement
      * and tags; bucket_start, bucket_end, page, count, the readings array's header and a few
      * w entries fit in 1 KiB; each field has a summary of five numbers under its name. */
-    uint64_t bytes = 1024 + BD_BUCKET_ID_MAX + s->id_len + strlen(s->measurement);
+    uint64_t bytes = 1024 + BD_BUCKET_ID_MAX + s->id_len + strlen(bd_sensor_measurement(s));
     for (uint32_t i = 0; i < s->n_tags; i++) {
         bytes += strlen(bd_sensor_tag_key(s, i)) + strlen(bd_sensor_tag_value(s, i)) + 8;
     }
@@ -595,13 +595,13 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
     BD_ASSERT(d->n_readings > 0);
     qsort(d->readings, d->n_readings, sizeof(*d->readings), cmp_reading);
 
-    rc = bd_bucket_id(id, sizeof(id), s->id, d->start_ms, d->page);
+    rc = bd_bucket_id(id, sizeof(id), bd_sensor_id(s), d->start_ms, d->page);
     BD_ASSERT(rc == 0); /* BD_BUCKET_ID_MAX holds every id's bounded form */
     bson_t cond, not_cond;
     BSON_APPEND_UTF8(selector, "_id", id);
     /* The shard-key fields, as stage 1 stores them (see the header comment). A string value is
      * matched literally in a query filter, so no $literal is needed here. */
-    BSON_APPEND_UTF8(selector, "sensor_id", s->id);
+    BSON_APPEND_UTF8(selector, "sensor_id", bd_sensor_id(s));
     BSON_APPEND_DATE_TIME(selector, "bucket_start", d->start_ms);
     BSON_APPEND_DOCUMENT_BEGIN(selector, writer_key, &cond);
     BSON_APPEND_DOCUMENT_BEGIN(&cond, "$not", &not_cond);
@@ -629,10 +629,10 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
     bson_append_array_end(&lit, &arr);
     bson_append_document_end(&set, &lit);
 
-    append_literal_utf8(&set, "sensor_id", s->id);
+    append_literal_utf8(&set, "sensor_id", bd_sensor_id(s));
     BSON_APPEND_DOCUMENT_BEGIN(&set, "meta", &lit);
     BSON_APPEND_DOCUMENT_BEGIN(&lit, "$literal", &meta);
-    BSON_APPEND_UTF8(&meta, "measurement", s->measurement);
+    BSON_APPEND_UTF8(&meta, "measurement", bd_sensor_measurement(s));
     BSON_APPEND_DOCUMENT_BEGIN(&meta, "tags", &tags);
     for (uint32_t i = 0; i < s->n_tags; i++) {
         BSON_APPEND_UTF8(&tags, bd_sensor_tag_key(s, i), bd_sensor_tag_value(s, i));

@@ -240,7 +240,7 @@ static void delta_get(void *arg, uint32_t di, struct bd_settle_upd *u) {
     const struct bd_flusher *f = arg;
     const struct bd_delta *d = &f->batch.deltas[di];
     const struct bd_batch_meta *m = &f->batch.meta[di];
-    *u = (struct bd_settle_upd){.sensor_id = d->sensor->id,
+    *u = (struct bd_settle_upd){.sensor_id = bd_sensor_id(d->sensor),
                                 .start_ms = d->start_ms,
                                 .page = d->page,
                                 .n_readings = d->n_readings,
@@ -330,7 +330,7 @@ int flusher_writer_build_into(struct bd_flusher *f, uint32_t di, struct bd_repla
         return rc;
     }
     const struct bd_delta *d = &f->batch.deltas[di];
-    rc = bd_replay_buf_add(buf, d->sensor->id, d->start_ms, d->page, d->n_readings,
+    rc = bd_replay_buf_add(buf, bd_sensor_id(d->sensor), d->start_ms, d->page, d->n_readings,
                            f->batch.meta[di].maybe_applied ? BD_REPLAY_MAYBE_SENT : 0,
                            &f->writer.selectors[0], &f->writer.updates[0]);
     bson_destroy(&f->writer.selectors[0]);
@@ -541,7 +541,7 @@ static bool learn_pages(struct bd_flusher *f) {
         for (; next < f->batch.n && n < max; next++) {
             const struct bd_delta *d = &f->batch.deltas[next];
             if (!f->batch.meta[next].done && d->page == BD_PAGE_UNKNOWN && d->n_readings > 0) {
-                items[n++] = (struct learn_item){.sensor_id = d->sensor->id,
+                items[n++] = (struct learn_item){.sensor_id = bd_sensor_id(d->sensor),
                                                  .start_ms = d->start_ms,
                                                  .delta = next,
                                                  .count = UINT32_MAX};

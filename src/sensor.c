@@ -11,10 +11,10 @@
  * Index: open addressing, linear probing, at most half full. A slot is 8 bytes: the sensor's
  * address with the top 16 bits of its hash in the address's unused top bits, so a probe that
  * meets another sensor is rejected without touching it (all but 1 in 65,536); a tag match is
- * confirmed by the full hash, the length and the bytes of the id (one miss, the sensor's first
- * line and its id, which follows it). Where addresses use those bits, slots hold bare
- * addresses and every probe reads the sensor. An evicted sensor's slot is
- * emptied by shifting the rest of its probe run back (no tombstones).
+ * confirmed by the length and the bytes of the id (one miss, the sensor's first line and its
+ * id, which follows it). Where addresses use those bits, slots hold bare addresses and every
+ * probe reads the sensor. The sensor keeps no hash: moving it in the index (growth, or the
+ * shift that empties an evicted sensor's slot: no tombstones) hashes its id again.
  *
  * Memory. Each sensor is one block (struct, id, measurement and tags) from the table's slab
  * (slab.h: 128-byte aligned, in 128-byte size classes, no slack beside each block), plus one
@@ -110,9 +110,12 @@ _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "bd_sensor_names.escaped has one bit per field");
 _Static_assert(BD_SENSOR_KEY_SLOTS <= 8, "names_inline has one bit per key slot");
-/* A short-named sensor (m,site=s000123: the struct, 15 bytes of id, 31 of measurement and tag)
- * fits a 256-byte slab block (issue 28); test_sensor checks the block it gets. */
-_Static_assert(offsetof(struct bd_sensor, id_buf) <= 208, "struct bd_sensor grew past 208 bytes");
+/* bucketd-sim's sensors (`m1,rack=r07,sensor=s12345,site=plant-2`: the struct, 39 bytes of id,
+ * 6 of tag offsets and 39 of measurement and tags) fit a 256-byte slab block (issue 28);
+ * test_sensor checks the block they get. */
+_Static_assert(offsetof(struct bd_sensor, id_buf) <= 164, "struct bd_sensor grew past 164 bytes");
+_Static_assert(offsetof(struct bd_sensor, rseg) == 2 * BD_RING_LINE,
+               "what the flusher writes per reading starts after the producer's line");
 _Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
                "last_ns and accepted are written with every reading: in the producer's line");
 
@@ -403,6 +406,14 @@ void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sen
     }
 }
 
+uint32_t bd_sensor_table_slots(const struct bd_sensor_table *t) {
+    return t->slot_mask + 1;
+}
+
+const struct bd_sensor *bd_sensor_table_slot(const struct bd_sensor_table *t, uint32_t i) {
+    return slot_sensor(t, t->slots[i]);
+}
+
 /* Whether field name i lives in the sensor's field_key (see field_index). */
 static bool name_inline(const struct bd_sensor *s, uint32_t i) {
     return i < BD_SENSOR_KEY_SLOTS &&
@@ -464,13 +475,30 @@ static char *put_str(char *p, const struct bd_str *s) {
     return p + s->len + 1;
 }
 
+/* A new sensor's names from its point (bd_sensor_names_put): the measurement, then each tag's
+ * key (escaped) and value. */
+static char *put_name(void *arg, uint32_t i, char *dst) {
+    const struct bd_point *pt = arg;
+    if (i == 0) {
+        return put_str(dst, &pt->name);
+    }
+    const struct bd_tag *tag = &pt->tags[(i - 1) / 2];
+    return i % 2 ? put_key(dst, &tag->key, BD_NAME_TAG, false) : put_str(dst, &tag->value);
+}
+
+/* A sensor's hash, from its id: the index keeps only its top 16 bits (the slot's tag), so a
+ * move within the index (growth, a removal's shift) hashes the id again. */
+static uint64_t sensor_hash(const struct bd_sensor *s) {
+    return XXH3_64bits(s->id_buf, s->id_len);
+}
+
 static void slot_insert(struct bd_sensor_table *t, slot_t *slots, uint32_t mask,
-                        struct bd_sensor *s) {
-    uint32_t i = (uint32_t)s->hash & mask;
+                        struct bd_sensor *s, uint64_t hash) {
+    uint32_t i = (uint32_t)hash & mask;
     while (slots[i] != 0) {
         i = (i + 1) & mask;
     }
-    slots[i] = (uint64_t)(uintptr_t)s | (s->hash & t->tag_mask);
+    slots[i] = (uint64_t)(uintptr_t)s | (hash & t->tag_mask);
 }
 
 /* Empty slot i and shift the entries after it in the probe run back, so every entry stays
@@ -486,7 +514,7 @@ static void slot_remove(struct bd_sensor_table *t, uint32_t i) {
             if (slots[j] == 0) {
                 return;
             }
-            uint32_t home = (uint32_t)slot_sensor(t, slots[j])->hash & mask;
+            uint32_t home = (uint32_t)sensor_hash(slot_sensor(t, slots[j])) & mask;
             /* Entry j may move to i unless its home lies cyclically in (i, j]. */
             bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
             if (!stays) {
@@ -506,7 +534,8 @@ static int grow_index(struct bd_sensor_table *t) {
     }
     for (uint32_t i = 0; i <= t->slot_mask; i++) {
         if (t->slots[i] != 0) {
-            slot_insert(t, slots, new_mask, slot_sensor(t, t->slots[i]));
+            struct bd_sensor *s = slot_sensor(t, t->slots[i]);
+            slot_insert(t, slots, new_mask, s, sensor_hash(s));
         }
     }
     free(t->slots);
@@ -558,8 +587,8 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         BD_STAT_ADD(t->stats, drop_bad_name, 1);
         return NULL;
     }
-    /* One block for the measurement and the tags: arrays first (pointer-aligned), strings. */
-    size_t meta = (size_t)(pt->n_tags ? pt->n_tags : 1) * 2 * sizeof(char *) + pt->name.len + 1;
+    /* The measurement and the tags (keys escaped), each NUL-terminated, after the id. */
+    size_t names_len = pt->name.len + 1;
     for (uint32_t i = 0; i < pt->n_tags; i++) {
         if (!bd_name_valid(pt->tags[i].key.ptr, pt->tags[i].key.len) ||
             !bson_utf8_validate(pt->tags[i].value.ptr, pt->tags[i].value.len, false)) {
@@ -567,13 +596,13 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
             return NULL;
         }
         bool escaped;
-        meta += key_size(&pt->tags[i].key, BD_NAME_TAG, false, &escaped);
-        meta += pt->tags[i].value.len + 1;
+        names_len += key_size(&pt->tags[i].key, BD_NAME_TAG, false, &escaped);
+        names_len += pt->tags[i].value.len + 1;
     }
-    /* One block: the struct, the id, then (pointer-aligned) the measurement and the tags. */
-    size_t meta_at = offsetof(struct bd_sensor, id_buf) + pt->series_key.len + 1;
-    meta_at = (meta_at + sizeof(char *) - 1) & ~(sizeof(char *) - 1);
-    size_t block = meta_at + meta;
+    /* One block: the struct, the id, the tag offsets, the measurement and the tags. */
+    _Static_assert(BD_PARSE_MAX_TAGS <= UINT16_MAX, "n_tags is 16-bit");
+    bool wide;
+    size_t block = bd_sensor_block_size(pt->series_key.len, pt->n_tags, names_len, &wide);
     /* What it will cost: the block, the index slots its arrival makes the index grow by (the
      * index is charged as it grows: at most half full, two to four 8-byte slots a sensor), and
      * the flusher's page accounting. */
@@ -597,25 +626,9 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
         goto oom;
     }
     struct bd_sensor *s = mem;
-    char *m = (char *)mem + meta_at;
     memset(s, 0, offsetof(struct bd_sensor, id_buf));
-    memcpy(s->id_buf, pt->series_key.ptr, pt->series_key.len);
-    s->id_buf[pt->series_key.len] = '\0';
-    s->id = s->id_buf;
-    s->id_len = (uint32_t)pt->series_key.len;
-    s->n_tags = pt->n_tags;
-    s->tags = (char **)(void *)m;
-    char *p = (char *)(s->tags + (pt->n_tags ? 2 * pt->n_tags : 2));
-    s->measurement = p;
-    p = put_str(p, &pt->name);
-    for (uint32_t i = 0; i < pt->n_tags; i++) {
-        s->tags[i] = p;
-        p = put_key(p, &pt->tags[i].key, BD_NAME_TAG, false);
-        s->tags[pt->n_tags + i] = p;
-        p = put_str(p, &pt->tags[i].value);
-    }
-    BD_ASSERT((size_t)(p - m) <= meta);
-    s->hash = hash;
+    bd_sensor_names_put(s, pt->series_key.ptr, pt->series_key.len, pt->n_tags, wide, put_name,
+                        (void *)pt);
     s->table = t;
     s->serial = t->next_serial++;
     s->mem_cost = (uint32_t)cost;
@@ -631,7 +644,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     if ((uint64_t)(uintptr_t)s & t->tag_mask) {
         drop_tags(t);
     }
-    slot_insert(t, t->slots, t->slot_mask, s);
+    slot_insert(t, t->slots, t->slot_mask, s, hash);
     t->count++;
     return s;
 oom:
@@ -682,7 +695,7 @@ static struct bd_sensor *lookup(struct bd_sensor_table *t, const struct bd_str *
             continue;
         }
         struct bd_sensor *s = slot_sensor(t, e);
-        if (s->hash == hash && s->id_len == key->len && id_equal(s->id_buf, key->ptr, key->len)) {
+        if (s->id_len == key->len && id_equal(s->id_buf, key->ptr, key->len)) {
             return s;
         }
     }
@@ -1390,88 +1403,4 @@ void bd_sensor_table_release(struct bd_sensor_table *t, struct bd_sensor *s) {
     struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
     bool ok = bd_ring_push(&t->dead, &c, 1);
     BD_ASSERT(ok); /* at most evict_cap sensors between eviction and freeing */
-}
-
-/* ---- Listing (GET /sensors) ----------------------------------------------------------------- */
-
-static bool pos_less(const struct bd_sensor_pos *a, const struct bd_sensor_pos *b) {
-    return a->last_ns < b->last_ns || (a->last_ns == b->last_ns && a->serial < b->serial);
-}
-
-/* out[0..n) is a max-heap by position: move out[i] down to its place. */
-static void heap_down(struct bd_sensor_info *h, uint32_t n, uint32_t i) {
-    for (;;) {
-        uint32_t l = 2 * i + 1, r = l + 1, top = i;
-        if (l < n && pos_less(&h[top].pos, &h[l].pos)) {
-            top = l;
-        }
-        if (r < n && pos_less(&h[top].pos, &h[r].pos)) {
-            top = r;
-        }
-        if (top == i) {
-            return;
-        }
-        struct bd_sensor_info tmp = h[i];
-        h[i] = h[top];
-        h[top] = tmp;
-        i = top;
-    }
-}
-
-static void heap_up(struct bd_sensor_info *h, uint32_t i) {
-    while (i > 0) {
-        uint32_t parent = (i - 1) / 2;
-        if (!pos_less(&h[parent].pos, &h[i].pos)) {
-            return;
-        }
-        struct bd_sensor_info tmp = h[i];
-        h[i] = h[parent];
-        h[parent] = tmp;
-        i = parent;
-    }
-}
-
-uint32_t bd_sensor_table_list(const struct bd_sensor_table *t, const struct bd_sensor_pos *after,
-                              int64_t before_ns, struct bd_sensor_info *out, uint32_t cap,
-                              bool *more) {
-    /* The cap smallest positions past `after`: a max-heap of them, whose root is the one a
-     * smaller candidate replaces. */
-    uint32_t n = 0;
-    uint64_t matched = 0;
-    for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        const struct bd_sensor *s = slot_sensor(t, t->slots[i]);
-        if (s == NULL || s->last_ns >= before_ns) {
-            continue;
-        }
-        struct bd_sensor_info c = {.s = s, .pos = {s->last_ns, s->serial}, .accepted = s->accepted};
-        if (after != NULL && !pos_less(after, &c.pos)) {
-            continue;
-        }
-        matched++;
-        if (n < cap) {
-            out[n] = c;
-            heap_up(out, n++);
-        } else if (cap > 0 && pos_less(&c.pos, &out[0].pos)) {
-            out[0] = c;
-            heap_down(out, n, 0);
-        }
-    }
-    *more = matched > n;
-    /* Heap sort: the largest goes last. */
-    for (uint32_t k = n; k > 1; k--) {
-        struct bd_sensor_info tmp = out[0];
-        out[0] = out[k - 1];
-        out[k - 1] = tmp;
-        heap_down(out, k - 1, 0);
-    }
-    return n;
-}
-
-uint32_t bd_sensor_table_count_silent(const struct bd_sensor_table *t, int64_t before_ns) {
-    uint32_t n = 0;
-    for (uint32_t i = 0; i <= t->slot_mask; i++) {
-        const struct bd_sensor *s = slot_sensor(t, t->slots[i]);
-        n += s != NULL && s->last_ns < before_ns;
-    }
-    return n;
 }

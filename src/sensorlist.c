@@ -191,7 +191,7 @@ void bd_sensorlist_render(const struct bd_sensor_info *v, uint32_t n, bool more,
         bd_sensorlist_format_time(v[i].pos.last_ns, when, sizeof(when));
         const char *open = i > 0 ? ",{\"sensor_id\":" : "{\"sensor_id\":";
         bd_http_body_append(out, open, strlen(open));
-        json_text(out, v[i].s->id, v[i].s->id_len);
+        json_text(out, bd_sensor_id(v[i].s), v[i].s->id_len);
         bd_http_body_printf(out, ",\"last_seen\":\"%s\",\"readings_accepted\":%" PRIu64 "}", when,
                             v[i].accepted);
     }

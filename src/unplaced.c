@@ -47,7 +47,7 @@ int bd_unplaced_add(struct bd_replay_buf *buf, const struct bd_delta *d) {
     for (uint32_t i = 0; i < d->n_values; i++) {
         n_names = BD_MAX(n_names, (uint32_t)d->values[i].field + 1);
     }
-    size_t meas_len = strlen(s->measurement);
+    size_t meas_len = strlen(bd_sensor_measurement(s));
     size_t need = ENTRY_HEADER + s->id_len + meas_len;
     for (uint32_t i = 0; i < s->n_tags; i++) {
         need += 8 + strlen(bd_sensor_tag_key(s, i)) + strlen(bd_sensor_tag_value(s, i));
@@ -73,9 +73,9 @@ int bd_unplaced_add(struct bd_replay_buf *buf, const struct bd_delta *d) {
     bd_put_le32(p + 32, n_names);
     bd_put_le32(p + 36, 0);
     p += ENTRY_HEADER;
-    memcpy(p, s->id, s->id_len);
+    memcpy(p, bd_sensor_id(s), s->id_len);
     p += s->id_len;
-    memcpy(p, s->measurement, meas_len);
+    memcpy(p, bd_sensor_measurement(s), meas_len);
     p += meas_len;
     for (uint32_t i = 0; i < s->n_tags; i++) {
         const char *key = bd_sensor_tag_key(s, i), *value = bd_sensor_tag_value(s, i);
@@ -138,12 +138,7 @@ static void sensor_free(struct bd_sensor *s) {
         free(s->names->more);
         free(s->names);
     }
-    for (size_t i = 0; s->tags != NULL && i < 2 * (size_t)s->n_tags; i++) {
-        free(s->tags[i]);
-    }
-    free(s->tags);
-    free(s->measurement);
-    free(s);
+    free(s); /* the measurement and the tags are in its block */
 }
 
 void bd_unplaced_free(struct bd_unplaced *u) {
@@ -206,18 +201,35 @@ static char *take_str(struct rd *r, size_t len) {
     return s;
 }
 
-static int find_or_add_sensor(struct bd_unplaced *u, const char *id, size_t id_len,
-                              struct bd_sensor **out) {
-    uint64_t hash = XXH3_64bits(id, id_len);
-    uint32_t j = (uint32_t)hash & u->index_mask;
+/* The entry's string of len bytes (NUL-free), not copied. */
+static bool take_name(struct rd *r, size_t len, struct bd_str *out) {
+    const uint8_t *p = take(r, len);
+    if (p == NULL || memchr(p, '\0', len) != NULL) {
+        r->bad = true;
+        return false;
+    }
+    *out = (struct bd_str){(const char *)p, len};
+    return true;
+}
+
+/* The sensor of this id, or NULL and *slot the index slot a new one goes in. */
+static struct bd_sensor *find_sensor(struct bd_unplaced *u, const char *id, size_t id_len,
+                                     uint32_t *slot) {
+    uint32_t j = (uint32_t)XXH3_64bits(id, id_len) & u->index_mask;
     while (u->index[j] != 0) {
         struct bd_sensor *s = u->sensors[u->index[j] - 1];
-        if (s->hash == hash && s->id_len == id_len && memcmp(s->id, id, id_len) == 0) {
-            *out = s;
-            return 0;
+        if (s->id_len == id_len && memcmp(bd_sensor_id(s), id, id_len) == 0) {
+            return s;
         }
         j = (j + 1) & u->index_mask;
     }
+    *slot = j;
+    return NULL;
+}
+
+/* A new detached sensor with the entry's identity (measurement, tags), in index slot j. */
+static int add_sensor(struct bd_unplaced *u, uint32_t j, const char *id, size_t id_len,
+                      struct rd *r, uint32_t meas_len, uint32_t n_tags, struct bd_sensor **out) {
     if (u->n_sensors == u->cap_sensors) {
         uint32_t cap = u->cap_sensors ? u->cap_sensors * 2 : 16;
         struct bd_sensor **grown = bd_reallocarray(u->sensors, cap, sizeof(*grown));
@@ -227,47 +239,28 @@ static int find_or_add_sensor(struct bd_unplaced *u, const char *id, size_t id_l
         u->sensors = grown;
         u->cap_sensors = cap;
     }
-    size_t block = sizeof(struct bd_sensor) + id_len + 1;
-    block = (block + alignof(struct bd_sensor) - 1) & ~(alignof(struct bd_sensor) - 1);
-    struct bd_sensor *s = aligned_alloc(alignof(struct bd_sensor), block);
-    if (s == NULL) {
+    struct bd_str meas;
+    struct bd_str *tags = bd_calloc(n_tags ? 2 * (size_t)n_tags : 1, sizeof(*tags));
+    if (tags == NULL) {
         return -ENOMEM;
     }
-    memset(s, 0, block);
-    memcpy(s->id_buf, id, id_len);
-    s->id = s->id_buf;
-    s->id_len = (uint32_t)id_len;
-    s->hash = hash;
-    atomic_init(&s->n_fields, 0);
-    atomic_init(&s->flusher_refs, 0);
+    /* Keys, then values (bd_sensor_tag_value). */
+    take_name(r, meas_len, &meas);
+    for (uint32_t i = 0; i < n_tags && !r->bad; i++) {
+        take_name(r, take32(r), &tags[i]);
+        take_name(r, take32(r), &tags[n_tags + i]);
+    }
+    struct bd_sensor *s = NULL;
+    int rc = r->bad ? -EBADMSG
+                    : bd_sensor_detached_new(&s, &(struct bd_str){id, id_len}, &meas, tags,
+                                             tags + n_tags, n_tags);
+    free(tags);
+    if (rc < 0) {
+        return rc == -EINVAL ? -EBADMSG : rc;
+    }
     u->sensors[u->n_sensors++] = s;
     u->index[j] = u->n_sensors;
     *out = s;
-    return 1;
-}
-
-/* Fill a new detached sensor's identity from an entry. */
-static int fill_identity(struct bd_sensor *s, struct rd *r, uint32_t meas_len, uint32_t n_tags) {
-    s->measurement = take_str(r, meas_len);
-    if (r->bad || s->measurement == NULL) {
-        return r->bad ? -EBADMSG : -ENOMEM;
-    }
-    /* Keys, then values (bd_sensor_tag_value); all freed, those not read yet are NULL. */
-    s->tags = bd_calloc(n_tags ? 2 * (size_t)n_tags : 2, sizeof(char *));
-    if (s->tags == NULL) {
-        return -ENOMEM;
-    }
-    s->n_tags = n_tags;
-    for (uint32_t i = 0; i < n_tags; i++) {
-        s->tags[i] = take_str(r, take32(r));
-        s->tags[n_tags + i] = take_str(r, take32(r));
-        if (r->bad) {
-            return -EBADMSG;
-        }
-        if (s->tags[i] == NULL || s->tags[n_tags + i] == NULL) {
-            return -ENOMEM;
-        }
-    }
     return 0;
 }
 
@@ -426,19 +419,19 @@ int bd_unplaced_load(struct bd_unplaced **out, const uint8_t *data, size_t len,
         uint32_t id_len = bd_get_le32(h + 20), meas_len = bd_get_le32(h + 24);
         uint32_t n_tags = bd_get_le32(h + 28), n_names = bd_get_le32(h + 32);
         if (entry_len < ENTRY_HEADER || entry_len > len - at || n_readings == 0 ||
-            n_names > UINT16_MAX + 1u || n_tags > len) {
+            n_names > BD_SENSOR_MAX_FIELDS || n_tags > len) {
             rc = -EBADMSG;
             break;
         }
         struct rd e = {.p = h + ENTRY_HEADER, .end = data + at + entry_len};
         const uint8_t *id = take(&e, id_len);
         struct bd_sensor *s = NULL;
-        rc = id == NULL || memchr(id, '\0', id_len) != NULL
-                 ? -EBADMSG
-                 : find_or_add_sensor(u, (const char *)id, id_len, &s);
-        if (rc == 1) {
-            rc = fill_identity(s, &e, meas_len, n_tags);
-        } else if (rc == 0) {
+        uint32_t slot = 0;
+        if (id == NULL || memchr(id, '\0', id_len) != NULL) {
+            rc = -EBADMSG;
+        } else if ((s = find_sensor(u, (const char *)id, id_len, &slot)) == NULL) {
+            rc = add_sensor(u, slot, (const char *)id, id_len, &e, meas_len, n_tags, &s);
+        } else {
             skip_tags(&e, meas_len, n_tags);
             rc = e.bad ? -EBADMSG : 0;
         }

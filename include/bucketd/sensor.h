@@ -29,138 +29,8 @@
 #include "bucketd/parse.h"
 #include "bucketd/pool.h"
 #include "bucketd/ring.h"
+#include "bucketd/sensor_block.h"
 #include "bucketd/stats.h"
-
-/* Distinct field names one sensor may use over its lifetime. */
-#define BD_SENSOR_MAX_FIELDS 64
-/* Field names whose short form sits in the sensor's first cache line (see field_key). */
-#define BD_SENSOR_KEY_SLOTS 4
-
-/*
- * Layout: every reading of a sensor reads its first 64-byte line (lookup and field checks) and
- * the producer's end of its queue right after it; the two form one 128-byte pair (the block is
- * 128-byte aligned), so the adjacent-line prefetcher brings both with one miss. The rest is cold.
- */
-struct bd_sensor {
-    /* First line. Immutable after creation unless said otherwise. */
-    alignas(BD_RING_CACHELINE) uint64_t hash; /* XXH3 of id */
-    char *id;                                 /* series key, NUL-terminated: id_buf */
-    uint32_t id_len;
-    /* Field dictionary size: appended by the ingest thread, read by the flusher. A name's index
-     * is published (release on n_fields) before any reading that uses it is pushed. */
-    _Atomic uint32_t n_fields;
-    /* 1 while the sensor sits in the dirty queue; see the hand-off protocol in sensor.c. */
-    _Atomic uint32_t dirty;
-    uint8_t recheck; /* ingest thread only: on the table's re-check list */
-    /* Bit i set: field name i (i < BD_SENSOR_KEY_SLOTS) is read from field_key[i]. Set by the
-     * ingest thread before it publishes the name (n_fields), read by the flusher after. */
-    _Atomic uint8_t names_inline;
-    /* Ingest thread, set at creation: the block's size in slab units (slab.h), 0 for a block
-     * larger than the slab's classes. */
-    uint16_t slab_units;
-    /* Names of fields 0..BD_SENSOR_KEY_SLOTS-1 packed as length | bytes << 8 when at most 7
-     * bytes long (exact, so a match needs no string), else 0. */
-    uint64_t field_key[BD_SENSOR_KEY_SLOTS];
-
-    /* Second line: the producer's end of the queue (ingest thread only) and the hand-over of
-     * a new chain (see the queue protocol in sensor.c); its spare bytes hold fields that are
-     * immutable after creation (the flusher reads them once per update it builds). */
-    alignas(BD_RING_LINE) struct bd_seg *wseg; /* segment being filled, NULL: none */
-    uint32_t wpos;                             /* cells written into wseg */
-    /* 1 while queued for the producer to take back an idle segment (flusher sets, ingest
-     * clears). */
-    _Atomic uint32_t reclaim;
-    /* First segment of a new chain, for the consumer to take (producer stores, consumer
-     * takes and clears). */
-    _Atomic(struct bd_seg *) first;
-    struct bd_sensor_table *table;
-    char *measurement;
-    /* Ingest thread only: when the last reading was accepted (wall clock, ns; never moves
-     * back), for eviction and /sensors, and how many were. Stored with every reading, in the
-     * line the reading writes anyway. */
-    int64_t last_ns;
-    uint64_t accepted;
-    uint32_t n_tags;
-    uint32_t wcap; /* cells wseg holds (its class's, pool.h) */
-
-    /* Cold. */
-    /* The tags: keys at [0, n_tags), sorted by the keys sent, stored escaped (names.h), as BSON
-     * keys; their values at [n_tags, 2 * n_tags) (bd_sensor_tag_key, bd_sensor_tag_value). */
-    char **tags;
-    /* Creation order, unique over the table's life: orders sensors of equal last_ns for
-     * /sensors' paging. */
-    uint64_t serial;
-    /* The field names that are not read from field_key (names_inline), NULL while there is
-     * none: see struct bd_sensor_names. */
-    struct bd_sensor_names *names;
-
-    /* Ingest thread only: pool units (pool.h) this queue ever took, and the bytes charged to
-     * the table's sensor memory for this sensor (limits.sensor_memory). */
-    uint32_t segs_taken;
-    uint32_t mem_cost;
-    /* Flusher thread writes (once per segment it hands back, its units), the ingest thread
-     * reads when the queue needs a new segment: segs_taken - segs_given is what the queue
-     * holds. */
-    _Atomic uint32_t segs_given;
-    /* Deltas of the flusher's batches that refer to this sensor (batch.c): the flusher alone
-     * writes it (relaxed); the ingest thread reads it before evicting (see Eviction in sensor.c).
-     * An evicted sensor is released only once none does. */
-    _Atomic uint32_t flusher_refs;
-
-    /* Flusher thread only: the consumer's end of the queue, its page accounting (struct
-     * bd_pages, pages.h, which also holds the sensor's share of the fill batch), and its links
-     * in the flusher's own lists: of sensors whose drain an allocation failure interrupted
-     * (flusher_requeued: on that list), and of evicted sensors not yet released. The links
-     * stay in the sensor: a sensor may have no page accounting (yet, or its allocation failed). */
-    struct bd_seg *rseg;
-    uint32_t rpos;
-    bool flusher_requeued;
-    bool flusher_evicted; /* handed over by bd_sensor_table_next_evicted */
-    void *flusher_state;
-    struct bd_sensor *flusher_next;
-    struct bd_sensor *evicted_next;
-
-    /* The id's bytes, in the same block: a lookup reads them at a fixed offset from the
-     * sensor, so their cache miss overlaps the first line's instead of following it. The
-     * table's sensors (sensor.c) keep their measurement and tags in the same block too, after
-     * the id, and the names of short fields inside field_key: one allocation per sensor. */
-    char id_buf[];
-};
-
-/*
- * A sensor's field names as BSON keys (escaped as names.h says), NUL-terminated, through
- * bd_sensor_field_name(); entries below n_fields are immutable. A name of at most 6 bytes that
- * needs no escaping, among the first BD_SENSOR_KEY_SLOTS, is read from its packed form in
- * field_key (which holds it NUL-terminated on a little-endian machine) and needs no pointer;
- * the others are here. The sensor's names block, and its more array, are each allocated once
- * and never moved: the flusher reads them while the ingest thread appends. Where a name needed
- * escaping, bit i of escaped (ingest thread only) is set and the name as lines spell it follows
- * the key's NUL: lines are matched by it.
- */
-struct bd_sensor_names {
-    uint64_t escaped;
-    char *name[BD_SENSOR_KEY_SLOTS]; /* fields 0..BD_SENSOR_KEY_SLOTS-1 not inline */
-    char **more;                     /* fields BD_SENSOR_KEY_SLOTS.. (up to the maximum) */
-};
-
-/* Field name i (i < n_fields). */
-static inline const char *bd_sensor_field_name(const struct bd_sensor *s, uint32_t i) {
-    if (i < BD_SENSOR_KEY_SLOTS) {
-        if ((atomic_load_explicit(&s->names_inline, memory_order_relaxed) >> i) & 1) {
-            return (const char *)&s->field_key[i] + 1;
-        }
-        return s->names->name[i];
-    }
-    return s->names->more[i - BD_SENSOR_KEY_SLOTS];
-}
-
-/* Tag i's key and value (i < n_tags). */
-static inline const char *bd_sensor_tag_key(const struct bd_sensor *s, uint32_t i) {
-    return s->tags[i];
-}
-static inline const char *bd_sensor_tag_value(const struct bd_sensor *s, uint32_t i) {
-    return s->tags[s->n_tags + i];
-}
 
 /* One decoded field value of a reading. */
 struct bd_reading_value {
@@ -329,6 +199,10 @@ uint32_t bd_sensor_table_list(const struct bd_sensor_table *t, const struct bd_s
 
 /* Ingest thread: how many sensors tracked have their last reading older than before_ns. */
 uint32_t bd_sensor_table_count_silent(const struct bd_sensor_table *t, int64_t before_ns);
+
+/* Ingest thread: the index's size in slots, and the sensor in slot i (NULL: an empty slot). */
+uint32_t bd_sensor_table_slots(const struct bd_sensor_table *t);
+const struct bd_sensor *bd_sensor_table_slot(const struct bd_sensor_table *t, uint32_t i);
 
 /* Visit every sensor (any thread, once the ingest thread has stopped). */
 void bd_sensor_table_foreach(struct bd_sensor_table *t, void (*fn)(struct bd_sensor *, void *),

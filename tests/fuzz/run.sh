@@ -68,8 +68,9 @@ clang "${cflags[@]}" -o "$out/fuzz_graphite" tests/fuzz/fuzz_graphite.c \
 # The path after the parser: sensor table, buffer pool, pages, batch, update documents.
 read -r -a accept_libs <<<"$(pkg-config --cflags --libs libbson-1.0 libxxhash)"
 clang "${cflags[@]}" -o "$out/fuzz_accept" tests/fuzz/fuzz_accept.c \
-  "${parse_srcs[@]}" src/common.c "${config_srcs[@]}" src/sensor.c src/pool.c src/slab.c \
-  src/ring.c src/names.c src/bucket.c src/pages.c src/batch.c src/alloc.c src/stats.c \
+  "${parse_srcs[@]}" src/common.c "${config_srcs[@]}" src/sensor.c src/sensor_block.c \
+  src/sensor_list.c src/pool.c src/slab.c src/ring.c src/names.c src/bucket.c src/pages.c \
+  src/batch.c src/alloc.c src/stats.c \
   "${mongoc[@]}" "${accept_libs[@]}" -lyaml -lm
 
 # --- Seeds ------------------------------------------------------------------------------------

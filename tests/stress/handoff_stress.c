@@ -131,7 +131,7 @@ static void drain(struct bd_sensor *s) {
     int64_t ts;
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
     uint32_t n, cells;
-    unsigned i = (unsigned)atoi(s->id + 4);
+    unsigned i = (unsigned)atoi(s->id_buf + 4);
     while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
         if (n != 1 || vals[0].v.u != g_got[i]) {
             fail("reading out of order, twice or lost", vals[0].v.u, g_got[i]);

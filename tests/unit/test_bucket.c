@@ -10,27 +10,30 @@
 #define HOUR_MS INT64_C(3600000)
 #define MS INT64_C(1000000)
 
-static struct bd_sensor sensor;
-static char *tags[] = {"loc", "room", "$home", "kitchen"}; /* keys, then values */
+#define STR(s) ((struct bd_str){s, sizeof(s) - 1})
+
+static struct bd_sensor *sensor;
 static struct bd_sensor_names names;
 
 static void setup(void) {
-    memset(&sensor, 0, sizeof(sensor));
-    sensor.id = "weather,loc=$home,room=kitchen";
-    sensor.id_len = strlen(sensor.id);
-    sensor.measurement = "weather";
-    sensor.n_tags = 2;
-    sensor.tags = tags;
+    struct bd_str keys[] = {STR("loc"), STR("room")}, values[] = {STR("$home"), STR("kitchen")};
+    cr_assert_eq(bd_sensor_detached_new(&sensor, &STR("weather,loc=$home,room=kitchen"),
+                                        &STR("weather"), keys, values, 2),
+                 0);
     memset(&names, 0, sizeof(names));
     names.name[0] = "temp";
     names.name[1] = "n";
     names.name[2] = "on";
     names.name[3] = "big";
-    sensor.names = &names;
-    atomic_init(&sensor.n_fields, 4);
+    sensor->names = &names;
+    atomic_init(&sensor->n_fields, 4);
 }
 
-TestSuite(bucket, .init = setup);
+static void teardown(void) {
+    free(sensor);
+}
+
+TestSuite(bucket, .init = setup, .fini = teardown);
 
 Test(bucket, floor_div_rounds_towards_minus_infinity) {
     cr_assert_eq(bd_floor_div(7, 2), 3);
@@ -76,7 +79,7 @@ static struct bd_reading_value iv(uint16_t field, int64_t i) {
 
 Test(bucket, summaries_fold_numeric_fields_only) {
     struct bd_delta d;
-    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&d, sensor, 0, 0);
     struct bd_reading_value r1[] = {fv(0, 21.5), iv(1, 7), {.field = 2, .kind = BD_VAL_BOOL}};
     struct bd_reading_value r2[] = {fv(0, -3.25), iv(1, -9)};
     struct bd_reading_value r3[] = {fv(0, 40.0)};
@@ -99,7 +102,7 @@ Test(bucket, summaries_fold_numeric_fields_only) {
 
 Test(bucket, huge_unsigned_becomes_double) {
     struct bd_delta d;
-    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&d, sensor, 0, 0);
     struct bd_reading_value v = {.field = 3, .kind = BD_VAL_UINT};
     v.v.u = UINT64_MAX;
     cr_assert_eq(bd_delta_add(&d, 0, &v, 1), 0);
@@ -120,7 +123,7 @@ static bool find(const bson_t *doc, const char *path, bson_iter_t *out) {
 Test(bucket, update_document_shape) {
     struct bd_delta d;
     int64_t start = INT64_C(1736949600000);
-    bd_delta_init(&d, &sensor, start, 1);
+    bd_delta_init(&d, sensor, start, 1);
     struct bd_reading_value a[] = {fv(0, 2.0), iv(1, 1)};
     struct bd_reading_value b[] = {fv(0, 1.0)};
     struct bd_reading_value c[] = {fv(0, 3.0)};
@@ -144,7 +147,7 @@ Test(bucket, update_document_shape) {
      * and BSON types stage 1 stores: a string sensor_id, a date bucket_start. */
     cr_assert(bson_iter_init_find(&it, &sel, "sensor_id"));
     cr_assert(BSON_ITER_HOLDS_UTF8(&it));
-    cr_assert_str_eq(bson_iter_utf8(&it, NULL), sensor.id);
+    cr_assert_str_eq(bson_iter_utf8(&it, NULL), bd_sensor_id(sensor));
     cr_assert(bson_iter_init_find(&it, &sel, "bucket_start"));
     cr_assert(BSON_ITER_HOLDS_DATE_TIME(&it));
     cr_assert_eq(bson_iter_date_time(&it), start);
@@ -177,7 +180,7 @@ Test(bucket, update_document_shape) {
      * filter are overwritten with themselves. */
     cr_assert(find(&upd, "0.$set.sensor_id.$literal", &it));
     cr_assert(BSON_ITER_HOLDS_UTF8(&it));
-    cr_assert_str_eq(bson_iter_utf8(&it, NULL), sensor.id);
+    cr_assert_str_eq(bson_iter_utf8(&it, NULL), bd_sensor_id(sensor));
     cr_assert(find(&upd, "0.$set.bucket_start", &it));
     cr_assert(BSON_ITER_HOLDS_DATE_TIME(&it));
     cr_assert_eq(bson_iter_date_time(&it), start);
@@ -223,7 +226,7 @@ Test(bucket, update_document_shape) {
 
 Test(bucket, reset_keeps_buffers) {
     struct bd_delta d;
-    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&d, sensor, 0, 0);
     struct bd_reading_value a[] = {fv(0, 1.0)};
     for (int i = 0; i < 100; i++) {
         cr_assert_eq(bd_delta_add(&d, i, a, 1), 0);
@@ -239,8 +242,8 @@ Test(bucket, reset_keeps_buffers) {
 
 Test(bucket, split_moves_the_tail_and_recomputes_summaries) {
     struct bd_delta d, tail;
-    bd_delta_init(&d, &sensor, 0, 0);
-    bd_delta_init(&tail, &sensor, 0, 1);
+    bd_delta_init(&d, sensor, 0, 0);
+    bd_delta_init(&tail, sensor, 0, 1);
     /* Values 5,1,9,3,7 arriving in that order; field "n" only on the last two. */
     const double temps[] = {5, 1, 9, 3, 7};
     for (int i = 0; i < 5; i++) {
@@ -368,7 +371,7 @@ Test(bucket, long_field_names_keep_their_own_summaries) {
     names.name[0] = k1;
     names.name[1] = k2;
     struct bd_delta d;
-    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&d, sensor, 0, 0);
     struct bd_reading_value v[2] = {fv(0, 1.5), fv(1, 2.5)};
     cr_assert_eq(bd_delta_add(&d, 0, v, 2), 0);
     bson_t sel, upd;

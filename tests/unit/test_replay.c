@@ -182,10 +182,10 @@ build_record(struct record *r, const struct spec *sp, uint32_t n, uint64_t seq) 
         while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n_vals)) > 0) {
             int64_t start = bd_bucket_start_ms(ts, cfg.buckets.span_ms);
             uint32_t i = 0;
-            while (i < n && (strcmp(sp[i].id, s->id) != 0 || spec_start(&sp[i]) != start)) {
+            while (i < n && (strcmp(sp[i].id, s->id_buf) != 0 || spec_start(&sp[i]) != start)) {
                 i++;
             }
-            cr_assert_lt(i, n, "a reading of %s nobody sent", s->id);
+            cr_assert_lt(i, n, "a reading of %s nobody sent", s->id_buf);
             if (!have[i]) {
                 bd_delta_init(&d[i], s, start, 0);
                 have[i] = true;

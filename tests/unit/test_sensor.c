@@ -13,8 +13,21 @@
  */
 static bool force_hash;
 static uint64_t forced_hash;
+/* When set, the forced hash of key "s<i>" is forced_of(i): the table hashes a sensor's id again
+ * when it moves it within the index, and must get the same hash as at its creation. */
+static uint64_t (*forced_of)(int i);
 static XXH64_hash_t hooked_xxh3(const void *p, size_t len) {
-    return force_hash ? forced_hash : XXH3_64bits(p, len);
+    if (!force_hash) {
+        return XXH3_64bits(p, len);
+    }
+    if (forced_of == NULL) {
+        return forced_hash;
+    }
+    int i = 0;
+    for (size_t k = 1; k < len; k++) {
+        i = i * 10 + (((const char *)p)[k] - '0');
+    }
+    return forced_of(i);
 }
 #define XXH3_64bits hooked_xxh3
 #include "../../src/sensor.c"
@@ -50,6 +63,7 @@ static void setup(void) {
     bd_sensor_table_set_wake(table, on_wake, NULL);
     wakes = 0;
     force_hash = false;
+    forced_of = NULL;
 }
 
 static void teardown(void) {
@@ -106,8 +120,8 @@ Test(sensor, accepted_reading_round_trips_through_the_ring) {
 
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
     cr_assert_not_null(s);
-    cr_assert_str_eq(s->id, "m,a=b");
-    cr_assert_str_eq(s->measurement, "m");
+    cr_assert_str_eq(s->id_buf, "m,a=b");
+    cr_assert_str_eq(bd_sensor_measurement(s), "m");
     cr_assert_eq(s->n_tags, 1);
     cr_assert_str_eq(bd_sensor_tag_value(s, 0), "b");
     cr_assert_null(bd_sensor_table_next_dirty(table), "queued once");
@@ -214,10 +228,10 @@ Test(sensor, names_mongodb_cannot_address_are_stored_escaped) {
     cr_assert_eq(BD_STAT_GET(&stats, drop_bad_name), 0);
     cr_assert_eq(BD_STAT_GET(&stats, readings_accepted), 2);
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
-    cr_assert_str_eq(s->id, "m,host.name=h1,k8s.pod=x", "the id keeps the series key");
-    cr_assert_str_eq(s->tags[0], "host%2Ename");
-    cr_assert_str_eq(s->tags[1], "k8s%2Epod");
-    cr_assert_str_eq(s->tags[2], "ts", "ts is reserved in readings only");
+    cr_assert_str_eq(s->id_buf, "m,host.name=h1,k8s.pod=x", "the id keeps the series key");
+    cr_assert_str_eq(bd_sensor_tag_key(s, 0), "host%2Ename");
+    cr_assert_str_eq(bd_sensor_tag_key(s, 1), "k8s%2Epod");
+    cr_assert_str_eq(bd_sensor_tag_key(s, 2), "ts", "ts is reserved in readings only");
     cr_assert_str_eq(bd_sensor_tag_value(s, 2), "$t", "values are not names");
     cr_assert_eq(atomic_load(&s->n_fields), 7);
     for (int i = 0; i < 7; i++) {
@@ -479,7 +493,7 @@ static int drain_expect(struct bd_sensor *s, double want) {
     uint32_t n, cells;
     int seen = 0;
     while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
-        cr_assert_eq(vals[0].v.f, want, "%s: reading of another sensor", s->id);
+        cr_assert_eq(vals[0].v.f, want, "%s: reading of another sensor", s->id_buf);
         bd_sensor_consume(s, cells);
         seen++;
     }
@@ -503,30 +517,34 @@ Test(sensor, equal_full_hashes_are_told_apart_by_the_id) {
     int found = 0;
     while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
         int i = 0;
-        while (strcmp(keys[i], s->id) != 0) {
+        while (strcmp(keys[i], s->id_buf) != 0) {
             i++;
         }
         cr_assert_eq(s->id_len, strlen(keys[i]));
-        cr_assert_eq(drain_expect(s, i), 3, "%s: its own three readings", s->id);
+        cr_assert_eq(drain_expect(s, i), 3, "%s: its own three readings", s->id_buf);
         found++;
     }
     cr_assert_eq(found, 4);
 }
 
+static uint64_t same_slot(int i) {
+    return ((uint64_t)(i + 1) << 40) | 5; /* same low bits: same slot */
+}
+
 Test(sensor, slot_collisions_with_other_hashes_probe_on) {
     /* Every hash lands on the same slot but differs above the index bits: each probe meets
      * other sensors' entries and must reject them on the slot's tag (the hash's top 16 bits)
-     * or, where the tags are equal (most of them here), on the sensor's full hash. */
+     * or, where the tags are equal (most of them here), on the sensor's id. */
     bd_sensor_table_free(table);
     cfg.limits.max_sensors = 3000;
     cfg.limits.memory = 16 << 20; /* a segment for every sensor */
     struct bd_err err;
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
     force_hash = true;
+    forced_of = same_slot;
     char key[32];
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < 3000; i++) {
-            forced_hash = ((uint64_t)(i + 1) << 40) | 5; /* same low bits: same slot */
             snprintf(key, sizeof(key), "s%d", i);
             point(key, "s", true, NOW);
             add_float("v", i);
@@ -538,7 +556,7 @@ Test(sensor, slot_collisions_with_other_hashes_probe_on) {
     int n = 0;
     struct bd_sensor *s;
     while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
-        cr_assert_eq(drain_expect(s, atoi(s->id + 1)), 2);
+        cr_assert_eq(drain_expect(s, atoi(s->id_buf + 1)), 2);
         n++;
     }
     cr_assert_eq(n, 3000);
@@ -565,15 +583,19 @@ static void drain_everything(void) {
     } while (popped > 0);
 }
 
+static uint64_t shared_runs(int i) {
+    return ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3); /* long shared runs */
+}
+
 Test(sensor, an_index_without_tags_finds_grows_and_evicts) {
     const int64_t idle_ns = 60 * BD_NS_PER_S;
     cfg.limits.max_sensors = 3000;
     cfg.limits.memory = 16 << 20;
     table_with(0, 0, 60000);
     force_hash = true;
+    forced_of = shared_runs;
     char key[32];
     for (int i = 0; i < 1000; i++) {
-        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3); /* long shared runs */
         snprintf(key, sizeof(key), "s%d", i);
         point(key, "s", true, NOW);
         add_float("v", i);
@@ -586,19 +608,17 @@ Test(sensor, an_index_without_tags_finds_grows_and_evicts) {
     cr_assert_eq(bd_sensor_table_count(table), 1000);
     cr_assert_gt(table->slot_mask + 1, 1024u, "grown after the tags went");
     for (int i = 0; i < 1000; i++) {
-        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
         snprintf(key, sizeof(key), "s%d", i);
         struct bd_str k = S(key);
-        struct bd_sensor *s = lookup(table, &k, forced_hash);
+        struct bd_sensor *s = lookup(table, &k, shared_runs(i));
         cr_assert_not_null(s, "%s", key);
-        cr_assert_str_eq(s->id, key);
+        cr_assert_str_eq(s->id_buf, key);
     }
     /* Everyone drained and handed back; the even ones speak again, the odd ones are evicted
      * from the middle of the runs, and every even one is still found. */
     drain_everything();
     const int64_t later = NOW + 2 * idle_ns;
     for (int i = 0; i < 1000; i += 2) {
-        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
         snprintf(key, sizeof(key), "s%d", i);
         point(key, "s", true, later);
         add_float("v", i);
@@ -608,13 +628,12 @@ Test(sensor, an_index_without_tags_finds_grows_and_evicts) {
     cr_assert_eq(BD_STAT_GET(&stats, sensors_evicted), 500);
     cr_assert_eq(bd_sensor_table_count(table), 500);
     for (int i = 0; i < 1000; i++) {
-        forced_hash = ((uint64_t)(i % 7) << 52) | (uint64_t)(i % 3);
         snprintf(key, sizeof(key), "s%d", i);
         struct bd_str k = S(key);
-        struct bd_sensor *f = lookup(table, &k, forced_hash);
+        struct bd_sensor *f = lookup(table, &k, shared_runs(i));
         if (i % 2 == 0) {
             cr_assert_not_null(f, "%s", key);
-            cr_assert_str_eq(f->id, key);
+            cr_assert_str_eq(f->id_buf, key);
         } else {
             cr_assert_null(f, "%s evicted", key);
         }
@@ -685,10 +704,11 @@ Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
     const char *lo = (const char *)s, *hi = s->id_buf + 64;
-    cr_assert(s->measurement > s->id_buf && s->measurement < hi, "measurement in the block");
-    cr_assert(s->tags[0] > lo && s->tags[0] < hi);
-    cr_assert_str_eq(s->measurement, "m");
-    cr_assert_str_eq(s->tags[0], "site");
+    cr_assert(bd_sensor_measurement(s) > s->id_buf && bd_sensor_measurement(s) < hi,
+              "measurement in the block");
+    cr_assert(bd_sensor_tag_key(s, 0) > lo && bd_sensor_tag_key(s, 0) < hi);
+    cr_assert_str_eq(bd_sensor_measurement(s), "m");
+    cr_assert_str_eq(bd_sensor_tag_key(s, 0), "site");
     cr_assert_str_eq(bd_sensor_tag_value(s, 0), "s000123");
     cr_assert_eq(bd_sensor_field_name(s, 0), (const char *)&s->field_key[0] + 1);
     cr_assert_eq(bd_sensor_field_name(s, 1), (const char *)&s->field_key[1] + 1);
@@ -698,9 +718,10 @@ Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     cr_assert_str_eq(bd_sensor_field_name(s, 1), "f1");
     cr_assert_str_eq(bd_sensor_field_name(s, 2), "seven77");
     cr_assert_str_eq(bd_sensor_field_name(s, 3), "a%2Eb"); /* names.h: "." escaped */
+    /* The struct, the id, a 16-bit tag offset (2-byte aligned), the measurement and the tag. */
     size_t block = offsetof(struct bd_sensor, id_buf) + sizeof("m,site=s000123");
-    block = (block + 7) & ~(size_t)7;
-    block += 2 * sizeof(char *) + sizeof("m") + sizeof("site") + sizeof("s000123");
+    block = (block + 1) & ~(size_t)1;
+    block += sizeof(uint16_t) + sizeof("m") + sizeof("site") + sizeof("s000123");
     cr_assert_eq(bd_slab_size(block), 256, "a slab block of two units");
     cr_assert_eq(s->slab_units, 2);
     /* Charged: the block and the flusher's estimate, the names block (the first name that is
@@ -817,7 +838,7 @@ Test(sensor, recheck_list_settles_itself_when_full) {
     int n = 0;
     struct bd_sensor *s;
     while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
-        cr_assert_eq(drain_expect(s, atoi(s->id + 1)), 2);
+        cr_assert_eq(drain_expect(s, atoi(s->id_buf + 1)), 2);
         n++;
     }
     cr_assert_eq(n, RECHECK_MAX + 10, "each queued once");
@@ -831,9 +852,172 @@ Test(sensor, block_layout) {
     cr_assert_eq((uintptr_t)s % BD_RING_CACHELINE, 0, "sensor block 128-byte aligned");
     cr_assert_eq((uintptr_t)&s->wseg - (uintptr_t)s, BD_RING_LINE,
                  "the queue's producer line pairs with the first line");
-    cr_assert_eq(s->id, s->id_buf);
-    cr_assert_str_eq(s->id, "m,k=v");
-    cr_assert_eq(s->hash, XXH3_64bits("m,k=v", 5));
+    cr_assert_eq((uintptr_t)&s->rseg - (uintptr_t)s, 2 * BD_RING_LINE,
+                 "what the flusher writes per reading is past the producer's line");
+    cr_assert_eq(bd_sensor_id(s), s->id_buf);
+    cr_assert_str_eq(bd_sensor_id(s), "m,k=v");
+    cr_assert_str_eq(bd_sensor_measurement(s), "m");
+}
+
+/* The bytes of a sensor's names as sent: the id, the measurement, each tag key and value, each
+ * with a NUL. */
+static size_t names_bytes(const struct bd_point *p) {
+    size_t n = p->series_key.len + 1 + p->name.len + 1;
+    for (uint32_t i = 0; i < p->n_tags; i++) {
+        n += p->tags[i].key.len + 1 + p->tags[i].value.len + 1;
+    }
+    return n;
+}
+
+/* bucketd-sim's ids (bench/edgemem.py) and the issue's short one each take a 256-byte slab block
+ * (two units), charged with the flusher's estimate and nothing else while the fields are short. */
+Test(sensor, bucketd_sim_ids_fit_a_256_byte_block) {
+    static const struct {
+        const char *id, *meas;
+        uint32_t n;
+        const char *k[3], *v[3];
+    } shapes[] = {
+        {"m,site=s000123", "m", 1, {"site"}, {"s000123"}},
+        {"m1,sensor=s12345,site=plant-2", "m1", 2, {"sensor", "site"}, {"s12345", "plant-2"}},
+        {"m1,rack=r07,sensor=s12345,site=plant-2",
+         "m1",
+         3,
+         {"rack", "sensor", "site"},
+         {"r07", "s12345", "plant-2"}},
+    };
+    for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        uint64_t before = bd_sensor_table_memory(table);
+        point(shapes[k].id, shapes[k].meas, true, NOW);
+        pt.n_tags = shapes[k].n;
+        for (uint32_t i = 0; i < shapes[k].n; i++) {
+            pt.tags[i] = (struct bd_tag){S(shapes[k].k[i]), S(shapes[k].v[i])};
+        }
+        add_float("f0", 1);
+        add_float("f1", 2);
+        add_float("f2", 3);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "%s", shapes[k].id);
+        struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+        cr_assert_not_null(s);
+        cr_assert_str_eq(bd_sensor_id(s), shapes[k].id);
+        cr_assert_eq(s->slab_units, 2, "%s: a 256-byte block, not %u units", shapes[k].id,
+                     s->slab_units);
+        cr_assert_eq(s->mem_cost, 256 + FLUSHER_SENSOR_COST, "%s", shapes[k].id);
+        cr_assert_eq(bd_sensor_table_memory(table) - before, 256 + FLUSHER_SENSOR_COST);
+        cr_assert_str_eq(bd_sensor_measurement(s), shapes[k].meas);
+        for (uint32_t i = 0; i < shapes[k].n; i++) {
+            cr_assert_str_eq(bd_sensor_tag_key(s, i), shapes[k].k[i]);
+            cr_assert_str_eq(bd_sensor_tag_value(s, i), shapes[k].v[i]);
+        }
+        drain_expect(s, 1);
+    }
+}
+
+/* A tag key as names.h stores it: '%' and '.' escaped anywhere, '$' as the first byte. */
+static void escape_tag_key(const char *k, char *out) {
+    for (size_t i = 0; k[i] != '\0'; i++) {
+        if (k[i] == '%' || k[i] == '.' || (i == 0 && k[i] == '$')) {
+            out += sprintf(out, "%%%02X", (unsigned char)k[i]);
+        } else {
+            *out++ = k[i];
+        }
+    }
+    *out = '\0';
+}
+
+/* Whatever the tags' number, spelling and length, the accessors give back the measurement, each
+ * key (escaped) and value sent: none, one, many, names needing escapes, UTF-8, names long
+ * enough for a block past the slab's classes, and more than 64 KiB of them (32-bit offsets). */
+Test(sensor, tag_accessors_return_what_was_sent_for_every_shape) {
+    bd_sensor_table_free(table);
+    cfg.limits.max_sensors = 64;
+    cfg.limits.memory = 1 << 20;
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    static const uint32_t counts[] = {0, 1, 2, 3, 7, 40, BD_PARSE_MAX_TAGS};
+    static const size_t value_lens[] = {1, 6, 300, 30000};
+    static char keys[BD_PARSE_MAX_TAGS][32], want_keys[BD_PARSE_MAX_TAGS][96];
+    static char values[BD_PARSE_MAX_TAGS][30001];
+    char id[64], meas[32];
+    int made = 0;
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+        for (size_t l = 0; l < sizeof(value_lens) / sizeof(value_lens[0]); l++) {
+            uint32_t n = counts[c];
+            size_t vlen = value_lens[l];
+            if (n * vlen > 200000) {
+                continue; /* the big shapes with a few tags are enough */
+            }
+            snprintf(id, sizeof(id), "m%d,shape=%zu.%zu", made, c, l);
+            snprintf(meas, sizeof(meas), "m%d%s", made, l % 2 ? ".x" : "é");
+            point(id, meas, true, NOW);
+            pt.n_tags = n;
+            for (uint32_t i = 0; i < n; i++) {
+                /* Sorted keys, as the parser hands them; some need escapes. */
+                snprintf(keys[i], sizeof(keys[i]), "%s%03u%s", i % 3 == 0 ? "$k" : "k", i,
+                         i % 4 == 1 ? ".a%b" : "");
+                escape_tag_key(keys[i], want_keys[i]);
+                memset(values[i], 'a' + (int)(i % 26), vlen);
+                values[i][vlen] = '\0';
+                if (vlen > 2) {
+                    memcpy(values[i], "é", 2); /* UTF-8; values are not escaped */
+                }
+                pt.tags[i] = (struct bd_tag){S(keys[i]), S(values[i])};
+            }
+            add_float("v", made);
+            cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "%s", id);
+            struct bd_sensor *s = bd_sensor_table_next_dirty(table);
+            cr_assert_not_null(s);
+            cr_assert_str_eq(bd_sensor_id(s), id);
+            cr_assert_eq(s->id_len, strlen(id));
+            cr_assert_eq(s->n_tags, n);
+            cr_assert_str_eq(bd_sensor_measurement(s), meas);
+            cr_assert_eq(s->tags_wide, names_bytes(&pt) > UINT16_MAX, "%s", id);
+            for (uint32_t i = 0; i < n; i++) {
+                cr_assert_str_eq(bd_sensor_tag_key(s, i), want_keys[i], "%s tag %u", id, i);
+                cr_assert_str_eq(bd_sensor_tag_value(s, i), values[i], "%s tag %u", id, i);
+            }
+            cr_assert_eq(drain_expect(s, made), 1);
+            made++;
+            if (made % 8 == 0) {
+                /* Room for more: evict nothing, just a fresh table. */
+                bd_sensor_table_free(table);
+                cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+            }
+        }
+    }
+    cr_assert_geq(made, 20);
+}
+
+/* A detached sensor (the flusher's unplaced records) lays its names out as the table's do. */
+Test(sensor, a_detached_sensor_holds_the_names_it_was_given) {
+    struct bd_str keys[3] = {S("a%2Eb"), S("k"), S("zz")};
+    struct bd_str values[3] = {S("1"), S(""), S("\xc3\xa9t\xc3\xa9")};
+    static char big[70000];
+    memset(big, 'x', sizeof(big) - 1);
+    for (int wide = 0; wide < 2; wide++) {
+        if (wide) {
+            values[1] = S(big);
+        }
+        struct bd_sensor *s;
+        struct bd_str id = S("m,a.b=1,k=,zz=x"), meas = S("m");
+        cr_assert_eq(bd_sensor_detached_new(&s, &id, &meas, keys, values, 3), 0);
+        cr_assert_eq((uintptr_t)s % BD_RING_CACHELINE, 0);
+        cr_assert_str_eq(bd_sensor_id(s), "m,a.b=1,k=,zz=x");
+        cr_assert_str_eq(bd_sensor_measurement(s), "m");
+        cr_assert_eq(s->tags_wide, wide);
+        for (uint32_t i = 0; i < 3; i++) {
+            cr_assert_str_eq(bd_sensor_tag_key(s, i), keys[i].ptr);
+            cr_assert_str_eq(bd_sensor_tag_value(s, i), values[i].ptr);
+        }
+        cr_assert_null(s->table);
+        cr_assert_eq(atomic_load(&s->n_fields), 0);
+        free(s);
+    }
+    struct bd_sensor *s = NULL;
+    struct bd_str m = S("m");
+    cr_assert_eq(bd_sensor_detached_new(&s, &m, &m, NULL, NULL, 0), 0);
+    cr_assert_str_eq(bd_sensor_measurement(s), "m");
+    cr_assert_eq(s->n_tags, 0);
+    free(s);
 }
 
 /* pack_key's register-only packing against the plain byte copy it replaced, every length. */
@@ -1020,14 +1204,14 @@ Test(sensor, keys_differing_in_one_byte_anywhere_are_two_sensors) {
             int sensors = 0;
             while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
                 sensors++;
-                double want = strcmp(s->id, a) == 0 ? 1.0 : 2.0;
-                cr_assert(strcmp(s->id, a) == 0 || strcmp(s->id, b) == 0);
+                double want = strcmp(s->id_buf, a) == 0 ? 1.0 : 2.0;
+                cr_assert(strcmp(s->id_buf, a) == 0 || strcmp(s->id_buf, b) == 0);
                 int64_t ts;
                 struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
                 uint32_t n, cells;
                 int readings = 0;
                 while ((cells = bd_sensor_peek_reading(s, &ts, vals, &n)) != 0) {
-                    cr_assert_eq(vals[0].v.f, want, "length %zu, byte %zu: %s", len, at, s->id);
+                    cr_assert_eq(vals[0].v.f, want, "length %zu, byte %zu: %s", len, at, s->id_buf);
                     bd_sensor_consume(s, cells);
                     readings++;
                 }
@@ -1173,7 +1357,7 @@ static int drain_dirty_seq(void) {
     int popped = 0;
     struct bd_sensor *s;
     while ((s = bd_sensor_table_next_dirty(table)) != NULL) {
-        int k = atoi(strchr(s->id, '=') + 1);
+        int k = atoi(strchr(s->id_buf, '=') + 1);
         cr_assert(k >= 0 && k < SEQ_SENSORS);
         popped++;
         int64_t ts;
@@ -1541,9 +1725,9 @@ Test(sensor, list_is_oldest_first_with_counts_and_the_silent_filter) {
     uint32_t n = bd_sensor_table_list(table, NULL, INT64_MAX, v, 8, &more);
     cr_assert_eq(n, 3);
     cr_assert_not(more);
-    cr_assert_str_eq(v[0].s->id, "m,s=b");
-    cr_assert_str_eq(v[1].s->id, "m,s=c");
-    cr_assert_str_eq(v[2].s->id, "m,s=a");
+    cr_assert_str_eq(v[0].s->id_buf, "m,s=b");
+    cr_assert_str_eq(v[1].s->id_buf, "m,s=c");
+    cr_assert_str_eq(v[2].s->id_buf, "m,s=a");
     cr_assert_eq(v[0].pos.last_ns, NOW + 2 * BD_NS_PER_S);
     cr_assert_eq(v[2].pos.last_ns, NOW + 4 * BD_NS_PER_S);
     cr_assert_eq(v[0].accepted, 1);
@@ -1552,7 +1736,7 @@ Test(sensor, list_is_oldest_first_with_counts_and_the_silent_filter) {
     /* Silent: last reading strictly older than the bound. */
     n = bd_sensor_table_list(table, NULL, NOW + 3 * BD_NS_PER_S, v, 8, &more);
     cr_assert_eq(n, 1);
-    cr_assert_str_eq(v[0].s->id, "m,s=b");
+    cr_assert_str_eq(v[0].s->id_buf, "m,s=b");
     cr_assert_eq(bd_sensor_table_count_silent(table, NOW + 3 * BD_NS_PER_S), 1);
     cr_assert_eq(bd_sensor_table_count_silent(table, NOW + 3 * BD_NS_PER_S + 1), 2);
     cr_assert_eq(bd_sensor_table_count_silent(table, NOW), 0);
@@ -1561,7 +1745,7 @@ Test(sensor, list_is_oldest_first_with_counts_and_the_silent_filter) {
     n = bd_sensor_table_list(table, NULL, INT64_MAX, v, 2, &more);
     cr_assert_eq(n, 2);
     cr_assert(more);
-    cr_assert_str_eq(v[1].s->id, "m,s=c");
+    cr_assert_str_eq(v[1].s->id_buf, "m,s=c");
 }
 
 Test(sensor, last_seen_never_moves_back_with_the_wall_clock) {
@@ -1594,13 +1778,15 @@ Test(sensor, paging_with_ties_lists_every_sensor_exactly_once) {
         pages++;
         cr_assert_leq(pages, 6, "41 sensors in pages of 7");
         for (uint32_t k = 0; k < n; k++) {
-            cr_assert(pos_less(&last, &v[k].pos), "strictly ascending across pages");
+            cr_assert(last.last_ns < v[k].pos.last_ns ||
+                          (last.last_ns == v[k].pos.last_ns && last.serial < v[k].pos.serial),
+                      "strictly ascending across pages");
             last = v[k].pos;
-            if (strcmp(v[k].s->id, "m,s=late") == 0) {
+            if (strcmp(v[k].s->id_buf, "m,s=late") == 0) {
                 late++;
                 continue;
             }
-            int idx = atoi(strchr(v[k].s->id, '=') + 1);
+            int idx = atoi(strchr(v[k].s->id_buf, '=') + 1);
             seen[idx]++;
         }
         if (n > 0) {

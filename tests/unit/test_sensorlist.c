@@ -107,7 +107,6 @@ static struct bd_sensor *fake_sensor(const char *id, size_t len) {
     memset(s, 0, sizeof(*s));
     memcpy(s->id_buf, id, len);
     s->id_buf[len] = '\0';
-    s->id = s->id_buf;
     s->id_len = (uint32_t)len;
     return s;
 }

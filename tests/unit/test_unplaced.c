@@ -17,8 +17,9 @@
 #define MS INT64_C(1000000)
 #define H0 INT64_C(1736949600000) /* 2025-01-15T14:00:00Z */
 
-static struct bd_sensor a, b;
-static char *a_tags[] = {"loc", "room", "$home", "kitchen"}; /* keys, then values */
+#define STR(s) ((struct bd_str){s, sizeof(s) - 1})
+
+static struct bd_sensor *a, *b;
 static struct bd_sensor_names a_names, b_names;
 static const struct bd_pages_limits lim = {.span_ms = HOUR_MS,
                                            .max_late_ms = 7 * 24 * HOUR_MS,
@@ -27,30 +28,30 @@ static const struct bd_pages_limits lim = {.span_ms = HOUR_MS,
                                            .max_bytes = BD_PAGE_MAX_BYTES};
 
 static void setup(void) {
-    memset(&a, 0, sizeof(a));
-    a.id = "weather,loc=$home,room=kitchen";
-    a.id_len = (uint32_t)strlen(a.id);
-    a.measurement = "weather";
-    a.n_tags = 2;
-    a.tags = a_tags;
+    struct bd_str keys[] = {STR("loc"), STR("room")}, values[] = {STR("$home"), STR("kitchen")};
+    cr_assert_eq(bd_sensor_detached_new(&a, &STR("weather,loc=$home,room=kitchen"), &STR("weather"),
+                                        keys, values, 2),
+                 0);
     memset(&a_names, 0, sizeof(a_names));
     a_names.name[0] = "temp";
     a_names.name[1] = "n";
     a_names.name[2] = "on";
     a_names.name[3] = "big";
-    a.names = &a_names;
-    atomic_init(&a.n_fields, 4);
-    memset(&b, 0, sizeof(b));
-    b.id = "power";
-    b.id_len = 5;
-    b.measurement = "power";
+    a->names = &a_names;
+    atomic_init(&a->n_fields, 4);
+    cr_assert_eq(bd_sensor_detached_new(&b, &STR("power"), &STR("power"), NULL, NULL, 0), 0);
     memset(&b_names, 0, sizeof(b_names));
     b_names.name[0] = "w";
-    b.names = &b_names;
-    atomic_init(&b.n_fields, 1);
+    b->names = &b_names;
+    atomic_init(&b->n_fields, 1);
 }
 
-TestSuite(unplaced, .init = setup);
+static void teardown(void) {
+    free(a);
+    free(b);
+}
+
+TestSuite(unplaced, .init = setup, .fini = teardown);
 
 /* Reading k of a: every kind of value. */
 static void add_a(struct bd_delta *d, int64_t ts_ns, int k) {
@@ -92,9 +93,9 @@ struct fixture {
 
 static void encode_three(struct fixture *fx) {
     memset(fx, 0, sizeof(*fx));
-    bd_delta_init(&fx->d[0], &a, H0, BD_PAGE_UNKNOWN);
-    bd_delta_init(&fx->d[1], &a, H0 + HOUR_MS, 3);
-    bd_delta_init(&fx->d[2], &b, H0, 0);
+    bd_delta_init(&fx->d[0], a, H0, BD_PAGE_UNKNOWN);
+    bd_delta_init(&fx->d[1], a, H0 + HOUR_MS, 3);
+    bd_delta_init(&fx->d[2], b, H0, 0);
     for (int k = 0; k < 10; k++) {
         add_a(&fx->d[0], (H0 + 1000 * k) * MS, k);
         add_a(&fx->d[1], (H0 + HOUR_MS + 500 * (10 - k)) * MS, k); /* out of order */
@@ -117,7 +118,7 @@ static void close_three(struct fixture *fx) {
 
 static int64_t find(struct bd_batch *bt, const char *id, int64_t start, uint32_t page) {
     for (uint32_t i = 0; i < bt->n; i++) {
-        if (strcmp(bt->deltas[i].sensor->id, id) == 0 && bt->deltas[i].start_ms == start &&
+        if (strcmp(bt->deltas[i].sensor->id_buf, id) == 0 && bt->deltas[i].start_ms == start &&
             bt->deltas[i].page == page) {
             return i;
         }
@@ -136,12 +137,12 @@ Test(unplaced, round_trip_builds_the_same_updates) {
     struct bd_batch *bt = bd_unplaced_batch(u);
     cr_assert_eq(bt->n, 3);
     for (int i = 0; i < 3; i++) {
-        int64_t j = find(bt, fx.d[i].sensor->id, fx.d[i].start_ms, fx.d[i].page);
+        int64_t j = find(bt, bd_sensor_id(fx.d[i].sensor), fx.d[i].start_ms, fx.d[i].page);
         cr_assert_geq(j, 0, "delta %d not loaded", i);
         struct bd_delta *l = &bt->deltas[j];
         cr_assert_eq(l->n_readings, fx.d[i].n_readings);
         cr_assert_neq(l->sensor, fx.d[i].sensor, "a detached sensor, not the original");
-        cr_assert_str_eq(l->sensor->measurement, fx.d[i].sensor->measurement);
+        cr_assert_str_eq(bd_sensor_measurement(l->sensor), bd_sensor_measurement(fx.d[i].sensor));
         cr_assert_eq(l->sensor->n_tags, fx.d[i].sensor->n_tags);
         if (fx.d[i].page != BD_PAGE_UNKNOWN) {
             assert_same_update(&fx.d[i], l);
@@ -155,7 +156,7 @@ Test(unplaced, round_trip_builds_the_same_updates) {
         }
     }
     /* Page slots: unknown where the page was, known at the page otherwise. */
-    struct bd_sensor *da = bt->deltas[find(bt, a.id, H0, BD_PAGE_UNKNOWN)].sensor;
+    struct bd_sensor *da = bt->deltas[find(bt, bd_sensor_id(a), H0, BD_PAGE_UNKNOWN)].sensor;
     struct bd_page_slot *s0 = bd_pages_find(da->flusher_state, H0);
     struct bd_page_slot *s1 = bd_pages_find(da->flusher_state, H0 + HOUR_MS);
     cr_assert(s0 != NULL && !s0->known);
@@ -168,8 +169,8 @@ Test(unplaced, round_trip_builds_the_same_updates) {
 Test(unplaced, entries_of_one_page_merge) {
     struct bd_delta d1, d2;
     struct bd_replay_buf buf = {0};
-    bd_delta_init(&d1, &b, H0, 4);
-    bd_delta_init(&d2, &b, H0, 4);
+    bd_delta_init(&d1, b, H0, 4);
+    bd_delta_init(&d2, b, H0, 4);
     add_b(&d1, (H0 + 1) * MS, 1.0);
     add_b(&d2, (H0 + 2) * MS, 2.0);
     add_b(&d2, (H0 + 3) * MS, 3.0);
