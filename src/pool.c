@@ -99,7 +99,7 @@ static struct bd_seg *class_take(struct bd_pool_class *c) {
     }
     /* The free ring's consumer is this (ingest) thread. */
     if (bd_ring_available(&c->free, &tail) != 0) {
-        struct bd_seg *seg = (struct bd_seg *)(uintptr_t)bd_ring_at(&c->free, tail)->w[0];
+        struct bd_seg *seg = bd_ring_ptr_at(&c->free, tail);
         bd_ring_consume(&c->free, 1);
         return seg;
     }
@@ -145,8 +145,7 @@ uint32_t bd_pool_give(struct bd_pool *p, struct bd_seg *seg) {
     /* The small class lies after the large one in the block. */
     struct bd_pool_class *c =
         p->small.n_segs > 0 && (unsigned char *)seg >= p->small.base ? &p->small : &p->large;
-    struct bd_cell cell = {{(uint64_t)(uintptr_t)seg, 0}};
-    bool ok = bd_ring_push(&c->free, &cell, 1);
+    bool ok = bd_ring_push_ptr(&c->free, seg);
     BD_ASSERT(ok); /* capacity >= segments, each given back once per take */
     uint64_t given = atomic_load_explicit(&p->given, memory_order_relaxed) + c->seg_units;
     atomic_store_explicit(&p->given, given, memory_order_relaxed);

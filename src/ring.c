@@ -20,7 +20,7 @@ int bd_ring_init_at(struct bd_ring *r, uint32_t capacity, uint32_t start) {
     if (capacity < 2 || (capacity & (capacity - 1)) != 0) {
         return -EINVAL;
     }
-    /* Line-aligned, so a record of four cells (a reading of three values) is one line. */
+    /* Line-aligned: a cell never straddles two lines, eight cells share one. */
     size_t bytes = (size_t)capacity * sizeof(*r->cells);
     bytes = (bytes + BD_RING_LINE - 1) & ~(size_t)(BD_RING_LINE - 1);
     r->cells = aligned_alloc(BD_RING_LINE, bytes);

@@ -343,7 +343,7 @@ void bd_sensor_table_set_limits(struct bd_sensor_table *t, const struct bd_confi
 static void free_evicted(struct bd_sensor_table *t, struct bd_ring *r) {
     uint32_t tail;
     while (bd_ring_available(r, &tail) != 0) {
-        struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(r, tail)->w[0];
+        struct bd_sensor *s = bd_ring_ptr_at(r, tail);
         bd_ring_consume(r, 1);
         BD_ASSERT(s->flusher_state == NULL); /* the flusher releases its state first */
         sensor_free(t, s);
@@ -866,8 +866,7 @@ static void enqueue(struct bd_sensor_table *t, struct bd_sensor *s) {
      * push's release store of the queue head publishes the sensor (and its immutable parts)
      * to the consumer's acquire load in bd_sensor_table_next_dirty(). */
     atomic_store_explicit(&s->dirty, 1, memory_order_relaxed);
-    struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
-    bool ok = bd_ring_push(&t->dirty, &c, 1);
+    bool ok = bd_ring_push_ptr(&t->dirty, s);
     BD_ASSERT(ok); /* capacity >= number of sensors, each queued at most once */
 }
 
@@ -878,7 +877,7 @@ static void take_back_idle(struct bd_sensor_table *t) {
     bool sealed = false;
     uint32_t tail;
     while (bd_ring_available(&t->reclaim, &tail) != 0) {
-        struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->reclaim, tail)->w[0];
+        struct bd_sensor *s = bd_ring_ptr_at(&t->reclaim, tail);
         /* Off the queue, then the flag cleared (release, pairing with the acquire load in
          * report_idle()): the flusher reports the sensor again only once its entry is free,
          * and a drain after this point does report it again. */
@@ -1197,7 +1196,7 @@ struct bd_sensor *bd_sensor_table_next_dirty(struct bd_sensor_table *t) {
     if (bd_ring_available(&t->dirty, &tail) == 0) {
         return NULL;
     }
-    struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->dirty, tail)->w[0];
+    struct bd_sensor *s = bd_ring_ptr_at(&t->dirty, tail);
     bd_ring_consume(&t->dirty, 1);
     /* Clear, then the RMW, then the caller drains: see the hand-off protocol at the top of
      * this file. The RMW's release orders the clear before it. */
@@ -1215,8 +1214,7 @@ static void report_idle(struct bd_sensor_table *t, struct bd_sensor *s) {
      * finished with the previous report. */
     if (atomic_load_explicit(&s->reclaim, memory_order_acquire) == 0) {
         atomic_store_explicit(&s->reclaim, 1, memory_order_relaxed);
-        struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
-        bool ok = bd_ring_push(&t->reclaim, &c, 1);
+        bool ok = bd_ring_push_ptr(&t->reclaim, s);
         BD_ASSERT(ok); /* capacity >= number of sensors, each in it at most once */
     }
 }
@@ -1346,7 +1344,7 @@ void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {
     /* What the flusher released first: their memory is what a refused sensor waits for. */
     uint32_t tail;
     while (bd_ring_available(&t->dead, &tail) != 0) {
-        struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->dead, tail)->w[0];
+        struct bd_sensor *s = bd_ring_ptr_at(&t->dead, tail);
         bd_ring_consume(&t->dead, 1);
         sensor_free(t, s);
         t->n_evicting--;
@@ -1370,8 +1368,7 @@ void bd_sensor_table_sweep(struct bd_sensor_table *t, int64_t now_ns) {
             }
             t->count--;
             t->n_evicting++;
-            struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
-            bool ok = bd_ring_push(&t->evict, &c, 1);
+            bool ok = bd_ring_push_ptr(&t->evict, s);
             BD_ASSERT(ok); /* n_evicting <= evict_cap <= its capacity */
             evicted++;
             todo--;
@@ -1392,7 +1389,7 @@ struct bd_sensor *bd_sensor_table_next_evicted(struct bd_sensor_table *t) {
     if (bd_ring_available(&t->evict, &tail) == 0) {
         return NULL;
     }
-    struct bd_sensor *s = (struct bd_sensor *)(uintptr_t)bd_ring_at(&t->evict, tail)->w[0];
+    struct bd_sensor *s = bd_ring_ptr_at(&t->evict, tail);
     bd_ring_consume(&t->evict, 1);
     s->flusher_evicted = true;
     return s;
@@ -1400,7 +1397,6 @@ struct bd_sensor *bd_sensor_table_next_evicted(struct bd_sensor_table *t) {
 
 void bd_sensor_table_release(struct bd_sensor_table *t, struct bd_sensor *s) {
     BD_ASSERT(s->flusher_evicted && s->flusher_state == NULL && s->flusher_refs == 0);
-    struct bd_cell c = {{(uint64_t)(uintptr_t)s, 0}};
-    bool ok = bd_ring_push(&t->dead, &c, 1);
+    bool ok = bd_ring_push_ptr(&t->dead, s);
     BD_ASSERT(ok); /* at most evict_cap sensors between eviction and freeing */
 }

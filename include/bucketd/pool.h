@@ -44,6 +44,12 @@
 /* Set in published once the producer has left a segment without linking a successor. */
 #define BD_SEG_SEALED (UINT32_C(1) << 31)
 
+/* A cell of a segment: the sensor table encodes a reading as a header cell and a cell a value
+ * (sensor.c). */
+struct bd_cell {
+    uint64_t w[2];
+};
+
 struct bd_seg {
     /* Cells written and visible to the consumer; BD_SEG_SEALED once the producer left the
      * segment for good without a successor. Producer stores (release), consumer loads. */

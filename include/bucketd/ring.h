@@ -1,5 +1,5 @@
 /*
- * Lock-free single-producer / single-consumer ring of 16-byte cells.
+ * Lock-free single-producer / single-consumer ring of 8-byte cells.
  *
  * The producer is the ingest thread (one per ring); the consumer is the flusher thread. head
  * and tail are free-running 32-bit counters (they wrap at UINT32_MAX; only their difference
@@ -9,7 +9,9 @@
  * n cells is pushed whole or not at all, and may wrap around the end of the array (cells are
  * addressed by index & mask).
  *
- * The ring does not know what the cells mean: the sensor module encodes readings into them.
+ * The ring does not know what the cells mean. Its users pass pointers, one a cell: the sensor
+ * table's dirty, reclaim, evict and dead queues carry sensors, the buffer pool's free lists
+ * segments (8 bytes an entry: a queue sized for 100,000 sensors takes 1 MiB).
  */
 #ifndef BUCKETD_RING_H
 #define BUCKETD_RING_H
@@ -22,10 +24,6 @@
 #define BD_RING_CACHELINE 128
 /* One cache line; each side's state fits in one, and 2 x 64 = BD_RING_CACHELINE apart. */
 #define BD_RING_LINE 64
-
-struct bd_cell {
-    uint64_t w[2];
-};
 
 /*
  * Each side keeps, in its own line, a private copy of the other side's counter, refreshed only
@@ -49,7 +47,7 @@ struct bd_ring {
             _Atomic uint32_t head;
             uint32_t tail_cache; /* producer's copy of tail, never ahead of it */
             uint32_t mask;       /* read-only after init */
-            struct bd_cell *cells;
+            uint64_t *cells;
         };
         alignas(BD_RING_LINE) unsigned char producer_line_[BD_RING_CACHELINE];
     };
@@ -59,7 +57,7 @@ struct bd_ring {
             _Atomic uint32_t tail;
             uint32_t head_cache; /* consumer's copy of head, never ahead of it */
             uint32_t cons_mask;  /* read-only copies, so the consumer stays in its line */
-            struct bd_cell *cons_cells;
+            uint64_t *cons_cells;
         };
         unsigned char consumer_line_[BD_RING_CACHELINE];
     };
@@ -103,7 +101,7 @@ static inline void bd_ring_prefetch_push(const struct bd_ring *r) {
 }
 
 /* Producer: copy n cells in as one record; false (nothing written) if they do not fit. */
-static inline bool bd_ring_push(struct bd_ring *r, const struct bd_cell *src, uint32_t n) {
+static inline bool bd_ring_push(struct bd_ring *r, const uint64_t *src, uint32_t n) {
     uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
     if (r->mask + 1 - (head - r->tail_cache) < n &&
         r->mask + 1 - (head - bd_ring_refresh_tail(r)) < n) {
@@ -138,8 +136,19 @@ static inline uint32_t bd_ring_available(struct bd_ring *r, uint32_t *tail_out) 
 }
 
 /* Consumer: the cell at free-running index idx (from bd_ring_available's tail onwards). */
-static inline const struct bd_cell *bd_ring_at(const struct bd_ring *r, uint32_t idx) {
+static inline const uint64_t *bd_ring_at(const struct bd_ring *r, uint32_t idx) {
     return &r->cons_cells[idx & r->cons_mask];
+}
+
+/* Producer: push one pointer (a record of one cell); false if the ring is full. */
+static inline bool bd_ring_push_ptr(struct bd_ring *r, const void *p) {
+    uint64_t c = (uint64_t)(uintptr_t)p;
+    return bd_ring_push(r, &c, 1);
+}
+
+/* Consumer: the pointer in the cell at free-running index idx. */
+static inline void *bd_ring_ptr_at(const struct bd_ring *r, uint32_t idx) {
+    return (void *)(uintptr_t)*bd_ring_at(r, idx);
 }
 
 /* Consumer: hand n cells back to the producer (n at most what bd_ring_available returned). */

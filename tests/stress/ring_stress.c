@@ -2,9 +2,10 @@
  * Stress test for the SPSC ring (include/bucketd/ring.h): one producer thread and one consumer
  * thread run flat out through a tiny ring, so nearly every record meets a full or an empty ring
  * and many wrap the array end; the counters start just below UINT32_MAX so head and tail also
- * cross the 32-bit wrap (often mid-record). Records are 1..8 cells; every cell carries its record's
- * sequence number, its own position and the record length, and the first cell a checksum over
- * the payload. The consumer checks each record arrives exactly once, in order, whole and
+ * cross the 32-bit wrap (often mid-record). Records are 1..8 entries of two cells each (the ring's
+ * cells are single words): every entry's first cell carries its record's sequence number, its
+ * own position and the record length, its second a payload word, the first entry's a checksum
+ * over the payload. The consumer checks each record arrives exactly once, in order, whole and
  * intact. Guard cells around the cell array and guard bytes around the ring struct catch stray
  * writes in builds without AddressSanitizer.
  *
@@ -54,7 +55,7 @@ static struct {
     unsigned char after[GUARD_BYTES];
 } g;
 
-static struct bd_cell *g_block; /* GUARD_CELLS + capacity + GUARD_CELLS cells. */
+static uint64_t *g_block; /* GUARD_CELLS + capacity + GUARD_CELLS cells. */
 static struct options g_opt;
 static uint32_t g_max_len;
 
@@ -87,7 +88,8 @@ static uint64_t next_rand(uint64_t *s) {
     return x * UINT64_C(0x2545f4914f6cdd1d);
 }
 
-/* Word 0 of every cell: sequence number (56 bits), position in the record, record length. */
+/* The first cell of every entry: sequence number (56 bits), position in the record, record
+ * length in entries. */
 static uint64_t cell_tag(uint64_t seq, uint32_t pos, uint32_t len) {
     return (seq << 8) | ((uint64_t)pos << 4) | len;
 }
@@ -119,7 +121,7 @@ static bool failed(void) {
 
 static void *producer(void *arg) {
     struct bd_ring *r = &g.ring;
-    struct bd_cell rec[MAX_RECORD];
+    uint64_t rec[2 * MAX_RECORD]; /* entry i: tag at 2i, payload (checksum for 0) at 2i + 1 */
     uint64_t payload[MAX_RECORD];
     uint64_t rng = g_opt.seed;
     uint64_t seq = 0, cells = 0;
@@ -143,13 +145,13 @@ static void *producer(void *arg) {
         uint32_t len = 1 + (uint32_t)(x % g_max_len);
         for (uint32_t i = 1; i < len; i++) {
             payload[i] = next_rand(&rng);
-            rec[i].w[0] = cell_tag(seq, i, len);
-            rec[i].w[1] = payload[i];
+            rec[2 * i] = cell_tag(seq, i, len);
+            rec[2 * i + 1] = payload[i];
         }
-        rec[0].w[0] = cell_tag(seq, 0, len);
-        rec[0].w[1] = checksum(seq, len, payload);
+        rec[0] = cell_tag(seq, 0, len);
+        rec[1] = checksum(seq, len, payload);
 
-        for (unsigned spins = 0; !bd_ring_push(r, rec, len); spins++) {
+        for (unsigned spins = 0; !bd_ring_push(r, rec, 2 * len); spins++) {
             g_push_full++;
             if (failed()) {
                 goto out;
@@ -159,7 +161,7 @@ static void *producer(void *arg) {
             }
         }
         seq++;
-        cells += len;
+        cells += 2 * len;
     }
 
 out:
@@ -171,27 +173,28 @@ out:
     return arg;
 }
 
-/* Checks the record of `len` cells at free-running index idx; false after reporting. */
+/* Checks the record of `len` entries (2 * len cells) at free-running index idx; false after
+ * reporting. */
 static bool check_record(const struct bd_ring *r, uint32_t idx, uint64_t seq, uint32_t len) {
     uint64_t payload[MAX_RECORD];
-    const struct bd_cell *head = bd_ring_at(r, idx);
 
     for (uint32_t i = 1; i < len; i++) {
-        const struct bd_cell *c = bd_ring_at(r, idx + i);
-        if (c->w[0] != cell_tag(seq, i, len)) {
-            fail("record %" PRIu64 " (len %u) cell %u at index %" PRIu32 ": tag %#" PRIx64
+        uint64_t tag = *bd_ring_at(r, idx + 2 * i);
+        if (tag != cell_tag(seq, i, len)) {
+            fail("record %" PRIu64 " (len %u) entry %u at index %" PRIu32 ": tag %#" PRIx64
                  ", want %#" PRIx64 " (seq %" PRIu64 ", pos %u, len %u)",
-                 seq, len, i, idx + i, c->w[0], cell_tag(seq, i, len), c->w[0] >> 8,
-                 (unsigned)(c->w[0] >> 4) & 15, (unsigned)c->w[0] & 15);
+                 seq, len, i, idx + 2 * i, tag, cell_tag(seq, i, len), tag >> 8,
+                 (unsigned)(tag >> 4) & 15, (unsigned)tag & 15);
             return false;
         }
-        payload[i] = c->w[1];
+        payload[i] = *bd_ring_at(r, idx + 2 * i + 1);
     }
     uint64_t sum = checksum(seq, len, payload);
-    if (head->w[1] != sum) {
+    uint64_t got = *bd_ring_at(r, idx + 1);
+    if (got != sum) {
         fail("record %" PRIu64 " (len %u) at index %" PRIu32 ": checksum %#" PRIx64
              ", payload gives %#" PRIx64,
-             seq, len, idx, head->w[1], sum);
+             seq, len, idx, got, sum);
         return false;
     }
     return true;
@@ -232,7 +235,7 @@ static void *consumer(void *arg) {
         bool per_record = (windows++ & 1) != 0;
         uint32_t off = 0;
         while (off < avail) {
-            uint64_t tag = bd_ring_at(r, tail + off)->w[0];
+            uint64_t tag = *bd_ring_at(r, tail + off);
             uint32_t len = (uint32_t)(tag & 15);
             if ((tag >> 8) != (seq & (UINT64_MAX >> 8)) || ((tag >> 4) & 15) != 0) {
                 fail("at index %" PRIu32 ": expected the first cell of record %" PRIu64
@@ -245,21 +248,21 @@ static void *consumer(void *arg) {
                      tail + off, len, g_max_len);
                 goto out;
             }
-            if (len > avail - off) {
+            if (2 * len > avail - off) {
                 fail("record %" PRIu64 " at index %" PRIu32 ": %u cells but only %u published"
                      " (a record must appear whole)",
-                     seq, tail + off, len, avail - off);
+                     seq, tail + off, 2 * len, avail - off);
                 goto out;
             }
             if (!check_record(r, tail + off, seq, len)) {
                 goto out;
             }
             if (per_record) {
-                bd_ring_consume(r, len);
+                bd_ring_consume(r, 2 * len);
             }
-            off += len;
+            off += 2 * len;
             seq++;
-            cells += len;
+            cells += 2 * len;
         }
         if (!per_record) {
             bd_ring_consume(r, avail);
@@ -303,8 +306,7 @@ static int guard_ring(struct bd_ring *r) {
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < GUARD_CELLS * 2 + cap; i++) {
-        g_block[i].w[0] = GUARD_WORD ^ i;
-        g_block[i].w[1] = ~(GUARD_WORD ^ i);
+        g_block[i] = GUARD_WORD ^ i;
     }
     free(r->cells);
     r->cells = g_block + GUARD_CELLS;
@@ -319,7 +321,7 @@ static int check_guards(uint32_t cap) {
             i += cap - 1; /* The ring's own cells. */
             continue;
         }
-        if (g_block[i].w[0] != (GUARD_WORD ^ i) || g_block[i].w[1] != ~(GUARD_WORD ^ i)) {
+        if (g_block[i] != (GUARD_WORD ^ i)) {
             fprintf(stderr, "ring_stress: FAIL: guard cell %d (relative to cells[0]) overwritten\n",
                     (int)i - GUARD_CELLS);
             bad = 1;
@@ -446,7 +448,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ring_stress: out of memory\n");
         return 1;
     }
-    g_max_len = g_opt.capacity < MAX_RECORD ? g_opt.capacity : MAX_RECORD;
+    g_max_len = g_opt.capacity / 2 < MAX_RECORD ? g_opt.capacity / 2 : MAX_RECORD;
 
     unsigned nthreads = g_opt.observer ? 3 : 2;
     if (pthread_barrier_init(&g_barrier, NULL, nthreads + 1) != 0) {

@@ -11,16 +11,13 @@
 
 #include "bucketd/ring.h"
 
-/* Cell i of record `seq`: both words depend on both values, so a cell from the wrong record,
+/* Cell i of record `seq` (i < 256): it depends on both values, so a cell from the wrong record,
  * the wrong position or a stale lap of the array never compares equal. */
-static struct bd_cell cell_for(uint64_t seq, uint32_t i) {
-    struct bd_cell c;
-    c.w[0] = (seq << 8) | i;
-    c.w[1] = ~seq * UINT64_C(0x9e3779b97f4a7c15) + i;
-    return c;
+static uint64_t cell_for(uint64_t seq, uint32_t i) {
+    return (seq << 8) | i;
 }
 
-static void make_record(struct bd_cell *dst, uint64_t seq, uint32_t n) {
+static void make_record(uint64_t *dst, uint64_t seq, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         dst[i] = cell_for(seq, i);
     }
@@ -29,11 +26,8 @@ static void make_record(struct bd_cell *dst, uint64_t seq, uint32_t n) {
 /* Reads the record of n cells at free-running index idx back through bd_ring_at. */
 static void expect_record(const struct bd_ring *r, uint32_t idx, uint64_t seq, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
-        const struct bd_cell *got = bd_ring_at(r, idx + i);
-        struct bd_cell want = cell_for(seq, i);
-        cr_assert_eq(got->w[0], want.w[0], "record %llu cell %u word 0 (index %u)",
-                     (unsigned long long)seq, i, idx + i);
-        cr_assert_eq(got->w[1], want.w[1], "record %llu cell %u word 1 (index %u)",
+        uint64_t got = *bd_ring_at(r, idx + i);
+        cr_assert_eq(got, cell_for(seq, i), "record %llu cell %u (index %u)",
                      (unsigned long long)seq, i, idx + i);
     }
 }
@@ -95,8 +89,8 @@ Test(ring, empty_ring) {
 
 Test(ring, fill_to_exactly_full) {
     struct bd_ring r;
-    struct bd_cell rec[8];
-    struct bd_cell snapshot[8];
+    uint64_t rec[8];
+    uint64_t snapshot[8];
     cr_assert_eq(bd_ring_init(&r, 8), 0);
 
     make_record(rec, 0, 3);
@@ -119,7 +113,7 @@ Test(ring, fill_to_exactly_full) {
 
 Test(ring, whole_capacity_record) {
     struct bd_ring r;
-    struct bd_cell rec[17];
+    uint64_t rec[17];
     cr_assert_eq(bd_ring_init_at(&r, 16, UINT32_MAX - 6), 0);
 
     make_record(rec, 7, 17);
@@ -134,7 +128,7 @@ Test(ring, whole_capacity_record) {
 
 Test(ring, partial_consume_then_push) {
     struct bd_ring r;
-    struct bd_cell rec[8];
+    uint64_t rec[8];
     cr_assert_eq(bd_ring_init(&r, 8), 0);
 
     make_record(rec, 0, 2);
@@ -158,7 +152,7 @@ Test(ring, partial_consume_then_push) {
 
 Test(ring, record_wraps_array_end) {
     struct bd_ring r;
-    struct bd_cell rec[6];
+    uint64_t rec[6];
     cr_assert_eq(bd_ring_init(&r, 8), 0);
 
     make_record(rec, 0, 5);
@@ -171,7 +165,7 @@ Test(ring, record_wraps_array_end) {
     expect_counts(&r, 0, 11, 5);
     expect_record(&r, 5, 1, 6);
 
-    struct bd_cell want = cell_for(1, 3);
+    uint64_t want = cell_for(1, 3);
     cr_assert_eq(memcmp(&r.cells[0], &want, sizeof(want)), 0, "cell 3 lands on slot 0");
     want = cell_for(1, 2);
     cr_assert_eq(memcmp(&r.cells[7], &want, sizeof(want)), 0, "cell 2 lands on slot 7");
@@ -180,8 +174,8 @@ Test(ring, record_wraps_array_end) {
 
 Test(ring, multi_cell_all_or_nothing) {
     struct bd_ring r;
-    struct bd_cell rec[8];
-    struct bd_cell snapshot[8];
+    uint64_t rec[8];
+    uint64_t snapshot[8];
 
     /* For every fill level and record size: fits exactly when n <= free, else nothing moves. */
     for (uint32_t fill = 0; fill <= 8; fill++) {
@@ -225,7 +219,7 @@ static uint32_t next_rand(uint32_t *s) {
  */
 static void run_cycles(uint32_t cap, uint32_t start, uint32_t max_len, uint32_t seed) {
     struct bd_ring r;
-    struct bd_cell rec[16];
+    uint64_t rec[16];
     uint32_t lens[64];             /* Queue of record sizes in the ring, oldest first. */
     uint32_t q_first = 0, q_n = 0; /* Ring of at most cap records, cap <= 64. */
     uint64_t pushed = 0, consumed = 0, next_seq = 0, next_expected = 0;
@@ -298,7 +292,7 @@ Test(ring, counters_wrap_from_uint32_max) {
 Test(ring, counters_wrap_mid_record) {
     /* Head crosses UINT32_MAX inside the very first record (indices MAX-2 .. MAX+3). */
     struct bd_ring r;
-    struct bd_cell rec[6];
+    uint64_t rec[6];
     const uint32_t start = UINT32_MAX - 2;
     cr_assert_eq(bd_ring_init_at(&r, 8, start), 0);
 
@@ -329,7 +323,7 @@ Test(ring, counters_wrap_mid_record) {
 
 Test(ring, used_from_both_sides) {
     struct bd_ring r;
-    struct bd_cell rec[4];
+    uint64_t rec[4];
     cr_assert_eq(bd_ring_init_at(&r, 4, UINT32_MAX - 1), 0);
     cr_assert_eq(bd_ring_used(&r), 0);
 
@@ -359,7 +353,7 @@ Test(ring, used_from_both_sides) {
  */
 Test(ring, cached_tail_refreshed_only_when_full) {
     struct bd_ring r;
-    struct bd_cell rec[8];
+    uint64_t rec[8];
     const uint32_t start = UINT32_MAX - 5;
     cr_assert_eq(bd_ring_init_at(&r, 8, start), 0);
 
@@ -403,7 +397,7 @@ Test(ring, cached_tail_refreshed_only_when_full) {
  */
 Test(ring, cached_head_refreshed_only_when_used_up) {
     struct bd_ring r;
-    struct bd_cell rec[4];
+    uint64_t rec[4];
     const uint32_t start = UINT32_MAX - 2;
     cr_assert_eq(bd_ring_init_at(&r, 16, start), 0);
 

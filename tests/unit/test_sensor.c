@@ -1808,7 +1808,9 @@ Test(sensor, paging_with_ties_lists_every_sensor_exactly_once) {
 /* ---- The defaults agree (issue 28) ---- */
 
 /* With the default configuration, limits.sensor_memory admits limits.max_sensors sensors of
- * ordinary names: ids as bucketd-sim and the README spell them, three short fields each. */
+ * ordinary names: ids as bucketd-sim and the README spell them, three short fields each. And
+ * what the table holds for each beyond its names -- its block, its share of the index and of the
+ * queues' cells -- is at most 256 bytes (issue 28; the flusher's page accounting aside). */
 Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
     bd_sensor_table_free(table);
     table = NULL;
@@ -1817,9 +1819,20 @@ Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
     uint32_t n = cfg.limits.max_sensors;
     cr_assert_eq(n, 100000);
-    char id[64], v1[16], v2[16];
+    char id[64], v1[16], v2[16], v3[16];
+    uint64_t names = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (i % 2 == 0) {
+        if (i % 3 == 2) {
+            snprintf(id, sizeof(id), "m1,rack=r%02u,sensor=s%u,site=plant-%u", i % 40, i, i % 100);
+            snprintf(v1, sizeof(v1), "r%02u", i % 40);
+            snprintf(v2, sizeof(v2), "s%u", i);
+            snprintf(v3, sizeof(v3), "plant-%u", i % 100);
+            point(id, "m1", true, NOW);
+            pt.n_tags = 3;
+            pt.tags[0] = (struct bd_tag){S("rack"), S(v1)};
+            pt.tags[1] = (struct bd_tag){S("sensor"), S(v2)};
+            pt.tags[2] = (struct bd_tag){S("site"), S(v3)};
+        } else if (i % 3 == 0) {
             snprintf(id, sizeof(id), "m,site=s%06u", i);
             snprintf(v1, sizeof(v1), "s%06u", i);
             point(id, "m", true, NOW);
@@ -1840,6 +1853,7 @@ Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
         add_float("f0", 1);
         add_float("f1", 2);
         add_float("f2", 3);
+        names += names_bytes(&pt);
         cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %u", i);
         if (i % 1000 == 999) {
             drain_everything();
@@ -1848,5 +1862,15 @@ Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
     cr_assert_eq(bd_sensor_table_count(table), n);
     cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_memory), 0);
     cr_assert_leq(bd_sensor_table_memory(table), cfg.limits.sensor_memory);
+    /* Charged: the blocks, the index and the flusher's estimate; the queues are allocated at
+     * start for max_sensors. */
+    uint64_t rings =
+        (uint64_t)(bd_ring_capacity(&table->dirty) + bd_ring_capacity(&table->reclaim) +
+                   bd_ring_capacity(&table->evict) + bd_ring_capacity(&table->dead)) *
+        sizeof(*table->dirty.cells);
+    uint64_t table_bytes =
+        bd_sensor_table_memory(table) - (uint64_t)n * FLUSHER_SENSOR_COST + rings;
+    cr_assert_leq(table_bytes - names, (uint64_t)n * 256, "%.1f bytes a sensor beyond its names",
+                  (double)(table_bytes - names) / n);
     drain_everything();
 }
