@@ -34,10 +34,11 @@ struct bd_sensor_table;
  * bytes hold fields the flusher reads but writes at most once per drain (dirty, reclaim, its
  * page accounting pointer, the list flags) or never; what it writes per reading or per segment
  * (its end of the queue, segs_given, flusher_refs) is in the cold part after them, so that a
- * drain never takes the producer's lines away from it. The struct ends at 164 bytes (a quiet
- * sensor's whole block: struct, names, no padding, is what limits.sensor_memory charges, see
- * sensor.c): a sensor with bucketd-sim's ids (`m1,rack=r07,sensor=s12345,site=plant-2`) fits a
- * 256-byte slab block.
+ * drain never takes the producer's lines away from it. The struct ends at 164 bytes and the
+ * names follow it in the same block (see id_buf), whose slab size limits.sensor_memory charges
+ * (sensor.c): a sensor of bucketd-sim's ids (`m1,rack=r07,sensor=s12345,site=plant-2`) fits a
+ * 256-byte block. A lookup also reads the id, in the third line (the next pair): its miss
+ * overlaps the first pair's.
  */
 struct bd_sensor {
     /* First line. Immutable after creation unless said otherwise. */
