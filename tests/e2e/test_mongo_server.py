@@ -141,6 +141,35 @@ class CrudTest(unittest.TestCase):
         next(cursor)
         cursor.close()
 
+    def test_or_of_equalities_matches_as_mongodb_does(self):
+        # The flusher's page look-up: {$or: [{sensor_id, bucket_start}, ...]}. The server takes
+        # such a filter in one pass over the collection; what it matches must not change:
+        # arrays holding the value match (MongoDB's equality on an array field), a missing
+        # field, another type or another date does not.
+        t0 = datetime.datetime(2026, 11, 29, 10, 0)
+        t1 = datetime.datetime(2026, 11, 29, 11, 0)
+        docs = [{'_id': 1, 'sensor_id': 'a', 'bucket_start': t0},
+                {'_id': 2, 'sensor_id': 'a', 'bucket_start': t1},
+                {'_id': 3, 'sensor_id': 'b', 'bucket_start': t0},
+                {'_id': 4, 'sensor_id': ['x', 'c'], 'bucket_start': t0},
+                {'_id': 5, 'sensor_id': 'c'},
+                {'_id': 6, 'sensor_id': 'c', 'bucket_start': [t1, t0]},
+                {'_id': 7, 'sensor_id': 'd', 'bucket_start': 'not a date'},
+                {'_id': 8, 'sensor_id': {'k': 'a'}, 'bucket_start': t0}]
+        self.coll.insert_many(docs)
+        flt = {'$or': [{'sensor_id': 'a', 'bucket_start': t0},
+                       {'sensor_id': 'c', 'bucket_start': t0},
+                       {'sensor_id': 'd', 'bucket_start': t0},
+                       {'sensor_id': 'zz', 'bucket_start': t1}]}
+        got = sorted(d['_id'] for d in self.coll.find(flt))
+        self.assertEqual(got, [1, 4, 6])
+        # The same through an aggregate's $match (the summaries' pipeline starts with one).
+        got = sorted(d['_id'] for d in self.coll.aggregate([{'$match': flt}]))
+        self.assertEqual(got, [1, 4, 6])
+        # Clauses of other shapes still go through the general matcher.
+        mixed = {'$or': [{'sensor_id': 'a', 'bucket_start': t1}, {'sensor_id': 'b'}]}
+        self.assertEqual(sorted(d['_id'] for d in self.coll.find(mixed)), [2, 3])
+
     def test_update_delete_classic(self):
         self.coll.insert_many([{'_id': i, 'n': Int64(i), 'v': i} for i in range(5)])
         res = self.coll.update_many({'_id': {'$lt': 3}}, {'$inc': {'n': Int64(10)},

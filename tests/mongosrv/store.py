@@ -1,9 +1,11 @@
 """Collections: FastCollection, a copy-on-write mongomock collection with an O(1) path for
-{_id: X} filters, unique secondary indexes checked without scanning, and per-collection
-counters of the documents updates wrote (bucketdTestStats).
+{_id: X} filters, a one-pass path for an $or of equalities (the flusher's page look-up),
+unique secondary indexes checked without scanning, and per-collection counters of the
+documents updates wrote (bucketdTestStats).
 """
 
 import copy
+import datetime
 import itertools
 
 from bson.objectid import ObjectId
@@ -27,6 +29,45 @@ def id_key(value):
 
 
 _NO_FAST = object()
+
+
+# Values an $or clause may pin a field to for the one-pass path: a document field holding one of
+# these types equals the clause's value exactly when Python's == says so (no numbers: 1 == True
+# and 1 == 1.0 follow other rules in MongoDB).
+_OR_SCALARS = (str, datetime.datetime)
+
+
+def _or_of_equalities(spec):
+    """(keys, set of value tuples) when the filter is {$or: [clause, ...]} whose clauses all pin
+    the same top-level fields, in the same order, to strings or dates, else None. The flusher's
+    page look-up ({$or: [{sensor_id, bucket_start}, ...]}, hundreds of clauses) is such a
+    query; mongomock's matcher would try every clause on every document."""
+    if not isinstance(spec, dict) or len(spec) != 1:
+        return None
+    clauses = spec.get('$or')
+    if not isinstance(clauses, list) or not clauses or not isinstance(clauses[0], dict):
+        return None
+    keys = tuple(clauses[0])
+    if not keys or any(not isinstance(k, str) or '.' in k or k.startswith('$') for k in keys):
+        return None
+    wanted = set()
+    for c in clauses:
+        if not isinstance(c, dict) or tuple(c) != keys:
+            return None
+        vals = tuple(c[k] for k in keys)
+        if any(type(v) not in _OR_SCALARS for v in vals):
+            return None
+        wanted.add(vals)
+    return keys, wanted
+
+
+def _or_applies(spec, keys, wanted, doc):
+    """A document whose fields hold strings or dates matches when its value tuple is wanted;
+    any other (a field missing, an array, a document) goes through mongomock's matcher."""
+    vals = tuple(doc.get(k, MISSING) for k in keys)
+    if all(type(v) in _OR_SCALARS for v in vals):
+        return vals in wanted
+    return mm_filtering.filter_applies(spec, doc)
 
 
 def _fast_id_key(spec):
@@ -173,9 +214,13 @@ class FastCollection(mm_collection.Collection):
             else:
                 matches = []
         else:
+            fast_or = _or_of_equalities(filter)
             if not docs:
                 mm_filtering.filter_applies(filter, {})
                 matches = []
+            elif fast_or is not None:
+                keys, wanted = fast_or
+                matches = [d for d in list(docs.values()) if _or_applies(filter, keys, wanted, d)]
             else:
                 matches = (d for d in list(docs.values())
                            if mm_filtering.filter_applies(filter, d))
