@@ -182,9 +182,7 @@ static int place_readings(struct bd_flusher *f, struct bd_batch *b, uint32_t di,
     }
     /* Runs of consecutive readings on one page: pages only grow as readings are placed. */
     for (uint32_t i = keep; i < n; i++) {
-        const struct bd_delta_reading *r = &d->readings[i];
-        uint32_t p = bd_pages_place(&next, &f->lim, bd_reading_bytes(s, &d->values[r->first], r->n),
-                                    overhead);
+        uint32_t p = bd_pages_place(&next, &f->lim, bd_delta_reading_bytes(d, i), overhead);
         if (groups == 0 || pages[groups - 1] != p) {
             first[groups] = i;
             pages[groups] = p;
@@ -501,8 +499,7 @@ static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t
         /* The stored page's size, estimated from its count and this delta's readings. */
         uint64_t per_reading = 0;
         for (uint32_t r = 0; r < d->n_readings; r++) {
-            const struct bd_delta_reading *dr = &d->readings[r];
-            per_reading += bd_reading_bytes(d->sensor, &d->values[dr->first], dr->n);
+            per_reading += bd_delta_reading_bytes(d, r);
         }
         per_reading /= BD_MAX(d->n_readings, 1);
         uint64_t bytes = count == 0 ? 0 : bd_page_overhead_bytes(d->sensor) + count * per_reading;
