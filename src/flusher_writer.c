@@ -702,8 +702,21 @@ void flusher_writer_batch_done(struct bd_flusher *f) {
  * taken only then (prepare_batch), so a page can never receive a later number before an earlier
  * one is in -- which the w.<writer_id> filter would otherwise take for "already applied".
  */
+void flusher_writer_fill_gone(const struct bd_batch *b) {
+    /* A sensor's fill_bytes grows only once a reading is in a delta of the fill batch
+     * (flusher_drain.c), and a delta stays in its batch until the batch is cleared: these are
+     * all the sensors with a share counted. */
+    for (uint32_t i = 0; i < b->n; i++) {
+        struct bd_pages *p = b->deltas[i].sensor->flusher_state;
+        if (p != NULL) {
+            p->fill_bytes = 0;
+        }
+    }
+}
+
 void flusher_writer_swap_in_fill(struct bd_flusher *f) {
     BD_ASSERT(bd_batch_pending_readings(&f->batch) == 0);
+    flusher_writer_fill_gone(&f->fill);
     struct bd_batch done = f->batch;
     f->batch = f->fill;
     f->fill = done;

@@ -562,7 +562,9 @@ static void busy_loads(int loads, int per_load, bool quiet) {
 
 Test(flusher, one_sensor_takes_at_most_its_share_of_a_batch_while_others_wait) {
     stop();
-    cfg.limits.memory = 4 << 20; /* batches 2 MiB, a sensor's share of one 256 KiB */
+    /* Batches 1 MiB, a sensor's share of one 128 KiB: less than the busy sensor's 1,800
+     * readings of 8 fields take in a batch (88 bytes each in a delta). */
+    cfg.limits.memory = 2 << 20;
     cfg.limits.max_fields = 8;
     start();
     busy_loads(6, 300, true);
