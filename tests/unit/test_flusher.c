@@ -601,8 +601,8 @@ Test(flusher, a_sensors_share_starts_again_in_the_next_batch) {
     const int64_t second = fake_stored(&fs, "busy") - first;
     cr_assert_eq(fake_stored(&fs, "quiet"), 8);
     cr_assert_geq(second, BD_MIN(first, 6 * 300 - first),
-                  "a new share in the second batch: %" PRId64 " of the %" PRId64 " left",
-                  second, 6 * 300 - first);
+                  "a new share in the second batch: %" PRId64 " of the %" PRId64 " left", second,
+                  6 * 300 - first);
     cr_assert_gt(run(50), 0);
     cr_assert_eq(fake_stored(&fs, "busy"), 6 * 300);
 }
