@@ -421,9 +421,11 @@ Test(bucket, compact_values_come_back_as_added) {
     struct bd_delta d;
     bd_delta_init(&d, &sensor, 0, 0);
     const struct bd_reading_value vals[] = {
-        fv(0, -0.0),          fv(BD_SENSOR_MAX_FIELDS - 1, 1e308), iv(1, INT64_MIN),
-        iv(2, INT64_MAX),     uv(3, UINT64_MAX),                  uv(5, 42),
-        bv(6, true),          bv(BD_SENSOR_MAX_FIELDS - 2, false), fv(7, NAN),
+        fv(0, -0.0),       fv(BD_SENSOR_MAX_FIELDS - 1, 1e308),
+        iv(1, INT64_MIN),  iv(2, INT64_MAX),
+        uv(3, UINT64_MAX), uv(5, 42),
+        bv(6, true),       bv(BD_SENSOR_MAX_FIELDS - 2, false),
+        fv(7, NAN),
     };
     const uint32_t n = BD_ARRAY_LEN(vals);
     cr_assert_eq(bd_delta_add(&d, 5, vals, 4), 0);
@@ -503,22 +505,30 @@ static void copy_delta(const struct bd_delta *d, struct delta_copy *c) {
     c->n_readings = d->n_readings;
     c->n_values = d->n_values;
     c->n_summaries = d->n_summaries;
-    memcpy(c->readings, d->readings, d->n_readings * sizeof(*d->readings));
+    for (uint32_t i = 0; i < d->n_readings; i++) {
+        c->readings[i] = d->readings[i];
+    }
     for (uint32_t i = 0; i < d->n_values; i++) {
         c->values[i] = bd_delta_value(d, i);
     }
-    memcpy(c->summaries, d->summaries, d->n_summaries * sizeof(*d->summaries));
+    for (uint32_t i = 0; i < d->n_summaries; i++) {
+        c->summaries[i] = d->summaries[i];
+    }
 }
 
 static void assert_delta_is(const struct bd_delta *d, const struct delta_copy *c) {
     cr_assert_eq(d->n_readings, c->n_readings);
     cr_assert_eq(d->n_values, c->n_values);
     cr_assert_eq(d->n_summaries, c->n_summaries);
-    cr_assert_eq(memcmp(c->readings, d->readings, d->n_readings * sizeof(*d->readings)), 0);
+    for (uint32_t i = 0; i < d->n_readings; i++) {
+        cr_assert_eq(memcmp(&c->readings[i], &d->readings[i], sizeof(c->readings[i])), 0);
+    }
     for (uint32_t i = 0; i < d->n_values; i++) {
         assert_same_value(bd_delta_value(d, i), c->values[i]);
     }
-    cr_assert_eq(memcmp(c->summaries, d->summaries, d->n_summaries * sizeof(*d->summaries)), 0);
+    for (uint32_t i = 0; i < d->n_summaries; i++) {
+        cr_assert_eq(memcmp(&c->summaries[i], &d->summaries[i], sizeof(c->summaries[i])), 0);
+    }
 }
 
 /* Out of memory, an add or a split changes nothing, whichever part had to grow. */
