@@ -255,23 +255,40 @@ static bool num_less(const struct bd_num *a, const struct bd_num *b) {
  * each numeric field among them not summarised yet (new_summaries); never allocates.
  */
 static void fold(struct bd_delta *d, uint32_t first, uint32_t n) {
+    /* Values decoded in place and summaries found by field through a map: truncate_delta folds
+     * every reading kept again, once per page a look-up spreads a long delta over. */
+    const uint8_t *t = tags(d);
+    const uint64_t *pay = payloads(d);
+    uint8_t at[BD_SENSOR_MAX_FIELDS]; /* summary index + 1 by field, 0: none */
+    memset(at, 0, sizeof(at));
+    for (uint32_t j = 0; j < d->n_summaries; j++) {
+        at[d->summaries[j].field] = (uint8_t)(j + 1);
+    }
     for (uint32_t i = first; i < first + n; i++) {
-        const struct bd_reading_value v = bd_delta_value(d, i);
+        const unsigned kind = t[i] >> TAG_FIELD_BITS, field = t[i] & TAG_FIELD_MASK;
         struct bd_num num;
-        if (!to_num(&v, &num)) {
+        if (kind == BD_VAL_BOOL) {
             continue;
+        } else if (kind == BD_VAL_FLOAT) {
+            num.is_int = false;
+            memcpy(&num.v.f, &pay[i], sizeof(num.v.f));
+        } else if (kind == BD_VAL_INT || pay[i] <= (uint64_t)INT64_MAX) {
+            num.is_int = true;
+            num.v.i = (int64_t)pay[i];
+        } else {
+            /* BSON has no unsigned 64-bit type: values above INT64_MAX are stored as doubles
+             * (to_num). */
+            num.is_int = false;
+            num.v.f = (double)pay[i];
         }
-        struct bd_field_summary *fs = NULL;
-        for (uint32_t j = 0; j < d->n_summaries; j++) {
-            if (d->summaries[j].field == v.field) {
-                fs = &d->summaries[j];
-                break;
-            }
-        }
-        if (fs == NULL) {
+        struct bd_field_summary *fs;
+        if (at[field] != 0) {
+            fs = &d->summaries[at[field] - 1];
+        } else {
             BD_ASSERT(d->n_summaries < d->cap_summaries);
             fs = &d->summaries[d->n_summaries++];
-            fs->field = v.field;
+            at[field] = d->n_summaries;
+            fs->field = (uint16_t)field;
             fs->min = num;
             fs->max = num;
             fs->sum = 0;
