@@ -465,6 +465,30 @@ static void swap_buffers(struct bd_delta *a, struct bd_delta *b) {
     b->cap_summaries = t.cap_summaries;
 }
 
+int bd_delta_copy_readings(const struct bd_delta *src, uint32_t from, uint32_t to,
+                           struct bd_delta *dst) {
+    BD_ASSERT(from <= to && to <= src->n_readings && src != dst);
+    if (from == to) {
+        return 0;
+    }
+    const uint32_t first = src->readings[from].first;
+    const uint32_t values =
+        (to < src->n_readings ? src->readings[to].first : src->n_values) - first;
+    if (grow(dst, to - from, values, new_summaries(dst, tags(src) + first, values)) < 0) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = from; i < to; i++) {
+        const struct bd_delta_reading *r = &src->readings[i];
+        append(dst, r->ts_ns, payloads(src) + r->first, tags(src) + r->first, r->n);
+    }
+    return 0;
+}
+
+void bd_delta_truncate(struct bd_delta *d, uint32_t keep) {
+    BD_ASSERT(keep <= d->n_readings);
+    truncate_delta(d, keep);
+}
+
 int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst) {
     BD_ASSERT(keep <= src->n_readings);
     if (keep == 0 && dst->n_readings == 0) {
@@ -473,20 +497,10 @@ int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst) {
         bd_delta_reset(src);
         return 0;
     }
-    if (keep == src->n_readings) {
-        return 0;
-    }
     /* readings[] is in arrival order until the update is built (which sorts it and is the
      * delta's last use), so "the first keep" are the first to arrive. */
-    const uint32_t from = src->readings[keep].first;
-    const uint32_t values = src->n_values - from;
-    if (grow(dst, src->n_readings - keep, values, new_summaries(dst, tags(src) + from, values)) <
-        0) {
+    if (bd_delta_copy_readings(src, keep, src->n_readings, dst) < 0) {
         return -ENOMEM;
-    }
-    for (uint32_t i = keep; i < src->n_readings; i++) {
-        const struct bd_delta_reading *r = &src->readings[i];
-        append(dst, r->ts_ns, payloads(src) + r->first, tags(src) + r->first, r->n);
     }
     truncate_delta(src, keep);
     return 0;

@@ -207,14 +207,18 @@ static int place_readings(struct bd_flusher *f, struct bd_batch *b, uint32_t di,
             goto out;
         }
     }
-    for (uint32_t g = groups; g-- > 0;) {
-        int moved = bd_delta_split(d, first[g], &b->deltas[target[g]]);
+    /* Each run copied to its page's delta, then the source cut once (its summaries folded
+     * again once, not once per page: a long delta spread over many pages stays linear). */
+    for (uint32_t g = 0; g < groups; g++) {
+        uint32_t end = g + 1 < groups ? first[g + 1] : n;
+        int moved = bd_delta_copy_readings(d, first[g], end, &b->deltas[target[g]]);
         BD_ASSERT(moved == 0); /* room was made above */
         /* Readings moved for their size keep their count of refusals, so a page that MongoDB
          * refuses whatever its size cannot move them on forever. */
         struct bd_batch_meta *tm = &b->meta[target[g]];
         tm->refusals = BD_MAX(tm->refusals, b->meta[di].refusals);
     }
+    bd_delta_truncate(d, keep);
     /* The fill batch may have placed readings here already: its id stays. */
     next.batch = BD_MAX(next.batch, id);
     *slot = next;

@@ -120,6 +120,16 @@ uint64_t bd_delta_reading_bytes(const struct bd_delta *d, uint32_t r);
 int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst);
 
 /*
+ * Append src's readings [from, to) (arrival order) to dst, as bd_delta_split would move them,
+ * leaving src as it is. -ENOMEM (no room made with bd_delta_reserve) leaves dst as it was.
+ */
+int bd_delta_copy_readings(const struct bd_delta *src, uint32_t from, uint32_t to,
+                           struct bd_delta *dst);
+
+/* Cut the delta to its first `keep` readings (arrival order), its summaries folded again. */
+void bd_delta_truncate(struct bd_delta *d, uint32_t keep);
+
+/*
  * Make room for `readings` more readings holding `values` values (and as many new summaries, up
  * to one per field a sensor can have), so that adding them cannot fail. -ENOMEM leaves the contents as they were.
  */
