@@ -102,8 +102,38 @@ int bd_bucket_id(char *buf, size_t cap, const char *sensor_id, int64_t start_ms,
     return (n < 0 || (size_t)n >= cap) ? -ENAMETOOLONG : 0;
 }
 
+/* Field (6 bits) and kind (2 bits) of a value in a delta's tag byte. */
+#define TAG_FIELD_BITS 6
+#define TAG_FIELD_MASK ((1u << TAG_FIELD_BITS) - 1)
+_Static_assert(BD_SENSOR_MAX_FIELDS <= 1u << TAG_FIELD_BITS, "a value's field fits its tag");
+_Static_assert(BD_VAL_BOOL < 4, "a value's kind fits its tag");
+_Static_assert(sizeof(struct bd_field_summary) == 32, "a summary fits 32 bytes");
+_Static_assert(sizeof(struct bd_delta_reading) == 16, "a reading fits 16 bytes");
+
+/* Bytes of a delta's allocation for these capacities (see struct bd_delta). */
+static size_t block_bytes(uint32_t cap_summaries, uint32_t cap_readings, uint32_t cap_values) {
+    return (size_t)cap_summaries * sizeof(struct bd_field_summary) +
+           (size_t)cap_readings * sizeof(struct bd_delta_reading) +
+           (size_t)cap_values * (sizeof(uint64_t) + 1);
+}
+
+static uint64_t *payloads(const struct bd_delta *d) {
+    return (uint64_t *)(void *)(d->readings + d->cap_readings);
+}
+
+static uint8_t *tags(const struct bd_delta *d) {
+    return (uint8_t *)(payloads(d) + d->cap_values);
+}
+
 void bd_delta_init(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, uint32_t page) {
     memset(d, 0, sizeof(*d));
+    d->sensor = s;
+    d->start_ms = start_ms;
+    d->page = page;
+}
+
+void bd_delta_retarget(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, uint32_t page) {
+    bd_delta_reset(d);
     d->sensor = s;
     d->start_ms = start_ms;
     d->page = page;
@@ -116,29 +146,70 @@ void bd_delta_reset(struct bd_delta *d) {
 }
 
 void bd_delta_close(struct bd_delta *d) {
-    free(d->readings);
-    free(d->values);
     free(d->summaries);
     memset(d, 0, sizeof(*d));
 }
 
-static int grow(void **buf, uint32_t *cap, uint32_t need, size_t elem) {
-    if (need <= *cap) {
+/* A capacity for need: from exactly what the first use needs (most deltas hold a few readings
+ * of a few fields: a batch of 100k sensors must not reserve room for 8 each), then by half as
+ * much again, so that a delta of a few readings stays exact and a long one is copied O(1)
+ * times per reading. */
+static uint32_t grown_cap(uint32_t cap, uint64_t need) {
+    if (need <= cap) {
+        return cap;
+    }
+    uint64_t n = (uint64_t)cap + cap / 2;
+    return (uint32_t)BD_MIN(BD_MAX(n, need), (uint64_t)UINT32_MAX);
+}
+
+/*
+ * Room for `readings` more readings, `values` more values and `summaries` more summaries. The
+ * allocation grows in place where the allocator can; its parts move up to their new offsets
+ * (the last part first, so none overwrites another before it moved). -ENOMEM changes nothing.
+ */
+static int grow(struct bd_delta *d, uint32_t readings, uint32_t values, uint32_t summaries) {
+    const uint64_t need_r = (uint64_t)d->n_readings + readings;
+    const uint64_t need_v = (uint64_t)d->n_values + values;
+    const uint64_t need_s = BD_MIN((uint64_t)d->n_summaries + summaries, BD_SENSOR_MAX_FIELDS);
+    if (need_r <= d->cap_readings && need_v <= d->cap_values && need_s <= d->cap_summaries) {
         return 0;
     }
-    /* From exactly what the first use needs (most deltas hold a few readings of a few fields:
-     * a batch of 100k sensors must not reserve room for 8 each), doubling after. */
-    uint32_t n = *cap ? *cap : need;
-    while (n < need) {
-        n *= 2;
-    }
-    void *p = bd_reallocarray(*buf, n, elem);
-    if (p == NULL) {
+    if (need_r > UINT32_MAX || need_v > UINT32_MAX) {
         return -ENOMEM;
     }
-    *buf = p;
-    *cap = n;
+    const uint32_t cr = grown_cap(d->cap_readings, need_r), cv = grown_cap(d->cap_values, need_v);
+    const uint32_t cs = (uint32_t)BD_MAX(need_s, d->cap_summaries);
+    char *b = bd_realloc(d->summaries, block_bytes(cs, cr, cv));
+    if (b == NULL) {
+        return -ENOMEM;
+    }
+    const size_t old_r = block_bytes(d->cap_summaries, 0, 0);
+    const size_t old_p = block_bytes(d->cap_summaries, d->cap_readings, 0);
+    const size_t old_t = old_p + (size_t)d->cap_values * sizeof(uint64_t);
+    const size_t new_r = block_bytes(cs, 0, 0), new_p = block_bytes(cs, cr, 0);
+    const size_t new_t = new_p + (size_t)cv * sizeof(uint64_t);
+    memmove(b + new_t, b + old_t, d->n_values);
+    memmove(b + new_p, b + old_p, (size_t)d->n_values * sizeof(uint64_t));
+    memmove(b + new_r, b + old_r, (size_t)d->n_readings * sizeof(struct bd_delta_reading));
+    d->summaries = (struct bd_field_summary *)(void *)b;
+    d->readings = (struct bd_delta_reading *)(void *)(b + new_r);
+    d->cap_summaries = (uint8_t)cs;
+    d->cap_readings = cr;
+    d->cap_values = cv;
     return 0;
+}
+
+struct bd_reading_value bd_delta_value(const struct bd_delta *d, uint32_t i) {
+    BD_ASSERT(i < d->n_values);
+    const uint8_t t = tags(d)[i];
+    const uint64_t bits = payloads(d)[i];
+    struct bd_reading_value v = {.field = t & TAG_FIELD_MASK, .kind = t >> TAG_FIELD_BITS};
+    if (v.kind == BD_VAL_BOOL) {
+        v.v.b = bits != 0;
+    } else {
+        memcpy(&v.v, &bits, sizeof(bits));
+    }
+    return v;
 }
 
 /* Numeric value as stored in MongoDB; false for booleans (stored, not summarised). */
@@ -180,26 +251,44 @@ static bool num_less(const struct bd_num *a, const struct bd_num *b) {
 }
 
 /*
- * Fold one reading's numeric values into the delta's summaries. Needs room for one new summary
- * per value (see bd_delta_add); never allocates.
+ * Fold the delta's values [first, first + n) into its summaries. Needs room for a summary of
+ * each numeric field among them not summarised yet (new_summaries); never allocates.
  */
-static void fold(struct bd_delta *d, const struct bd_reading_value *vals, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) {
+static void fold(struct bd_delta *d, uint32_t first, uint32_t n) {
+    /* Values decoded in place and summaries found by field through a map: truncate_delta folds
+     * every reading kept again, once per page a look-up spreads a long delta over. */
+    const uint8_t *t = tags(d);
+    const uint64_t *pay = payloads(d);
+    uint8_t at[BD_SENSOR_MAX_FIELDS]; /* summary index + 1 by field, 0: none */
+    memset(at, 0, sizeof(at));
+    for (uint32_t j = 0; j < d->n_summaries; j++) {
+        at[d->summaries[j].field] = (uint8_t)(j + 1);
+    }
+    for (uint32_t i = first; i < first + n; i++) {
+        const unsigned kind = t[i] >> TAG_FIELD_BITS, field = t[i] & TAG_FIELD_MASK;
         struct bd_num num;
-        if (!to_num(&vals[i], &num)) {
+        if (kind == BD_VAL_BOOL) {
             continue;
+        } else if (kind == BD_VAL_FLOAT) {
+            num.is_int = false;
+            memcpy(&num.v.f, &pay[i], sizeof(num.v.f));
+        } else if (kind == BD_VAL_INT || pay[i] <= (uint64_t)INT64_MAX) {
+            num.is_int = true;
+            num.v.i = (int64_t)pay[i];
+        } else {
+            /* BSON has no unsigned 64-bit type: values above INT64_MAX are stored as doubles
+             * (to_num). */
+            num.is_int = false;
+            num.v.f = (double)pay[i];
         }
-        struct bd_field_summary *fs = NULL;
-        for (uint32_t j = 0; j < d->n_summaries; j++) {
-            if (d->summaries[j].field == vals[i].field) {
-                fs = &d->summaries[j];
-                break;
-            }
-        }
-        if (fs == NULL) {
+        struct bd_field_summary *fs;
+        if (at[field] != 0) {
+            fs = &d->summaries[at[field] - 1];
+        } else {
             BD_ASSERT(d->n_summaries < d->cap_summaries);
             fs = &d->summaries[d->n_summaries++];
-            fs->field = vals[i].field;
+            at[field] = d->n_summaries;
+            fs->field = (uint16_t)field;
             fs->min = num;
             fs->max = num;
             fs->sum = 0;
@@ -214,6 +303,51 @@ static void fold(struct bd_delta *d, const struct bd_reading_value *vals, uint32
         fs->sum += num_as_double(&num);
         fs->count++;
     }
+}
+
+/* Fields with a summary (a sensor's fields are < 64: one bit each). */
+static uint64_t summarised(const struct bd_delta *d) {
+    uint64_t have = 0;
+    for (uint32_t j = 0; j < d->n_summaries; j++) {
+        have |= UINT64_C(1) << d->summaries[j].field;
+    }
+    return have;
+}
+
+/* A value's tag byte. */
+static uint8_t tag_of(const struct bd_reading_value *v) {
+    BD_ASSERT(v->field <= TAG_FIELD_MASK && v->kind <= BD_VAL_BOOL);
+    return (uint8_t)(v->field | (unsigned)v->kind << TAG_FIELD_BITS);
+}
+
+/* Whether a value of this tag is summarised (booleans are not). */
+static bool tag_summarised(uint8_t t) {
+    return t >> TAG_FIELD_BITS != BD_VAL_BOOL;
+}
+
+/* How many summaries the tags add to the delta's (numeric fields without one yet). */
+static uint32_t new_summaries(const struct bd_delta *d, const uint8_t *t, uint32_t n) {
+    const uint64_t have = summarised(d);
+    uint64_t add = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (tag_summarised(t[i])) {
+            add |= UINT64_C(1) << (t[i] & TAG_FIELD_MASK);
+        }
+    }
+    return (uint32_t)__builtin_popcountll(add & ~have);
+}
+
+/* Append a reading whose values are already encoded (room made); folds it in. */
+static void append(struct bd_delta *d, int64_t ts_ns, const uint64_t *pay, const uint8_t *t,
+                   uint32_t n) {
+    struct bd_delta_reading *r = &d->readings[d->n_readings++];
+    r->ts_ns = ts_ns;
+    r->first = d->n_values;
+    r->n = n;
+    memcpy(payloads(d) + d->n_values, pay, (size_t)n * sizeof(*pay));
+    memcpy(tags(d) + d->n_values, t, n);
+    d->n_values += n;
+    fold(d, r->first, n);
 }
 
 uint64_t bd_reading_bytes(const struct bd_sensor *s, const struct bd_reading_value *vals,
@@ -250,36 +384,50 @@ uint64_t bd_page_overhead_bytes(const struct bd_sensor *s) {
     return bytes;
 }
 
-int bd_delta_reserve(struct bd_delta *d, uint32_t readings, uint32_t values) {
-    if (grow((void **)&d->readings, &d->cap_readings, d->n_readings + readings,
-             sizeof(*d->readings)) < 0 ||
-        grow((void **)&d->values, &d->cap_values, d->n_values + values, sizeof(*d->values)) < 0 ||
-        grow((void **)&d->summaries, &d->cap_summaries, d->n_summaries + values,
-             sizeof(*d->summaries)) < 0) {
-        return -ENOMEM;
+uint64_t bd_delta_reading_bytes(const struct bd_delta *d, uint32_t r) {
+    const struct bd_delta_reading *dr = &d->readings[r];
+    const uint8_t *t = tags(d) + dr->first;
+    uint64_t bytes = 1 + 8 + 5 + (1 + 3 + 8); /* as bd_reading_bytes */
+    for (uint32_t i = 0; i < dr->n; i++) {
+        bytes += 1 + strlen(bd_sensor_field_name(d->sensor, t[i] & TAG_FIELD_MASK)) + 1 + 8;
     }
-    return 0;
+    return bytes;
+}
+
+int bd_delta_reserve(struct bd_delta *d, uint32_t readings, uint32_t values) {
+    return grow(d, readings, values, values);
 }
 
 int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_value *vals,
                  uint32_t n) {
-    /* Every buffer is grown before anything is written, so a failure changes nothing. */
-    if (grow((void **)&d->readings, &d->cap_readings, d->n_readings + 1, sizeof(*d->readings)) <
-            0 ||
-        grow((void **)&d->values, &d->cap_values, d->n_values + n, sizeof(*d->values)) < 0 ||
-        grow((void **)&d->summaries, &d->cap_summaries, d->n_summaries + n, sizeof(*d->summaries)) <
-            0) {
+    /* The new summaries are counted first and every part grown before anything is written, so
+     * a failure changes nothing. */
+    const uint64_t have = summarised(d);
+    uint64_t add = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (vals[i].kind != BD_VAL_BOOL) {
+            add |= UINT64_C(1) << (tag_of(&vals[i]) & TAG_FIELD_MASK);
+        }
+    }
+    if (grow(d, 1, n, (uint32_t)__builtin_popcountll(add & ~have)) < 0) {
         return -ENOMEM;
     }
-    struct bd_delta_reading *r = &d->readings[d->n_readings];
+    struct bd_delta_reading *r = &d->readings[d->n_readings++];
     r->ts_ns = ts_ns;
-    r->seq = d->n_readings;
     r->first = d->n_values;
     r->n = n;
-    memcpy(&d->values[d->n_values], vals, n * sizeof(*vals));
-    d->n_readings++;
+    uint64_t *pay = payloads(d) + d->n_values;
+    uint8_t *t = tags(d) + d->n_values;
+    for (uint32_t i = 0; i < n; i++) {
+        t[i] = tag_of(&vals[i]);
+        if (vals[i].kind == BD_VAL_BOOL) {
+            pay[i] = vals[i].v.b;
+        } else {
+            memcpy(&pay[i], &vals[i].v, sizeof(pay[i]));
+        }
+    }
     d->n_values += n;
-    fold(d, vals, n);
+    fold(d, r->first, n);
     return 0;
 }
 
@@ -292,33 +440,83 @@ static void truncate_delta(struct bd_delta *d, uint32_t keep) {
     d->n_readings = keep;
     d->n_summaries = 0;
     for (uint32_t i = 0; i < keep; i++) {
-        const struct bd_delta_reading *r = &d->readings[i];
-        fold(d, &d->values[r->first], r->n);
+        fold(d, d->readings[i].first, d->readings[i].n);
     }
+}
+
+/* Swap two deltas' buffers and contents, keeping each one's sensor, bucket and page. */
+static void swap_buffers(struct bd_delta *a, struct bd_delta *b) {
+    struct bd_delta t = *a;
+    a->summaries = b->summaries;
+    a->readings = b->readings;
+    a->n_readings = b->n_readings;
+    a->cap_readings = b->cap_readings;
+    a->n_values = b->n_values;
+    a->cap_values = b->cap_values;
+    a->n_summaries = b->n_summaries;
+    a->cap_summaries = b->cap_summaries;
+    b->summaries = t.summaries;
+    b->readings = t.readings;
+    b->n_readings = t.n_readings;
+    b->cap_readings = t.cap_readings;
+    b->n_values = t.n_values;
+    b->cap_values = t.cap_values;
+    b->n_summaries = t.n_summaries;
+    b->cap_summaries = t.cap_summaries;
+}
+
+int bd_delta_copy_readings(const struct bd_delta *src, uint32_t from, uint32_t to,
+                           struct bd_delta *dst) {
+    BD_ASSERT(from <= to && to <= src->n_readings && src != dst);
+    if (from == to) {
+        return 0;
+    }
+    const uint32_t first = src->readings[from].first;
+    const uint32_t values =
+        (to < src->n_readings ? src->readings[to].first : src->n_values) - first;
+    if (grow(dst, to - from, values, new_summaries(dst, tags(src) + first, values)) < 0) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = from; i < to; i++) {
+        const struct bd_delta_reading *r = &src->readings[i];
+        append(dst, r->ts_ns, payloads(src) + r->first, tags(src) + r->first, r->n);
+    }
+    return 0;
+}
+
+void bd_delta_truncate(struct bd_delta *d, uint32_t keep) {
+    BD_ASSERT(keep <= d->n_readings);
+    truncate_delta(d, keep);
 }
 
 int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst) {
     BD_ASSERT(keep <= src->n_readings);
+    if (keep == 0 && dst->n_readings == 0) {
+        /* The whole delta into an empty one: the same readings, summaries, order. */
+        swap_buffers(src, dst);
+        bd_delta_reset(src);
+        return 0;
+    }
     /* readings[] is in arrival order until the update is built (which sorts it and is the
      * delta's last use), so "the first keep" are the first to arrive. */
-    const uint32_t dst_had = dst->n_readings;
-    for (uint32_t i = keep; i < src->n_readings; i++) {
-        const struct bd_delta_reading *r = &src->readings[i];
-        if (bd_delta_add(dst, r->ts_ns, &src->values[r->first], r->n) < 0) {
-            truncate_delta(dst, dst_had);
-            return -ENOMEM;
-        }
+    if (bd_delta_copy_readings(src, keep, src->n_readings, dst) < 0) {
+        return -ENOMEM;
     }
     truncate_delta(src, keep);
     return 0;
 }
 
+/* By time, equal timestamps in arrival order: values are appended in arrival order, so a later
+ * reading has a larger first, or the same one after a reading without values. */
 static int cmp_reading(const void *a, const void *b) {
     const struct bd_delta_reading *x = a, *y = b;
     if (x->ts_ns != y->ts_ns) {
         return x->ts_ns < y->ts_ns ? -1 : 1;
     }
-    return x->seq < y->seq ? -1 : (x->seq > y->seq);
+    if (x->first != y->first) {
+        return x->first < y->first ? -1 : 1;
+    }
+    return x->n < y->n ? -1 : (x->n > y->n);
 }
 
 static void append_num(bson_t *doc, const char *key, const struct bd_num *n) {
@@ -621,8 +819,8 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
         BSON_APPEND_DOCUMENT_BEGIN(&arr, ikey, &rdoc);
         BSON_APPEND_DATE_TIME(&rdoc, "ts", bd_floor_div(r->ts_ns, BD_NS_PER_MS));
         for (uint32_t j = 0; j < r->n; j++) {
-            const struct bd_reading_value *v = &d->values[r->first + j];
-            append_value(&rdoc, bd_sensor_field_name(s, v->field), v);
+            const struct bd_reading_value v = bd_delta_value(d, r->first + j);
+            append_value(&rdoc, bd_sensor_field_name(s, v.field), &v);
         }
         bson_append_document_end(&arr, &rdoc);
     }
@@ -672,7 +870,5 @@ int bd_delta_build_update(struct bd_delta *d, uint64_t span_ms, const char *writ
 }
 
 uint64_t bd_delta_bytes(const struct bd_delta *d) {
-    return sizeof(*d) + (uint64_t)d->cap_readings * sizeof(*d->readings) +
-           (uint64_t)d->cap_values * sizeof(*d->values) +
-           (uint64_t)d->cap_summaries * sizeof(*d->summaries);
+    return sizeof(*d) + block_bytes(d->cap_summaries, d->cap_readings, d->cap_values);
 }

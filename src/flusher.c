@@ -432,6 +432,7 @@ uint64_t bd_flusher_abandon(struct bd_flusher *f) {
                  f->writer.last_error, f->writer.last_error[0] ? ")" : "");
     }
     flusher_writer_batch_done(f);
+    flusher_writer_fill_gone(&f->fill);
     bd_batch_clear(&f->fill);
     f->fill_bytes = 0;
     f->queued = 0;

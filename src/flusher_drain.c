@@ -117,15 +117,13 @@ static uint64_t pinned_from(const struct bd_flusher *f) {
  * (whose share of the pool then pauses its TCP connection, sensor.h) and goes into the next
  * batch. Without it a sensor sending faster than MongoDB takes it fills every batch, and the
  * others wait behind it. Alone, a sensor takes what it needs. Kept with the sensor's pages: a
- * reading was just placed, so it has them.
+ * reading was just placed, so it has them; zeroed when the fill batch is handed on
+ * (flusher_writer_fill_gone).
  */
 static bool over_fill_share(struct bd_flusher *f, struct bd_pages *p, uint64_t grew) {
-    if (p->fill_id != f->fill_id) {
-        p->fill_id = f->fill_id;
-        p->fill_bytes = 0;
-    }
-    p->fill_bytes += grew;
-    return p->fill_bytes >= f->budget / BD_SENSOR_SHARE_DIV && bd_sensor_table_has_dirty(f->table);
+    p->fill_bytes = (uint32_t)BD_MIN(p->fill_bytes + grew, UINT32_MAX);
+    return p->fill_bytes >= BD_MIN(f->budget / BD_SENSOR_SHARE_DIV, UINT32_MAX) &&
+           bd_sensor_table_has_dirty(f->table);
 }
 
 /*
@@ -146,16 +144,18 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
      * bound and the page overhead are kept with the sensor's pages until its fields change. */
     const uint32_t n_known = atomic_load_explicit(&s->n_fields, memory_order_acquire);
     uint64_t overhead, rb_max;
-    if (*pp != NULL && (*pp)->sized_fields == n_known) {
+    if (*pp != NULL && (*pp)->sized_fields == n_known) { /* n_known < BD_PAGES_UNSIZED */
         overhead = (*pp)->overhead_bytes;
         rb_max = (*pp)->reading_max_bytes;
     } else {
         overhead = bd_page_overhead_bytes(s);
         rb_max = bd_reading_bytes_max(s, n_known);
         if (*pp != NULL) {
-            (*pp)->sized_fields = n_known;
-            (*pp)->overhead_bytes = overhead;
-            (*pp)->reading_max_bytes = rb_max;
+            /* Names are bounded (pages.h): the sizes fit, else they are not kept. */
+            const bool fits = overhead <= UINT32_MAX && rb_max < (UINT32_C(1) << 25);
+            (*pp)->sized_fields = fits ? n_known : BD_PAGES_UNSIZED;
+            (*pp)->overhead_bytes = (uint32_t)overhead;
+            (*pp)->reading_max_bytes = (uint32_t)rb_max & ((UINT32_C(1) << 25) - 1);
         }
     }
     const bool exact = overhead + (uint64_t)f->lim.max_readings * rb_max > f->lim.max_bytes;

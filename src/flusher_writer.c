@@ -182,9 +182,7 @@ static int place_readings(struct bd_flusher *f, struct bd_batch *b, uint32_t di,
     }
     /* Runs of consecutive readings on one page: pages only grow as readings are placed. */
     for (uint32_t i = keep; i < n; i++) {
-        const struct bd_delta_reading *r = &d->readings[i];
-        uint32_t p = bd_pages_place(&next, &f->lim, bd_reading_bytes(s, &d->values[r->first], r->n),
-                                    overhead);
+        uint32_t p = bd_pages_place(&next, &f->lim, bd_delta_reading_bytes(d, i), overhead);
         if (groups == 0 || pages[groups - 1] != p) {
             first[groups] = i;
             pages[groups] = p;
@@ -209,14 +207,18 @@ static int place_readings(struct bd_flusher *f, struct bd_batch *b, uint32_t di,
             goto out;
         }
     }
-    for (uint32_t g = groups; g-- > 0;) {
-        int moved = bd_delta_split(d, first[g], &b->deltas[target[g]]);
+    /* Each run copied to its page's delta, then the source cut once (its summaries folded
+     * again once, not once per page: a long delta spread over many pages stays linear). */
+    for (uint32_t g = 0; g < groups; g++) {
+        uint32_t end = g + 1 < groups ? first[g + 1] : n;
+        int moved = bd_delta_copy_readings(d, first[g], end, &b->deltas[target[g]]);
         BD_ASSERT(moved == 0); /* room was made above */
         /* Readings moved for their size keep their count of refusals, so a page that MongoDB
          * refuses whatever its size cannot move them on forever. */
         struct bd_batch_meta *tm = &b->meta[target[g]];
         tm->refusals = BD_MAX(tm->refusals, b->meta[di].refusals);
     }
+    bd_delta_truncate(d, keep);
     /* The fill batch may have placed readings here already: its id stays. */
     next.batch = BD_MAX(next.batch, id);
     *slot = next;
@@ -501,8 +503,7 @@ static bool learn_chunk(struct bd_flusher *f, struct learn_item *items, uint32_t
         /* The stored page's size, estimated from its count and this delta's readings. */
         uint64_t per_reading = 0;
         for (uint32_t r = 0; r < d->n_readings; r++) {
-            const struct bd_delta_reading *dr = &d->readings[r];
-            per_reading += bd_reading_bytes(d->sensor, &d->values[dr->first], dr->n);
+            per_reading += bd_delta_reading_bytes(d, r);
         }
         per_reading /= BD_MAX(d->n_readings, 1);
         uint64_t bytes = count == 0 ? 0 : bd_page_overhead_bytes(d->sensor) + count * per_reading;
@@ -705,8 +706,21 @@ void flusher_writer_batch_done(struct bd_flusher *f) {
  * taken only then (prepare_batch), so a page can never receive a later number before an earlier
  * one is in -- which the w.<writer_id> filter would otherwise take for "already applied".
  */
+void flusher_writer_fill_gone(const struct bd_batch *b) {
+    /* A sensor's fill_bytes grows only once a reading is in a delta of the fill batch
+     * (flusher_drain.c), and a delta stays in its batch until the batch is cleared: these are
+     * all the sensors with a share counted. */
+    for (uint32_t i = 0; i < b->n; i++) {
+        struct bd_pages *p = b->deltas[i].sensor->flusher_state;
+        if (p != NULL) {
+            p->fill_bytes = 0;
+        }
+    }
+}
+
 void flusher_writer_swap_in_fill(struct bd_flusher *f) {
     BD_ASSERT(bd_batch_pending_readings(&f->batch) == 0);
+    flusher_writer_fill_gone(&f->fill);
     struct bd_batch done = f->batch;
     f->batch = f->fill;
     f->fill = done;

@@ -16,6 +16,7 @@
 #include "bucketd/replay.h"
 #include "bucketd/writer.h"
 
+struct bd_batch;
 struct bd_flusher;
 
 struct flusher_writer {
@@ -76,6 +77,9 @@ void flusher_writer_batch_done(struct bd_flusher *f);
 bool flusher_writer_settled(const struct bd_flusher *f);
 /* The fill batch becomes the batch to write. */
 void flusher_writer_swap_in_fill(struct bd_flusher *f);
+/* The fill batch b is handed on (to be written, or dropped at a stop): its sensors' shares of
+ * the next fill batch start from nothing (bd_pages.fill_bytes). */
+void flusher_writer_fill_gone(const struct bd_batch *b);
 /* After the swap: deltas not worth an update yet go back into the fill batch. */
 void flusher_writer_hold_back(struct bd_flusher *f, int64_t wall_ms, bool stopping);
 /* Write what the batch holds; on failure, schedule its retry. */

@@ -8,6 +8,9 @@
 #include "bucketd/alloc.h"
 #include "bucketd/common.h"
 
+_Static_assert(sizeof(struct bd_pages) + sizeof(struct bd_page_slot) <= 56,
+               "a sensor's pages with one slot fit a 64-byte malloc chunk");
+
 struct bd_page_slot *bd_pages_find(struct bd_pages *p, int64_t start_ms) {
     for (uint32_t i = 0; p != NULL && i < p->n; i++) {
         if (p->slot[i].start_ms == start_ms) {
@@ -20,7 +23,7 @@ struct bd_page_slot *bd_pages_find(struct bd_pages *p, int64_t start_ms) {
 /* Slots a sensor needs at most: every bucket of the accepted window, and a spare. */
 static uint32_t window_slots(const struct bd_pages_limits *lim) {
     uint64_t n = (lim->max_late_ms + lim->max_future_ms) / lim->span_ms + 3;
-    return (uint32_t)BD_MIN(n, (uint64_t)1 << 20);
+    return (uint32_t)BD_MIN(n, (uint64_t)BD_PAGES_MAX_SLOTS);
 }
 
 struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_limits *lim,
@@ -58,7 +61,10 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
     } else {
         if (p == NULL || p->n == p->cap) {
             /* Most sensors only ever have one bucket open: start with room for one. */
-            uint32_t cap = p == NULL ? 1 : p->cap * 2;
+            if (p != NULL && p->cap == BD_PAGES_MAX_SLOTS) {
+                return NULL; /* window_slots reuses a slot before */
+            }
+            uint32_t cap = p == NULL ? 1 : BD_MIN((uint32_t)p->cap * 2, BD_PAGES_MAX_SLOTS);
             struct bd_pages *grown = bd_realloc(p, sizeof(*p) + (size_t)cap * sizeof(p->slot[0]));
             if (grown == NULL) {
                 return NULL;
@@ -66,11 +72,12 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
             if (p == NULL) {
                 grown->n = 0;
                 grown->forgot_max_ms = INT64_MIN;
-                grown->sized_fields = UINT32_MAX;
+                grown->sized_fields = BD_PAGES_UNSIZED;
+                grown->overhead_bytes = 0;
+                grown->reading_max_bytes = 0;
                 grown->fill_bytes = 0;
-                grown->fill_id = 0;
             }
-            grown->cap = cap;
+            grown->cap = (uint16_t)cap;
             p = grown;
             *pp = p;
         }
@@ -86,7 +93,7 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
 void bd_pages_learn(struct bd_page_slot *s, uint32_t page, uint32_t count, uint64_t est_bytes) {
     s->page = page;
     s->count = count;
-    s->bytes = est_bytes;
+    s->bytes = (uint32_t)BD_MIN(est_bytes, UINT32_MAX);
     s->overhead = BD_PAGE_OVERHEAD_LEARNED;
     s->known = true;
 }

@@ -134,9 +134,9 @@ _Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RIN
 #define RECHECK_MAX 1024
 /* Initial index size: slots, a power of two. */
 #define INITIAL_SLOTS 1024
-/* What the flusher allocates for a sensor's page accounting (struct bd_pages and a slot, and
- * the allocator's header): charged to the sensor up front. */
-#define FLUSHER_SENSOR_COST 128
+/* What the flusher allocates for a sensor's page accounting (struct bd_pages and a slot, at
+ * most 56 bytes, and the allocator's header: a 64-byte chunk): charged to the sensor up front. */
+#define FLUSHER_SENSOR_COST 64
 /* An allocation's cost beyond its size (the allocator's header and rounding). */
 #define MALLOC_OVERHEAD 16
 /* Short field names live in the sensor's field_key (see field_index): its bytes 1..len. */

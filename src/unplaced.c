@@ -45,7 +45,7 @@ int bd_unplaced_add(struct bd_replay_buf *buf, const struct bd_delta *d) {
     const struct bd_sensor *s = d->sensor;
     uint32_t n_names = 0;
     for (uint32_t i = 0; i < d->n_values; i++) {
-        n_names = BD_MAX(n_names, (uint32_t)d->values[i].field + 1);
+        n_names = BD_MAX(n_names, (uint32_t)bd_delta_value(d, i).field + 1);
     }
     size_t meas_len = strlen(bd_sensor_measurement(s));
     size_t need = ENTRY_HEADER + s->id_len + meas_len;
@@ -92,7 +92,7 @@ int bd_unplaced_add(struct bd_replay_buf *buf, const struct bd_delta *d) {
         bd_put_le32(p + 8, dr->n);
         p += READING_HEADER;
         for (uint32_t k = 0; k < dr->n; k++) {
-            const struct bd_reading_value *v = &d->values[dr->first + k];
+            const struct bd_reading_value val = bd_delta_value(d, dr->first + k), *v = &val;
             p[0] = (uint8_t)(v->field & 0xff);
             p[1] = (uint8_t)(v->field >> 8);
             p[2] = v->kind;

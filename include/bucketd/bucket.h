@@ -45,8 +45,9 @@ int bd_bucket_id(char *buf, size_t cap, const char *sensor_id, int64_t start_ms,
 #define BD_PAGE_MAX_BYTES (UINT64_C(8) << 20)
 #define BD_UPDATE_MAX_BYTES (UINT64_C(16) << 20)
 
-/* A numeric value as stored: kept in its own BSON type (double or int64). */
-struct bd_num {
+/* A numeric value as stored: kept in its own BSON type (double or int64). Packed (9 bytes) so
+ * that a field's summary takes 32 bytes: a batch holds one per field of every page it updates. */
+struct __attribute__((packed)) bd_num {
     bool is_int;
     union {
         double f;
@@ -55,34 +56,42 @@ struct bd_num {
 };
 
 struct bd_field_summary {
+    double sum;
+    uint32_t count; /* readings of the delta holding the field: a delta holds < 2^32 readings */
     uint16_t field; /* index into the sensor's field names */
     struct bd_num min, max;
-    double sum;
-    int64_t count;
 };
 
 struct bd_delta_reading {
     int64_t ts_ns;
-    uint32_t seq;   /* arrival order, keeps equal timestamps stable when sorting */
-    uint32_t first; /* index of its first value in the delta's values */
+    uint32_t first; /* index of its first value in the delta's values: grows in arrival order */
     uint32_t n;
 };
 
-/* What one flush adds to one bucket page. Buffers are reused across flushes. */
+/*
+ * What one flush adds to one bucket page. Buffers are reused across flushes.
+ *
+ * One allocation holds everything, at the address of summaries: cap_summaries summaries (one
+ * per numeric field the readings hold, sized exactly: a sensor has at most
+ * BD_SENSOR_MAX_FIELDS fields), then cap_readings readings, then the values of cap_values
+ * values in two arrays: their 8 bytes (bd_delta_value decodes them), then one byte each for the
+ * field (6 bits) and kind (2 bits). A batch holds a delta for every page it updates: for the
+ * common few readings of a few fields per flush, no part of it is rounded up to a power of two.
+ */
 struct bd_delta {
     struct bd_sensor *sensor;
     int64_t start_ms;
+    struct bd_field_summary *summaries; /* the delta's allocation (NULL: none yet) */
+    struct bd_delta_reading *readings;  /* inside it */
     uint32_t page;
-
-    struct bd_delta_reading *readings;
     uint32_t n_readings, cap_readings;
-    struct bd_reading_value *values;
     uint32_t n_values, cap_values;
-    struct bd_field_summary *summaries;
-    uint32_t n_summaries, cap_summaries;
+    uint8_t n_summaries, cap_summaries;
 };
 
 void bd_delta_init(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, uint32_t page);
+/* A delta for (s, start_ms, page) that keeps d's buffers (emptied) for reuse. */
+void bd_delta_retarget(struct bd_delta *d, struct bd_sensor *s, int64_t start_ms, uint32_t page);
 /* Memory the delta holds: its struct and its buffers' capacity. */
 uint64_t bd_delta_bytes(const struct bd_delta *d);
 /* Drop the contents, keep the buffers. */
@@ -96,16 +105,33 @@ void bd_delta_close(struct bd_delta *d);
 int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_value *vals,
                  uint32_t n);
 
+/* Value i (0 <= i < n_values) as it was added. */
+struct bd_reading_value bd_delta_value(const struct bd_delta *d, uint32_t i);
+
+/* bd_reading_bytes of the delta's reading r (readings[r]). */
+uint64_t bd_delta_reading_bytes(const struct bd_delta *d, uint32_t r);
+
 /*
  * Move the readings after the first `keep` (arrival order; 0 moves all) into dst, which must be
  * initialised (it may already hold readings), and recompute src's summaries. For a bucket page
- * that fills up: keep is what still fits. -ENOMEM leaves src whole and dst as it was.
+ * that fills up: keep is what still fits. -ENOMEM leaves src whole and dst as it was. Moving a
+ * whole delta into an empty one hands the buffers over (src gets dst's), allocating nothing.
  */
 int bd_delta_split(struct bd_delta *src, uint32_t keep, struct bd_delta *dst);
 
 /*
- * Make room for `readings` more readings holding `values` values (and as many new summaries), so
- * that adding them cannot fail. -ENOMEM leaves the contents as they were.
+ * Append src's readings [from, to) (arrival order) to dst, as bd_delta_split would move them,
+ * leaving src as it is. -ENOMEM (no room made with bd_delta_reserve) leaves dst as it was.
+ */
+int bd_delta_copy_readings(const struct bd_delta *src, uint32_t from, uint32_t to,
+                           struct bd_delta *dst);
+
+/* Cut the delta to its first `keep` readings (arrival order), its summaries folded again. */
+void bd_delta_truncate(struct bd_delta *d, uint32_t keep);
+
+/*
+ * Make room for `readings` more readings holding `values` values (and as many new summaries, up
+ * to one per field a sensor can have), so that adding them cannot fail. -ENOMEM leaves the contents as they were.
  */
 int bd_delta_reserve(struct bd_delta *d, uint32_t readings, uint32_t values);
 

@@ -28,8 +28,8 @@
 
 /* Page of a delta whose bucket's stored pages are not known yet. */
 #define BD_PAGE_UNKNOWN UINT32_MAX
-/* bd_page_slot.overhead after a look-up (see there). */
-#define BD_PAGE_OVERHEAD_LEARNED UINT64_MAX
+/* bd_page_slot.overhead after a look-up (see there): its largest value. */
+#define BD_PAGE_OVERHEAD_LEARNED ((UINT32_C(1) << 31) - 1)
 
 struct bd_pages_limits {
     uint64_t span_ms;
@@ -39,32 +39,49 @@ struct bd_pages_limits {
     uint64_t max_bytes; /* BD_PAGE_MAX_BYTES in the daemon */
 };
 
+/*
+ * Sizes are kept in 32 bits: a page holds at most BD_PAGE_MAX_BYTES (8 MiB) but for a single
+ * reading (at most limits.max_line, 16 MiB), a page's overhead is names of at most 64 KiB each;
+ * bytes saturates at UINT32_MAX all the same (above any max_bytes, so it decides alike).
+ */
 struct bd_page_slot {
     int64_t start_ms;
+    uint64_t batch; /* the newest batch that placed readings here */
     uint32_t page;  /* the page new readings go to (known slots) */
     uint32_t count; /* readings on that page, stored or pending; unknown slots: pending */
-    uint64_t bytes; /* estimated BSON bytes of that page, overhead included once known */
+    uint32_t bytes; /* estimated BSON bytes of that page, overhead included once known */
     /* The page overhead (bd_pages_place's overhead_bytes) that bytes includes:
      * BD_PAGE_OVERHEAD_LEARNED after bd_pages_learn, whose estimate holds the overhead the next
      * bd_pages_place is given. */
-    uint64_t overhead;
-    uint64_t batch; /* the newest batch that placed readings here */
-    bool known;
+    uint32_t overhead : 31;
+    uint32_t known : 1;
 };
 
-/* One sensor's open buckets (the sensor's flusher_state). */
+/* Largest bd_pages.n: slots a sensor can have (window_slots in pages.c is at most this). */
+#define BD_PAGES_MAX_SLOTS UINT16_MAX
+
+/*
+ * One sensor's open buckets (the sensor's flusher_state): 24 bytes and a slot of 32, so that
+ * the common sensor with one bucket open takes a 56-byte allocation (a 64-byte malloc chunk).
+ */
 struct bd_pages {
-    uint32_t n, cap;
     int64_t forgot_max_ms; /* newest bucket start whose slot was dropped (INT64_MIN: none) */
     /* The sensor's page sizes as the flusher last worked them out, while it had sized_fields
-     * field names (UINT32_MAX: not yet): a page's overhead and the largest reading's bytes. */
-    uint32_t sized_fields;
-    uint64_t overhead_bytes, reading_max_bytes;
-    /* Bytes of the sensor's readings in the flusher's fill batch fill_id, for its share
-     * (flusher_drain.c); kept here by the flusher, untouched by the functions below. */
-    uint64_t fill_bytes, fill_id;
+     * field names (BD_PAGES_UNSIZED: not yet): a page's overhead and the largest reading's
+     * bytes (at most 64 fields of a name of at most 64 KiB: below 2^25). */
+    uint32_t overhead_bytes;
+    uint32_t reading_max_bytes : 25;
+    uint32_t sized_fields : 7;
+    /* Bytes of the sensor's readings in the flusher's fill batch, for its share
+     * (flusher_drain.c; saturates at UINT32_MAX); kept here by the flusher, zeroed when the fill
+     * batch is handed to the writer, untouched by the functions below. */
+    uint32_t fill_bytes;
+    uint16_t n, cap;
     struct bd_page_slot slot[];
 };
+
+/* bd_pages.sized_fields before the sizes are first worked out (a sensor has at most 64). */
+#define BD_PAGES_UNSIZED 127
 
 /*
  * The slot of bucket start_ms, created if missing. A new slot reuses the slot of a bucket that
@@ -89,25 +106,27 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
 static inline uint32_t bd_pages_place(struct bd_page_slot *s, const struct bd_pages_limits *lim,
                                       uint64_t reading_bytes, uint64_t overhead_bytes) {
     BD_ASSERT(s->known);
+    /* A page's overhead is below BD_PAGE_OVERHEAD_LEARNED (its names are bounded). */
+    overhead_bytes = BD_MIN(overhead_bytes, (uint64_t)BD_PAGE_OVERHEAD_LEARNED - 1);
     if (s->count == 0) {
         if (s->bytes < overhead_bytes) {
-            s->bytes = overhead_bytes;
+            s->bytes = (uint32_t)overhead_bytes;
         }
-        s->overhead = overhead_bytes;
+        s->overhead = (uint32_t)overhead_bytes;
     } else if (s->overhead == BD_PAGE_OVERHEAD_LEARNED) {
-        s->overhead = overhead_bytes;
+        s->overhead = (uint32_t)overhead_bytes;
     }
     uint64_t grown = overhead_bytes > s->overhead ? overhead_bytes - s->overhead : 0;
     if (s->count > 0 &&
         (s->count >= lim->max_readings || s->bytes + grown + reading_bytes > lim->max_bytes)) {
         s->page++;
         s->count = 0;
-        s->bytes = overhead_bytes;
+        s->bytes = (uint32_t)BD_MIN(overhead_bytes, UINT32_MAX);
         grown = 0;
     }
     s->count++;
-    s->bytes += grown + reading_bytes;
-    s->overhead = BD_MAX(s->overhead, overhead_bytes);
+    s->bytes = (uint32_t)BD_MIN(s->bytes + grown + reading_bytes, UINT32_MAX);
+    s->overhead = (uint32_t)BD_MAX(s->overhead, overhead_bytes);
     return s->page;
 }
 

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "bucketd/alloc.h"
 #include "bucketd/bucket.h"
 
 #define HOUR_MS INT64_C(3600000)
@@ -389,6 +390,282 @@ Test(bucket, long_field_names_keep_their_own_summaries) {
         found += strcmp(k, want1) == 0 ? 1 : strcmp(k, want2) == 0 ? 2 : 0;
     }
     cr_assert_eq(found, 3, "both summaries, under their whole names");
+    bson_destroy(&sel);
+    bson_destroy(&upd);
+    bd_delta_close(&d);
+}
+
+/* ---- The compact delta (one allocation: summaries, readings, 9-byte values) ---------------- */
+
+static struct bd_reading_value uv(uint16_t field, uint64_t u) {
+    struct bd_reading_value v = {.field = field, .kind = BD_VAL_UINT};
+    v.v.u = u;
+    return v;
+}
+
+static struct bd_reading_value bv(uint16_t field, bool b) {
+    struct bd_reading_value v = {.field = field, .kind = BD_VAL_BOOL};
+    v.v.b = b;
+    return v;
+}
+
+static void assert_same_value(struct bd_reading_value got, struct bd_reading_value want) {
+    cr_assert_eq(got.field, want.field);
+    cr_assert_eq(got.kind, want.kind);
+    if (want.kind == BD_VAL_BOOL) {
+        cr_assert_eq(got.v.b, want.v.b);
+    } else {
+        cr_assert_eq(memcmp(&got.v, &want.v, sizeof(uint64_t)), 0, "the value's 8 bytes");
+    }
+}
+
+/* Every kind and the highest field a sensor can have come back as they were added. */
+Test(bucket, compact_values_come_back_as_added) {
+    struct bd_delta d;
+    bd_delta_init(&d, &sensor, 0, 0);
+    const struct bd_reading_value vals[] = {
+        fv(0, -0.0),       fv(BD_SENSOR_MAX_FIELDS - 1, 1e308),
+        iv(1, INT64_MIN),  iv(2, INT64_MAX),
+        uv(3, UINT64_MAX), uv(5, 42),
+        bv(6, true),       bv(BD_SENSOR_MAX_FIELDS - 2, false),
+        fv(7, NAN),
+    };
+    const uint32_t n = BD_ARRAY_LEN(vals);
+    cr_assert_eq(bd_delta_add(&d, 5, vals, 4), 0);
+    cr_assert_eq(bd_delta_add(&d, 6, vals + 4, n - 4), 0);
+    cr_assert_eq(d.n_values, n);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_same_value(bd_delta_value(&d, i), vals[i]);
+    }
+    cr_assert_eq(d.readings[1].first, 4);
+    cr_assert_eq(d.readings[1].n, n - 4);
+    /* Booleans have no summary; every other field one, in the order first seen. */
+    cr_assert_eq(d.n_summaries, n - 2);
+    cr_assert_eq(d.summaries[1].field, BD_SENSOR_MAX_FIELDS - 1);
+    cr_assert(!d.summaries[4].min.is_int, "a uint above INT64_MAX is summarised as a double");
+    cr_assert(d.summaries[5].min.is_int && d.summaries[5].max.v.i == 42);
+    bd_delta_close(&d);
+}
+
+/* A few readings of a few fields take what they need: no capacity rounded up, one summary per
+ * numeric field (not one per value added). */
+Test(bucket, a_small_delta_is_sized_exactly) {
+    struct bd_delta d;
+    bd_delta_init(&d, &sensor, 0, 0);
+    for (int i = 0; i < 3; i++) {
+        struct bd_reading_value r[] = {fv(0, i), iv(1, i), bv(2, i & 1)};
+        cr_assert_eq(bd_delta_add(&d, i * MS, r, 3), 0);
+    }
+    cr_assert_eq(d.cap_readings, 3);
+    cr_assert_eq(d.cap_values, 9);
+    cr_assert_eq(d.n_summaries, 2);
+    cr_assert_eq(d.cap_summaries, 2);
+    cr_assert_eq(bd_delta_bytes(&d), sizeof(d) + 2 * 32 + 3 * 16 + 9 * 9);
+    /* A new field: one more summary, exactly. */
+    struct bd_reading_value r[] = {iv(3, 9), fv(0, -1)};
+    cr_assert_eq(bd_delta_add(&d, 4 * MS, r, 2), 0);
+    cr_assert_eq(d.cap_summaries, 3);
+    cr_assert_eq(d.summaries[2].field, 3);
+    cr_assert_eq(d.summaries[0].min.v.f, -1.0);
+    cr_assert_eq(d.summaries[0].count, 4);
+    cr_assert_eq(d.summaries[1].count, 3);
+    bd_delta_close(&d);
+}
+
+/* Integers and doubles of one field: min and max keep the type of the value they came from,
+ * integers compare exactly (no rounding through double). */
+Test(bucket, mixed_int_and_double_min_max_keep_their_types) {
+    struct bd_delta d;
+    bd_delta_init(&d, &sensor, 0, 0);
+    struct bd_reading_value a[] = {iv(0, 5)}, b[] = {fv(0, 4.5)}, c[] = {iv(0, 7)};
+    cr_assert_eq(bd_delta_add(&d, 0, a, 1), 0);
+    cr_assert_eq(bd_delta_add(&d, 1, b, 1), 0);
+    cr_assert_eq(bd_delta_add(&d, 2, c, 1), 0);
+    cr_assert(!d.summaries[0].min.is_int);
+    cr_assert_eq(d.summaries[0].min.v.f, 4.5);
+    cr_assert(d.summaries[0].max.is_int);
+    cr_assert_eq(d.summaries[0].max.v.i, 7);
+    cr_assert_eq(d.summaries[0].sum, 16.5);
+    /* INT64_MAX - 1 and INT64_MAX are the same double: compared as integers they differ. */
+    struct bd_reading_value e[] = {iv(1, INT64_MAX)}, f[] = {iv(1, INT64_MAX - 1)};
+    cr_assert_eq(bd_delta_add(&d, 3, e, 1), 0);
+    cr_assert_eq(bd_delta_add(&d, 4, f, 1), 0);
+    cr_assert_eq(d.summaries[1].min.v.i, INT64_MAX - 1);
+    cr_assert_eq(d.summaries[1].max.v.i, INT64_MAX);
+    bd_delta_close(&d);
+}
+
+/* A copy of what a delta holds, to compare before and after a failed call. */
+struct delta_copy {
+    uint32_t n_readings, n_values, n_summaries;
+    struct bd_delta_reading readings[64];
+    struct bd_reading_value values[256];
+    struct bd_field_summary summaries[8];
+};
+
+static void copy_delta(const struct bd_delta *d, struct delta_copy *c) {
+    memset(c, 0, sizeof(*c));
+    c->n_readings = d->n_readings;
+    c->n_values = d->n_values;
+    c->n_summaries = d->n_summaries;
+    for (uint32_t i = 0; i < d->n_readings; i++) {
+        c->readings[i] = d->readings[i];
+    }
+    for (uint32_t i = 0; i < d->n_values; i++) {
+        c->values[i] = bd_delta_value(d, i);
+    }
+    for (uint32_t i = 0; i < d->n_summaries; i++) {
+        c->summaries[i] = d->summaries[i];
+    }
+}
+
+static void assert_delta_is(const struct bd_delta *d, const struct delta_copy *c) {
+    cr_assert_eq(d->n_readings, c->n_readings);
+    cr_assert_eq(d->n_values, c->n_values);
+    cr_assert_eq(d->n_summaries, c->n_summaries);
+    for (uint32_t i = 0; i < d->n_readings; i++) {
+        cr_assert_eq(memcmp(&c->readings[i], &d->readings[i], sizeof(c->readings[i])), 0);
+    }
+    for (uint32_t i = 0; i < d->n_values; i++) {
+        assert_same_value(bd_delta_value(d, i), c->values[i]);
+    }
+    for (uint32_t i = 0; i < d->n_summaries; i++) {
+        cr_assert_eq(memcmp(&c->summaries[i], &d->summaries[i], sizeof(c->summaries[i])), 0);
+    }
+}
+
+/* Out of memory, an add or a split changes nothing, whichever part had to grow. */
+Test(bucket, allocation_failures_leave_deltas_as_they_were) {
+    struct bd_delta d, tail;
+    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&tail, &sensor, 0, 1);
+    struct delta_copy before, tail_before;
+    int failed = 0;
+    for (int i = 0; i < 40; i++) {
+        /* Readings of 1 to 3 values, a new field now and then: each part grows in turn. */
+        struct bd_reading_value r[] = {fv((uint16_t)(i / 10), i), iv(1, -i), bv(2, i & 1)};
+        const uint32_t n = 1 + (uint32_t)i % 3;
+        copy_delta(&d, &before);
+        bd_alloc_fail_after(0, 0);
+        int rc = bd_delta_add(&d, (40 - i) * MS, r, n);
+        bd_alloc_fail_after(-1, 0);
+        if (rc < 0) {
+            cr_assert_eq(rc, -ENOMEM);
+            assert_delta_is(&d, &before);
+            failed++;
+        }
+        if (rc < 0 || i % 2 == 0) {
+            cr_assert_eq(bd_delta_add(&d, (40 - i) * MS, r, n), 0);
+        }
+    }
+    cr_assert_gt(failed, 3, "growing took an allocation more than once");
+    /* Into an empty tail and into one that holds readings already. */
+    for (int k = 0; k < 2; k++) {
+        copy_delta(&d, &before);
+        copy_delta(&tail, &tail_before);
+        bd_alloc_fail_after(0, 1);
+        cr_assert_eq(bd_delta_split(&d, 5, &tail), -ENOMEM);
+        bd_alloc_fail_after(-1, 0);
+        assert_delta_is(&d, &before);
+        assert_delta_is(&tail, &tail_before);
+        cr_assert_eq(bd_delta_split(&d, 30 - 10 * (uint32_t)k, &tail), 0);
+    }
+    cr_assert_eq(d.n_readings, 20);
+    bd_delta_close(&d);
+    bd_delta_close(&tail);
+}
+
+static void build_json(struct bd_delta *d, char **sel_json, char **upd_json) {
+    bson_t sel, upd;
+    cr_assert_eq(bd_delta_build_update(d, HOUR_MS, "w.t", 7, &sel, &upd), 0);
+    *sel_json = bson_as_canonical_extended_json(&sel, NULL);
+    *upd_json = bson_as_canonical_extended_json(&upd, NULL);
+    bson_destroy(&sel);
+    bson_destroy(&upd);
+}
+
+/* A whole delta moved into an empty one (a page held back for more readings) takes no memory
+ * and builds the update the same readings added one by one would. */
+Test(bucket, moving_a_whole_delta_hands_its_buffers_over) {
+    struct bd_delta d, moved, direct;
+    bd_delta_init(&d, &sensor, HOUR_MS, 0);
+    bd_delta_init(&moved, &sensor, HOUR_MS, 2);
+    bd_delta_init(&direct, &sensor, HOUR_MS, 2);
+    /* The empty target has buffers of its own from an earlier batch. */
+    struct bd_reading_value old[] = {fv(3, 1.0)};
+    cr_assert_eq(bd_delta_add(&moved, HOUR_MS * MS, old, 1), 0);
+    bd_delta_reset(&moved);
+    void *moved_buf = moved.summaries, *src_buf;
+    for (int i = 0; i < 5; i++) {
+        struct bd_reading_value r[] = {fv(0, 10 - i), iv(1, i), bv(2, true)};
+        int64_t ts = (HOUR_MS + 100 - i % 2) * MS;
+        cr_assert_eq(bd_delta_add(&d, ts, r, 1 + (uint32_t)i % 3), 0);
+        cr_assert_eq(bd_delta_add(&direct, ts, r, 1 + (uint32_t)i % 3), 0);
+    }
+    src_buf = d.summaries;
+    bd_alloc_fail_after(0, 1);
+    cr_assert_eq(bd_delta_split(&d, 0, &moved), 0, "no allocation");
+    bd_alloc_fail_after(-1, 0);
+    cr_assert_eq(moved.summaries, src_buf);
+    cr_assert_eq(d.summaries, moved_buf, "the source keeps the target's buffers for reuse");
+    cr_assert_eq(d.n_readings, 0);
+    cr_assert_eq(d.n_summaries, 0);
+    cr_assert_eq(d.page, 0);
+    cr_assert_eq(moved.page, 2, "the target keeps its page");
+    cr_assert_eq(moved.n_readings, 5);
+    char *s1, *u1, *s2, *u2;
+    build_json(&moved, &s1, &u1);
+    build_json(&direct, &s2, &u2);
+    cr_assert_str_eq(s1, s2);
+    cr_assert_str_eq(u1, u2);
+    bson_free(s1);
+    bson_free(u1);
+    bson_free(s2);
+    bson_free(u2);
+    bd_delta_close(&d);
+    bd_delta_close(&moved);
+    bd_delta_close(&direct);
+}
+
+/* Readings of equal timestamps keep their arrival order in the update, also around a reading
+ * without values (it shares its first value index with the next one). */
+Test(bucket, equal_timestamps_stay_in_arrival_order) {
+    struct bd_delta d;
+    bd_delta_init(&d, &sensor, 0, 0);
+    struct bd_reading_value a[] = {fv(0, 1)}, b[] = {fv(0, 2)}, c[] = {fv(0, 3)},
+                            e[] = {fv(0, 4), iv(1, 4)};
+    cr_assert_eq(bd_delta_add(&d, 5 * MS, a, 1), 0);
+    cr_assert_eq(bd_delta_add(&d, 5 * MS, b, 0), 0);
+    cr_assert_eq(bd_delta_add(&d, 5 * MS, b, 1), 0);
+    cr_assert_eq(bd_delta_add(&d, 3 * MS, c, 1), 0);
+    cr_assert_eq(bd_delta_add(&d, 5 * MS, e, 2), 0);
+    bson_t sel, upd;
+    cr_assert_eq(bd_delta_build_update(&d, HOUR_MS, "w.t", 1, &sel, &upd), 0);
+    bson_iter_t it, arr;
+    cr_assert(find(&upd, "0.$set._n.$literal", &it) && bson_iter_recurse(&it, &arr));
+    static const struct {
+        int64_t ts_ms;
+        int n_keys;
+        double temp;
+    } want[] = {{3, 2, 3}, {5, 2, 1}, {5, 1, 0}, {5, 2, 2}, {5, 3, 4}};
+    size_t k = 0;
+    while (bson_iter_next(&arr)) {
+        cr_assert_lt(k, BD_ARRAY_LEN(want));
+        bson_t rd;
+        uint32_t len;
+        const uint8_t *data;
+        bson_iter_document(&arr, &len, &data);
+        cr_assert(bson_init_static(&rd, data, len));
+        cr_assert_eq(bson_count_keys(&rd), (uint32_t)want[k].n_keys, "reading %zu", k);
+        cr_assert(find(&rd, "ts", &it));
+        cr_assert_eq(bson_iter_date_time(&it), want[k].ts_ms);
+        if (want[k].n_keys > 1) {
+            cr_assert(find(&rd, "temp", &it));
+            cr_assert_eq(bson_iter_double(&it), want[k].temp, "reading %zu", k);
+        }
+        k++;
+    }
+    cr_assert_eq(k, BD_ARRAY_LEN(want));
     bson_destroy(&sel);
     bson_destroy(&upd);
     bd_delta_close(&d);

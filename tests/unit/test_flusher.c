@@ -562,7 +562,9 @@ static void busy_loads(int loads, int per_load, bool quiet) {
 
 Test(flusher, one_sensor_takes_at_most_its_share_of_a_batch_while_others_wait) {
     stop();
-    cfg.limits.memory = 4 << 20; /* batches 2 MiB, a sensor's share of one 256 KiB */
+    /* Batches 1 MiB, a sensor's share of one 128 KiB: less than the busy sensor's 1,800
+     * readings of 8 fields take in a batch (88 bytes each in a delta). */
+    cfg.limits.memory = 2 << 20;
     cfg.limits.max_fields = 8;
     start();
     busy_loads(6, 300, true);
@@ -576,6 +578,33 @@ Test(flusher, one_sensor_takes_at_most_its_share_of_a_batch_while_others_wait) {
     cr_assert_gt(run(50), 0);
     cr_assert_eq(fake_stored(&fs, "busy"), 6 * 300);
     cr_assert_eq(STAT(readings_flushed), 6 * 300 + 7);
+}
+
+/* A sensor's share is of each batch: once the batch that held its share is written, the next
+ * one takes its share again (not a reading at a time), while others still wait. */
+Test(flusher, a_sensors_share_starts_again_in_the_next_batch) {
+    stop();
+    cfg.limits.memory = 2 << 20; /* a sensor's share of a batch: 128 KiB */
+    cfg.limits.max_fields = 8;
+    start();
+    const int64_t t0 = now_ms / HOUR_MS * HOUR_MS;
+    busy_loads(6, 300, true);
+    accept1("quiet", 6, t0 + 6);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, true); /* the first batch */
+    const int64_t first = fake_stored(&fs, "busy");
+    cr_assert_gt(first, 0);
+    cr_assert_lt(first, 6 * 300, "the busy sensor took only its share of the first batch");
+    accept1("quiet", 7, t0 + 7); /* waiting while the busy sensor is drained again */
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, true); /* the second batch */
+    const int64_t second = fake_stored(&fs, "busy") - first;
+    cr_assert_eq(fake_stored(&fs, "quiet"), 8);
+    cr_assert_geq(second, BD_MIN(first, 6 * 300 - first),
+                  "a new share in the second batch: %" PRId64 " of the %" PRId64 " left", second,
+                  6 * 300 - first);
+    cr_assert_gt(run(50), 0);
+    cr_assert_eq(fake_stored(&fs, "busy"), 6 * 300);
 }
 
 /* Alone, a sensor takes what it needs: its share of a batch applies only while others wait. */

@@ -761,3 +761,75 @@ Test(pages, simulation_keeps_the_invariants) {
         simulate(seeds[i], 6000);
     }
 }
+
+/* ---- The compact form: 24 bytes of pages and 32 a slot, sizes in 32 bits ---------------- */
+
+Test(pages, one_slot_fits_a_64_byte_chunk) {
+    cr_assert_leq(sizeof(struct bd_pages) + sizeof(struct bd_page_slot), 56);
+    slot_in(T0, T0, T0 - SPAN, 1, 1);
+    cr_assert_eq(pages->cap, 1, "one slot to start with");
+    cr_assert_eq(pages->fill_bytes, 0);
+    cr_assert_eq(pages->sized_fields, BD_PAGES_UNSIZED);
+}
+
+/* More slots than 8 bits count (a wide window, buckets of 1 ms), each with its own state. */
+Test(pages, more_than_255_slots_keep_apart) {
+    static const struct bd_pages_limits wide = {
+        .span_ms = 1,
+        .max_late_ms = UINT64_C(1) << 33,
+        .max_future_ms = 0,
+        .max_readings = 5,
+        .max_bytes = 1000,
+    };
+    const uint32_t n = 1000;
+    for (uint32_t k = 0; k < n; k++) {
+        struct bd_page_slot *s = bd_pages_slot(&pages, &wide, T0 + k, T0, T0 - 1, 1);
+        cr_assert_not_null(s);
+        s->batch = k;
+        s->count = k;
+        s->bytes = k * 7;
+    }
+    cr_assert_eq(pages->n, n, "nothing evicted");
+    cr_assert_geq(pages->cap, n);
+    for (uint32_t k = 0; k < n; k++) {
+        struct bd_page_slot *s = bd_pages_find(pages, T0 + k);
+        cr_assert_not_null(s);
+        cr_assert_eq(s->count, k);
+        cr_assert_eq(s->bytes, k * 7);
+        cr_assert(s->known);
+    }
+}
+
+/* A reading past 4 GiB (bytes saturate) still gets a page of its own, and the next reading
+ * the page after it, as with exact sizes. */
+Test(pages, bytes_saturate_and_still_close_the_page) {
+    struct bd_page_slot s = known_slot(0, 0, 0);
+    cr_assert_eq(bd_pages_place(&s, &lim, 10, OVERHEAD), 0);
+    cr_assert_eq(bd_pages_place(&s, &lim, UINT64_C(5) << 30, OVERHEAD), 1, "a page of its own");
+    cr_assert_eq(s.bytes, UINT32_MAX);
+    cr_assert_eq(bd_pages_place(&s, &lim, 1, OVERHEAD), 2);
+    cr_assert_eq(s.bytes, OVERHEAD + 1);
+    /* A look-up's estimate past 4 GiB: the next reading opens the next page. */
+    s = known_slot(4, 3, UINT64_C(6) << 30);
+    cr_assert_eq(s.bytes, UINT32_MAX);
+    cr_assert_eq(bd_pages_place(&s, &lim, 1, OVERHEAD), 5);
+    cr_assert_eq(s.bytes, OVERHEAD + 1);
+}
+
+/* The overhead shares its word with known: the learned mark, and growth after it, fit. */
+Test(pages, overhead_and_known_share_a_word) {
+    struct bd_page_slot s = known_slot(0, 2, 300);
+    cr_assert(s.known);
+    cr_assert_eq(s.overhead, BD_PAGE_OVERHEAD_LEARNED);
+    cr_assert_eq(bd_pages_place(&s, &lim, 10, OVERHEAD), 0);
+    cr_assert_eq(s.overhead, OVERHEAD);
+    cr_assert(s.known, "setting the overhead leaves known alone");
+    cr_assert_eq(bd_pages_place(&s, &lim, 10, OVERHEAD + 50), 0);
+    cr_assert_eq(s.overhead, OVERHEAD + 50);
+    cr_assert_eq(s.bytes, 300 + 10 + 50 + 10);
+    /* An overhead past 31 bits is kept below the learned mark. */
+    s = known_slot(0, 0, 0);
+    cr_assert_eq(bd_pages_place(&s, &lim, 1, UINT64_C(1) << 32), 0);
+    cr_assert_eq(s.overhead, BD_PAGE_OVERHEAD_LEARNED - 1);
+    cr_assert(s.known);
+}
