@@ -422,7 +422,7 @@ static void assert_same_value(struct bd_reading_value got, struct bd_reading_val
 /* Every kind and the highest field a sensor can have come back as they were added. */
 Test(bucket, compact_values_come_back_as_added) {
     struct bd_delta d;
-    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&d, sensor, 0, 0);
     const struct bd_reading_value vals[] = {
         fv(0, -0.0),       fv(BD_SENSOR_MAX_FIELDS - 1, 1e308),
         iv(1, INT64_MIN),  iv(2, INT64_MAX),
@@ -451,7 +451,7 @@ Test(bucket, compact_values_come_back_as_added) {
  * numeric field (not one per value added). */
 Test(bucket, a_small_delta_is_sized_exactly) {
     struct bd_delta d;
-    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&d, sensor, 0, 0);
     for (int i = 0; i < 3; i++) {
         struct bd_reading_value r[] = {fv(0, i), iv(1, i), bv(2, i & 1)};
         cr_assert_eq(bd_delta_add(&d, i * MS, r, 3), 0);
@@ -476,7 +476,7 @@ Test(bucket, a_small_delta_is_sized_exactly) {
  * integers compare exactly (no rounding through double). */
 Test(bucket, mixed_int_and_double_min_max_keep_their_types) {
     struct bd_delta d;
-    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&d, sensor, 0, 0);
     struct bd_reading_value a[] = {iv(0, 5)}, b[] = {fv(0, 4.5)}, c[] = {iv(0, 7)};
     cr_assert_eq(bd_delta_add(&d, 0, a, 1), 0);
     cr_assert_eq(bd_delta_add(&d, 1, b, 1), 0);
@@ -537,8 +537,8 @@ static void assert_delta_is(const struct bd_delta *d, const struct delta_copy *c
 /* Out of memory, an add or a split changes nothing, whichever part had to grow. */
 Test(bucket, allocation_failures_leave_deltas_as_they_were) {
     struct bd_delta d, tail;
-    bd_delta_init(&d, &sensor, 0, 0);
-    bd_delta_init(&tail, &sensor, 0, 1);
+    bd_delta_init(&d, sensor, 0, 0);
+    bd_delta_init(&tail, sensor, 0, 1);
     struct delta_copy before, tail_before;
     int failed = 0;
     for (int i = 0; i < 40; i++) {
@@ -588,9 +588,9 @@ static void build_json(struct bd_delta *d, char **sel_json, char **upd_json) {
  * and builds the update the same readings added one by one would. */
 Test(bucket, moving_a_whole_delta_hands_its_buffers_over) {
     struct bd_delta d, moved, direct;
-    bd_delta_init(&d, &sensor, HOUR_MS, 0);
-    bd_delta_init(&moved, &sensor, HOUR_MS, 2);
-    bd_delta_init(&direct, &sensor, HOUR_MS, 2);
+    bd_delta_init(&d, sensor, HOUR_MS, 0);
+    bd_delta_init(&moved, sensor, HOUR_MS, 2);
+    bd_delta_init(&direct, sensor, HOUR_MS, 2);
     /* The empty target has buffers of its own from an earlier batch. */
     struct bd_reading_value old[] = {fv(3, 1.0)};
     cr_assert_eq(bd_delta_add(&moved, HOUR_MS * MS, old, 1), 0);
@@ -631,7 +631,7 @@ Test(bucket, moving_a_whole_delta_hands_its_buffers_over) {
  * without values (it shares its first value index with the next one). */
 Test(bucket, equal_timestamps_stay_in_arrival_order) {
     struct bd_delta d;
-    bd_delta_init(&d, &sensor, 0, 0);
+    bd_delta_init(&d, sensor, 0, 0);
     struct bd_reading_value a[] = {fv(0, 1)}, b[] = {fv(0, 2)}, c[] = {fv(0, 3)},
                             e[] = {fv(0, 4), iv(1, 4)};
     cr_assert_eq(bd_delta_add(&d, 5 * MS, a, 1), 0);
