@@ -25,6 +25,12 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 jobs="$(nproc 2>/dev/null || echo 2)"
+# Tests run in parallel (ctest -j): an end-to-end test spends most of its time waiting on the
+# daemon's timers and its scenario, so twice as many as there are cores keeps them busy; each
+# has its own ports, temporary directory and test server (tests/CMakeLists.txt).
+# BD_TEST_JOBS overrides the number (1: one at a time).
+test_jobs="${BD_TEST_JOBS:-$((jobs * 2))}"
+export BD_TEST_JOBS="$test_jobs"
 
 # Time per stage, printed at the end (and when a stage fails): CI has to stay well inside its
 # limit, and this says where the time goes.
@@ -61,6 +67,7 @@ export BUCKETD_TEST_SKIP_LOG="$root/build/test-skips.log"
 # A run that fails part-way still lists what it had skipped until then.
 list_skips_on_failure() {
   local rc=$?
+  [ "$rc" -ne 0 ] && stop_beside
   [ "$rc" -ne 0 ] && print_stage_times
   if [ "$rc" -ne 0 ] && [ -s "$BUCKETD_TEST_SKIP_LOG" ]; then
     BUCKETD_TEST_REQUIRE_ALL=0 /usr/bin/python3 tests/run_test.py --report \
@@ -99,9 +106,51 @@ run_ctest() { # dir, stage, label, extra ctest args...
   local dir="$1" stage="$2" label="$3"; shift 3
   local out="$root/$dir/ctest-output.txt"
   echo "== $label"
-  (cd "$dir" && BUCKETD_TEST_STAGE="$stage" ctest --output-on-failure --no-tests=error "$@") |
-    tee "$out"
+  (cd "$dir" && BUCKETD_TEST_STAGE="$stage" ctest --output-on-failure --no-tests=error \
+    -j "$test_jobs" "$@") | tee "$out"
   note_ctest_skips "$stage" "$out"
+}
+
+# A stage that runs in the background, beside the stages that follow it: its output goes to a
+# file, printed whole (each line prefixed with the stage's name) when finish_beside waits for it,
+# and its own time joins the time line as "NAME (beside)". If the run fails before that, the
+# EXIT trap stops it and prints what it had written.
+beside_name=""
+beside_pid=""
+beside_log=""
+start_beside() { # name, log file, command...
+  beside_name="$1" beside_log="$2"
+  shift 2
+  echo "== $beside_name: in the background beside the next stages (output: $beside_log)"
+  # Its own session, so that the trap can stop it with everything it started.
+  setsid bash -c 'start=$SECONDS; rc=0; "$@" || rc=$?
+                  echo "$((SECONDS - start))" >"$0.seconds"; exit "$rc"' \
+    "$beside_log" "$@" >"$beside_log" 2>&1 </dev/null &
+  beside_pid=$!
+}
+print_beside_log() { # (what the stage wrote, prefixed)
+  sed "s/^/[$beside_name] /" "$beside_log"
+}
+finish_beside() { # waits for the background stage; fails the run if it failed
+  local rc=0
+  wait "$beside_pid" || rc=$?
+  beside_pid=""
+  echo "== $beside_name (ran in the background; $beside_log)"
+  print_beside_log
+  stage_times+=("$beside_name (beside) $(cat "$beside_log.seconds" 2>/dev/null || echo '?')s")
+  if [ "$rc" -ne 0 ]; then
+    echo "$beside_name failed (exit status $rc)" >&2
+    exit "$rc"
+  fi
+}
+stop_beside() { # on a failure elsewhere: stop the background stage and show its output so far
+  if [ -n "$beside_pid" ]; then
+    kill -TERM -- "-$beside_pid" 2>/dev/null || true
+    wait "$beside_pid" 2>/dev/null || true
+    echo "== $beside_name: stopped (the run failed elsewhere); its output so far:"
+    print_beside_log
+    beside_pid=""
+  fi
 }
 
 skip_stage() { # stage, reason
