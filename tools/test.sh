@@ -5,7 +5,9 @@
 # qemu (tools/test-aarch64.sh), the Debian packages of both builds (tools/test-packages.sh), then
 # each parser's libFuzzer target for 60 seconds. Nothing here needs git. This is the
 # command CI runs (.ci/run). Build trees: build/, build-asan/, build-tsan/, build-aarch64/ under
-# the repository root.
+# the repository root. The tests of each build run in parallel (ctest -j, twice the cores;
+# BD_TEST_JOBS=N sets the number), and the aarch64 stage runs in the background beside the
+# sanitizer stages (its output in build/test-aarch64.log, printed whole when they are done).
 #
 #   bash tools/test.sh                              # everything
 #   BD_TEST_QUICK=1 bash tools/test.sh              # plain build only (the rest: listed as skipped)
@@ -180,6 +182,13 @@ stage "plain tests"
 run_ctest build plain "plain build: unit, end-to-end and stress tests"
 
 if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
+  # The same unit, stress and end-to-end tests on an aarch64 build, run under qemu
+  # (tools/test-aarch64.sh): in the background, beside the sanitizer stages. Both are mostly
+  # waiting (an end-to-end test waits on the daemon's timers and its scenario), and the aarch64
+  # stage, the longest, would otherwise run alone. Its output is printed, whole, once the
+  # sanitizer stages are done (each line prefixed "[aarch64]"); the packages need its build.
+  start_beside aarch64 "$root/build/test-aarch64.log" bash tools/test-aarch64.sh
+
   stage "asan build"
   configure_build build-asan -DBD_ASAN=ON -DBD_UBSAN=ON
   stage "asan tests"
@@ -195,9 +204,9 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
   TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" run_ctest build-tsan tsan \
     "TSan build: ring stress and end-to-end tests" -L "stress|e2e" -LE e2e_long
 
-  # The same unit, stress and end-to-end tests on an aarch64 build, run under qemu.
-  stage aarch64
-  bash tools/test-aarch64.sh
+  # The rest of the aarch64 stage, if it is still running.
+  stage "aarch64 (rest)"
+  finish_beside
 
   # The Debian packages, amd64 from build/ and arm64 from build-aarch64/: contents, lintian,
   # and each installed into a fresh Debian root (tools/test-packages.sh). It runs beside the
