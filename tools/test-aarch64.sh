@@ -29,6 +29,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 jobs="$(nproc 2>/dev/null || echo 2)"
+# Tests in parallel, as tools/test.sh runs them (BD_TEST_JOBS, default twice the cores).
+test_jobs="${BD_TEST_JOBS:-$((jobs * 2))}"
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -130,4 +132,4 @@ fi
 echo "== aarch64 build under qemu: unit, stress and end-to-end tests"
 # The long end-to-end suites run on the plain build only (tests/CMakeLists.txt, e2e_long).
 (cd build-aarch64 && BUCKETD_TEST_STAGE=aarch64 ctest --output-on-failure --no-tests=error \
-  -LE e2e_long)
+  -j "$test_jobs" -LE e2e_long)

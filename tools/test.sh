@@ -5,7 +5,9 @@
 # qemu (tools/test-aarch64.sh), the Debian packages of both builds (tools/test-packages.sh), then
 # each parser's libFuzzer target for 60 seconds. Nothing here needs git. This is the
 # command CI runs (.ci/run). Build trees: build/, build-asan/, build-tsan/, build-aarch64/ under
-# the repository root.
+# the repository root. The tests of each build run in parallel (ctest -j, twice the cores;
+# BD_TEST_JOBS=N sets the number), and the aarch64 stage runs in the background beside the
+# sanitizer stages (its output in build/test-aarch64.log, printed whole when they are done).
 #
 #   bash tools/test.sh                              # everything
 #   BD_TEST_QUICK=1 bash tools/test.sh              # plain build only (the rest: listed as skipped)
@@ -25,6 +27,12 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 jobs="$(nproc 2>/dev/null || echo 2)"
+# Tests run in parallel (ctest -j): an end-to-end test spends most of its time waiting on the
+# daemon's timers and its scenario, so twice as many as there are cores keeps them busy; each
+# has its own ports, temporary directory and test server (tests/CMakeLists.txt).
+# BD_TEST_JOBS overrides the number (1: one at a time).
+test_jobs="${BD_TEST_JOBS:-$((jobs * 2))}"
+export BD_TEST_JOBS="$test_jobs"
 
 # Time per stage, printed at the end (and when a stage fails): CI has to stay well inside its
 # limit, and this says where the time goes.
@@ -61,6 +69,7 @@ export BUCKETD_TEST_SKIP_LOG="$root/build/test-skips.log"
 # A run that fails part-way still lists what it had skipped until then.
 list_skips_on_failure() {
   local rc=$?
+  [ "$rc" -ne 0 ] && stop_beside
   [ "$rc" -ne 0 ] && print_stage_times
   if [ "$rc" -ne 0 ] && [ -s "$BUCKETD_TEST_SKIP_LOG" ]; then
     BUCKETD_TEST_REQUIRE_ALL=0 /usr/bin/python3 tests/run_test.py --report \
@@ -99,9 +108,51 @@ run_ctest() { # dir, stage, label, extra ctest args...
   local dir="$1" stage="$2" label="$3"; shift 3
   local out="$root/$dir/ctest-output.txt"
   echo "== $label"
-  (cd "$dir" && BUCKETD_TEST_STAGE="$stage" ctest --output-on-failure --no-tests=error "$@") |
-    tee "$out"
+  (cd "$dir" && BUCKETD_TEST_STAGE="$stage" ctest --output-on-failure --no-tests=error \
+    -j "$test_jobs" "$@") | tee "$out"
   note_ctest_skips "$stage" "$out"
+}
+
+# A stage that runs in the background, beside the stages that follow it: its output goes to a
+# file, printed whole (each line prefixed with the stage's name) when finish_beside waits for it,
+# and its own time joins the time line as "NAME (beside)". If the run fails before that, the
+# EXIT trap stops it and prints what it had written.
+beside_name=""
+beside_pid=""
+beside_log=""
+start_beside() { # name, log file, command...
+  beside_name="$1" beside_log="$2"
+  shift 2
+  echo "== $beside_name: in the background beside the next stages (output: $beside_log)"
+  # Its own session, so that the trap can stop it with everything it started.
+  setsid bash -c 'start=$SECONDS; rc=0; "$@" || rc=$?
+                  echo "$((SECONDS - start))" >"$0.seconds"; exit "$rc"' \
+    "$beside_log" "$@" >"$beside_log" 2>&1 </dev/null &
+  beside_pid=$!
+}
+print_beside_log() { # (what the stage wrote, prefixed)
+  sed "s/^/[$beside_name] /" "$beside_log"
+}
+finish_beside() { # waits for the background stage; fails the run if it failed
+  local rc=0
+  wait "$beside_pid" || rc=$?
+  beside_pid=""
+  echo "== $beside_name (ran in the background; $beside_log)"
+  print_beside_log
+  stage_times+=("$beside_name (beside) $(cat "$beside_log.seconds" 2>/dev/null || echo '?')s")
+  if [ "$rc" -ne 0 ]; then
+    echo "$beside_name failed (exit status $rc)" >&2
+    exit "$rc"
+  fi
+}
+stop_beside() { # on a failure elsewhere: stop the background stage and show its output so far
+  if [ -n "$beside_pid" ]; then
+    kill -TERM -- "-$beside_pid" 2>/dev/null || true
+    wait "$beside_pid" 2>/dev/null || true
+    echo "== $beside_name: stopped (the run failed elsewhere); its output so far:"
+    print_beside_log
+    beside_pid=""
+  fi
 }
 
 skip_stage() { # stage, reason
@@ -131,6 +182,13 @@ stage "plain tests"
 run_ctest build plain "plain build: unit, end-to-end and stress tests"
 
 if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
+  # The same unit, stress and end-to-end tests on an aarch64 build, run under qemu
+  # (tools/test-aarch64.sh): in the background, beside the sanitizer stages. Both are mostly
+  # waiting (an end-to-end test waits on the daemon's timers and its scenario), and the aarch64
+  # stage, the longest, would otherwise run alone. Its output is printed, whole, once the
+  # sanitizer stages are done (each line prefixed "[aarch64]"); the packages need its build.
+  start_beside aarch64 "$root/build/test-aarch64.log" bash tools/test-aarch64.sh
+
   stage "asan build"
   configure_build build-asan -DBD_ASAN=ON -DBD_UBSAN=ON
   stage "asan tests"
@@ -146,9 +204,9 @@ if [ "${BD_TEST_QUICK:-0}" != "1" ]; then
   TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" run_ctest build-tsan tsan \
     "TSan build: ring stress and end-to-end tests" -L "stress|e2e" -LE e2e_long
 
-  # The same unit, stress and end-to-end tests on an aarch64 build, run under qemu.
-  stage aarch64
-  bash tools/test-aarch64.sh
+  # The rest of the aarch64 stage, if it is still running.
+  stage "aarch64 (rest)"
+  finish_beside
 
   # The Debian packages, amd64 from build/ and arm64 from build-aarch64/: contents, lintian,
   # and each installed into a fresh Debian root (tools/test-packages.sh). It runs beside the

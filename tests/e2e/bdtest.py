@@ -68,21 +68,60 @@ LOG_PREFIX_RE = re.compile(r"^<(\d)>")
 # ---------------------------------------------------------------------------------------------
 
 _ports_given = set()
+_port_locks = []  # lock files of the ports handed out, held until this process exits
+
+
+def _fixed_port_range():
+    """Loopback ports to hand out: below the kernel's ephemeral range, which bind(port 0) and
+    every connect() draw from (a port taken from there and released again can become another
+    process's client port before the daemon binds it), or None when that range starts too low
+    to leave room."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if low - 1 < 12000:
+        return None
+    return 10000, low - 1
+
+
+def _lock_port(kind, port):
+    """Claim (kind, port) among all test processes of this machine (ctest runs several at
+    once): an exclusive lock on a file named after it, held until this process exits."""
+    import fcntl
+    lock_dir = os.path.join(tempfile.gettempdir(), "bucketd-e2e-ports")
+    os.makedirs(lock_dir, exist_ok=True)
+    fd = os.open(os.path.join(lock_dir, "%s-%d" % (kind, port)), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _port_locks.append(fd)
+    return True
 
 
 def free_port(kind="tcp"):
-    """A loopback port free right now for kind "tcp" or "udp" (bind port 0, then release), and
-    not handed out before by this process: the kernel may give a port it just released again,
-    and two listeners of one configuration on one port make the daemon refuse its start."""
+    """A loopback port free right now for kind "tcp" or "udp", not handed out before by this
+    process (two listeners of one configuration on one port make the daemon refuse its start)
+    nor by another test process still running (ctest -j: a lock file per port). Taken below the
+    ephemeral range where there is one (_fixed_port_range), else from bind(port 0)."""
+    import random
     stype = socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM
-    for _ in range(100):
+    span = _fixed_port_range()
+    for _ in range(200):
         with socket.socket(socket.AF_INET, stype) as s:
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", random.randint(*span) if span else 0))
+            except OSError:
+                continue  # in use here (or in TIME_WAIT): another one
             port = s.getsockname()[1]
-        if (kind, port) not in _ports_given:
-            _ports_given.add((kind, port))
-            return port
-    raise RuntimeError("no fresh %s port in 100 tries" % kind)
+            if (kind, port) in _ports_given or not _lock_port(kind, port):
+                continue
+        _ports_given.add((kind, port))
+        return port
+    raise RuntimeError("no fresh %s port in 200 tries" % kind)
 
 
 def closed_port():

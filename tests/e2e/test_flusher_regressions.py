@@ -664,7 +664,14 @@ class SplitBulkCase(RegressionCase):
                                        "bucket_start": dt_of_ms(start_ms), "page": 0,
                                        "count": Int64(0), "readings": []})
         mport = bdtest.free_port()
-        extra = bdtest.deep_merge({"metrics": {"bind": "127.0.0.1:%d" % mport}}, g["cfg"])
+        # The stop writes the whole batch and retries the foreign page's update until it is
+        # quarantined: flush.stop_timeout leaves it time for that on a loaded machine (the
+        # tests run in parallel), or the stop would spool what it had not finished and the
+        # quarantine counted below would not happen. How long the stop takes is not the
+        # subject; it ends as soon as the writes are done.
+        extra = bdtest.deep_merge({"metrics": {"bind": "127.0.0.1:%d" % mport},
+                                   "flush": {"stop_timeout": "%ds" % (DEADLINE - 15)}},
+                                  g["cfg"])
         d = self.new_daemon(uri, db, flush_interval="1h", extra=extra).start()
         send_tcp(d.addr("tcp"), sent)
         self.assertTrue(bdtest.wait_for(
