@@ -19,10 +19,11 @@
  * Memory. Each sensor is one block (struct, id, measurement and tags) from the table's slab
  * (slab.h: 128-byte aligned, in 128-byte size classes, and a 192-byte class 64-byte aligned;
  * no slack beside each block), plus one allocation per field name longer than 6 bytes or
- * escaped (shorter ones live in field_key), so that eviction can give it all back. Their sizes, with the index as it grows and an estimate
- * of the flusher's page accounting, are charged to limits.sensor_memory; a new sensor that
- * would pass it is refused (drop_sensor_memory). Names are bounded by
- * limits.max_name, so one sensor costs at most a few hundred KiB whatever it sends.
+ * escaped (shorter ones live in field_key), so that eviction can give it all back. Their
+ * sizes, with the index as it grows and an estimate of the flusher's page accounting, are
+ * charged to limits.sensor_memory; a new sensor that would pass it is refused
+ * (drop_sensor_memory). Names are bounded by limits.max_name, so one sensor costs at most a few
+ * hundred KiB whatever it sends.
  *
  * Eviction. bd_sensor_table_sweep() looks at a part of the index at a time for sensors silent
  * for limits.sensor_idle whose queue is empty and handed back (no segment: wseg and first NULL;
