@@ -41,10 +41,13 @@ struct bd_sensor_table;
  * (`m1,rack=r07,sensor=s12345,site=plant-2`) a 256-byte one. Blocks of 256 bytes and more are
  * 128-byte aligned: the first two lines form one 128-byte pair, which the adjacent-line
  * prefetcher brings with one miss, and the id the next pair. A 192-byte block sits at 0 or 64
- * mod 128 (slab.h): at 64, the first line is alone in its pair and the second pairs with the
- * third, the id's. Either way a reading touches two 128-byte pairs, as it did when the id's
- * line was the next pair's: the lookup's misses on the first line and the id overlap (the id
- * is at a fixed offset from the sensor).
+ * mod 128 (slab.h): at 0 it is laid out as above and its third line pairs with the next
+ * block's first; at 64 the first line pairs with the previous block's third and the second
+ * with the third, the id's. Either way a reading touches two 128-byte pairs, as with larger
+ * blocks (the lookup's misses on the first line and on the id overlap: the id is at a fixed
+ * offset from the sensor), but the third line, which the flusher writes, shares a pair with a
+ * line the producer uses: the prefetcher may fetch it along on a producer's miss. No line is
+ * written by both threads.
  */
 struct bd_sensor {
     /* First line. Immutable after creation unless said otherwise. */
