@@ -107,6 +107,7 @@
 #include "bucketd/names.h"
 #include "bucketd/slab.h"
 
+_Static_assert(alignof(struct bd_sensor) == BD_SLAB_LINE, "a 192-byte block is 64-byte aligned");
 _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "bd_sensor_names.escaped has one bit per field");

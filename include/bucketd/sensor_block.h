@@ -50,10 +50,11 @@ struct bd_sensor_table;
  * written by both threads.
  */
 struct bd_sensor {
-    /* First line. Immutable after creation unless said otherwise. */
+    /* First line. Immutable after creation unless said otherwise. The struct is aligned to a
+     * line, not a pair: a 192-byte block may sit at 64 mod 128. */
     /* Names of fields 0..BD_SENSOR_KEY_SLOTS-1 packed as length | bytes << 8 when at most 7
      * bytes long (exact, so a match needs no string), else 0. */
-    alignas(BD_RING_CACHELINE) uint64_t field_key[BD_SENSOR_KEY_SLOTS];
+    alignas(BD_RING_LINE) uint64_t field_key[BD_SENSOR_KEY_SLOTS];
     struct bd_sensor_table *table; /* NULL for a detached sensor (bd_sensor_detached_new) */
     /* Flusher thread only, once the ingest thread evicted the sensor and handed it over
      * (bd_sensor_table_next_evicted): its link in the flusher's list of evicted sensors not yet
