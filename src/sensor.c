@@ -17,12 +17,13 @@
  * shift that empties an evicted sensor's slot: no tombstones) hashes its id again.
  *
  * Memory. Each sensor is one block (struct, id, measurement and tags) from the table's slab
- * (slab.h: 128-byte aligned, in 128-byte size classes, no slack beside each block), plus one
- * allocation per field name longer than 6 bytes or escaped (shorter ones live in field_key), so
- * that eviction can give it all back. Their sizes, with the index as it grows and an estimate
- * of the flusher's page accounting, are charged to limits.sensor_memory; a new sensor that
- * would pass it is refused (drop_sensor_memory). Names are bounded by
- * limits.max_name, so one sensor costs at most a few hundred KiB whatever it sends.
+ * (slab.h: 128-byte aligned, in 128-byte size classes, and a 192-byte class 64-byte aligned;
+ * no slack beside each block), plus one allocation per field name longer than 6 bytes or
+ * escaped (shorter ones live in field_key), so that eviction can give it all back. Their
+ * sizes, with the index as it grows and an estimate of the flusher's page accounting, are
+ * charged to limits.sensor_memory; a new sensor that would pass it is refused
+ * (drop_sensor_memory). Names are bounded by limits.max_name, so one sensor costs at most a few
+ * hundred KiB whatever it sends.
  *
  * Eviction. bd_sensor_table_sweep() looks at a part of the index at a time for sensors silent
  * for limits.sensor_idle whose queue is empty and handed back (no segment: wseg and first NULL;
@@ -106,18 +107,33 @@
 #include "bucketd/names.h"
 #include "bucketd/slab.h"
 
+_Static_assert(alignof(struct bd_sensor) == BD_SLAB_LINE, "a 192-byte block is 64-byte aligned");
 _Static_assert(offsetof(struct bd_sensor, wseg) == BD_RING_LINE,
                "the queue's producer line must pair with the sensor's first line");
 _Static_assert(BD_SENSOR_MAX_FIELDS <= 64, "bd_sensor_names.escaped has one bit per field");
 _Static_assert(BD_SENSOR_KEY_SLOTS <= 8, "names_inline has one bit per key slot");
-/* bucketd-sim's sensors (`m1,rack=r07,sensor=s12345,site=plant-2`: the struct, 39 bytes of id,
- * 6 of tag offsets and 39 of measurement and tags) fit a 256-byte slab block (issue 28);
- * test_sensor checks the block they get. */
-_Static_assert(offsetof(struct bd_sensor, id_buf) <= 164, "struct bd_sensor grew past 164 bytes");
+/* The issue's short-named sensor (`m,site=s000123`: the struct, 15 bytes of id, none of tag
+ * offsets and 15 of measurement and tag) fits a 192-byte slab block, bucketd-sim's
+ * (`m1,rack=r07,sensor=s12345,site=plant-2`: 39 bytes of id, 4 of tag offsets, 39 of names) a
+ * 256-byte one (issue 28); test_sensor checks the blocks they get. */
+_Static_assert(offsetof(struct bd_sensor, id_buf) <= 158, "struct bd_sensor grew past 158 bytes");
+_Static_assert(offsetof(struct bd_sensor, id_buf) + 15 + 15 <= BD_SLAB_SMALL,
+               "a short-named sensor fits the slab's 192-byte class");
 _Static_assert(offsetof(struct bd_sensor, rseg) == 2 * BD_RING_LINE,
                "what the flusher writes per reading starts after the producer's line");
-_Static_assert(offsetof(struct bd_sensor, wcap) + sizeof(uint32_t) <= 2 * BD_RING_LINE,
-               "last_ns and accepted are written with every reading: in the producer's line");
+_Static_assert(offsetof(struct bd_sensor, id_buf) < 3 * BD_RING_LINE,
+               "a lookup finds the id's first bytes in the third line: a 192-byte block holds it");
+_Static_assert(offsetof(struct bd_sensor, flusher_state) + sizeof(void *) <= 2 * BD_RING_LINE,
+               "last_ns, accepted and wpos are written with every reading: in the producer's line");
+_Static_assert(offsetof(struct bd_sensor, evicted_next) + sizeof(void *) <= BD_RING_LINE &&
+                   offsetof(struct bd_sensor, flusher_evicted) < BD_RING_LINE,
+               "the lookup's fields and the seldom written ones share the first line");
+/* wpos, wcap and rpos are 16-bit: the largest segment holds a record of 1 + BD_PARSE_MAX_FIELDS
+ * cells in a power of two of bytes (pool.c), far fewer than 65,536 cells. */
+_Static_assert(2 * (BD_SEG_HEADER + (1 + BD_PARSE_MAX_FIELDS) * sizeof(struct bd_cell)) /
+                       sizeof(struct bd_cell) <=
+                   UINT16_MAX,
+               "a segment's cells fit the 16-bit positions");
 
 /* Pool thresholds, in eighths of its segments: wake the flusher early; pause TCP input and
  * resume it; pause UDP input and resume it. TCP waits first: its senders hold what it does not
@@ -308,6 +324,7 @@ int bd_sensor_table_new(struct bd_sensor_table **out, const struct bd_config *cf
     if (rc < 0) {
         goto out;
     }
+    BD_ASSERT(t->pool.seg_cells <= UINT16_MAX); /* wpos, wcap, rpos */
     /* In units of the pool (pool.h): a large segment counts several where there are small. */
     t->wake_segs = t->pool.n_units / 8 * POOL_WAKE_EIGHTHS;
     t->tcp_high_segs = t->pool.n_units / 8 * POOL_TCP_HIGH_EIGHTHS;
@@ -436,7 +453,7 @@ static void sensor_free(struct bd_sensor_table *t, struct bd_sensor *s) {
     BD_ASSERT(t->memory >= s->mem_cost);
     t->memory -= s->mem_cost;
     bd_slab_free(&t->slab, s,
-                 s->slab_units ? (size_t)s->slab_units * BD_SLAB_UNIT : BD_SLAB_MAX + 1);
+                 s->slab_lines ? (size_t)s->slab_lines * BD_SLAB_LINE : BD_SLAB_MAX + 1);
 }
 
 /*
@@ -619,8 +636,10 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     if (grow && grow_index(t) < 0) {
         goto oom;
     }
-    /* 128-byte aligned (the first line and the producer's pair), from the slab. */
-    _Static_assert(BD_SLAB_UNIT % BD_RING_CACHELINE == 0, "slab blocks pair the sensor's lines");
+    /* From the slab: 128-byte aligned (the first line and the producer's pair), a 192-byte
+     * block 64-byte aligned (see the layout in sensor_block.h). */
+    _Static_assert(BD_SLAB_UNIT % BD_RING_CACHELINE == 0 && BD_SLAB_LINE == BD_RING_LINE,
+                   "slab blocks align the sensor's lines");
     void *mem = bd_slab_alloc(&t->slab, block);
     if (mem == NULL) {
         goto oom;
@@ -632,7 +651,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     s->table = t;
     s->serial = t->next_serial++;
     s->mem_cost = (uint32_t)cost;
-    s->slab_units = slab_bytes > BD_SLAB_MAX ? 0 : (uint16_t)(slab_bytes / BD_SLAB_UNIT);
+    s->slab_lines = slab_bytes > BD_SLAB_MAX ? 0 : (uint8_t)(slab_bytes / BD_SLAB_LINE);
     t->memory += cost;
     atomic_init(&s->n_fields, 0);
     atomic_init(&s->dirty, 0);
@@ -1042,12 +1061,12 @@ static int push(struct bd_sensor_table *t, struct bd_sensor *s, const struct bd_
             atomic_store_explicit(&s->first, fresh, memory_order_release);
         }
         s->wseg = fresh;
-        s->wpos = n;
-        s->wcap = cap;
+        s->wpos = (uint16_t)n;
+        s->wcap = (uint16_t)cap;
         return 0;
     }
     copy_cells(&seg->cells[pos], cells, n);
-    s->wpos = pos + n;
+    s->wpos = (uint16_t)(pos + n);
     /* Pairs with the acquire load of published in read_segment(). */
     atomic_store_explicit(&seg->published, pos + n, memory_order_release);
     return 0;

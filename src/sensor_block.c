@@ -14,8 +14,8 @@
 size_t bd_sensor_block_size(size_t id_len, uint32_t n_tags, size_t names_len, bool *wide) {
     /* A key's offset from the measurement is below names_len: 16 bits do when it fits. */
     *wide = names_len > UINT16_MAX;
-    return offsetof(struct bd_sensor, id_buf) + bd_sensor_tag_offsets_at((uint32_t)id_len, *wide) +
-           (size_t)n_tags * (*wide ? 4 : 2) + names_len;
+    return offsetof(struct bd_sensor, id_buf) + id_len + 1 +
+           bd_sensor_tag_offsets_size(n_tags, *wide) + names_len;
 }
 
 void bd_sensor_names_put(struct bd_sensor *s, const char *id, size_t id_len, uint32_t n_tags,
@@ -25,16 +25,17 @@ void bd_sensor_names_put(struct bd_sensor *s, const char *id, size_t id_len, uin
     s->id_len = (uint32_t)id_len;
     s->n_tags = (uint16_t)n_tags;
     s->tags_wide = wide;
-    char *offs = s->id_buf + bd_sensor_tag_offsets_at((uint32_t)id_len, wide);
-    char *base = offs + (size_t)n_tags * (wide ? 4 : 2);
+    /* Tag 0's key follows the measurement: offsets for tags 1.. only. */
+    char *offs = s->id_buf + id_len + 1;
+    char *base = offs + bd_sensor_tag_offsets_size(n_tags, wide);
     char *p = put(arg, 0, base);
     for (uint32_t i = 0; i < n_tags; i++) {
         uint32_t off = (uint32_t)(p - base);
-        if (wide) {
-            memcpy(offs + (size_t)i * 4, &off, 4);
-        } else {
+        if (i > 0 && wide) {
+            memcpy(offs + (size_t)(i - 1) * 4, &off, 4);
+        } else if (i > 0) {
             uint16_t o = (uint16_t)off;
-            memcpy(offs + (size_t)i * 2, &o, 2);
+            memcpy(offs + (size_t)(i - 1) * 2, &o, 2);
         }
         p = put(arg, 1 + 2 * i, p);
         p = put(arg, 2 + 2 * i, p);

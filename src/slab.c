@@ -1,6 +1,7 @@
 /*
- * The sensor table's slab of 128-byte aligned blocks (include/bucketd/slab.h): size classes of
- * whole units, carved from 64 KiB chunks, freed blocks reused by their class. One thread (the
+ * The sensor table's slab of aligned blocks (include/bucketd/slab.h): size classes of whole
+ * 128-byte units and one of 192 bytes (two carved from three units), carved from 64 KiB chunks,
+ * freed blocks reused by their class. One thread (the
  * ingest thread, through the sensor table); it owns every chunk until bd_slab_close().
  */
 #include "bucketd/slab.h"
@@ -18,13 +19,17 @@ void *bd_slab_alloc(struct bd_slab *sl, size_t size) {
         void *p = NULL;
         return posix_memalign(&p, BD_SLAB_UNIT, bytes) == 0 ? p : NULL;
     }
-    size_t cls = bytes / BD_SLAB_UNIT;
+    size_t cls = bytes / BD_SLAB_LINE;
     void *p = sl->free[cls];
     if (p != NULL) {
         memcpy(&sl->free[cls], p, sizeof(void *));
         return p;
     }
-    if (sl->bump_left < bytes) {
+    /* The bump stays BD_SLAB_UNIT-aligned: a BD_SLAB_SMALL block is carved with its twin, which
+     * waits on the free list (at 64 mod 128). */
+    size_t carve = bytes == BD_SLAB_SMALL ? 2 * BD_SLAB_SMALL : bytes;
+    _Static_assert(2 * BD_SLAB_SMALL % BD_SLAB_UNIT == 0, "two small blocks are whole units");
+    if (sl->bump_left < carve) {
         /* The rest of the chunk stays unused: at most BD_SLAB_MAX bytes of 64 KiB. */
         unsigned char *chunk = aligned_alloc(BD_SLAB_UNIT, BD_SLAB_CHUNK);
         if (chunk == NULL) {
@@ -37,8 +42,13 @@ void *bd_slab_alloc(struct bd_slab *sl, size_t size) {
         sl->chunk_bytes += BD_SLAB_CHUNK;
     }
     p = sl->bump;
-    sl->bump += bytes;
-    sl->bump_left -= bytes;
+    sl->bump += carve;
+    sl->bump_left -= carve;
+    if (carve != bytes) {
+        unsigned char *twin = (unsigned char *)p + bytes;
+        memcpy(twin, &sl->free[cls], sizeof(void *));
+        sl->free[cls] = twin;
+    }
     return p;
 }
 
@@ -51,7 +61,7 @@ void bd_slab_free(struct bd_slab *sl, void *p, size_t size) {
         free(p);
         return;
     }
-    size_t cls = bytes / BD_SLAB_UNIT;
+    size_t cls = bytes / BD_SLAB_LINE;
     memcpy(p, &sl->free[cls], sizeof(void *));
     sl->free[cls] = p;
 }

@@ -167,7 +167,7 @@ uint32_t bd_sensor_peek_reading(struct bd_sensor *s, int64_t *ts_ns, struct bd_r
 
 /* Flusher thread: the reading peeked (cells of it) is done with. */
 static inline void bd_sensor_consume(struct bd_sensor *s, uint32_t cells) {
-    s->rpos += cells;
+    s->rpos = (uint16_t)(s->rpos + cells);
 }
 
 /* ---- Listing (GET /sensors, bucketd_sensors_silent) ---- */

@@ -29,28 +29,39 @@ struct bd_sensor_table;
 
 /*
  * Layout: every reading of a sensor reads its first 64-byte line (lookup and field checks) and
- * the producer's end of its queue right after it; the two form one 128-byte pair (the block is
- * 128-byte aligned), so the adjacent-line prefetcher brings both with one miss. Their spare
- * bytes hold fields the flusher reads but writes at most once per drain (dirty, reclaim, its
- * page accounting pointer, the list flags) or never; what it writes per reading or per segment
- * (its end of the queue, segs_given, flusher_refs) is in the cold part after them, so that a
- * drain never takes the producer's lines away from it. The struct ends at 164 bytes and the
- * names follow it in the same block (see id_buf), whose slab size limits.sensor_memory charges
- * (sensor.c): a sensor of bucketd-sim's ids (`m1,rack=r07,sensor=s12345,site=plant-2`) fits a
- * 256-byte block. A lookup also reads the id, in the third line (the next pair): its miss
- * overlaps the first pair's.
+ * writes the producer's end of its queue, the second line; a lookup also reads the id, in the
+ * third line (id_buf, at 158). Their spare bytes hold fields the flusher reads but writes
+ * at most once per drain (dirty, reclaim, its page accounting pointer, the list flags), or only
+ * once the ingest thread has let go of the sensor (evicted_next), or never; what it writes per
+ * reading or per segment (its end of the queue, segs_given, flusher_refs) is in the third line,
+ * with the id, so that a drain never takes the producer's lines away from it. The struct ends
+ * at 158 bytes and the names follow it in the same block (see id_buf), whose slab size
+ * limits.sensor_memory charges (sensor.c): a short-named sensor (`m,site=s000123`: one tag and
+ * an id of up to 16 bytes) fits a 192-byte block, bucketd-sim's ids
+ * (`m1,rack=r07,sensor=s12345,site=plant-2`) a 256-byte one. Blocks of 256 bytes and more are
+ * 128-byte aligned: the first two lines form one 128-byte pair, which the adjacent-line
+ * prefetcher brings with one miss, and the id the next pair. A 192-byte block sits at 0 or 64
+ * mod 128 (slab.h): at 0 it is laid out as above and its third line pairs with the next
+ * block's first; at 64 the first line pairs with the previous block's third and the second
+ * with the third, the id's. Either way a reading touches two 128-byte pairs, as with larger
+ * blocks (the lookup's misses on the first line and on the id overlap: the id is at a fixed
+ * offset from the sensor), but the third line, which the flusher writes, shares a pair with a
+ * line the producer uses: the prefetcher may fetch it along on a producer's miss. No line is
+ * written by both threads.
  */
 struct bd_sensor {
-    /* First line. Immutable after creation unless said otherwise. */
+    /* First line. Immutable after creation unless said otherwise. The struct is aligned to a
+     * line, not a pair: a 192-byte block may sit at 64 mod 128. */
     /* Names of fields 0..BD_SENSOR_KEY_SLOTS-1 packed as length | bytes << 8 when at most 7
      * bytes long (exact, so a match needs no string), else 0. */
-    alignas(BD_RING_CACHELINE) uint64_t field_key[BD_SENSOR_KEY_SLOTS];
+    alignas(BD_RING_LINE) uint64_t field_key[BD_SENSOR_KEY_SLOTS];
     struct bd_sensor_table *table; /* NULL for a detached sensor (bd_sensor_detached_new) */
-    uint32_t id_len;               /* bytes of the series key in id_buf */
-    /* Ingest thread only: the bytes charged to the table's sensor memory for this sensor
-     * (limits.sensor_memory), and the pool units (pool.h) this queue ever took. */
-    uint32_t mem_cost;
-    uint32_t segs_taken;
+    /* Flusher thread only, once the ingest thread evicted the sensor and handed it over
+     * (bd_sensor_table_next_evicted): its link in the flusher's list of evicted sensors not yet
+     * released. The ingest thread no longer writes the sensor then, so this line is not
+     * shared. */
+    struct bd_sensor *evicted_next;
+    uint32_t id_len; /* bytes of the series key in id_buf */
     uint16_t n_tags;
     /* Field dictionary size: appended by the ingest thread, read by the flusher. A name's index
      * is published (release on n_fields) before any reading that uses it is pushed. */
@@ -64,9 +75,9 @@ struct bd_sensor {
     /* Bit i set: field name i (i < BD_SENSOR_KEY_SLOTS) is read from field_key[i]. Set by the
      * ingest thread before it publishes the name (n_fields), read by the flusher after. */
     _Atomic uint8_t names_inline;
-    /* Ingest thread, set at creation: the block's size in slab units (slab.h), 0 for a block
-     * larger than the slab's classes. */
-    uint8_t slab_units;
+    /* Ingest thread, set at creation: the block's size in slab lines (BD_SLAB_LINE, slab.h), 0
+     * for a block larger than the slab's classes. */
+    uint8_t slab_lines;
     uint8_t tags_wide; /* the tag offsets after the id are 32-bit (else 16): bd_sensor_tag_key */
     /* Flusher thread only, set when a sensor joins one of its lists (see below). */
     bool flusher_requeued;
@@ -84,8 +95,12 @@ struct bd_sensor {
      * line the reading writes anyway. */
     int64_t last_ns;
     uint64_t accepted;
-    uint32_t wpos; /* cells written into wseg */
-    uint32_t wcap; /* cells wseg holds (its class's, pool.h) */
+    /* Cells written into wseg, and the cells it holds (its class's, pool.h): a segment holds
+     * fewer than 65,536 cells (sensor.c checks the pool's). */
+    uint16_t wpos;
+    uint16_t wcap;
+    /* Ingest thread only: the pool units (pool.h) this queue ever took. */
+    uint32_t segs_taken;
     /* The field names that are not read from field_key (names_inline), NULL while there is
      * none: see struct bd_sensor_names. */
     struct bd_sensor_names *names;
@@ -97,14 +112,11 @@ struct bd_sensor {
      * allocation failed). */
     void *flusher_state;
 
-    /* Cold: written by the flusher per reading or per segment. */
-    /* Flusher thread only: the consumer's end of the queue, and its links in the flusher's own
-     * lists: of sensors whose drain an allocation failure interrupted (flusher_requeued: on that
-     * list), and of evicted sensors not yet released. */
+    /* Third line: written by the flusher per reading or per segment; the id follows. */
+    /* Flusher thread only: the consumer's end of the queue, and its link in its list of
+     * sensors whose drain an allocation failure interrupted (flusher_requeued: on that list). */
     struct bd_seg *rseg;
     struct bd_sensor *flusher_next;
-    struct bd_sensor *evicted_next;
-    uint32_t rpos;
     /* Flusher thread writes (once per segment it hands back, its units), the ingest thread
      * reads when the queue needs a new segment: segs_taken - segs_given is what the queue
      * holds. */
@@ -113,15 +125,20 @@ struct bd_sensor {
      * writes it (relaxed); the ingest thread reads it before evicting (see Eviction in sensor.c).
      * An evicted sensor is released only once none does. */
     _Atomic uint32_t flusher_refs;
+    /* Ingest thread only (written at creation and when the sensor learns a name that needs an
+     * allocation, read when it is freed): the bytes charged to the table's sensor memory for
+     * this sensor (limits.sensor_memory). */
+    uint32_t mem_cost;
+    uint16_t rpos; /* flusher thread only: cells of rseg consumed (as wpos) */
 
     /*
      * The names, in the same block: the id's bytes first (a lookup reads them at a fixed
      * offset from the sensor, so their cache miss overlaps the first line's instead of
-     * following it), NUL-terminated; then, aligned to their size, n_tags offsets of the tag
-     * keys (16-bit, or 32-bit when tags_wide) from the measurement; then the measurement and
-     * each tag's key and value, NUL-terminated (bd_sensor_measurement, bd_sensor_tag_key,
-     * bd_sensor_tag_value). The names of short fields live inside field_key: one allocation
-     * per sensor.
+     * following it), NUL-terminated; then the offsets of tags 1..n_tags-1's keys from the
+     * measurement (16-bit, or 32-bit when tags_wide; unaligned: read with memcpy; tag 0's key
+     * follows the measurement's NUL); then the measurement and each tag's key and value,
+     * NUL-terminated (bd_sensor_measurement, bd_sensor_tag_key, bd_sensor_tag_value). The names
+     * of short fields live inside field_key: one allocation per sensor.
      */
     char id_buf[];
 };
@@ -158,30 +175,32 @@ static inline const char *bd_sensor_id(const struct bd_sensor *s) {
     return s->id_buf;
 }
 
-/* Where the tag offsets start, from id_buf: after the id's NUL, aligned to their size. */
-static inline size_t bd_sensor_tag_offsets_at(uint32_t id_len, bool wide) {
-    size_t w = wide ? 4 : 2;
-    return ((size_t)id_len + 1 + w - 1) & ~(w - 1);
+/* Bytes of the tag offsets after the id's NUL (tags 1..n_tags-1: tag 0's key is implicit). */
+static inline size_t bd_sensor_tag_offsets_size(uint32_t n_tags, bool wide) {
+    return n_tags > 1 ? (size_t)(n_tags - 1) * (wide ? 4 : 2) : 0;
 }
 
 /* The measurement, NUL-terminated. */
 static inline const char *bd_sensor_measurement(const struct bd_sensor *s) {
-    return s->id_buf + bd_sensor_tag_offsets_at(s->id_len, s->tags_wide) +
-           (size_t)s->n_tags * (s->tags_wide ? 4 : 2);
+    return s->id_buf + s->id_len + 1 + bd_sensor_tag_offsets_size(s->n_tags, s->tags_wide);
 }
 
 /* Tag i's key and value (i < n_tags), NUL-terminated; the value follows the key's NUL. */
 static inline const char *bd_sensor_tag_key(const struct bd_sensor *s, uint32_t i) {
-    const char *offs = s->id_buf + bd_sensor_tag_offsets_at(s->id_len, s->tags_wide);
+    const char *m = bd_sensor_measurement(s);
+    if (i == 0) {
+        return m + strlen(m) + 1;
+    }
+    const char *offs = s->id_buf + s->id_len + 1 + (size_t)(i - 1) * (s->tags_wide ? 4 : 2);
     uint32_t off;
     if (s->tags_wide) {
-        memcpy(&off, offs + (size_t)i * 4, 4);
+        memcpy(&off, offs, 4);
     } else {
         uint16_t o;
-        memcpy(&o, offs + (size_t)i * 2, 2);
+        memcpy(&o, offs, 2);
         off = o;
     }
-    return bd_sensor_measurement(s) + off;
+    return m + off;
 }
 static inline const char *bd_sensor_tag_value(const struct bd_sensor *s, uint32_t i) {
     const char *key = bd_sensor_tag_key(s, i);

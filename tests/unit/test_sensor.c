@@ -718,12 +718,12 @@ Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     cr_assert_str_eq(bd_sensor_field_name(s, 1), "f1");
     cr_assert_str_eq(bd_sensor_field_name(s, 2), "seven77");
     cr_assert_str_eq(bd_sensor_field_name(s, 3), "a%2Eb"); /* names.h: "." escaped */
-    /* The struct, the id, a 16-bit tag offset (2-byte aligned), the measurement and the tag. */
-    size_t block = offsetof(struct bd_sensor, id_buf) + sizeof("m,site=s000123");
-    block = (block + 1) & ~(size_t)1;
-    block += sizeof(uint16_t) + sizeof("m") + sizeof("site") + sizeof("s000123");
-    cr_assert_eq(bd_slab_size(block), 256, "a slab block of two units");
-    cr_assert_eq(s->slab_units, 2);
+    /* The struct, the id, no tag offset (tag 0's key follows the measurement), the measurement
+     * and the tag. */
+    size_t block = offsetof(struct bd_sensor, id_buf) + sizeof("m,site=s000123") + sizeof("m") +
+                   sizeof("site") + sizeof("s000123");
+    cr_assert_eq(bd_slab_size(block), BD_SLAB_SMALL, "a 192-byte slab block");
+    cr_assert_eq(s->slab_lines, 3);
     /* Charged: the block and the flusher's estimate, the names block (the first name that is
      * not inline brings it) and the two strings. */
     cr_assert_eq(bd_sensor_table_memory(table) - empty,
@@ -739,9 +739,9 @@ Test(sensor, short_names_and_the_tags_cost_no_allocation_of_their_own) {
     cr_assert_eq(atomic_load(&s->n_fields), 4);
 }
 
-/* Issue 28: a quiet short-named sensor (three short fields) costs one 256-byte block and the
+/* Issue 28: a quiet short-named sensor (three short fields) costs one 192-byte block and the
  * flusher's estimate, nothing else: no names block, no string of its own. */
-Test(sensor, a_short_named_sensor_is_one_256_byte_block) {
+Test(sensor, a_short_named_sensor_is_one_192_byte_block) {
     uint64_t empty = bd_sensor_table_memory(table);
     point("m,site=s000123", "m", true, NOW);
     pt.n_tags = 1;
@@ -753,10 +753,11 @@ Test(sensor, a_short_named_sensor_is_one_256_byte_block) {
     cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0);
     struct bd_sensor *s = bd_sensor_table_next_dirty(table);
     cr_assert_not_null(s);
-    cr_assert_eq((size_t)s->slab_units * BD_SLAB_UNIT, 256, "block of %u units",
-                 (unsigned)s->slab_units);
+    cr_assert_eq((size_t)s->slab_lines * BD_SLAB_LINE, 192, "block of %u lines",
+                 (unsigned)s->slab_lines);
+    cr_assert_eq((uintptr_t)s % BD_SLAB_LINE, 0);
     cr_assert_null(s->names, "every name inline");
-    cr_assert_eq(bd_sensor_table_memory(table) - empty, 256 + FLUSHER_SENSOR_COST);
+    cr_assert_eq(bd_sensor_table_memory(table) - empty, 192 + FLUSHER_SENSOR_COST);
     cr_assert_str_eq(bd_sensor_field_name(s, 2), "f2");
     cr_assert_str_eq(bd_sensor_tag_key(s, 0), "site");
     cr_assert_str_eq(bd_sensor_tag_value(s, 0), "s000123");
@@ -869,22 +870,32 @@ static size_t names_bytes(const struct bd_point *p) {
     return n;
 }
 
-/* bucketd-sim's ids (bench/edgemem.py) and the issue's short one each take a 256-byte slab block
- * (two units), charged with the flusher's estimate and nothing else while the fields are short. */
+/* bucketd-sim's ids (bench/edgemem.py) each take a 256-byte slab block (two units), the issue's
+ * short ones (one tag, an id of up to 16 bytes) a 192-byte one, charged with the flusher's
+ * estimate and nothing else while the fields are short. */
 Test(sensor, bucketd_sim_ids_fit_a_256_byte_block) {
     static const struct {
         const char *id, *meas;
         uint32_t n;
         const char *k[3], *v[3];
+        size_t block;
     } shapes[] = {
-        {"m,site=s000123", "m", 1, {"site"}, {"s000123"}},
-        {"m1,sensor=s12345,site=plant-2", "m1", 2, {"sensor", "site"}, {"s12345", "plant-2"}},
+        {"m,site=s000123", "m", 1, {"site"}, {"s000123"}, 192},
+        {"mx,site=s000123", "mx", 1, {"site"}, {"s000123"}, 192},
+        {"m,site=s00012345", "m", 1, {"site"}, {"s00012345"}, 192},
+        {"m,site=s000123456", "m", 1, {"site"}, {"s000123456"}, 256}, /* 17 bytes: the next */
+        {"m1,sensor=s12345,site=plant-2", "m1", 2, {"sensor", "site"}, {"s12345", "plant-2"}, 256},
         {"m1,rack=r07,sensor=s12345,site=plant-2",
          "m1",
          3,
          {"rack", "sensor", "site"},
-         {"r07", "s12345", "plant-2"}},
+         {"r07", "s12345", "plant-2"},
+         256},
     };
+    bd_sensor_table_free(table);
+    cfg.limits.max_sensors = 8;
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
     for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
         uint64_t before = bd_sensor_table_memory(table);
         point(shapes[k].id, shapes[k].meas, true, NOW);
@@ -899,10 +910,11 @@ Test(sensor, bucketd_sim_ids_fit_a_256_byte_block) {
         struct bd_sensor *s = bd_sensor_table_next_dirty(table);
         cr_assert_not_null(s);
         cr_assert_str_eq(bd_sensor_id(s), shapes[k].id);
-        cr_assert_eq(s->slab_units, 2, "%s: a 256-byte block, not %u units", shapes[k].id,
-                     s->slab_units);
-        cr_assert_eq(s->mem_cost, 256 + FLUSHER_SENSOR_COST, "%s", shapes[k].id);
-        cr_assert_eq(bd_sensor_table_memory(table) - before, 256 + FLUSHER_SENSOR_COST);
+        cr_assert_eq((size_t)s->slab_lines * BD_SLAB_LINE, shapes[k].block,
+                     "%s: a %zu-byte block, not %u lines", shapes[k].id, shapes[k].block,
+                     s->slab_lines);
+        cr_assert_eq(s->mem_cost, shapes[k].block + FLUSHER_SENSOR_COST, "%s", shapes[k].id);
+        cr_assert_eq(bd_sensor_table_memory(table) - before, shapes[k].block + FLUSHER_SENSOR_COST);
         cr_assert_str_eq(bd_sensor_measurement(s), shapes[k].meas);
         for (uint32_t i = 0; i < shapes[k].n; i++) {
             cr_assert_str_eq(bd_sensor_tag_key(s, i), shapes[k].k[i]);
@@ -1872,5 +1884,59 @@ Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
         bd_sensor_table_memory(table) - (uint64_t)n * FLUSHER_SENSOR_COST + rings;
     cr_assert_leq(table_bytes - names, (uint64_t)n * 256, "%.1f bytes a sensor beyond its names",
                   (double)(table_bytes - names) / n);
+    drain_everything();
+}
+
+/* Issue 28's edge-box sensor, `m,site=s000123`, takes a 192-byte block, and what the table holds
+ * for each of limits.max_sensors of them beyond its names -- its block, its share of the index
+ * and of the queues' cells -- is at most 256 bytes (the flusher's page accounting aside). */
+Test(sensor, max_sensors_short_named_sensors_take_at_most_256_bytes_each_beyond_their_names) {
+    bd_sensor_table_free(table);
+    table = NULL;
+    bd_config_defaults(&cfg);
+    struct bd_err err;
+    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    uint32_t n = cfg.limits.max_sensors;
+    char id[32], v[16];
+    uint64_t names = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(id, sizeof(id), "m,site=s%06u", i);
+        snprintf(v, sizeof(v), "s%06u", i);
+        point(id, "m", true, NOW);
+        pt.n_tags = 1;
+        pt.tags[0] = (struct bd_tag){S("site"), S(v)};
+        add_float("f0", 1);
+        add_float("f1", 2);
+        add_float("f2", 3);
+        names += names_bytes(&pt);
+        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %u", i);
+        if (i % 1000 == 999) {
+            drain_everything();
+        }
+    }
+    cr_assert_eq(bd_sensor_table_count(table), n);
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < bd_sensor_table_slots(table); i++) {
+        const struct bd_sensor *s = bd_sensor_table_slot(table, i);
+        if (s != NULL) {
+            cr_assert_eq(s->slab_lines * BD_SLAB_LINE, BD_SLAB_SMALL, "%s: %u lines",
+                         bd_sensor_id(s), s->slab_lines);
+            seen++;
+        }
+    }
+    cr_assert_eq(seen, n);
+    cr_assert_eq(bd_sensor_table_memory(table),
+                 (uint64_t)n * (BD_SLAB_SMALL + FLUSHER_SENSOR_COST) +
+                     (uint64_t)bd_sensor_table_slots(table) * sizeof(slot_t),
+                 "charged: the blocks, the flusher's estimate and the index");
+    uint64_t rings =
+        (uint64_t)(bd_ring_capacity(&table->dirty) + bd_ring_capacity(&table->reclaim) +
+                   bd_ring_capacity(&table->evict) + bd_ring_capacity(&table->dead)) *
+        sizeof(*table->dirty.cells);
+    uint64_t table_bytes =
+        bd_sensor_table_memory(table) - (uint64_t)n * FLUSHER_SENSOR_COST + rings;
+    cr_assert_leq(table_bytes - names, (uint64_t)n * 256, "%.1f bytes a sensor beyond its names",
+                  (double)(table_bytes - names) / n);
+    cr_log_info("%.1f bytes a sensor beyond its names", (double)(table_bytes - names) / n);
     drain_everything();
 }
