@@ -446,23 +446,15 @@ static void truncate_delta(struct bd_delta *d, uint32_t keep) {
 
 /* Swap two deltas' buffers and contents, keeping each one's sensor, bucket and page. */
 static void swap_buffers(struct bd_delta *a, struct bd_delta *b) {
-    struct bd_delta t = *a;
-    a->summaries = b->summaries;
-    a->readings = b->readings;
-    a->n_readings = b->n_readings;
-    a->cap_readings = b->cap_readings;
-    a->n_values = b->n_values;
-    a->cap_values = b->cap_values;
-    a->n_summaries = b->n_summaries;
-    a->cap_summaries = b->cap_summaries;
-    b->summaries = t.summaries;
-    b->readings = t.readings;
-    b->n_readings = t.n_readings;
-    b->cap_readings = t.cap_readings;
-    b->n_values = t.n_values;
-    b->cap_values = t.cap_values;
-    b->n_summaries = t.n_summaries;
-    b->cap_summaries = t.cap_summaries;
+    const struct bd_delta ka = *a, kb = *b;
+    *a = kb;
+    *b = ka;
+    a->sensor = ka.sensor;
+    a->start_ms = ka.start_ms;
+    a->page = ka.page;
+    b->sensor = kb.sensor;
+    b->start_ms = kb.start_ms;
+    b->page = kb.page;
 }
 
 int bd_delta_copy_readings(const struct bd_delta *src, uint32_t from, uint32_t to,
