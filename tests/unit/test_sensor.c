@@ -1819,16 +1819,44 @@ Test(sensor, paging_with_ties_lists_every_sensor_exactly_once) {
 
 /* ---- The defaults agree (issue 28) ---- */
 
-/* With the default configuration, limits.sensor_memory admits limits.max_sensors sensors of
- * ordinary names: ids as bucketd-sim and the README spell them, three short fields each. And
- * what the table holds for each beyond its names -- its block, its share of the index and of the
- * queues' cells -- is at most 256 bytes (issue 28; the flusher's page accounting aside). */
-Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
+/* A table with the default configuration. */
+static void default_table(void) {
     bd_sensor_table_free(table);
     table = NULL;
     bd_config_defaults(&cfg);
     struct bd_err err;
     cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+}
+
+/* Three short fields on the point, which must then be accepted (sensor number i); every 1,000
+ * the flusher's part drains. Adds the point's names to *names. */
+static void accept_three_fields(uint32_t i, uint64_t *names) {
+    add_float("f0", 1);
+    add_float("f1", 2);
+    add_float("f2", 3);
+    *names += names_bytes(&pt);
+    cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %u", i);
+    if (i % 1000 == 999) {
+        drain_everything();
+    }
+}
+
+/* What the table holds for n sensors beyond the flusher's estimate: what it charged (the blocks
+ * and the index) and the queues' cells, allocated at start for max_sensors. */
+static uint64_t table_bytes_of(uint32_t n) {
+    uint64_t rings =
+        (uint64_t)(bd_ring_capacity(&table->dirty) + bd_ring_capacity(&table->reclaim) +
+                   bd_ring_capacity(&table->evict) + bd_ring_capacity(&table->dead)) *
+        sizeof(*table->dirty.cells);
+    return bd_sensor_table_memory(table) - (uint64_t)n * FLUSHER_SENSOR_COST + rings;
+}
+
+/* With the default configuration, limits.sensor_memory admits limits.max_sensors sensors of
+ * ordinary names: ids as bucketd-sim and the README spell them, three short fields each. And
+ * what the table holds for each beyond its names -- its block, its share of the index and of the
+ * queues' cells -- is at most 256 bytes (issue 28; the flusher's page accounting aside). */
+Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
+    default_table();
     uint32_t n = cfg.limits.max_sensors;
     cr_assert_eq(n, 100000);
     char id[64], v1[16], v2[16], v3[16];
@@ -1862,26 +1890,14 @@ Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
             pt.tags[1].key = S("site");
             pt.tags[1].value = S(v2);
         }
-        add_float("f0", 1);
-        add_float("f1", 2);
-        add_float("f2", 3);
-        names += names_bytes(&pt);
-        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %u", i);
-        if (i % 1000 == 999) {
-            drain_everything();
-        }
+        accept_three_fields(i, &names);
     }
     cr_assert_eq(bd_sensor_table_count(table), n);
     cr_assert_eq(BD_STAT_GET(&stats, drop_sensor_memory), 0);
     cr_assert_leq(bd_sensor_table_memory(table), cfg.limits.sensor_memory);
     /* Charged: the blocks, the index and the flusher's estimate; the queues are allocated at
      * start for max_sensors. */
-    uint64_t rings =
-        (uint64_t)(bd_ring_capacity(&table->dirty) + bd_ring_capacity(&table->reclaim) +
-                   bd_ring_capacity(&table->evict) + bd_ring_capacity(&table->dead)) *
-        sizeof(*table->dirty.cells);
-    uint64_t table_bytes =
-        bd_sensor_table_memory(table) - (uint64_t)n * FLUSHER_SENSOR_COST + rings;
+    uint64_t table_bytes = table_bytes_of(n);
     cr_assert_leq(table_bytes - names, (uint64_t)n * 256, "%.1f bytes a sensor beyond its names",
                   (double)(table_bytes - names) / n);
     drain_everything();
@@ -1891,11 +1907,7 @@ Test(sensor, the_default_sensor_memory_admits_max_sensors_ordinary_sensors) {
  * for each of limits.max_sensors of them beyond its names -- its block, its share of the index
  * and of the queues' cells -- is at most 256 bytes (the flusher's page accounting aside). */
 Test(sensor, max_sensors_short_named_sensors_take_at_most_256_bytes_each_beyond_their_names) {
-    bd_sensor_table_free(table);
-    table = NULL;
-    bd_config_defaults(&cfg);
-    struct bd_err err;
-    cr_assert_eq(bd_sensor_table_new(&table, &cfg, &stats, &err), 0);
+    default_table();
     uint32_t n = cfg.limits.max_sensors;
     char id[32], v[16];
     uint64_t names = 0;
@@ -1905,14 +1917,7 @@ Test(sensor, max_sensors_short_named_sensors_take_at_most_256_bytes_each_beyond_
         point(id, "m", true, NOW);
         pt.n_tags = 1;
         pt.tags[0] = (struct bd_tag){S("site"), S(v)};
-        add_float("f0", 1);
-        add_float("f1", 2);
-        add_float("f2", 3);
-        names += names_bytes(&pt);
-        cr_assert_eq(bd_sensor_table_accept(table, &pt, NOW), 0, "sensor %u", i);
-        if (i % 1000 == 999) {
-            drain_everything();
-        }
+        accept_three_fields(i, &names);
     }
     cr_assert_eq(bd_sensor_table_count(table), n);
     uint32_t seen = 0;
@@ -1929,12 +1934,7 @@ Test(sensor, max_sensors_short_named_sensors_take_at_most_256_bytes_each_beyond_
                  (uint64_t)n * (BD_SLAB_SMALL + FLUSHER_SENSOR_COST) +
                      (uint64_t)bd_sensor_table_slots(table) * sizeof(slot_t),
                  "charged: the blocks, the flusher's estimate and the index");
-    uint64_t rings =
-        (uint64_t)(bd_ring_capacity(&table->dirty) + bd_ring_capacity(&table->reclaim) +
-                   bd_ring_capacity(&table->evict) + bd_ring_capacity(&table->dead)) *
-        sizeof(*table->dirty.cells);
-    uint64_t table_bytes =
-        bd_sensor_table_memory(table) - (uint64_t)n * FLUSHER_SENSOR_COST + rings;
+    uint64_t table_bytes = table_bytes_of(n);
     cr_assert_leq(table_bytes - names, (uint64_t)n * 256, "%.1f bytes a sensor beyond its names",
                   (double)(table_bytes - names) / n);
     cr_log_info("%.1f bytes a sensor beyond its names", (double)(table_bytes - names) / n);
