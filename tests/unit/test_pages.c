@@ -214,15 +214,17 @@ Test(pages, growth_when_all_pinned) {
     }
 }
 
+/* Buckets of 1 ms over a window of 2^33 ms: more slots than a uint32_t counts. */
+static const struct bd_pages_limits wide = {
+    .span_ms = 1,
+    .max_late_ms = UINT64_C(1) << 33,
+    .max_future_ms = 0,
+    .max_readings = 5,
+    .max_bytes = 1000,
+};
+
 /* A window of more slots than a uint32_t counts is capped, not wrapped to a handful. */
 Test(pages, huge_window) {
-    static const struct bd_pages_limits wide = {
-        .span_ms = 1,
-        .max_late_ms = UINT64_C(1) << 33,
-        .max_future_ms = 0,
-        .max_readings = 5,
-        .max_bytes = 1000,
-    };
     for (int64_t k = 0; k < 8; k++) {
         struct bd_page_slot *s = bd_pages_slot(&pages, &wide, T0 + k, T0, T0 - 1, 1);
         cr_assert_not_null(s);
@@ -774,13 +776,6 @@ Test(pages, one_slot_fits_a_64_byte_chunk) {
 
 /* More slots than 8 bits count (a wide window, buckets of 1 ms), each with its own state. */
 Test(pages, more_than_255_slots_keep_apart) {
-    static const struct bd_pages_limits wide = {
-        .span_ms = 1,
-        .max_late_ms = UINT64_C(1) << 33,
-        .max_future_ms = 0,
-        .max_readings = 5,
-        .max_bytes = 1000,
-    };
     const uint32_t n = 1000;
     for (uint32_t k = 0; k < n; k++) {
         struct bd_page_slot *s = bd_pages_slot(&pages, &wide, T0 + k, T0, T0 - 1, 1);
