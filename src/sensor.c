@@ -653,13 +653,7 @@ static struct bd_sensor *sensor_create(struct bd_sensor_table *t, const struct b
     s->mem_cost = (uint32_t)cost;
     s->slab_lines = slab_bytes > BD_SLAB_MAX ? 0 : (uint8_t)(slab_bytes / BD_SLAB_LINE);
     t->memory += cost;
-    atomic_init(&s->n_fields, 0);
-    atomic_init(&s->dirty, 0);
-    atomic_init(&s->names_inline, 0);
-    atomic_init(&s->reclaim, 0);
-    atomic_init(&s->first, NULL);
-    atomic_init(&s->segs_given, 0);
-    atomic_init(&s->flusher_refs, 0);
+    bd_sensor_atomics_init(s);
     if ((uint64_t)(uintptr_t)s & t->tag_mask) {
         drop_tags(t);
     }

@@ -56,6 +56,16 @@ static char *put_detached(void *arg, uint32_t i, char *dst) {
     return dst + str->len + 1;
 }
 
+void bd_sensor_atomics_init(struct bd_sensor *s) {
+    atomic_init(&s->n_fields, 0);
+    atomic_init(&s->dirty, 0);
+    atomic_init(&s->reclaim, 0);
+    atomic_init(&s->names_inline, 0);
+    atomic_init(&s->first, NULL);
+    atomic_init(&s->segs_given, 0);
+    atomic_init(&s->flusher_refs, 0);
+}
+
 int bd_sensor_detached_new(struct bd_sensor **out, const struct bd_str *id,
                            const struct bd_str *measurement, const struct bd_str *keys,
                            const struct bd_str *values, uint32_t n_tags) {
@@ -77,13 +87,7 @@ int bd_sensor_detached_new(struct bd_sensor **out, const struct bd_str *id,
     memset(s, 0, block);
     struct detached_names n = {measurement, keys, values};
     bd_sensor_names_put(s, id->ptr, id->len, n_tags, wide, put_detached, &n);
-    atomic_init(&s->n_fields, 0);
-    atomic_init(&s->dirty, 0);
-    atomic_init(&s->reclaim, 0);
-    atomic_init(&s->names_inline, 0);
-    atomic_init(&s->first, NULL);
-    atomic_init(&s->segs_given, 0);
-    atomic_init(&s->flusher_refs, 0);
+    bd_sensor_atomics_init(s);
     *out = s;
     return 0;
 }

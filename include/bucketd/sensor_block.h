@@ -223,6 +223,10 @@ size_t bd_sensor_block_size(size_t id_len, uint32_t n_tags, size_t names_len, bo
 void bd_sensor_names_put(struct bd_sensor *s, const char *id, size_t id_len, uint32_t n_tags,
                          bool wide, char *(*put)(void *arg, uint32_t i, char *dst), void *arg);
 
+/* Initialise a new sensor's atomics (all zero / NULL): the struct was zeroed with memset, which
+ * C11 does not count as initialising an atomic. */
+void bd_sensor_atomics_init(struct bd_sensor *s);
+
 /*
  * A sensor outside any table (the flusher's unplaced spool records, tests): its block from
  * aligned_alloc with the id, measurement and tags (keys[i], values[i]) as given (BSON-ready,
