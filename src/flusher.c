@@ -106,6 +106,7 @@ static int setup(struct bd_flusher *f, const struct bd_config *cfg, struct bd_se
                                       .max_future_ms = cfg->buckets.max_future_ms,
                                       .max_readings = cfg->buckets.max_readings,
                                       .max_bytes = cfg->buckets.max_bytes};
+    bd_pages_pool_init(&f->pages_pool);
     bd_settle_init(&f->settle);
     f->settle.store = f->store;
     f->settle.run = flusher_io_run;
@@ -193,8 +194,7 @@ void bd_flusher_set_drained(struct bd_flusher *f, bd_flusher_drained_cb cb, void
 }
 
 static void release_sensor_state(struct bd_sensor *s, void *arg) {
-    (void)arg;
-    bd_pages_free(s->flusher_state);
+    bd_pages_free(arg, s->flusher_state);
     s->flusher_state = NULL;
     s->flusher_next = NULL;
     s->flusher_requeued = false;
@@ -215,8 +215,9 @@ void bd_flusher_free(struct bd_flusher *f) {
     flusher_summaries_close(f, "the stop");
     flusher_drain_release_evicted(f);
     if (f->table != NULL) {
-        bd_sensor_table_foreach(f->table, release_sensor_state, NULL);
+        bd_sensor_table_foreach(f->table, release_sensor_state, &f->pages_pool);
     }
+    bd_pages_pool_close(&f->pages_pool);
     bd_store_free(f->store);
     pthread_cond_destroy(&f->cv);
     pthread_mutex_destroy(&f->mu);

@@ -55,12 +55,12 @@ static bool finished(struct bd_flusher *f, struct bd_sensor *s) {
 static void release_evicted(struct bd_flusher *f, struct bd_sensor *s) {
     struct bd_pages *p = s->flusher_state;
     if (p != NULL) {
-        int64_t newest = p->forgot_max_ms;
+        int64_t newest = bd_pages_forgot_max_ms(p, &f->lim);
         for (uint32_t i = 0; i < p->n; i++) {
-            newest = BD_MAX(newest, p->slot[i].start_ms);
+            newest = BD_MAX(newest, bd_page_slot_start_ms(&p->slot[i], &f->lim));
         }
         f->learn_horizon_ms = BD_MAX(f->learn_horizon_ms, newest);
-        bd_pages_free(p);
+        bd_pages_free(&f->pages_pool, p);
         s->flusher_state = NULL;
     }
     bd_sensor_table_release(f->table, s);
@@ -152,10 +152,11 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
         rb_max = bd_reading_bytes_max(s, n_known);
         if (*pp != NULL) {
             /* Names are bounded (pages.h): the sizes fit, else they are not kept. */
-            const bool fits = overhead <= UINT32_MAX && rb_max < (UINT32_C(1) << 25);
+            const bool fits =
+                overhead <= BD_PAGES_SIZED_OVERHEAD_MAX && rb_max <= BD_PAGES_SIZED_READING_MAX;
             (*pp)->sized_fields = fits ? n_known : BD_PAGES_UNSIZED;
-            (*pp)->overhead_bytes = (uint32_t)overhead;
-            (*pp)->reading_max_bytes = (uint32_t)rb_max & ((UINT32_C(1) << 25) - 1);
+            (*pp)->overhead_bytes = (uint32_t)overhead & BD_PAGES_SIZED_OVERHEAD_MAX;
+            (*pp)->reading_max_bytes = (uint32_t)rb_max & BD_PAGES_SIZED_READING_MAX;
         }
     }
     const bool exact = overhead + (uint64_t)f->lim.max_readings * rb_max > f->lim.max_bytes;
@@ -169,7 +170,8 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
     while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
         if (slot == NULL || ts < lo_ns || ts >= hi_ns) {
             start = bd_bucket_start_ms(ts, span);
-            slot = bd_pages_slot(pp, &f->lim, start, wall_ms, f->learn_horizon_ms, pinned_from(f));
+            slot = bd_pages_slot(&f->pages_pool, pp, &f->lim, start, wall_ms, f->learn_horizon_ms,
+                                 pinned_from(f));
             if (slot == NULL) {
                 goto fail;
             }

@@ -70,6 +70,8 @@ struct bd_flusher {
     struct bd_settle settle;
     /* The batch being written (or waiting for its retry) and the next one, being filled. */
     struct bd_batch batch, fill;
+    /* The sensors' page accounting of one slot (the others' is on the heap). */
+    struct bd_pages_pool pages_pool;
     struct bd_pages_limits lim;
     uint64_t batch_id;        /* the batch being written, or the last one; starts at 1 */
     uint64_t fill_id;         /* always batch_id + 1 */

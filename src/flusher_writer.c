@@ -162,7 +162,7 @@ static int place_readings(struct bd_flusher *f, struct bd_batch *b, uint32_t di,
     struct bd_sensor *s = d->sensor;
     const int64_t start = d->start_ms;
     const uint32_t n = d->n_readings;
-    struct bd_page_slot *slot = bd_pages_find(s->flusher_state, start);
+    struct bd_page_slot *slot = bd_pages_find(s->flusher_state, &f->lim, start);
     BD_ASSERT(slot != NULL); /* a slot with readings in the pending batch is never dropped */
     struct bd_page_slot next = *slot;
     if (mode == PLACE_LEARNED) {
@@ -753,7 +753,7 @@ static bool delta_due(const struct bd_flusher *f, uint32_t di, int64_t wall_ms, 
         return true;
     }
     /* A page that new readings no longer go to will not grow: nothing to wait for. */
-    const struct bd_page_slot *slot = bd_pages_find(d->sensor->flusher_state, d->start_ms);
+    const struct bd_page_slot *slot = bd_pages_find(d->sensor->flusher_state, &f->lim, d->start_ms);
     return slot == NULL || !slot->known || slot->page != d->page;
 }
 
@@ -783,9 +783,10 @@ void flusher_writer_hold_back(struct bd_flusher *f, int64_t wall_ms, bool stoppi
         f->batch.meta[di].done = true;
         f->fill_bytes += moved;
         f->queued += f->fill.deltas[t].n_readings;
-        struct bd_page_slot *slot = bd_pages_find(d->sensor->flusher_state, d->start_ms);
+        struct bd_page_slot *slot = bd_pages_find(d->sensor->flusher_state, &f->lim, d->start_ms);
         if (slot != NULL) {
-            slot->batch = BD_MAX(slot->batch, f->fill_id); /* pinned with the fill batch now */
+            /* Pinned with the fill batch now (the newest id: no slot holds a later one). */
+            slot->batch = (uint32_t)f->fill_id;
         }
     }
 }

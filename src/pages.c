@@ -1,23 +1,122 @@
 /*
- * Page accounting (see include/bucketd/pages.h for the invariants). Flusher thread only.
+ * Page accounting (see include/bucketd/pages.h for the invariants), and the pool of one-slot
+ * pages. Flusher thread only (and the unplaced readings' loader, before the flusher runs, with
+ * no pool); the pool owns its chunks until bd_pages_pool_close().
  */
 #include "bucketd/pages.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+#if defined(__has_include)
+#if __has_include(<sanitizer/asan_interface.h>)
+#include <sanitizer/asan_interface.h>
+#endif
+#endif
+#ifndef ASAN_POISON_MEMORY_REGION
+#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#endif
 
 #include "bucketd/alloc.h"
 #include "bucketd/common.h"
 
-_Static_assert(sizeof(struct bd_pages) + sizeof(struct bd_page_slot) <= 56,
-               "a sensor's pages with one slot fit a 64-byte malloc chunk");
+_Static_assert(sizeof(struct bd_pages) == 16 && sizeof(struct bd_page_slot) == 24,
+               "a sensor's pages with one slot take 40 bytes");
+_Static_assert(BD_PAGES_ONE_SLOT_BYTES >= sizeof(void *), "a free object holds the list's link");
 
-struct bd_page_slot *bd_pages_find(struct bd_pages *p, int64_t start_ms) {
+/* The first bytes of a chunk link the chunks; its objects follow. */
+#define CHUNK_LINK 16
+
+void bd_pages_pool_init(struct bd_pages_pool *pool) {
+    memset(pool, 0, sizeof(*pool));
+}
+
+void bd_pages_pool_close(struct bd_pages_pool *pool) {
+    unsigned char *c = pool->chunks;
+    while (c != NULL) {
+        unsigned char *next;
+        memcpy(&next, c, sizeof(next));
+        ASAN_UNPOISON_MEMORY_REGION(c, BD_PAGES_POOL_CHUNK);
+        free(c);
+        c = next;
+    }
+    memset(pool, 0, sizeof(*pool));
+}
+
+static struct bd_pages *pool_alloc(struct bd_pages_pool *pool) {
+    if (pool == NULL) {
+        return bd_malloc(BD_PAGES_ONE_SLOT_BYTES);
+    }
+    void *p = pool->free;
+    if (p != NULL) {
+        ASAN_UNPOISON_MEMORY_REGION(p, BD_PAGES_ONE_SLOT_BYTES);
+        memcpy(&pool->free, p, sizeof(void *));
+        return p;
+    }
+    if (pool->bump_left < BD_PAGES_ONE_SLOT_BYTES) {
+        /* The rest of the chunk (less than an object) stays unused. */
+        unsigned char *chunk = bd_malloc(BD_PAGES_POOL_CHUNK);
+        if (chunk == NULL) {
+            return NULL;
+        }
+        memcpy(chunk, &pool->chunks, sizeof(void *));
+        pool->chunks = chunk;
+        pool->bump = chunk + CHUNK_LINK;
+        pool->bump_left = BD_PAGES_POOL_CHUNK - CHUNK_LINK;
+        pool->chunk_bytes += BD_PAGES_POOL_CHUNK;
+        ASAN_POISON_MEMORY_REGION(pool->bump, pool->bump_left);
+    }
+    p = pool->bump;
+    pool->bump += BD_PAGES_ONE_SLOT_BYTES;
+    pool->bump_left -= BD_PAGES_ONE_SLOT_BYTES;
+    ASAN_UNPOISON_MEMORY_REGION(p, BD_PAGES_ONE_SLOT_BYTES);
+    return p;
+}
+
+static void pool_free(struct bd_pages_pool *pool, struct bd_pages *p) {
+    if (pool == NULL) {
+        free(p);
+        return;
+    }
+    memcpy(p, &pool->free, sizeof(void *));
+    pool->free = p;
+    ASAN_POISON_MEMORY_REGION(p, BD_PAGES_ONE_SLOT_BYTES);
+}
+
+/* The slots pages of n slots have room for: they grow 1, 2, 4, ... up to BD_PAGES_MAX_SLOTS. */
+static uint32_t cap_of(uint32_t n) {
+    uint32_t cap = 1;
+    while (cap < n) {
+        cap *= 2;
+    }
+    return BD_MIN(cap, (uint32_t)BD_PAGES_MAX_SLOTS);
+}
+
+bool bd_pages_start_ok(const struct bd_pages_limits *lim, int64_t start_ms) {
+    const int64_t span = (int64_t)lim->span_ms;
+    return span > 0 && start_ms % span == 0 && start_ms / span > BD_PAGES_FORGOT_NONE &&
+           start_ms / span <= INT32_MAX;
+}
+
+/* The bucket number of start_ms (bd_pages_start_ok). */
+static int32_t bucket_of(const struct bd_pages_limits *lim, int64_t start_ms) {
+    BD_ASSERT(bd_pages_start_ok(lim, start_ms));
+    return (int32_t)(start_ms / (int64_t)lim->span_ms);
+}
+
+static struct bd_page_slot *find(struct bd_pages *p, int32_t bucket) {
     for (uint32_t i = 0; p != NULL && i < p->n; i++) {
-        if (p->slot[i].start_ms == start_ms) {
+        if (p->slot[i].bucket == bucket) {
             return &p->slot[i];
         }
     }
     return NULL;
+}
+
+struct bd_page_slot *bd_pages_find(struct bd_pages *p, const struct bd_pages_limits *lim,
+                                   int64_t start_ms) {
+    return bd_pages_start_ok(lim, start_ms) ? find(p, bucket_of(lim, start_ms)) : NULL;
 }
 
 /* Slots a sensor needs at most: every bucket of the accepted window, and a spare. */
@@ -26,11 +125,44 @@ static uint32_t window_slots(const struct bd_pages_limits *lim) {
     return (uint32_t)BD_MIN(n, (uint64_t)BD_PAGES_MAX_SLOTS);
 }
 
-struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_limits *lim,
-                                   int64_t start_ms, int64_t now_ms, int64_t horizon_ms,
-                                   uint64_t pinned_from) {
+/* Pages of p's slots and one more: p itself, grown, or (p NULL) new; NULL if out of memory. */
+static struct bd_pages *grow(struct bd_pages_pool *pool, struct bd_pages *p) {
+    if (p == NULL) {
+        struct bd_pages *fresh = pool_alloc(pool);
+        if (fresh != NULL) {
+            *fresh = (struct bd_pages){
+                .forgot_max = BD_PAGES_FORGOT_NONE,
+                .sized_fields = BD_PAGES_UNSIZED,
+            };
+        }
+        return fresh;
+    }
+    const uint32_t cap = cap_of(p->n);
+    if (p->n < cap) {
+        return p;
+    }
+    if (cap == BD_PAGES_MAX_SLOTS) {
+        return NULL; /* window_slots reuses a slot before */
+    }
+    const size_t bytes = sizeof(*p) + (size_t)cap_of(p->n + 1) * sizeof(p->slot[0]);
+    if (p->n > 1) {
+        return bd_realloc(p, bytes);
+    }
+    /* From the pool to the heap: the pool's object is given back once copied. */
+    struct bd_pages *moved = bd_malloc(bytes);
+    if (moved != NULL) {
+        memcpy(moved, p, BD_PAGES_ONE_SLOT_BYTES);
+        pool_free(pool, p);
+    }
+    return moved;
+}
+
+struct bd_page_slot *bd_pages_slot(struct bd_pages_pool *pool, struct bd_pages **pp,
+                                   const struct bd_pages_limits *lim, int64_t start_ms,
+                                   int64_t now_ms, int64_t horizon_ms, uint64_t pinned_from) {
     struct bd_pages *p = *pp;
-    struct bd_page_slot *found = bd_pages_find(p, start_ms);
+    const int32_t bucket = bucket_of(lim, start_ms);
+    struct bd_page_slot *found = find(p, bucket);
     if (found != NULL) {
         return found;
     }
@@ -40,13 +172,13 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
     uint32_t reuse = UINT32_MAX, oldest = UINT32_MAX;
     for (uint32_t i = 0; p != NULL && i < p->n; i++) {
         const struct bd_page_slot *s = &p->slot[i];
-        if (s->batch >= pinned_from) {
-            continue;
+        if ((int32_t)(s->batch - (uint32_t)pinned_from) >= 0) {
+            continue; /* pinned: its batch is pinned_from or newer */
         }
-        if (s->start_ms + span < closed_before && reuse == UINT32_MAX) {
+        if (bd_page_slot_start_ms(s, lim) + span < closed_before && reuse == UINT32_MAX) {
             reuse = i;
         }
-        if (oldest == UINT32_MAX || s->start_ms < p->slot[oldest].start_ms) {
+        if (oldest == UINT32_MAX || s->bucket < p->slot[oldest].bucket) {
             oldest = i;
         }
     }
@@ -57,35 +189,19 @@ struct bd_page_slot *bd_pages_slot(struct bd_pages **pp, const struct bd_pages_l
     struct bd_page_slot *s;
     if (reuse != UINT32_MAX) {
         s = &p->slot[reuse];
-        p->forgot_max_ms = BD_MAX(p->forgot_max_ms, s->start_ms);
+        p->forgot_max = BD_MAX(p->forgot_max, s->bucket);
     } else {
-        if (p == NULL || p->n == p->cap) {
-            /* Most sensors only ever have one bucket open: start with room for one. */
-            if (p != NULL && p->cap == BD_PAGES_MAX_SLOTS) {
-                return NULL; /* window_slots reuses a slot before */
-            }
-            uint32_t cap = p == NULL ? 1 : BD_MIN((uint32_t)p->cap * 2, BD_PAGES_MAX_SLOTS);
-            struct bd_pages *grown = bd_realloc(p, sizeof(*p) + (size_t)cap * sizeof(p->slot[0]));
-            if (grown == NULL) {
-                return NULL;
-            }
-            if (p == NULL) {
-                grown->n = 0;
-                grown->forgot_max_ms = INT64_MIN;
-                grown->sized_fields = BD_PAGES_UNSIZED;
-                grown->overhead_bytes = 0;
-                grown->reading_max_bytes = 0;
-                grown->fill_bytes = 0;
-            }
-            grown->cap = (uint16_t)cap;
-            p = grown;
-            *pp = p;
+        struct bd_pages *grown = grow(pool, p);
+        if (grown == NULL) {
+            return NULL;
         }
+        p = grown;
+        *pp = p;
         s = &p->slot[p->n++];
     }
     *s = (struct bd_page_slot){
-        .start_ms = start_ms,
-        .known = start_ms > horizon_ms && start_ms > p->forgot_max_ms,
+        .bucket = bucket,
+        .known = start_ms > horizon_ms && start_ms > bd_pages_forgot_max_ms(p, lim),
     };
     return s;
 }
@@ -105,6 +221,13 @@ void bd_pages_close_page(struct bd_page_slot *s) {
     s->bytes = 0;
 }
 
-void bd_pages_free(struct bd_pages *p) {
-    free(p);
+void bd_pages_free(struct bd_pages_pool *pool, struct bd_pages *p) {
+    if (p == NULL) {
+        return;
+    }
+    if (p->n <= 1) {
+        pool_free(pool, p);
+    } else {
+        free(p);
+    }
 }

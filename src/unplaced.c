@@ -129,7 +129,7 @@ static void sensor_free(struct bd_sensor *s) {
     if (s == NULL) {
         return;
     }
-    bd_pages_free(s->flusher_state);
+    bd_pages_free(NULL, s->flusher_state); /* detached sensors' pages are on the heap */
     uint32_t n = atomic_load_explicit(&s->n_fields, memory_order_relaxed);
     for (uint32_t i = 0; i < n; i++) {
         free((char *)bd_sensor_field_name(s, i)); /* a detached sensor's names are its own */
@@ -315,10 +315,13 @@ static int read_names(struct bd_sensor *s, struct rd *r, uint32_t n_names) {
 static int read_readings(struct bd_unplaced *u, struct bd_sensor *s, struct rd *r, int64_t start_ms,
                          uint32_t page, uint32_t n_readings, const struct bd_pages_limits *lim) {
     struct bd_pages **pp = (struct bd_pages **)&s->flusher_state;
-    struct bd_page_slot *slot = bd_pages_find(*pp, start_ms);
+    if (!bd_pages_start_ok(lim, start_ms)) {
+        return -EBADMSG; /* not a bucket of this span: its readings could not be in it either */
+    }
+    struct bd_page_slot *slot = bd_pages_find(*pp, lim, start_ms);
     if (slot == NULL) {
         /* Unknown: a horizon past the bucket; known: a horizon before it (a new slot). */
-        slot = bd_pages_slot(pp, lim, start_ms, start_ms,
+        slot = bd_pages_slot(NULL, pp, lim, start_ms, start_ms,
                              page == BD_PAGE_UNKNOWN ? INT64_MAX : INT64_MIN, 0);
         if (slot == NULL) {
             return -ENOMEM;

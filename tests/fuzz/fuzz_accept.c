@@ -335,6 +335,7 @@ struct run {
     struct bd_stats stats;
     struct bd_sensor_table *table;
     struct bd_pages_limits lim;
+    struct bd_pages_pool pool; /* the sensors' one-slot pages, as the flusher's */
     struct bd_batch batch;
     uint64_t fill_id;
 
@@ -474,8 +475,8 @@ static void drain_sensor(struct run *r, struct bd_sensor *s) {
     while ((cells = bd_sensor_peek_reading(s, &ts, vals, &nv)) != 0) {
         CHECK(nv >= 1 && nv <= r->cfg.limits.max_fields);
         int64_t start = bd_bucket_start_ms(ts, span);
-        struct bd_page_slot *slot =
-            bd_pages_slot(pp, &r->lim, start, NOW_NS / BD_NS_PER_MS, INT64_MIN, r->fill_id);
+        struct bd_page_slot *slot = bd_pages_slot(&r->pool, pp, &r->lim, start,
+                                                  NOW_NS / BD_NS_PER_MS, INT64_MIN, r->fill_id);
         CHECK(slot != NULL);
         /* Nothing wrote these buckets before, and a reading inside the window never needs a
          * slot that was given up: every slot is known. */
@@ -954,8 +955,7 @@ static void check_updates(struct run *r) {
 /* Driver                                                                                   */
 
 static void release_pages(struct bd_sensor *s, void *arg) {
-    (void)arg;
-    bd_pages_free(s->flusher_state);
+    bd_pages_free(arg, s->flusher_state);
     s->flusher_state = NULL;
 }
 
@@ -988,6 +988,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                       .max_readings = r->cfg.buckets.max_readings,
                                       .max_bytes = r->cfg.buckets.max_bytes};
     r->fill_id = 1;
+    bd_pages_pool_init(&r->pool);
     struct bd_err err = {0};
     CHECK(bd_sensor_table_new(&r->table, &r->cfg, &r->stats, &err) == 0);
     CHECK(bd_batch_init(&r->batch) == 0);
@@ -1054,7 +1055,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     items_free(&r->metas);
     aggs_free(&r->expect_sums);
     bd_batch_close(&r->batch);
-    bd_sensor_table_foreach(r->table, release_pages, NULL);
+    bd_sensor_table_foreach(r->table, release_pages, &r->pool);
+    bd_pages_pool_close(&r->pool);
     bd_sensor_table_free(r->table);
     free(text);
     return 0;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bucketd/alloc.h"
+#include "bucketd/bucket.h"
 #include "bucketd/common.h"
 #include "bucketd/pages.h"
 
@@ -28,14 +29,17 @@ static const struct bd_pages_limits lim = {
 #define OVERHEAD 100u
 
 static struct bd_pages *pages;
+static struct bd_pages_pool pool;
 
 static void setup(void) {
     pages = NULL;
+    bd_pages_pool_init(&pool);
 }
 
 static void teardown(void) {
     bd_alloc_fail_after(-1, 0);
-    bd_pages_free(pages);
+    bd_pages_free(&pool, pages);
+    bd_pages_pool_close(&pool);
 }
 
 TestSuite(pages, .init = setup, .fini = teardown);
@@ -43,33 +47,32 @@ TestSuite(pages, .init = setup, .fini = teardown);
 /* The slot of start, which must succeed; stamped with batch as the flusher does on placing. */
 static struct bd_page_slot *slot_in(int64_t start, int64_t now, int64_t horizon,
                                     uint64_t pinned_from, uint64_t batch) {
-    struct bd_page_slot *s = bd_pages_slot(&pages, &lim, start, now, horizon, pinned_from);
+    struct bd_page_slot *s = bd_pages_slot(&pool, &pages, &lim, start, now, horizon, pinned_from);
     cr_assert_not_null(s, "slot of %" PRId64, start);
-    cr_assert_eq(s->start_ms, start);
+    cr_assert_eq(bd_page_slot_start_ms(s, &lim), start);
     s->batch = batch;
     return s;
 }
 
 Test(pages, nothing_yet) {
-    cr_assert_null(bd_pages_find(NULL, T0));
-    bd_pages_free(NULL);
+    cr_assert_null(bd_pages_find(NULL, &lim, T0));
+    bd_pages_free(&pool, NULL);
 }
 
 Test(pages, first_slot) {
-    struct bd_page_slot *s = bd_pages_slot(&pages, &lim, T0, T0, T0 - SPAN, 1);
+    struct bd_page_slot *s = bd_pages_slot(&pool, &pages, &lim, T0, T0, T0 - SPAN, 1);
     cr_assert_not_null(s);
     cr_assert_not_null(pages);
     cr_assert_eq(pages->n, 1);
-    cr_assert_geq(pages->cap, 1);
-    cr_assert_eq(pages->forgot_max_ms, INT64_MIN, "nothing dropped yet");
-    cr_assert_eq(s->start_ms, T0);
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), INT64_MIN, "nothing dropped yet");
+    cr_assert_eq(bd_page_slot_start_ms(s, &lim), T0);
     cr_assert_eq(s->page, 0);
     cr_assert_eq(s->count, 0);
     cr_assert_eq(s->bytes, 0);
     cr_assert_eq(s->batch, 0);
     cr_assert(s->known);
-    cr_assert_eq(bd_pages_find(pages, T0), s);
-    cr_assert_null(bd_pages_find(pages, T0 + SPAN));
+    cr_assert_eq(bd_pages_find(pages, &lim, T0), s);
+    cr_assert_null(bd_pages_find(pages, &lim, T0 + SPAN));
 }
 
 /* Known only for buckets newer than the look-up horizon: an earlier run may have written them. */
@@ -87,7 +90,8 @@ Test(pages, existing_slot_is_kept) {
     struct bd_page_slot *s = slot_in(T0, T0, T0 - SPAN, 1, 1);
     bd_pages_place(s, &lim, 50, OVERHEAD);
     bd_pages_place(s, &lim, 50, OVERHEAD);
-    struct bd_page_slot *again = bd_pages_slot(&pages, &lim, T0, T0 + 100 * SPAN, T0 + SPAN, 9);
+    struct bd_page_slot *again =
+        bd_pages_slot(&pool, &pages, &lim, T0, T0 + 100 * SPAN, T0 + SPAN, 9);
     cr_assert_eq(again, s);
     cr_assert(again->known, "a later horizon does not make a known slot unknown");
     cr_assert_eq(again->count, 2);
@@ -109,29 +113,29 @@ Test(pages, closed_buckets_are_reused) {
     const int64_t now = a + 7 * SPAN + 1;
     struct bd_page_slot *c = slot_in(T0 + 6 * SPAN, now, T0 - SPAN, 2, 2);
     cr_assert_eq(pages->n, 2, "reused, not grown");
-    cr_assert_eq(pages->forgot_max_ms, a);
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), a);
     cr_assert(c->known, "newer than every dropped bucket");
-    cr_assert_null(bd_pages_find(pages, a));
-    cr_assert_not_null(bd_pages_find(pages, b));
+    cr_assert_null(bd_pages_find(pages, &lim, a));
+    cr_assert_not_null(bd_pages_find(pages, &lim, b));
 
     /* The dropped bucket comes back (a late reading, a clock jump): its pages are unknown. */
     struct bd_page_slot *again = slot_in(a, now, T0 - SPAN, 3, 3);
     cr_assert_eq(pages->n, 2, "b's slot was reused");
-    cr_assert_null(bd_pages_find(pages, b));
-    cr_assert_eq(pages->forgot_max_ms, b);
+    cr_assert_null(bd_pages_find(pages, &lim, b));
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), b);
     cr_assert(!again->known, "a was written by this run");
     cr_assert_eq(again->count, 0);
 
     /* A bucket never seen, older than a dropped one: unknown too (a's slot goes now). */
     struct bd_page_slot *older = slot_in(a - SPAN, now, T0 - 10 * SPAN, 4, 4);
     cr_assert(!older->known);
-    cr_assert_eq(pages->forgot_max_ms, b, "forgot_max_ms only grows");
-    cr_assert_null(bd_pages_find(pages, a));
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), b, "forgot_max_ms only grows");
+    cr_assert_null(bd_pages_find(pages, &lim, a));
 
     /* A bucket never seen, newer than every dropped one: known. */
     struct bd_page_slot *newer = slot_in(b + SPAN, now, T0 - 10 * SPAN, 5, 5);
     cr_assert(newer->known);
-    cr_assert_eq(pages->forgot_max_ms, b);
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), b);
     cr_assert_eq(pages->n, 2);
 }
 
@@ -144,12 +148,12 @@ Test(pages, open_buckets_are_not_reused) {
     slot_in(T0 + 9 * SPAN, now, T0, 5, 1);
     slot_in(T0 + 10 * SPAN, now, T0, 5, 1);
     cr_assert_eq(pages->n, 3, "nothing closed yet, nothing reused");
-    cr_assert_eq(pages->forgot_max_ms, INT64_MIN);
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), INT64_MIN);
     /* 2 ms later x has closed: the next new bucket takes its slot. */
     slot_in(T0 + 11 * SPAN, now + 2, T0, 5, 1);
     cr_assert_eq(pages->n, 3);
-    cr_assert_null(bd_pages_find(pages, x));
-    cr_assert_eq(pages->forgot_max_ms, x);
+    cr_assert_null(bd_pages_find(pages, &lim, x));
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), x);
 }
 
 /* Slots holding readings of the batch being filled (batch >= pinned_from) are never reused. */
@@ -159,12 +163,12 @@ Test(pages, pinned_slots_are_not_reused) {
     const int64_t now = T0 + 100 * SPAN; /* both closed */
     slot_in(T0 + 100 * SPAN, now, T0 - SPAN, 4, 5);
     cr_assert_eq(pages->n, 3, "batches 4 and 5 are pending: pinned, so the pages grow");
-    cr_assert_eq(pages->forgot_max_ms, INT64_MIN);
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), INT64_MIN);
     slot_in(T0 + 99 * SPAN, now, T0 - SPAN, 5, 5);
     cr_assert_eq(pages->n, 3, "batch 4 is settled: its slot is reused");
-    cr_assert_null(bd_pages_find(pages, T0));
-    cr_assert_not_null(bd_pages_find(pages, T0 + SPAN));
-    cr_assert_eq(pages->forgot_max_ms, T0);
+    cr_assert_null(bd_pages_find(pages, &lim, T0));
+    cr_assert_not_null(bd_pages_find(pages, &lim, T0 + SPAN));
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), T0);
 }
 
 /* Fill the window with open buckets (the clock jumped back) given in no particular order. */
@@ -181,17 +185,17 @@ Test(pages, window_overflow_evicts_the_oldest_unpinned) {
     fill_window(1);
     struct bd_page_slot *s = slot_in(T0 + 7 * SPAN, T0, T0 - SPAN, 2, 2);
     cr_assert_eq(pages->n, WINDOW, "evicted, not grown");
-    cr_assert_null(bd_pages_find(pages, T0), "the oldest went");
-    cr_assert_eq(pages->forgot_max_ms, T0);
+    cr_assert_null(bd_pages_find(pages, &lim, T0), "the oldest went");
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), T0);
     cr_assert(s->known);
 
     /* The oldest is pinned now (T0 + SPAN, batch 2): the next oldest goes instead. */
-    bd_pages_find(pages, T0 + SPAN)->batch = 2;
+    bd_pages_find(pages, &lim, T0 + SPAN)->batch = 2;
     s = slot_in(T0 - SPAN, T0, T0 - 2 * SPAN, 2, 2);
     cr_assert_eq(pages->n, WINDOW);
-    cr_assert_not_null(bd_pages_find(pages, T0 + SPAN), "pinned");
-    cr_assert_null(bd_pages_find(pages, T0 + 2 * SPAN));
-    cr_assert_eq(pages->forgot_max_ms, T0 + 2 * SPAN);
+    cr_assert_not_null(bd_pages_find(pages, &lim, T0 + SPAN), "pinned");
+    cr_assert_null(bd_pages_find(pages, &lim, T0 + 2 * SPAN));
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), T0 + 2 * SPAN);
     cr_assert(!s->known, "older than a dropped bucket");
     struct bd_page_slot *back = slot_in(T0 + 2 * SPAN, T0, T0 - 2 * SPAN, 3, 3);
     cr_assert(!back->known, "the dropped bucket itself");
@@ -204,20 +208,19 @@ Test(pages, growth_when_all_pinned) {
         slot_in(T0 + (10 + i) * SPAN, T0 + 100 * SPAN, T0 - SPAN, 3, 3);
     }
     cr_assert_eq(pages->n, WINDOW + 3);
-    cr_assert_geq(pages->cap, pages->n);
-    cr_assert_eq(pages->forgot_max_ms, INT64_MIN);
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), INT64_MIN);
     for (int64_t k = 0; k < 7; k++) {
-        cr_assert_not_null(bd_pages_find(pages, T0 + k * SPAN), "bucket %" PRId64, k);
+        cr_assert_not_null(bd_pages_find(pages, &lim, T0 + k * SPAN), "bucket %" PRId64, k);
     }
     for (int64_t k = 10; k < 13; k++) {
-        cr_assert_not_null(bd_pages_find(pages, T0 + k * SPAN), "bucket %" PRId64, k);
+        cr_assert_not_null(bd_pages_find(pages, &lim, T0 + k * SPAN), "bucket %" PRId64, k);
     }
 }
 
-/* Buckets of 1 ms over a window of 2^33 ms: more slots than a uint32_t counts. */
+/* A window of 2^33 buckets: more slots than a uint32_t counts. */
 static const struct bd_pages_limits wide = {
-    .span_ms = 1,
-    .max_late_ms = UINT64_C(1) << 33,
+    .span_ms = SPAN,
+    .max_late_ms = (UINT64_C(1) << 33) * SPAN,
     .max_future_ms = 0,
     .max_readings = 5,
     .max_bytes = 1000,
@@ -226,35 +229,34 @@ static const struct bd_pages_limits wide = {
 /* A window of more slots than a uint32_t counts is capped, not wrapped to a handful. */
 Test(pages, huge_window) {
     for (int64_t k = 0; k < 8; k++) {
-        struct bd_page_slot *s = bd_pages_slot(&pages, &wide, T0 + k, T0, T0 - 1, 1);
+        struct bd_page_slot *s = bd_pages_slot(&pool, &pages, &wide, T0 + k * SPAN, T0, T0 - 1, 1);
         cr_assert_not_null(s);
         s->batch = 0;
     }
     cr_assert_eq(pages->n, 8, "nothing evicted");
-    cr_assert_eq(pages->forgot_max_ms, INT64_MIN);
+    cr_assert_eq(bd_pages_forgot_max_ms(pages, &lim), INT64_MIN);
 }
 
 Test(pages, allocation_failure_changes_nothing) {
     bd_alloc_fail_after(0, 0);
-    cr_assert_null(bd_pages_slot(&pages, &lim, T0, T0, T0 - SPAN, 1));
+    cr_assert_null(bd_pages_slot(&pool, &pages, &lim, T0, T0, T0 - SPAN, 1));
     cr_assert_null(pages, "no pages yet");
 
     slot_in(T0, T0, T0 - SPAN, 1, 1);
     slot_in(T0 + SPAN, T0, T0 - SPAN, 1, 1);
     struct bd_pages *before = pages;
-    const uint32_t n = pages->n, cap = pages->cap;
-    cr_assert_eq(n, cap, "full: the next new slot grows the pages");
+    const uint32_t n = pages->n;
+    cr_assert_eq(n, 2, "full (room for 1, 2, 4, ...): the next new slot grows the pages");
     bd_alloc_fail_after(0, 0);
-    cr_assert_null(bd_pages_slot(&pages, &lim, T0 + 2 * SPAN, T0, T0 - SPAN, 1));
+    cr_assert_null(bd_pages_slot(&pool, &pages, &lim, T0 + 2 * SPAN, T0, T0 - SPAN, 1));
     cr_assert_eq(pages, before);
     cr_assert_eq(pages->n, n);
-    cr_assert_eq(pages->cap, cap);
-    cr_assert_null(bd_pages_find(pages, T0 + 2 * SPAN));
+    cr_assert_null(bd_pages_find(pages, &lim, T0 + 2 * SPAN));
 
     /* Reusing a slot allocates nothing: it succeeds while allocations fail. */
     bd_alloc_fail_after(0, 1);
     struct bd_page_slot *s =
-        bd_pages_slot(&pages, &lim, T0 + 100 * SPAN, T0 + 100 * SPAN, T0 - SPAN, 2);
+        bd_pages_slot(&pool, &pages, &lim, T0 + 100 * SPAN, T0 + 100 * SPAN, T0 - SPAN, 2);
     bd_alloc_fail_after(-1, 0);
     cr_assert_not_null(s);
     cr_assert_eq(pages->n, n);
@@ -262,7 +264,7 @@ Test(pages, allocation_failure_changes_nothing) {
 
 /* A slot of the given state, known, as after a look-up. */
 static struct bd_page_slot known_slot(uint32_t page, uint32_t count, uint64_t bytes) {
-    struct bd_page_slot s = {.start_ms = T0};
+    struct bd_page_slot s = {.bucket = (int32_t)(T0 / SPAN)};
     bd_pages_learn(&s, page, count, bytes);
     return s;
 }
@@ -405,12 +407,12 @@ Test(pages, close_page) {
 }
 
 Test(pages, place_needs_a_known_slot, .signal = SIGABRT) {
-    struct bd_page_slot s = {.start_ms = T0};
+    struct bd_page_slot s = {.bucket = (int32_t)(T0 / SPAN)};
     bd_pages_place(&s, &lim, 30, OVERHEAD);
 }
 
 Test(pages, close_page_needs_a_known_slot, .signal = SIGABRT) {
-    struct bd_page_slot s = {.start_ms = T0};
+    struct bd_page_slot s = {.bucket = (int32_t)(T0 / SPAN)};
     bd_pages_close_page(&s);
 }
 
@@ -571,9 +573,9 @@ static void place_reading(struct sim *s, int64_t seed, int step) {
     }
     const uint32_t n_before = s->pages != NULL ? s->pages->n : 0;
     struct bd_page_slot *slot =
-        bd_pages_slot(&s->pages, &s->lim, start, s->now, s->horizon, s->batch);
+        bd_pages_slot(&pool, &s->pages, &s->lim, start, s->now, s->horizon, s->batch);
     cr_assert_not_null(slot, "seed %" PRId64 " step %d", seed, step);
-    cr_assert_eq(slot->start_ms, start);
+    cr_assert_eq(bd_page_slot_start_ms(slot, &s->lim), start);
     if (s->pages->n > n_before && n_before >= s->window) {
         /* Grown past the window: only when every other slot holds pending readings. */
         for (uint32_t i = 0; i < s->pages->n; i++) {
@@ -618,29 +620,30 @@ static void check_model(struct sim *s, int64_t seed, int step) {
     for (uint32_t i = 0; s->pages != NULL && i < s->pages->n; i++) {
         const struct bd_page_slot *sl = &s->pages->slot[i];
         cr_assert(sl->known, "seed %" PRId64 " step %d: slot %" PRId64 " unknown after a flush",
-                  seed, step, sl->start_ms);
+                  seed, step, bd_page_slot_start_ms(sl, &s->lim));
         uint32_t page, count;
         uint64_t bytes;
-        look_up(s, sl->start_ms, &page, &count, &bytes);
+        look_up(s, bd_page_slot_start_ms(sl, &s->lim), &page, &count, &bytes);
         if (count == 0) {
             cr_assert_eq(sl->count, 0, "seed %" PRId64 " step %d: slot %" PRId64, seed, step,
-                         sl->start_ms);
+                         bd_page_slot_start_ms(sl, &s->lim));
             continue;
         }
         cr_assert(sl->page > page || (sl->page == page && sl->count == count && sl->bytes == bytes),
                   "seed %" PRId64 " step %d: slot %" PRId64 " at page %u (%u readings, %" PRIu64
                   " bytes), stored: page %u (%u readings, %" PRIu64 " bytes)",
-                  seed, step, sl->start_ms, sl->page, sl->count, sl->bytes, page, count, bytes);
+                  seed, step, bd_page_slot_start_ms(sl, &s->lim), sl->page, sl->count, sl->bytes,
+                  page, count, bytes);
         cr_assert(sl->page == page || sl->count == 0,
                   "seed %" PRId64 " step %d: slot %" PRId64 " counts readings not stored", seed,
-                  step, sl->start_ms);
+                  step, bd_page_slot_start_ms(sl, &s->lim));
     }
 }
 
 static void flush(struct sim *s, int64_t seed, int step) {
     /* Every bucket with pending readings still has its slot. */
     for (size_t i = 0; i < s->n_pending; i++) {
-        struct bd_page_slot *slot = bd_pages_find(s->pages, s->pending[i].start);
+        struct bd_page_slot *slot = bd_pages_find(s->pages, &s->lim, s->pending[i].start);
         cr_assert_not_null(slot,
                            "seed %" PRId64 " step %d: the slot of %" PRId64
                            " was dropped with readings pending",
@@ -653,7 +656,7 @@ static void flush(struct sim *s, int64_t seed, int step) {
         if (s->pending[i].page != BD_PAGE_UNKNOWN) {
             continue;
         }
-        struct bd_page_slot *slot = bd_pages_find(s->pages, start);
+        struct bd_page_slot *slot = bd_pages_find(s->pages, &s->lim, start);
         cr_assert(!slot->known, "seed %" PRId64 " step %d: waiting readings, known slot", seed,
                   step);
         uint32_t page, count;
@@ -671,7 +674,7 @@ static void flush(struct sim *s, int64_t seed, int step) {
     /* Sometimes a page is refused for size: its readings move after the bucket's last page. */
     if (s->n_pending > 0 && below(s, 4) == 0) {
         const struct sim_reading victim = s->pending[below(s, (int64_t)s->n_pending)];
-        struct bd_page_slot *slot = bd_pages_find(s->pages, victim.start);
+        struct bd_page_slot *slot = bd_pages_find(s->pages, &s->lim, victim.start);
         bd_pages_close_page(slot);
         for (size_t j = 0; j < s->n_pending; j++) {
             struct sim_reading *r = &s->pending[j];
@@ -742,7 +745,8 @@ static void simulate(int64_t seed, int steps) {
     cr_assert_gt(s.n_unknown, 0, "seed %" PRId64 ": no unknown slot", seed);
     cr_assert_gt(s.n_relocated, 0, "seed %" PRId64 ": no page refused", seed);
     cr_assert_gt(s.n_grown_past_window, 0, "seed %" PRId64 ": never grew past the window", seed);
-    cr_assert_gt(s.pages->forgot_max_ms, INT64_MIN, "seed %" PRId64 ": nothing forgotten", seed);
+    cr_assert_gt(bd_pages_forgot_max_ms(s.pages, &s.lim), INT64_MIN,
+                 "seed %" PRId64 ": nothing forgotten", seed);
 
     cr_log_info("seed %" PRId64 ": %" PRIu64 " readings, %" PRIu64 " flushes, %" PRIu64
                 " waited for a look-up, %" PRIu64 " look-ups, %" PRIu64 " pages refused, %" PRIu64
@@ -754,7 +758,7 @@ static void simulate(int64_t seed, int steps) {
     }
     free(s.buckets);
     free(s.pending);
-    bd_pages_free(s.pages);
+    bd_pages_free(&pool, s.pages);
 }
 
 Test(pages, simulation_keeps_the_invariants) {
@@ -764,30 +768,116 @@ Test(pages, simulation_keeps_the_invariants) {
     }
 }
 
-/* ---- The compact form: 24 bytes of pages and 32 a slot, sizes in 32 bits ---------------- */
+/* ---- The compact form: 16 bytes of pages and 24 a slot, from a pool ---------------------- */
 
-Test(pages, one_slot_fits_a_64_byte_chunk) {
-    cr_assert_leq(sizeof(struct bd_pages) + sizeof(struct bd_page_slot), 56);
+/* A sensor with one bucket open takes 40 bytes of a pool chunk, without an allocator header. */
+Test(pages, one_slot_takes_40_bytes_of_the_pool) {
+    cr_assert_eq(sizeof(struct bd_pages), 16);
+    cr_assert_eq(sizeof(struct bd_page_slot), 24);
+    cr_assert_eq(BD_PAGES_ONE_SLOT_BYTES, 40);
     slot_in(T0, T0, T0 - SPAN, 1, 1);
-    cr_assert_eq(pages->cap, 1, "one slot to start with");
+    cr_assert_eq(pages->n, 1, "one slot to start with");
     cr_assert_eq(pages->fill_bytes, 0);
     cr_assert_eq(pages->sized_fields, BD_PAGES_UNSIZED);
+    cr_assert_eq(pool.chunk_bytes, BD_PAGES_POOL_CHUNK);
+    /* The next sensors' pages follow in the same chunk, 40 bytes apart. */
+    struct bd_pages *other[3] = {NULL};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_not_null(bd_pages_slot(&pool, &other[i], &lim, T0, T0, T0 - SPAN, 1));
+        cr_assert_eq((char *)other[i] - (char *)(i == 0 ? pages : other[i - 1]),
+                     BD_PAGES_ONE_SLOT_BYTES);
+    }
+    cr_assert_eq(pool.chunk_bytes, BD_PAGES_POOL_CHUNK);
+    /* A freed one is the next one handed out. */
+    struct bd_pages *was = other[1];
+    bd_pages_free(&pool, other[1]);
+    other[1] = NULL;
+    cr_assert_not_null(bd_pages_slot(&pool, &other[1], &lim, T0 + SPAN, T0, T0 - SPAN, 1));
+    cr_assert_eq(other[1], was);
+    cr_assert_eq(other[1]->n, 1);
+    cr_assert_eq(bd_pages_forgot_max_ms(other[1], &lim), INT64_MIN, "starts afresh");
+    cr_assert_not_null(bd_pages_find(other[1], &lim, T0 + SPAN));
+    cr_assert_null(bd_pages_find(other[1], &lim, T0));
+    for (int i = 0; i < 3; i++) {
+        bd_pages_free(&pool, other[i]);
+    }
 }
 
-/* More slots than 8 bits count (a wide window, buckets of 1 ms), each with its own state. */
+/* A second slot moves the pages to the heap, every field kept, and gives the pool its object
+ * back; freeing them then goes to the heap. */
+Test(pages, a_second_slot_moves_the_pages_off_the_pool) {
+    struct bd_page_slot *a = slot_in(T0, T0, T0 - SPAN, 1, 7);
+    a->count = 3;
+    a->bytes = 333;
+    pages->fill_bytes = 1234;
+    pages->sized_fields = 3;
+    pages->overhead_bytes = 100;
+    pages->reading_max_bytes = 50;
+    struct bd_pages *was = pages;
+    slot_in(T0 + SPAN, T0, T0 - SPAN, 1, 7);
+    cr_assert_neq(pages, was);
+    cr_assert_eq(pages->n, 2);
+    cr_assert_eq(pages->fill_bytes, 1234);
+    cr_assert_eq(pages->sized_fields, 3);
+    cr_assert_eq(pages->overhead_bytes, 100);
+    cr_assert_eq(pages->reading_max_bytes, 50);
+    const struct bd_page_slot *kept = bd_pages_find(pages, &lim, T0);
+    cr_assert_not_null(kept);
+    cr_assert_eq(kept->count, 3);
+    cr_assert_eq(kept->bytes, 333);
+    cr_assert_eq(kept->batch, 7);
+    struct bd_pages *next = NULL;
+    cr_assert_not_null(bd_pages_slot(&pool, &next, &lim, T0, T0, T0 - SPAN, 1));
+    cr_assert_eq(next, was, "the pool's object is reused");
+    bd_pages_free(&pool, next);
+}
+
+/* Batch ids are kept in 32 bits and compared wrap-safe: across 2^32 a slot of the pending batch
+ * is still pinned and one of an older batch is not. */
+Test(pages, pinned_across_the_32_bit_wrap) {
+    const uint64_t id = UINT64_C(0x1FFFFFFFF); /* the low 32 bits wrap at the next batch */
+    slot_in(T0, T0, T0 - SPAN, id - 1, id);
+    slot_in(T0 + SPAN, T0, T0 - SPAN, id - 1, id - 1);
+    const int64_t now = T0 + 100 * SPAN; /* both closed */
+    slot_in(T0 + 100 * SPAN, now, T0 - SPAN, id, id + 1);
+    cr_assert_eq(pages->n, 2, "batch id - 1 is settled: its slot is reused");
+    cr_assert_not_null(bd_pages_find(pages, &lim, T0), "batch id is pending: kept");
+    cr_assert_null(bd_pages_find(pages, &lim, T0 + SPAN));
+    slot_in(T0 + 99 * SPAN, now, T0 - SPAN, id + 1, id + 1);
+    cr_assert_eq(pages->n, 2, "batch id is settled now, its slot reused across the wrap");
+    cr_assert_null(bd_pages_find(pages, &lim, T0));
+    cr_assert_not_null(bd_pages_find(pages, &lim, T0 + 100 * SPAN), "batch id + 1: pinned");
+}
+
+/* Bucket numbers: every instant of an int64_t of nanoseconds has one, with buckets of a minute;
+ * a start that is not a multiple of the span is none. */
+Test(pages, bucket_numbers_cover_every_instant) {
+    const int64_t first = bd_floor_div(INT64_MIN / 1000000, SPAN) * SPAN;
+    const int64_t last = INT64_MAX / 1000000 / SPAN * SPAN;
+    cr_assert(bd_pages_start_ok(&lim, first));
+    cr_assert(bd_pages_start_ok(&lim, last));
+    cr_assert(!bd_pages_start_ok(&lim, T0 + 1));
+    cr_assert(!bd_pages_start_ok(&wide, (int64_t)INT32_MAX * SPAN + SPAN));
+    slot_in(first, T0, T0 - SPAN, 1, 1); /* pinned: both kept */
+    slot_in(last, T0, T0 - SPAN, 1, 1);
+    cr_assert_eq(bd_page_slot_start_ms(bd_pages_find(pages, &lim, first), &lim), first);
+    cr_assert_eq(bd_page_slot_start_ms(bd_pages_find(pages, &lim, last), &lim), last);
+    cr_assert_null(bd_pages_find(pages, &lim, T0 + 1));
+}
+
+/* More slots than 8 bits count (a wide window), each with its own state. */
 Test(pages, more_than_255_slots_keep_apart) {
     const uint32_t n = 1000;
     for (uint32_t k = 0; k < n; k++) {
-        struct bd_page_slot *s = bd_pages_slot(&pages, &wide, T0 + k, T0, T0 - 1, 1);
+        struct bd_page_slot *s = bd_pages_slot(&pool, &pages, &wide, T0 + k * SPAN, T0, T0 - 1, 1);
         cr_assert_not_null(s);
         s->batch = k;
         s->count = k;
         s->bytes = k * 7;
     }
     cr_assert_eq(pages->n, n, "nothing evicted");
-    cr_assert_geq(pages->cap, n);
     for (uint32_t k = 0; k < n; k++) {
-        struct bd_page_slot *s = bd_pages_find(pages, T0 + k);
+        struct bd_page_slot *s = bd_pages_find(pages, &wide, T0 + k * SPAN);
         cr_assert_not_null(s);
         cr_assert_eq(s->count, k);
         cr_assert_eq(s->bytes, k * 7);

@@ -157,8 +157,8 @@ Test(unplaced, round_trip_builds_the_same_updates) {
     }
     /* Page slots: unknown where the page was, known at the page otherwise. */
     struct bd_sensor *da = bt->deltas[find(bt, bd_sensor_id(a), H0, BD_PAGE_UNKNOWN)].sensor;
-    struct bd_page_slot *s0 = bd_pages_find(da->flusher_state, H0);
-    struct bd_page_slot *s1 = bd_pages_find(da->flusher_state, H0 + HOUR_MS);
+    struct bd_page_slot *s0 = bd_pages_find(da->flusher_state, &lim, H0);
+    struct bd_page_slot *s1 = bd_pages_find(da->flusher_state, &lim, H0 + HOUR_MS);
     cr_assert(s0 != NULL && !s0->known);
     cr_assert(s1 != NULL && s1->known);
     cr_assert_eq(s1->page, 3);
@@ -182,7 +182,7 @@ Test(unplaced, entries_of_one_page_merge) {
     struct bd_batch *bt = bd_unplaced_batch(u);
     cr_assert_eq(bt->n, 1, "two entries of one page are one delta");
     cr_assert_eq(bt->deltas[0].n_readings, 3);
-    cr_assert_eq(bd_pages_find(bt->deltas[0].sensor->flusher_state, H0)->count, 3);
+    cr_assert_eq(bd_pages_find(bt->deltas[0].sensor->flusher_state, &lim, H0)->count, 3);
     bd_unplaced_free(u);
     bd_delta_close(&d1);
     bd_delta_close(&d2);
