@@ -105,7 +105,6 @@
 
 #include "bucketd/log.h"
 #include "bucketd/names.h"
-#include "bucketd/pages.h"
 #include "bucketd/slab.h"
 
 _Static_assert(alignof(struct bd_sensor) == BD_SLAB_LINE, "a 192-byte block is 64-byte aligned");
@@ -151,9 +150,9 @@ _Static_assert(2 * (BD_SEG_HEADER + (1 + BD_PARSE_MAX_FIELDS) * sizeof(struct bd
 #define RECHECK_MAX 1024
 /* Initial index size: slots, a power of two. */
 #define INITIAL_SLOTS 1024
-/* What the flusher allocates for a sensor's page accounting (struct bd_pages and a slot: an
- * object of its pool, without an allocator header): charged to the sensor up front. */
-#define FLUSHER_SENSOR_COST BD_PAGES_ONE_SLOT_BYTES
+/* What the flusher allocates for a sensor's page accounting (BD_PAGES_ONE_SLOT_BYTES, pages.h:
+ * an object of its pool, without an allocator header): charged to the sensor up front. */
+#define FLUSHER_SENSOR_COST 40
 /* An allocation's cost beyond its size (the allocator's header and rounding). */
 #define MALLOC_OVERHEAD 16
 /* Short field names live in the sensor's field_key (see field_index): its bytes 1..len. */

@@ -35,6 +35,9 @@ static XXH64_hash_t hooked_xxh3(const void *p, size_t len) {
 
 #include "bucketd/bucket.h"
 #include "bucketd/pages.h"
+
+_Static_assert(FLUSHER_SENSOR_COST == BD_PAGES_ONE_SLOT_BYTES,
+               "the table charges what the flusher's pages of one slot take");
 #undef XXH3_64bits
 
 #define NOW (INT64_C(1736949600) * BD_NS_PER_S)
