@@ -237,8 +237,8 @@ fail:
  * Drain the sensor queues into the fill batch, until the batches reach their memory budget
  * (then the flusher is "stalled": bd_sensor_table_set_stalled) and ring the doorbell so paused
  * listeners read again. With to_mark the drain also stops once the fill is large, so that the
- * writer takes it at that mark rather than at the whole budget: a flood then holds about half
- * the budget while MongoDB keeps up, and the whole budget only while a write is in flight.
+ * writer takes it at that mark rather than at the whole budget: a flood then holds about a
+ * quarter of the budget while MongoDB keeps up, and the whole budget only while writes lag.
  */
 bool flusher_drain_run(struct bd_flusher *f, int64_t wall_ms, bool to_mark) {
     evict_step(f);
@@ -275,8 +275,10 @@ bool flusher_drain_run(struct bd_flusher *f, int64_t wall_ms, bool to_mark) {
            (f->drain.requeued != NULL || bd_sensor_table_has_dirty(f->table));
 }
 
+/* A quarter of the budget: a write while MongoDB keeps up holds that much, and while one is in
+ * flight the fill may take the other three quarters. */
 bool flusher_drain_fill_large(const struct bd_flusher *f) {
-    return f->queued >= MAX_QUEUED || f->fill_bytes >= f->budget / 2;
+    return f->queued >= MAX_QUEUED || f->fill_bytes >= f->budget / 4;
 }
 
 bool flusher_drain_fill_due(const struct bd_flusher *f, int64_t mono_ns, bool stopping) {

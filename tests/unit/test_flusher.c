@@ -1199,14 +1199,14 @@ Test(flusher, the_flusher_thread_drains_while_a_bulk_is_in_flight) {
 }
 
 /*
- * While MongoDB keeps up, a flood is handed to the writer at the early-write mark (half of the
- * batches' budget), not drained up to the whole budget first: what the fill holds when the writer
+ * While MongoDB keeps up, a flood is handed to the writer at the early-write mark (a quarter of
+ * the batches' budget), not drained up to the whole budget first: what the fill holds when the writer
  * takes it is at most the mark and one delta, and the rest follows. One reading a page makes a
  * delta of every reading, so that the queues hold more than the budget.
  */
 Test(flusher, a_flood_goes_to_the_writer_at_the_early_write_mark_while_mongodb_keeps_up) {
     stop();
-    cfg.limits.memory = UINT64_C(2) << 20; /* batches 1 MiB, early-write mark 512 KiB */
+    cfg.limits.memory = UINT64_C(2) << 20; /* batches 1 MiB, early-write mark 256 KiB */
     cfg.flush.interval_ms = 600000;        /* memory, not the interval, starts the writes */
     cfg.buckets.max_readings = 1;
     start();
@@ -1216,7 +1216,7 @@ Test(flusher, a_flood_goes_to_the_writer_at_the_early_write_mark_while_mongodb_k
     cr_assert_eq(bd_delta_add(&one, MS, &v, 1), 0);
     uint64_t delta_bytes = bd_delta_bytes(&one);
     bd_delta_close(&one);
-    uint64_t mark = cfg.limits.memory / 4;
+    uint64_t mark = cfg.limits.memory / 8;
     uint64_t budget = cfg.limits.memory / 2;
     /* A first write starts the interval. */
     accept1("first", 1, now_ms / HOUR_MS * HOUR_MS);
