@@ -78,7 +78,7 @@ void bd_flusher_install_driver_log(void) {
 /* Idle work while a store call runs on the I/O thread: keep draining. */
 static void drain_now(void *arg) {
     struct bd_flusher *f = arg;
-    flusher_drain_run(f, bd_now_ns() / BD_NS_PER_MS);
+    (void)flusher_drain_run(f, bd_now_ns() / BD_NS_PER_MS, false);
 }
 
 /* Everything but the store; a NULL store means the blackhole sink. */
@@ -353,8 +353,14 @@ static void write_fill(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms, b
 static enum flusher_mode step(struct bd_flusher *f, int64_t mono_ns, int64_t wall_ms,
                               bool stopping) {
     /* Draining goes on whatever the batch being written is doing (waiting for its retry here,
-     * in flight in the I/O runner). */
-    flusher_drain_run(f, wall_ms);
+     * in flight in the I/O runner). When the writer is free, the drain stops at the early-write
+     * mark, the fill is written at once, and the flusher steps again without waiting for what
+     * the drain left in the queues. */
+    if (flusher_drain_run(f, wall_ms, mode_of(f) == FLUSHER_WRITING)) {
+        pthread_mutex_lock(&f->mu);
+        f->wake_pending = true;
+        pthread_mutex_unlock(&f->mu);
+    }
     flusher_spool_tick(f, mono_ns);
     switch (mode_of(f)) {
     case FLUSHER_SPOOLING:

@@ -126,13 +126,19 @@ static bool over_fill_share(struct bd_flusher *f, struct bd_pages *p, uint64_t g
            bd_sensor_table_has_dirty(f->table);
 }
 
+/* The drain stops here: the memory budget, or with to_mark the early-write mark. */
+static bool drain_full(const struct bd_flusher *f, bool to_mark) {
+    return flusher_over_budget(f) || (to_mark && flusher_drain_fill_large(f));
+}
+
 /*
  * Move one sensor's readings into the fill batch. A reading is added whole or not at all: its
  * page is decided on a copy of the bucket's slot, committed only once the reading is in its
  * delta and consumed from the queue. On an allocation failure, or when the batches reach their
  * memory budget, the rest stays in the queue and the sensor on the flusher_drain_requeue list.
  */
-static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t wall_ms) {
+static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t wall_ms,
+                             bool to_mark) {
     struct bd_reading_value vals[BD_PARSE_MAX_FIELDS];
     struct bd_pages **pp = (struct bd_pages **)&s->flusher_state;
     const uint64_t span = f->cfg->buckets.span_ms;
@@ -217,7 +223,7 @@ static uint64_t drain_sensor(struct bd_flusher *f, struct bd_sensor *s, int64_t 
         uint64_t grew = bd_delta_bytes(&f->fill.deltas[di]) - held;
         f->fill_bytes += grew;
         moved++;
-        if (flusher_over_budget(f) || over_fill_share(f, *pp, grew)) {
+        if (drain_full(f, to_mark) || over_fill_share(f, *pp, grew)) {
             requeue(f, s); /* the rest waits in the queue */
             return moved;
         }
@@ -232,30 +238,32 @@ fail:
 /*
  * Drain the sensor queues into the fill batch, until the batches reach their memory budget
  * (then the flusher is "stalled": bd_sensor_table_set_stalled) and ring the doorbell so paused
- * listeners read again.
+ * listeners read again. With to_mark the drain also stops once the fill is large, so that the
+ * writer takes it at that mark rather than at the whole budget: a flood then holds about a
+ * quarter of the budget while MongoDB keeps up, and the whole budget only while writes lag.
  */
-void flusher_drain_run(struct bd_flusher *f, int64_t wall_ms) {
+bool flusher_drain_run(struct bd_flusher *f, int64_t wall_ms, bool to_mark) {
     evict_step(f);
     bool stalled = flusher_over_budget(f);
     if (!stalled) {
         struct bd_sensor *list = f->drain.requeued, *s;
         f->drain.requeued = NULL;
-        while (list != NULL && !flusher_over_budget(f)) {
+        while (list != NULL && !drain_full(f, to_mark)) {
             s = list;
             list = s->flusher_next;
             s->flusher_next = NULL;
             s->flusher_requeued = false;
-            f->queued += drain_sensor(f, s, wall_ms);
+            f->queued += drain_sensor(f, s, wall_ms, to_mark);
         }
-        while (list != NULL) { /* over budget: the rest stays listed */
+        while (list != NULL) { /* full: the rest stays listed */
             s = list;
             list = s->flusher_next;
             s->flusher_next = NULL;
             s->flusher_requeued = false;
             requeue(f, s);
         }
-        while (!flusher_over_budget(f) && (s = bd_sensor_table_next_dirty(f->table)) != NULL) {
-            f->queued += drain_sensor(f, s, wall_ms);
+        while (!drain_full(f, to_mark) && (s = bd_sensor_table_next_dirty(f->table)) != NULL) {
+            f->queued += drain_sensor(f, s, wall_ms, to_mark);
         }
         stalled = flusher_over_budget(f);
     }
@@ -265,10 +273,14 @@ void flusher_drain_run(struct bd_flusher *f, int64_t wall_ms) {
     if (f->drain.drained != NULL) {
         f->drain.drained(f->drain.drained_arg);
     }
+    return to_mark && !stalled && flusher_drain_fill_large(f) &&
+           (f->drain.requeued != NULL || bd_sensor_table_has_dirty(f->table));
 }
 
+/* A quarter of the budget: a write while MongoDB keeps up holds that much, and while one is in
+ * flight the fill may take the other three quarters. */
 bool flusher_drain_fill_large(const struct bd_flusher *f) {
-    return f->queued >= MAX_QUEUED || f->fill_bytes >= f->budget / 2;
+    return f->queued >= MAX_QUEUED || f->fill_bytes >= f->budget / 4;
 }
 
 bool flusher_drain_fill_due(const struct bd_flusher *f, int64_t mono_ns, bool stopping) {

@@ -21,9 +21,13 @@ struct flusher_drain {
     void *drained_arg;
 };
 
-/* Release evicted sensors no batch refers to any more, then drain the sensor queues into the
- * fill batch (up to the memory budget) and call the drained callback. */
-void flusher_drain_run(struct bd_flusher *f, int64_t wall_ms);
+/*
+ * Release evicted sensors no batch refers to any more, then drain the sensor queues into the
+ * fill batch (up to the memory budget; with to_mark, only until the fill is large, for a caller
+ * that hands it to the writer next) and call the drained callback. True when to_mark stopped it
+ * with sensors still waiting.
+ */
+bool flusher_drain_run(struct bd_flusher *f, int64_t wall_ms, bool to_mark);
 /* At free: release every evicted sensor still held (the batches are closed). */
 void flusher_drain_release_evicted(struct bd_flusher *f);
 /* The fill batch is large: written whole, nothing held back. */

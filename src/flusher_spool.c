@@ -417,7 +417,7 @@ void flusher_spool_everything(struct bd_flusher *f, int64_t wall_ms) {
     uint64_t before_unplaced = BD_STAT_GET(f->stats, readings_spooled_unplaced);
     /* Whatever is still queued joins the next batch, memory budget or not: this is the end. */
     f->budget = UINT64_MAX;
-    flusher_drain_run(f, wall_ms);
+    (void)flusher_drain_run(f, wall_ms, false);
     if (bd_batch_pending_readings(&f->batch) > 0 && !flusher_spool_batch(f, wall_ms)) {
         return; /* the older batch could not go: the next must not overtake it */
     }

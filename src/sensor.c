@@ -136,13 +136,14 @@ _Static_assert(2 * (BD_SEG_HEADER + (1 + BD_PARSE_MAX_FIELDS) * sizeof(struct bd
                "a segment's cells fit the 16-bit positions");
 
 /* Pool thresholds, in eighths of its segments: wake the flusher early; pause TCP input and
- * resume it; pause UDP input and resume it. TCP waits first: its senders hold what it does not
- * read, so the pool keeps its upper part for datagrams, which cannot wait long, and a TCP flood
- * never makes more of the pool resident than it needs. At the high mark no new sensor is
- * created: see bd_sensor_table_accept. */
+ * resume it; pause UDP input and resume it. TCP waits first, from the wake-up mark on: its
+ * senders hold what it does not read, so the pool keeps its upper part for datagrams, which
+ * cannot wait long, and a TCP flood makes no more of the pool resident than the flusher needs
+ * to keep busy (on an edge box the pool's resident part counts: issue 28). At the high mark no
+ * new sensor is created: see bd_sensor_table_accept. */
 #define POOL_WAKE_EIGHTHS 2
-#define POOL_TCP_HIGH_EIGHTHS 3
-#define POOL_TCP_LOW_EIGHTHS 2
+#define POOL_TCP_HIGH_EIGHTHS 2
+#define POOL_TCP_LOW_EIGHTHS 1
 #define POOL_HIGH_EIGHTHS 6
 #define POOL_LOW_EIGHTHS 4
 

@@ -120,8 +120,8 @@ uint64_t bd_sensor_table_memory(const struct bd_sensor_table *t);
 void bd_sensor_table_publish(struct bd_sensor_table *t);
 
 /*
- * Ingest thread: true while the buffer pool is congested: it passed three eighths in use (or
- * ran out) and has not yet come back to a quarter. TCP listeners stop reading meanwhile. Takes
+ * Ingest thread: true while the buffer pool is congested: it passed a quarter in use (or ran
+ * out) and has not yet come back to an eighth. TCP listeners stop reading meanwhile. Takes
  * back the idle segments the flusher reported first (a paused listener publishes nothing).
  */
 bool bd_sensor_table_congested(struct bd_sensor_table *t);

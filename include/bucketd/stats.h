@@ -67,7 +67,7 @@
     /* flusher thread */                                                                   \
     X(readings_flushed, "readings written to the sink")                                    \
     X(flushes, "flush cycles with data")                                                   \
-    X(flushes_for_memory, "flushes started before flush.interval: batches at half their memory") \
+    X(flushes_for_memory, "flushes started before flush.interval: the batch filled to a quarter of the batches' memory") \
     X(bulk_writes, "bulk writes that reached MongoDB")                                                     \
     X(updates_sent, "bucket updates that reached MongoDB (one per bucket page per flush and attempt)")                 \
     X(bulk_retries, "bulk writes retried after a transient error")                         \

@@ -1198,6 +1198,73 @@ Test(flusher, the_flusher_thread_drains_while_a_bulk_is_in_flight) {
     cr_assert_eq(STAT(writer_conflicts), 0);
 }
 
+/*
+ * While MongoDB keeps up, a flood is handed to the writer at the early-write mark (a quarter of
+ * the batches' budget), not drained up to the whole budget first: what the fill holds when the writer
+ * takes it is at most the mark and one delta, and the rest follows. One reading a page makes a
+ * delta of every reading, so that the queues hold more than the budget.
+ */
+Test(flusher, a_flood_goes_to_the_writer_at_the_early_write_mark_while_mongodb_keeps_up) {
+    stop();
+    cfg.limits.memory = UINT64_C(2) << 20; /* batches 1 MiB, early-write mark 256 KiB */
+    cfg.flush.interval_ms = 600000;        /* memory, not the interval, starts the writes */
+    cfg.buckets.max_readings = 1;
+    start();
+    struct bd_delta one;
+    struct bd_reading_value v = {.field = 0, .kind = BD_VAL_FLOAT, .v.f = 1.0};
+    bd_delta_init(&one, NULL, 0, 0);
+    cr_assert_eq(bd_delta_add(&one, MS, &v, 1), 0);
+    uint64_t delta_bytes = bd_delta_bytes(&one);
+    bd_delta_close(&one);
+    uint64_t mark = cfg.limits.memory / 8;
+    uint64_t budget = cfg.limits.memory / 2;
+    /* A first write starts the interval. */
+    accept1("first", 1, now_ms / HOUR_MS * HOUR_MS);
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    cr_assert_eq(STAT(readings_flushed), 1);
+    mono += MS;
+
+    int64_t start_ms = now_ms / HOUR_MS * HOUR_MS;
+    int64_t per_sensor[32] = {0}, accepted = 0;
+    char name[32];
+    for (bool room = true; room;) {
+        room = false;
+        for (int i = 0; i < 32; i++) {
+            memset(&pt, 0, sizeof(pt));
+            sensor_name(name, sizeof(name), i);
+            pt.series_key = S(name);
+            pt.name = S(name);
+            pt.has_time = true;
+            pt.time_ns = (start_ms + per_sensor[i]) * MS;
+            pt.n_fields = 1;
+            pt.fields[0] = (struct bd_field){.key = S("v"), .kind = BD_VAL_FLOAT};
+            pt.fields[0].v.f = (double)per_sensor[i];
+            if (bd_sensor_table_accept(table, &pt, now_ms * MS) == 0) {
+                per_sensor[i]++;
+                accepted++;
+                room = true;
+            }
+        }
+    }
+    cr_assert_gt((uint64_t)accepted * delta_bytes, budget, "the queues hold more than the budget");
+    publish();
+    bd_flusher_step(flusher, mono, now_ms, false);
+    uint64_t first = STAT(readings_flushed) - 1;
+    cr_assert_eq(STAT(flushes_for_memory), 1, "written early, for memory");
+    cr_assert_gt(first, 0);
+    cr_assert_leq(first * delta_bytes, mark + delta_bytes,
+                  "the first write took %" PRIu64 " readings of %" PRIu64 " bytes each: more than "
+                  "the early-write mark (%" PRIu64 " bytes)",
+                  first, delta_bytes, mark);
+    cr_assert_gt(run(10000), 0);
+    for (int i = 0; i < 32; i++) {
+        cr_assert_eq(fake_stored(&fs, sensor_name(name, sizeof(name), i)), per_sensor[i],
+                     "sensor %d", i);
+    }
+    cr_assert_eq(STAT(readings_flushed), (uint64_t)accepted + 1);
+}
+
 /* ---- the spool ------------------------------------------------------------------------------ */
 
 /* Bytes of the spool's segment files. */

@@ -327,7 +327,7 @@ Test(flusher_spool, a_batch_larger_than_a_spool_record_is_spooled_in_several) {
 
 /*
  * Backpressure: the two batches take at most half of limits.memory. A fill batch that reaches
- * half of that before flush.interval is written early (flushes_for_memory). While MongoDB is
+ * a quarter of that before flush.interval is written early (flushes_for_memory). While MongoDB is
  * away and the spool takes nothing, draining stops at the budget: the table is marked stalled
  * (input pauses on the pool) and the readings wait in their queues. Once MongoDB is back every
  * accepted reading is stored once and the stall ends.
