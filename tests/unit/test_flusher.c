@@ -1198,6 +1198,24 @@ Test(flusher, the_flusher_thread_drains_while_a_bulk_is_in_flight) {
     cr_assert_eq(STAT(writer_conflicts), 0);
 }
 
+/* The next reading of sensor i (field v, its count so far as value and milliseconds into the
+ * bucket), counted in per_sensor[i] once accepted; bd_sensor_table_accept's result. */
+static int accept_next(int i, int64_t start_ms, int64_t *per_sensor) {
+    char name[32];
+    memset(&pt, 0, sizeof(pt));
+    sensor_name(name, sizeof(name), i);
+    pt.series_key = S(name);
+    pt.name = S(name);
+    pt.has_time = true;
+    pt.time_ns = (start_ms + per_sensor[i]) * MS;
+    pt.n_fields = 1;
+    pt.fields[0] = (struct bd_field){.key = S("v"), .kind = BD_VAL_FLOAT};
+    pt.fields[0].v.f = (double)per_sensor[i];
+    int rc = bd_sensor_table_accept(table, &pt, now_ms * MS);
+    per_sensor[i] += rc == 0;
+    return rc;
+}
+
 /*
  * While MongoDB keeps up, a flood is handed to the writer at the early-write mark (a quarter of
  * the batches' budget), not drained up to the whole budget first: what the fill holds when the writer
@@ -1231,17 +1249,7 @@ Test(flusher, a_flood_goes_to_the_writer_at_the_early_write_mark_while_mongodb_k
     for (bool room = true; room;) {
         room = false;
         for (int i = 0; i < 32; i++) {
-            memset(&pt, 0, sizeof(pt));
-            sensor_name(name, sizeof(name), i);
-            pt.series_key = S(name);
-            pt.name = S(name);
-            pt.has_time = true;
-            pt.time_ns = (start_ms + per_sensor[i]) * MS;
-            pt.n_fields = 1;
-            pt.fields[0] = (struct bd_field){.key = S("v"), .kind = BD_VAL_FLOAT};
-            pt.fields[0].v.f = (double)per_sensor[i];
-            if (bd_sensor_table_accept(table, &pt, now_ms * MS) == 0) {
-                per_sensor[i]++;
+            if (accept_next(i, start_ms, per_sensor) == 0) {
                 accepted++;
                 room = true;
             }
@@ -1287,7 +1295,6 @@ Test(flusher, the_batches_stop_draining_at_their_memory_budget_and_resume) {
     publish();
     bd_flusher_step(flusher, mono, now_ms, false);
     cr_assert_eq(fake_stored(&fs, "first"), 1);
-    static const char *const fields[] = {"v"};
     int64_t start_ms = now_ms / HOUR_MS * HOUR_MS;
     int64_t accepted = 0;
     int64_t per_sensor[32] = {0};
@@ -1296,21 +1303,12 @@ Test(flusher, the_batches_stop_draining_at_their_memory_budget_and_resume) {
     for (int round = 0; round < 2000 && !stalled; round++) {
         for (int i = 0; i < 32; i++) {
             for (int j = 0; j < 20; j++) {
-                memset(&pt, 0, sizeof(pt));
                 sensor_name(name, sizeof(name), i);
-                pt.series_key = S(name);
-                pt.name = S(name);
-                pt.has_time = true;
-                pt.time_ns = (start_ms + per_sensor[i]) * MS;
-                pt.n_fields = 1;
-                pt.fields[0] = (struct bd_field){.key = S(fields[0]), .kind = BD_VAL_FLOAT};
-                pt.fields[0].v.f = (double)per_sensor[i];
-                int rc = bd_sensor_table_accept(table, &pt, now_ms * MS);
+                int rc = accept_next(i, start_ms, per_sensor);
                 if (rc == -EAGAIN) {
                     break; /* its share of the pool is full: a TCP sender would wait */
                 }
                 cr_assert_eq(rc, 0, "reading of %s refused: %d", name, rc);
-                per_sensor[i]++;
                 accepted++;
             }
         }
