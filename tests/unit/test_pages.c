@@ -262,6 +262,31 @@ Test(pages, allocation_failure_changes_nothing) {
     cr_assert_eq(pages->n, n);
 }
 
+/* A sensor's second bucket moves its pages from the pool to the heap: when that allocation fails,
+ * the pages stay the pool's object, whole, and the pool keeps it. */
+Test(pages, a_failed_move_to_the_heap_keeps_the_pool_object) {
+    struct bd_page_slot *first = slot_in(T0, T0, T0 - SPAN, 1, 1);
+    first->count = 3;
+    struct bd_pages *before = pages;
+    const uint64_t chunk_bytes = pool.chunk_bytes;
+    bd_alloc_fail_after(0, 0);
+    cr_assert_null(bd_pages_slot(&pool, &pages, &lim, T0 + SPAN, T0, T0 - SPAN, 1));
+    bd_alloc_fail_after(-1, 0);
+    cr_assert_eq(pages, before, "still the pool's object");
+    cr_assert_eq(pages->n, 1);
+    cr_assert_eq(bd_pages_find(pages, &lim, T0)->count, 3);
+    cr_assert_null(bd_pages_find(pages, &lim, T0 + SPAN));
+    /* Once memory is back, the move happens and the object is reused by the next sensor. */
+    slot_in(T0 + SPAN, T0, T0 - SPAN, 1, 1);
+    cr_assert_neq(pages, before, "on the heap");
+    cr_assert_eq(bd_pages_find(pages, &lim, T0)->count, 3);
+    struct bd_pages *other = NULL;
+    cr_assert_not_null(bd_pages_slot(&pool, &other, &lim, T0, T0, T0 - SPAN, 1));
+    cr_assert_eq(other, before, "the freed object is the next one handed out");
+    cr_assert_eq(pool.chunk_bytes, chunk_bytes, "no new chunk");
+    bd_pages_free(&pool, other);
+}
+
 /* A slot of the given state, known, as after a look-up. */
 static struct bd_page_slot known_slot(uint32_t page, uint32_t count, uint64_t bytes) {
     struct bd_page_slot s = {.bucket = (int32_t)(T0 / SPAN)};
