@@ -45,7 +45,7 @@ bd_apt_get() { # apt-get arguments...
 bd_apt_missing() { # packages... -> prints those not installed
     local p
     for p in "$@"; do
-        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != *"install ok installed"* ]]; then
             echo "$p"
         fi
     done

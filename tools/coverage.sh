@@ -56,8 +56,8 @@ for m in $modules; do
   # gcov -b -c: per file "Lines executed:P% of N" and "Taken at least once:P% of N".
   out="$(gcov -b -c -o "$obj" "$root/src/$m.c" 2>/dev/null |
     awk -v f="$root/src/$m.c" '/^File /{cur=($2=="\x27" f "\x27")} cur' )"
-  lp="$(sed -n 's/^Lines executed:\([0-9.]*\)% of \([0-9]*\)/\1 \2/p' <<<"$out" | head -1)"
-  bp="$(sed -n 's/^Taken at least once:\([0-9.]*\)% of \([0-9]*\)/\1 \2/p' <<<"$out" | head -1)"
+  lp="$(sed -n 's/^Lines executed:\([0-9.]*\)% of \([0-9]*\)/\1 \2/p;T;q' <<<"$out")"
+  bp="$(sed -n 's/^Taken at least once:\([0-9.]*\)% of \([0-9]*\)/\1 \2/p;T;q' <<<"$out")"
   read -r lpct ln <<<"${lp:-0 0}"
   read -r bpct bn <<<"${bp:-0 0}"
   printf '%-20s %7s%% of %5s %12s%% of %5s\n' "$m" "$lpct" "$ln" "$bpct" "$bn"

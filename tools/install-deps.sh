@@ -69,7 +69,7 @@ if [ "$all" -eq 1 ]; then
   # arm64 among dpkg's architectures, so that tools/test-aarch64.sh can download the arm64
   # libraries it unpacks into its sysroot (they are never installed).
   # A mirror without arm64 fails the update: that is for tools/test-aarch64.sh to report.
-  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  if ! grep -qx arm64 <<<"$(dpkg --print-foreign-architectures)"; then
     $BD_APT_SUDO dpkg --add-architecture arm64
   fi
   if ! apt-cache show libmongoc-dev:arm64 >/dev/null 2>&1; then

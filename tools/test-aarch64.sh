@@ -66,7 +66,7 @@ arm_pkgs=(libmongoc-dev libbson-dev libuv1-dev libyaml-dev libxxhash-dev libsyst
 sysroot="$root/build-aarch64-sysroot"
 if [ "$(cat "$sysroot/.packages" 2>/dev/null)" != "${arm_pkgs[*]}" ] ||
    [ ! -e "$sysroot/DEBIAN/symbols" ]; then
-    if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    if ! grep -qx arm64 <<<"$(dpkg --print-foreign-architectures)"; then
         $sudo dpkg --add-architecture arm64
         bd_apt_get update -q || skip "apt-get update failed after adding arm64"
     elif ! apt-cache show libmongoc-dev:arm64 >/dev/null 2>&1; then

@@ -91,7 +91,7 @@ check_deb() { # deb, arch
     local lib missing_libs=""
     for lib in libc6 libmongoc-1.0-0 libbson-1.0-0 libuv1 libyaml-0-2 libxxhash0 libsystemd0 \
         libssl3; do
-        echo "$field" | grep -qE "(^|, )$lib( |,|$)" || missing_libs+=" $lib"
+        grep -qE "(^|, )$lib( |,|$)" <<<"$field" || missing_libs+=" $lib"
     done
     [ -z "$missing_libs" ] && ok "Depends: $field" || fail "Depends '$field' lacks$missing_libs"
     [ "$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)" = /etc/bucketd/bucketd.yaml ] &&
@@ -106,9 +106,9 @@ check_deb() { # deb, arch
         /usr/share/man/man1/bucketd-sim.1.gz /usr/share/doc/bucketd/copyright \
         /usr/share/doc/bucketd/changelog.Debian.gz /usr/share/bucketd/bucketd-rules.yml \
         /usr/share/bucketd/bucketd-dashboard.json; do
-        echo "$contents" | grep -qx "$f" || fail "$f is not in the package"
+        grep -qx "$f" <<<"$contents" || fail "$f is not in the package"
     done
-    if echo "$contents" | grep -q '^/usr/local'; then
+    if grep -q '^/usr/local' <<<"$contents"; then
         fail "files under /usr/local: $(echo "$contents" | grep '^/usr/local' | tr '\n' ' ')"
     fi
     ok "$(echo "$contents" | grep -vc '/$') files, each where expected"
@@ -129,12 +129,12 @@ check_deb() { # deb, arch
     # (Comments and here-documents left out: the first-run message names the command to run.)
     postinst="$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst | grep -v '^[[:space:]]*#' |
         sed '/<<-*EOF$/,/^[[:space:]]*EOF$/d')"
-    if echo "$postinst" | grep -Eq 'deb-systemd-invoke +(start|restart)|systemctl +(start|enable)'; then
+    if grep -Eq 'deb-systemd-invoke +(start|restart)|systemctl +(start|enable)' <<<"$postinst"; then
         fail "the postinst starts or enables the service"
     else
         ok "the postinst neither enables nor starts the service"
     fi
-    echo "$info" | grep -q 'postinst' || fail "no postinst"
+    grep -q 'postinst' <<<"$info" || fail "no postinst"
     # The unit's exposure, from this package's own file (the amd64 root checks it installed).
     if command -v systemd-analyze >/dev/null; then
         local exposure

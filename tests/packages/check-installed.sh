@@ -68,7 +68,7 @@ out="$(bucketd --version 2>&1)" || true
 # --check-config names the first one by its line. Then edited as an operator would (in place:
 # the file keeps its owner and mode), the file passes.
 conf=/etc/bucketd/bucketd.yaml
-line="$(grep -n '^ *bind: "192\.168\.1\.10:' "$conf" | head -1 | cut -d: -f1)"
+line="$(grep -n -m1 '^ *bind: "192\.168\.1\.10:' "$conf" | cut -d: -f1)"
 if out="$(bucketd -c "$conf" --check-config 2>&1)"; then
     fail "--check-config passed the shipped placeholder address: $out"
 else
