@@ -163,17 +163,12 @@ static uint32_t grown_cap(uint32_t cap, uint64_t need) {
 }
 
 /*
- * Room for `readings` more readings, `values` more values and `summaries` more summaries. The
- * allocation grows in place where the allocator can; its parts move up to their new offsets
- * (the last part first, so none overwrites another before it moved). -ENOMEM changes nothing.
+ * Room for need_r readings, need_v values and need_s summaries in all (grow below: more than
+ * the delta has). The allocation grows in place where the allocator can; its parts move up to
+ * their new offsets (the last part first, so none overwrites another before it moved).
+ * -ENOMEM changes nothing.
  */
-static int grow(struct bd_delta *d, uint32_t readings, uint32_t values, uint32_t summaries) {
-    const uint64_t need_r = (uint64_t)d->n_readings + readings;
-    const uint64_t need_v = (uint64_t)d->n_values + values;
-    const uint64_t need_s = BD_MIN((uint64_t)d->n_summaries + summaries, BD_SENSOR_MAX_FIELDS);
-    if (need_r <= d->cap_readings && need_v <= d->cap_values && need_s <= d->cap_summaries) {
-        return 0;
-    }
+static int grow_block(struct bd_delta *d, uint64_t need_r, uint64_t need_v, uint64_t need_s) {
     if (need_r > UINT32_MAX || need_v > UINT32_MAX) {
         return -ENOMEM;
     }
@@ -197,6 +192,18 @@ static int grow(struct bd_delta *d, uint32_t readings, uint32_t values, uint32_t
     d->cap_readings = cr;
     d->cap_values = cv;
     return 0;
+}
+
+/* Room for `readings` more readings, `values` more values and `summaries` more summaries:
+ * grow_block's test inline, as the drain adds a reading at a time and nearly always fits. */
+static inline int grow(struct bd_delta *d, uint32_t readings, uint32_t values, uint32_t summaries) {
+    const uint64_t need_r = (uint64_t)d->n_readings + readings;
+    const uint64_t need_v = (uint64_t)d->n_values + values;
+    const uint64_t need_s = BD_MIN((uint64_t)d->n_summaries + summaries, BD_SENSOR_MAX_FIELDS);
+    if (need_r <= d->cap_readings && need_v <= d->cap_values && need_s <= d->cap_summaries) {
+        return 0;
+    }
+    return grow_block(d, need_r, need_v, need_s);
 }
 
 struct bd_reading_value bd_delta_value(const struct bd_delta *d, uint32_t i) {
@@ -253,17 +260,20 @@ static bool num_less(const struct bd_num *a, const struct bd_num *b) {
 /*
  * Fold the delta's values [first, first + n) into its summaries. Needs room for a summary of
  * each numeric field among them not summarised yet (new_summaries); never allocates.
+ *
+ * A sensor's readings nearly always carry their fields in one order, the order its summaries
+ * were made in: the summary after the last one used is tried first, and the map by field is
+ * only built (once a call) when that guess misses or a field has no summary yet. A reading of
+ * a few fields then costs a comparison a value instead of clearing and filling the map
+ * (truncate_delta folds every reading kept again, once per page a look-up spreads a long
+ * delta over: the map serves it from the first miss on).
  */
 static void fold(struct bd_delta *d, uint32_t first, uint32_t n) {
-    /* Values decoded in place and summaries found by field through a map: truncate_delta folds
-     * every reading kept again, once per page a look-up spreads a long delta over. */
     const uint8_t *t = tags(d);
     const uint64_t *pay = payloads(d);
-    uint8_t at[BD_SENSOR_MAX_FIELDS]; /* summary index + 1 by field, 0: none */
-    memset(at, 0, sizeof(at));
-    for (uint32_t j = 0; j < d->n_summaries; j++) {
-        at[d->summaries[j].field] = (uint8_t)(j + 1);
-    }
+    uint8_t at[BD_SENSOR_MAX_FIELDS]; /* summary index + 1 by field, 0: none; once mapped */
+    bool mapped = false;
+    uint32_t next = 0; /* the summary tried first */
     for (uint32_t i = first; i < first + n; i++) {
         const unsigned kind = t[i] >> TAG_FIELD_BITS, field = t[i] & TAG_FIELD_MASK;
         struct bd_num num;
@@ -281,19 +291,34 @@ static void fold(struct bd_delta *d, uint32_t first, uint32_t n) {
             num.is_int = false;
             num.v.f = (double)pay[i];
         }
-        struct bd_field_summary *fs;
-        if (at[field] != 0) {
-            fs = &d->summaries[at[field] - 1];
-        } else {
-            BD_ASSERT(d->n_summaries < d->cap_summaries);
-            fs = &d->summaries[d->n_summaries++];
-            at[field] = d->n_summaries;
-            fs->field = (uint16_t)field;
-            fs->min = num;
-            fs->max = num;
-            fs->sum = 0;
-            fs->count = 0;
+        if (next >= d->n_summaries) {
+            next = 0;
         }
+        struct bd_field_summary *fs;
+        if (next < d->n_summaries && d->summaries[next].field == field) {
+            fs = &d->summaries[next];
+        } else {
+            if (!mapped) {
+                memset(at, 0, sizeof(at));
+                for (uint32_t j = 0; j < d->n_summaries; j++) {
+                    at[d->summaries[j].field] = (uint8_t)(j + 1);
+                }
+                mapped = true;
+            }
+            if (at[field] != 0) {
+                fs = &d->summaries[at[field] - 1];
+            } else {
+                BD_ASSERT(d->n_summaries < d->cap_summaries);
+                fs = &d->summaries[d->n_summaries++];
+                at[field] = d->n_summaries;
+                fs->field = (uint16_t)field;
+                fs->min = num;
+                fs->max = num;
+                fs->sum = 0;
+                fs->count = 0;
+            }
+        }
+        next = (uint32_t)(fs - d->summaries) + 1;
         if (num_less(&num, &fs->min)) {
             fs->min = num;
         }
@@ -303,6 +328,16 @@ static void fold(struct bd_delta *d, uint32_t first, uint32_t n) {
         fs->sum += num_as_double(&num);
         fs->count++;
     }
+}
+
+/* The bits set in m: nearly always none (a delta's fields are summarised by its first
+ * reading), so no call to libgcc's popcount, which a build for any x86-64 gets. */
+static inline uint32_t count_bits(uint64_t m) {
+    uint32_t k = 0;
+    for (; m != 0; m &= m - 1) {
+        k++;
+    }
+    return k;
 }
 
 /* Fields with a summary (a sensor's fields are < 64: one bit each). */
@@ -334,7 +369,7 @@ static uint32_t new_summaries(const struct bd_delta *d, const uint8_t *t, uint32
             add |= UINT64_C(1) << (t[i] & TAG_FIELD_MASK);
         }
     }
-    return (uint32_t)__builtin_popcountll(add & ~have);
+    return count_bits(add & ~have);
 }
 
 /* Append a reading whose values are already encoded (room made); folds it in. */
@@ -409,7 +444,7 @@ int bd_delta_add(struct bd_delta *d, int64_t ts_ns, const struct bd_reading_valu
             add |= UINT64_C(1) << (tag_of(&vals[i]) & TAG_FIELD_MASK);
         }
     }
-    if (grow(d, 1, n, (uint32_t)__builtin_popcountll(add & ~have)) < 0) {
+    if (grow(d, 1, n, count_bits(add & ~have)) < 0) {
         return -ENOMEM;
     }
     struct bd_delta_reading *r = &d->readings[d->n_readings++];

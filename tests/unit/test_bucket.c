@@ -670,3 +670,107 @@ Test(bucket, equal_timestamps_stay_in_arrival_order) {
     bson_destroy(&upd);
     bd_delta_close(&d);
 }
+
+/* Per field, what the readings [from, to) of summaries_follow_any_field_order sent. */
+struct ref_summary {
+    uint32_t count;
+    double min, max, sum;
+};
+
+static void check_summaries(const struct bd_delta *d, const struct ref_summary *ref,
+                            const char *what) {
+    uint32_t want = 0;
+    for (uint32_t f = 0; f < BD_SENSOR_MAX_FIELDS; f++) {
+        want += ref[f].count != 0;
+    }
+    cr_assert_eq(d->n_summaries, want, "%s: %u summaries, sent %u numeric fields", what,
+                 d->n_summaries, want);
+    uint64_t seen = 0;
+    for (uint32_t j = 0; j < d->n_summaries; j++) {
+        const struct bd_field_summary *fs = &d->summaries[j];
+        const struct ref_summary *r = &ref[fs->field];
+        cr_assert_eq(seen >> fs->field & 1, 0, "%s: field %u summarised twice", what, fs->field);
+        seen |= UINT64_C(1) << fs->field;
+        cr_assert_eq(fs->count, r->count, "%s: field %u", what, fs->field);
+        cr_assert_float_eq(fs->sum, r->sum, 1e-6, "%s: field %u", what, fs->field);
+        double mn = fs->min.is_int ? (double)fs->min.v.i : fs->min.v.f;
+        double mx = fs->max.is_int ? (double)fs->max.v.i : fs->max.v.f;
+        cr_assert_eq(mn, r->min, "%s: field %u min %g, sent %g", what, fs->field, mn, r->min);
+        cr_assert_eq(mx, r->max, "%s: field %u max %g, sent %g", what, fs->field, mx, r->max);
+    }
+}
+
+/* fold() guesses a value's summary from the one before; readings whose fields come in the
+ * summaries' order, reversed, shuffled or as random subsets (some boolean) must all be
+ * summarised as sent, and so must both parts of a split, which fold many readings at once. */
+Test(bucket, summaries_follow_any_field_order) {
+    enum { N = 300, SPLIT = 170 };
+    struct bd_delta d, tail;
+    bd_delta_init(&d, sensor, 0, 0);
+    bd_delta_init(&tail, sensor, 0, 1);
+    static struct ref_summary all[BD_SENSOR_MAX_FIELDS], head[BD_SENSOR_MAX_FIELDS],
+        rest[BD_SENSOR_MAX_FIELDS];
+    memset(all, 0, sizeof(all));
+    memset(head, 0, sizeof(head));
+    memset(rest, 0, sizeof(rest));
+    uint64_t rng = 0x9e3779b97f4a7c15u;
+    for (uint32_t k = 0; k < N; k++) {
+        uint16_t order[BD_SENSOR_MAX_FIELDS];
+        uint32_t n = 0;
+        for (uint16_t f = 0; f < BD_SENSOR_MAX_FIELDS; f++) {
+            rng = rng * 6364136223846793005u + 1442695040888963407u;
+            /* The first 60 readings carry fields 0..7 in order, as most sensors do. */
+            if (k < 60 ? f < 8 : (rng >> 40) % 3 != 0) {
+                order[n++] = f;
+            }
+        }
+        if (k % 3 == 1) { /* reversed */
+            for (uint32_t i = 0; i < n / 2; i++) {
+                uint16_t x = order[i];
+                order[i] = order[n - 1 - i];
+                order[n - 1 - i] = x;
+            }
+        } else if (k % 3 == 2 && k >= 60) { /* shuffled */
+            for (uint32_t i = n; i > 1; i--) {
+                rng = rng * 6364136223846793005u + 1442695040888963407u;
+                uint32_t r = (uint32_t)((rng >> 33) % i);
+                uint16_t x = order[i - 1];
+                order[i - 1] = order[r];
+                order[r] = x;
+            }
+        }
+        struct bd_reading_value v[BD_SENSOR_MAX_FIELDS];
+        for (uint32_t i = 0; i < n; i++) {
+            uint16_t f = order[i];
+            rng = rng * 6364136223846793005u + 1442695040888963407u;
+            int64_t x = (int64_t)((rng >> 35) % 20001) - 10000;
+            double sent;
+            if (f % 5 == 4) {
+                v[i] = (struct bd_reading_value){.field = f, .kind = BD_VAL_BOOL};
+                v[i].v.b = x > 0;
+                continue;
+            } else if (f % 2 == 1) {
+                v[i] = iv(f, x);
+                sent = (double)x;
+            } else {
+                v[i] = fv(f, (double)x / 4);
+                sent = (double)x / 4;
+            }
+            struct ref_summary *refs[] = {all, k < SPLIT ? head : rest};
+            for (int r = 0; r < 2; r++) {
+                struct ref_summary *s = &refs[r][f];
+                s->min = s->count == 0 || sent < s->min ? sent : s->min;
+                s->max = s->count == 0 || sent > s->max ? sent : s->max;
+                s->sum += sent;
+                s->count++;
+            }
+        }
+        cr_assert_eq(bd_delta_add(&d, (int64_t)k * MS, v, n), 0);
+    }
+    check_summaries(&d, all, "whole");
+    cr_assert_eq(bd_delta_split(&d, SPLIT, &tail), 0);
+    check_summaries(&d, head, "kept");
+    check_summaries(&tail, rest, "moved");
+    bd_delta_close(&d);
+    bd_delta_close(&tail);
+}
