@@ -279,13 +279,21 @@ class FlusherRegressions(RegressionCase):
         Returns (daemon, stats, client, db, sent, page 1's _id)."""
         uri, client, db = self.new_database()
         proxy, proxied = self.proxy_for(uri, client)
-        d = self.new_daemon(proxied, db, max_readings=5).start()
+        metrics_port = bdtest.free_port()
+        d = self.new_daemon(proxied, db, max_readings=5,
+                            extra={"metrics": {"bind": "127.0.0.1:%d" % metrics_port}}).start()
         sid, meta = "race,sensor=s1", {"measurement": "race", "tags": {"sensor": "s1"}}
         base = hour_aligned_base(5 * NS, 30 * NS)
         sent = [reading(sid, "race", {"sensor": "s1"}, k + 1, base + k * 100 * MS,
                         {"v": 0.5 * k, "seq": k + 1}) for k in range(10)]
         send_tcp(d.addr("tcp"), sent[:5])
         self.wait_stored(client, db, 5, d)
+        # Stored is not yet acknowledged: cut off before the daemon has read MongoDB's reply
+        # (a slow build), page 0's update was maybe applied, and its retry rightly counts it
+        # already applied -- not the race these tests are about.
+        self.assertTrue(bdtest.wait_for(lambda: (bdtest.metric(
+            metrics_port, "bucketd_readings_flushed_total") or 0) >= 5, DEADLINE, 0.05),
+                        "page 0 stored but never acknowledged\n" + bdtest.log_tail(d.log(), 20))
 
         self.go_unreachable(proxy, d)
         mark = len(d.log())
